@@ -1,0 +1,49 @@
+"""Repository-wide pytest setup.
+
+Triton reads TRITON_INTERPRET when kernels are defined, so it must be set here, before any test
+module imports a kernel. Hardware-marked tests are skipped, with the reason shown, where the
+hardware is absent: they are reported as not run, never as passed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _has_npu() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+    except (ImportError, OSError, RuntimeError):
+        return False
+    return bool(torch.npu.is_available())  # type: ignore[attr-defined]
+
+
+HAS_CUDA = _has_cuda()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    has_npu: bool | None = None
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU; not run here"))
+        if "npu" in item.keywords:
+            if has_npu is None:
+                has_npu = _has_npu()
+            if not has_npu:
+                item.add_marker(pytest.mark.skip(reason="needs an Ascend NPU with CANN; not run"))

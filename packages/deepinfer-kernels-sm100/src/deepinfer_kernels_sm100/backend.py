@@ -1,0 +1,42 @@
+"""The NVIDIA backend.
+
+Every op is inherited from the torch reference, which already runs on CUDA; Triton kernels replace
+ops one at a time, each tested against the reference it overrides. The same Triton code is compiled
+for Blackwell (sm_100a) and Hopper (sm_90), so both are accepted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import ClassVar
+
+from deepinfer.backends.base import Availability
+from deepinfer.backends.torch_ref import TorchBackend
+
+MIN_CAPABILITY: tuple[int, int] = (9, 0)
+
+
+class Sm100Backend(TorchBackend):
+    """Triton kernels on NVIDIA Hopper and Blackwell GPUs; torch reference for the rest."""
+
+    name: ClassVar[str] = "sm100"
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+
+    @classmethod
+    def availability(cls) -> Availability:
+        import torch
+
+        if importlib.util.find_spec("triton") is None:
+            return Availability(False, "triton is not installed: pip install 'deepinfer[sm100]'")
+        if torch.version.cuda is None:
+            return Availability(False, f"torch {torch.__version__} is a build without CUDA")
+        if not torch.cuda.is_available():
+            return Availability(False, "no NVIDIA GPU is visible to torch")
+        cap = torch.cuda.get_device_capability(0)
+        if cap < MIN_CAPABILITY:
+            return Availability(
+                False,
+                f"{torch.cuda.get_device_name(0)} is sm_{cap[0]}{cap[1]}; "
+                f"needs sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]} (Hopper) or newer",
+            )
+        return Availability(True)
