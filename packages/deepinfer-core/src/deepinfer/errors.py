@@ -25,3 +25,15 @@ class PluginLoadError(DeepInferError, ImportError):
 
 class BackendUnavailableError(DeepInferError, RuntimeError):
     """A backend is installed but cannot run on this machine (no device, missing SDK)."""
+
+
+class InvalidRequestError(DeepInferError, ValueError):
+    """A request or its sampling parameters are invalid; raised at submit time.
+
+    ``field`` names the offending parameter so servers can map it onto an API error.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason

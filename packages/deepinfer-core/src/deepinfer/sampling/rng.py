@@ -1,0 +1,59 @@
+"""Counter-based random numbers keyed by (seed, position, token).
+
+A draw depends only on its key, never on how many draws came before, so a seeded request samples
+the same tokens whatever else shares its batch, however its prompt was chunked, and after a
+preemption. The hash is exact 32-bit integer arithmetic done in int64 tensors (every product stays
+below 2**63), so CPU and GPU produce identical bits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_M32 = 0xFFFFFFFF
+_M16 = 0xFFFF
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """``x * c mod 2**32`` for x in [0, 2**32) without int64 overflow (16-bit halves of c)."""
+    lo = x * (c & _M16)
+    hi = ((x * (c >> 16)) & _M16) << 16
+    return (lo + hi) & _M32
+
+
+def hash32(x: Tensor) -> Tensor:
+    """A bijective avalanche mix of 32-bit values (``triple32`` by C. Wellons)."""
+    x = x & _M32
+    x = x ^ (x >> 17)
+    x = _mul32(x, 0xED5AD4BB)
+    x = x ^ (x >> 11)
+    x = _mul32(x, 0xAC4C1B51)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x31848BAB)
+    return x ^ (x >> 14)
+
+
+#: Salt that separates independent streams drawn at the same position (sampling vs. acceptance).
+STREAM_SAMPLE = 0
+STREAM_ACCEPT = 0x5BD1E995
+
+
+def position_keys(seeds: Tensor, positions: Tensor, stream: int = STREAM_SAMPLE) -> Tensor:
+    """One 32-bit key per row from a 63-bit seed and an absolute token position."""
+    seeds = seeds.to(torch.int64)
+    k = hash32(seeds & _M32) ^ hash32((seeds >> 32) ^ 0x9E3779B9)
+    k = hash32(k ^ (positions.to(torch.int64) & _M32))
+    return hash32(k ^ stream)
+
+
+def uniform(keys: Tensor, width: int) -> Tensor:
+    """``[rows, width]`` float32 uniforms in the open interval (0, 1), 24 bits each."""
+    cols = torch.arange(width, device=keys.device, dtype=torch.int64)
+    bits = hash32(keys[:, None] ^ hash32(cols * 0x9E3779B1 & _M32)[None, :])
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel(keys: Tensor, width: int) -> Tensor:
+    """Standard Gumbel noise, ``-log(-log(u))``, one row per key."""
+    return -torch.log(-torch.log(uniform(keys, width)))

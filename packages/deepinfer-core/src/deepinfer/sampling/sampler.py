@@ -1,0 +1,113 @@
+"""The sampler: penalties, temperature, min-p/top-k/top-p, Gumbel-max draws, logprobs.
+
+Every operation is row-wise, so a row's result never depends on the other rows of the batch.
+Sampling is Gumbel-max, ``argmax(logits / T + g)``, with the noise ``g`` drawn from the counter RNG
+keyed by (seed, position): a seeded request is reproducible across batch compositions, chunking,
+preemption and devices. Ties (equal logits at a top-k or top-p boundary, equal maxima) resolve
+towards the lower token id, always.
+
+Filter semantics, each applied to the renormalised survivors of the previous one:
+``min_p`` keeps tokens with p >= min_p * p_max; ``top_k`` keeps the k most likely; ``top_p`` keeps
+the shortest most-likely prefix whose mass reaches top_p. The most likely token always survives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deepinfer.sampling import rng
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling inputs for one step, built by the runner from the requests' params."""
+
+    temperature: Tensor  # [B] float32; 0 selects greedy
+    top_k: Tensor  # [B] int64; <= 0 disables
+    top_p: Tensor  # [B] float32; 1 disables
+    min_p: Tensor  # [B] float32; 0 disables
+    seeds: Tensor  # [B] int64
+    positions: Tensor  # [B] int64, absolute position of the token being sampled
+    presence_penalty: Tensor | None = None  # [B]
+    frequency_penalty: Tensor | None = None  # [B]
+    repetition_penalty: Tensor | None = None  # [B]
+    output_counts: Tensor | None = None  # [B, V] how often each token was generated so far
+    prompt_mask: Tensor | None = None  # [B, V] bool, token occurs in the prompt
+    allowed: Tensor | None = None  # [B, V] bool; False bans a token (grammar, min_tokens)
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: Tensor  # [B] int64
+    logprobs: Tensor  # [B] float32, of the sampled token under the model's raw distribution
+    top_ids: Tensor | None = None  # [B, n]
+    top_logprobs: Tensor | None = None  # [B, n]
+
+
+def apply_penalties(logits: Tensor, t: SamplingTensors) -> Tensor:
+    """OpenAI presence/frequency penalties on generated tokens; repetition on prompt + output."""
+    if t.output_counts is None:
+        return logits
+    counts = t.output_counts.to(logits.dtype)
+    if t.repetition_penalty is not None:
+        seen = counts > 0
+        if t.prompt_mask is not None:
+            seen = seen | t.prompt_mask
+        r = t.repetition_penalty[:, None].to(logits.dtype)
+        penalised = torch.where(logits > 0, logits / r, logits * r)
+        logits = torch.where(seen, penalised, logits)
+    if t.frequency_penalty is not None:
+        logits = logits - t.frequency_penalty[:, None] * counts
+    if t.presence_penalty is not None:
+        logits = logits - t.presence_penalty[:, None] * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def filter_mask(probs: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+    """Boolean keep-mask ``[B, V]`` for min-p, then top-k, then top-p (see module docstring)."""
+    keep = probs >= min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+        # Stable sort on descending probability: equal values keep token-id order.
+        order = torch.sort(-probs, dim=-1, stable=True).indices
+        sorted_p = torch.gather(probs * keep, -1, order)
+        ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+        k = torch.where(top_k > 0, top_k, probs.shape[-1])[:, None]
+        sorted_keep = (ranks < k) & (sorted_p > 0)
+        sorted_p = sorted_p * sorted_keep
+        mass = sorted_p.sum(dim=-1, keepdim=True)
+        before = (torch.cumsum(sorted_p, dim=-1) - sorted_p) / mass
+        # top_p == 1 must keep everything even where float32 rounds the mass before the tail to 1.
+        sorted_keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1)
+        sorted_keep[:, 0] = True
+        keep = torch.zeros_like(keep).scatter_(-1, order, sorted_keep)
+    keep[torch.arange(probs.shape[0]), probs.argmax(dim=-1)] = True
+    return keep
+
+
+def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> SamplerOutput:
+    """Pick one token per row of ``logits`` ``[B, V]``."""
+    raw = logits.float()
+    x = apply_penalties(raw, t)
+    if t.allowed is not None:
+        x = x.masked_fill(~t.allowed, float("-inf"))
+    greedy = t.temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(t.temperature), t.temperature)[:, None]
+    scaled = x / temp
+    keep = filter_mask(torch.softmax(scaled, dim=-1), t.top_k, t.top_p, t.min_p)
+    if t.allowed is not None:
+        keep &= t.allowed
+    scaled = scaled.masked_fill(~keep, float("-inf"))
+    noise = rng.gumbel(rng.position_keys(t.seeds, t.positions), scaled.shape[-1])
+    drawn = torch.argmax(scaled + noise, dim=-1)
+    token_ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
+
+    logp = torch.log_softmax(raw, dim=-1)
+    out = SamplerOutput(token_ids, logp.gather(-1, token_ids[:, None]).squeeze(-1))
+    if num_logprobs > 0:
+        order = torch.sort(-logp, dim=-1, stable=True).indices[:, :num_logprobs]
+        out.top_ids = order
+        out.top_logprobs = logp.gather(-1, order)
+    return out

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from deepinfer.sampling import SamplingTensors, filter_mask, sample
+
+
+def _tensors(b: int, **kw: object) -> SamplingTensors:
+    base: dict[str, object] = {
+        "temperature": torch.ones(b),
+        "top_k": torch.zeros(b, dtype=torch.int64),
+        "top_p": torch.ones(b),
+        "min_p": torch.zeros(b),
+        "seeds": torch.zeros(b, dtype=torch.int64),
+        "positions": torch.arange(b, dtype=torch.int64),
+    }
+    for key, value in kw.items():
+        base[key] = value if isinstance(value, torch.Tensor) else torch.full((b,), value)
+    return SamplingTensors(**base)  # type: ignore[arg-type]
+
+
+def reference_distribution(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> np.ndarray:
+    """The filter spec written out in float64 with explicit loops (independent of the code)."""
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    keep = p >= min_p * p.max()
+    q = np.where(keep, p, 0.0)
+    q /= q.sum()
+    order = sorted(range(len(q)), key=lambda i: (-q[i], i))
+    if top_k > 0:
+        for rank, i in enumerate(order):
+            if rank >= top_k:
+                q[i] = 0.0
+        q /= q.sum()
+    if top_p < 1.0:
+        mass = 0.0
+        for rank, i in enumerate(order):
+            if rank > 0 and mass >= top_p:
+                q[i] = 0.0
+            mass += q[i] if q[i] > 0 else 0.0
+        q /= q.sum()
+    return q
+
+
+CASES = [
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 0, 1.0, 0.0),
+    (1.3, 4, 1.0, 0.0),
+    (1.0, 0, 0.8, 0.0),
+    (0.9, 0, 1.0, 0.05),
+    (1.1, 6, 0.9, 0.02),
+]
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p"), CASES)
+def test_empirical_distribution_matches_softmax_chi_square(
+    temperature: float, top_k: int, top_p: float, min_p: float
+) -> None:
+    g = np.random.default_rng(1)
+    vocab, draws = 12, 40_000
+    logits = g.normal(0, 1.5, size=vocab).astype(np.float32)
+    want = reference_distribution(logits, temperature, top_k, top_p, min_p)
+    t = _tensors(
+        draws,
+        temperature=temperature,
+        top_k=torch.full((draws,), top_k, dtype=torch.int64),
+        top_p=top_p,
+        min_p=min_p,
+        seeds=torch.full((draws,), 1234, dtype=torch.int64),
+    )
+    out = sample(torch.from_numpy(logits).expand(draws, vocab).contiguous(), t)
+    counts = np.bincount(out.token_ids.numpy(), minlength=vocab)
+    support = want > 0
+    assert counts[~support].sum() == 0, "sampled a filtered token"
+    chi = stats.chisquare(counts[support], want[support] * draws)
+    assert chi.pvalue > 1e-3, (chi, counts, want)
+
+
+def test_filter_mask_matches_reference_on_random_rows() -> None:
+    g = np.random.default_rng(2)
+    for _ in range(200):
+        vocab = int(g.integers(2, 40))
+        # Coarse logits so that ties at the boundaries are common.
+        logits = np.round(g.normal(0, 2, size=vocab)).astype(np.float32)
+        temperature = float(g.uniform(0.3, 2.0))
+        top_k = int(g.integers(0, vocab + 2))
+        top_p = float(g.choice([1.0, g.uniform(0.05, 1.0)]))
+        min_p = float(g.choice([0.0, g.uniform(0.0, 0.5)]))
+        want = reference_distribution(logits, temperature, top_k, top_p, min_p) > 0
+        probs = torch.softmax(torch.from_numpy(logits)[None] / temperature, dim=-1)
+        got = filter_mask(
+            probs, torch.tensor([top_k]), torch.tensor([top_p]), torch.tensor([min_p])
+        )[0].numpy()
+        assert got.tolist() == want.tolist(), (logits, temperature, top_k, top_p, min_p)
+
+
+def test_greedy_breaks_ties_towards_lower_id() -> None:
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0]])
+    out = sample(logits, _tensors(1, temperature=0.0))
+    assert out.token_ids.item() == 1
+
+
+def test_seeded_draws_do_not_depend_on_the_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(1, 500, generator=g)
+    t1 = _tensors(1, seeds=torch.tensor([77]), positions=torch.tensor([40]), top_p=0.9)
+    alone = sample(row, t1).token_ids.item()
+    for b in (2, 7, 31):
+        others = torch.randn(b, 500, generator=g)
+        idx = b // 2
+        others[idx] = row[0]
+        seeds = torch.randint(0, 1000, (b,), generator=g)
+        seeds[idx] = 77
+        positions = torch.randint(0, 1000, (b,), generator=g)
+        positions[idx] = 40
+        t = _tensors(b, seeds=seeds, positions=positions, top_p=0.9)
+        assert sample(others, t).token_ids[idx].item() == alone
+
+
+def test_allowed_mask_is_respected() -> None:
+    draws = 2000
+    logits = torch.zeros(draws, 6)
+    allowed = torch.zeros(draws, 6, dtype=torch.bool)
+    allowed[:, [1, 4]] = True
+    out = sample(logits, _tensors(draws, allowed=allowed))
+    assert set(out.token_ids.tolist()) == {1, 4}
+    greedy = sample(logits, _tensors(draws, temperature=0.0, allowed=allowed))
+    assert set(greedy.token_ids.tolist()) == {1}
+
+
+def test_penalties_follow_openai_and_repetition_rules() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.0]])
+    counts = torch.tensor([[2, 1, 0, 0]])
+    prompt = torch.tensor([[False, False, False, True]])
+    t = _tensors(
+        1,
+        temperature=0.0,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=2.0,
+        output_counts=counts,
+        prompt_mask=prompt,
+    )
+    from deepinfer.sampling.sampler import apply_penalties
+
+    got = apply_penalties(logits, t)[0].tolist()
+    # token 0: 2/2 - 0.25*2 - 0.5; token 1: -1*2 - 0.25 - 0.5; token 2 untouched; token 3: 1/2
+    assert got == pytest.approx([1.0 - 0.5 - 0.5, -2.0 - 0.25 - 0.5, 0.5, 0.5])
+
+
+def test_logprobs_are_raw_model_logprobs() -> None:
+    logits = torch.randn(3, 50, dtype=torch.float64)
+    t = _tensors(3, temperature=0.5, top_k=torch.tensor([5, 5, 5]))
+    out = sample(logits.float(), t, num_logprobs=4)
+    ref = torch.log_softmax(logits, dim=-1)
+    assert torch.allclose(
+        out.logprobs.double(), ref.gather(-1, out.token_ids[:, None])[:, 0], atol=1e-5
+    )
+    want_ids = torch.argsort(-ref, dim=-1, stable=True)[:, :4]
+    assert torch.equal(out.top_ids, want_ids)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import pytest
+
+from deepinfer.errors import InvalidRequestError
+from deepinfer.sampling_params import SamplingParams, StructuredOutputsParams
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"seed": -1}, "seed"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-3]}, "stop_token_ids"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"n": True}, "n"),
+    ],
+)
+def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}: ")
+
+
+def test_defaults_and_normalisation() -> None:
+    p = SamplingParams(stop="END", temperature=0)
+    assert p.stop == ["END"] and p.greedy and p.max_tokens == 16
+
+
+def test_aliases_and_unknown_keys() -> None:
+    p = SamplingParams.from_dict({"max_new_tokens": 9, "sampling_seed": 3, "json_schema": {}})
+    assert (p.max_tokens, p.seed) == (9, 3)
+    assert p.structured_outputs is not None and p.structured_outputs.kind == "json"
+    p = SamplingParams.from_dict({"ebnf": 'root ::= "a"'})
+    assert p.structured_outputs is not None and p.structured_outputs.kind == "grammar"
+    with pytest.raises(InvalidRequestError, match="unknown sampling parameter"):
+        SamplingParams.from_dict({"temprature": 1.0})
+    with pytest.raises(InvalidRequestError, match="given twice"):
+        SamplingParams.from_dict({"max_tokens": 1, "max_new_tokens": 2})
+
+
+def test_structured_outputs_need_exactly_one_constraint() -> None:
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        StructuredOutputsParams(regex="a+", grammar="root ::= x")
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        SamplingParams(structured_outputs={})  # type: ignore[arg-type]
+    assert StructuredOutputsParams(choice=["yes", "no"]).kind == "choice"
+    with pytest.raises(InvalidRequestError, match="unknown keys"):
+        StructuredOutputsParams.from_dict({"yaml": "x"})
