@@ -1,0 +1,1 @@
+"""Building blocks of tools/train_tiny.py: the corpus, the tokenizer and the chat data."""
