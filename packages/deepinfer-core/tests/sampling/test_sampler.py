@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
-from deepinfer.sampling import SamplingTensors, filter_mask, sample
+from deepinfer.sampling import SamplingTensors, filter_mask, rng, sample
 
 
 def _tensors(b: int, **kw: object) -> SamplingTensors:
@@ -164,3 +164,24 @@ def test_logprobs_are_raw_model_logprobs() -> None:
     )
     want_ids = torch.argsort(-ref, dim=-1, stable=True)[:, :4]
     assert torch.equal(out.top_ids, want_ids)
+
+
+@pytest.mark.gpu
+def test_cuda_draws_equal_cpu_draws() -> None:
+    """The counter RNG is exact integer arithmetic, so a seeded draw is device-independent."""
+    g = torch.Generator().manual_seed(3)
+    b, vocab = 64, 4096
+    logits = torch.randn(b, vocab, generator=g)
+    t = _tensors(
+        b,
+        seeds=torch.randint(0, 2**62, (b,), generator=g),
+        positions=torch.randint(0, 10**6, (b,), generator=g),
+        temperature=0.8,
+    )
+    cpu = sample(logits, t)
+    moved = SamplingTensors(**{k: v.cuda() for k, v in vars(t).items() if v is not None})
+    cuda = sample(logits.cuda(), moved)
+    keys_cpu = rng.position_keys(t.seeds, t.positions)
+    assert torch.equal(rng.position_keys(moved.seeds, moved.positions).cpu(), keys_cpu)
+    assert torch.equal(rng.uniform(keys_cpu.cuda(), vocab).cpu(), rng.uniform(keys_cpu, vocab))
+    assert torch.equal(cuda.token_ids.cpu(), cpu.token_ids)
