@@ -119,7 +119,7 @@ def format_report(report: InfoReport) -> str:
         lines.append(f"  {group}:" + ("" if items else " (none)"))
         for p in items:
             source = f"{p.distribution} {p.version}"
-            lines.append(f"    {p.name:<10} {source:<32} {p.status}")
+            lines.append(f"    {p.name:<12} {source:<32} {p.status}")
     dev = report.device
     if dev:
         cap = f", sm_{dev['capability'][0]}{dev['capability'][1]}" if dev.get("capability") else ""

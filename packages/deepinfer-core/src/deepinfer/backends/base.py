@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 
 from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
@@ -49,3 +50,141 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={str(self.device)!r})"
+
+    # -- the op table ------------------------------------------------------------------------
+    # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,
+    # n mHC streams, E experts, k routed experts per token. A kernel backend overrides a subset;
+    # the torch reference implements all of them.
+
+    def linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """``x @ weight.T`` in the weight's dtype (FP8/FP4 backends dequantise or run natively)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement linear")
+
+    def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """Block-diagonal projection: ``x`` [..., g, i], ``weight`` [g*o, i] -> [..., g, o]."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement grouped_linear")
+
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        """RMSNorm over the last dim, fp32 statistics; ``weight=None`` is the unweighted form."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement rms_norm")
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+        """Interleaved RoPE on the trailing ``2*cos.shape[-1]`` channels of ``x`` [B, S, H, D].
+
+        ``cos``/``sin`` are [S, r/2] (one angle per channel pair). ``inverse`` rotates by the
+        negative angle, which attention uses to de-rotate its output at the query position.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement rope")
+
+    def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+        """Shared-KV MQA with one sink logit per head.
+
+        ``q`` [B, S, H, D], ``kv`` [B, L, D] (keys and values alike), ``mask`` [B, S, L] bool
+        (True = visible), ``sinks`` [H] fp32. Returns [B, S, H, D]. The sink joins the softmax
+        denominator only.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement attention")
+
+    def compress(
+        self,
+        kv: Tensor,
+        score: Tensor,
+        prev_kv: Tensor | None,
+        prev_score: Tensor | None,
+        overlap: bool,
+    ) -> Tensor:
+        """Softmax-pool complete windows into compressed entries (before norm and RoPE).
+
+        ``kv``/``score`` [B, n, r, c*D] fp32 with the position bias already in ``score``. With
+        ``overlap`` (c = 2) entry w pools the first half of window w-1 and the second half of
+        window w; ``prev_kv``/``prev_score`` [B, r, D] supply window -1 (None: no such window).
+        Returns [B, n, D] fp32.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement compress")
+
+    def indexer_topk(
+        self, q: Tensor, keys: Tensor, weights: Tensor, n_visible: Tensor, topk: int
+    ) -> Tensor:
+        """Lightning-indexer selection: ``sum_h weights * relu(q . k)`` then top-k.
+
+        ``q`` [B, S, h, c], ``keys`` [B, T, c], ``weights`` [B, S, h] (scales folded in),
+        ``n_visible`` [S] = entries each query may see. Returns [B, S, min(topk, T)] int64 with
+        -1 where a pick falls outside the visible entries.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement indexer_topk")
+
+    def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
+        """Project [..., n, n] logits towards a doubly-stochastic matrix (softmax, then
+        alternate column/row normalisation)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sinkhorn")
+
+    def mhc_pre(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """mHC entry: from streams ``x`` [B, S, n, d] compute (collapsed input [B, S, d],
+        post weights [B, S, n] fp32, comb [B, S, n, n] fp32)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_pre")
+
+    def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+        """mHC exit: ``X'[k] = post[k] * y + sum_j comb[j, k] * X[j]``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_post")
+
+    def hc_head(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+    ) -> Tensor:
+        """Final stream collapse before the last norm: sigmoid weights, no Sinkhorn."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement hc_head")
+
+    def moe_route(
+        self,
+        x: Tensor,
+        gate_weight: Tensor,
+        bias: Tensor | None,
+        *,
+        topk: int,
+        scoring_func: str,
+        routed_scaling_factor: float,
+        norm_topk_prob: bool,
+        fixed_indices: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Router: returns (weights [N, k] fp32, expert ids [N, k] int64).
+
+        ``bias`` only steers selection (aux-free balancing); ``fixed_indices`` (hash routing)
+        replaces selection entirely while the scores still weight the experts.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement moe_route")
+
+    def moe_experts(
+        self,
+        x: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        w1: list[Tensor],
+        w2: list[Tensor],
+        w3: list[Tensor],
+        swiglu_limit: float,
+    ) -> Tensor:
+        """Routed SwiGLU experts for ``x`` [N, d]; returns the fp32 weighted sum [N, d]."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement moe_experts")
+
+    def swiglu_mlp(
+        self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
+    ) -> Tensor:
+        """Dense clamped SwiGLU (the shared expert); returns fp32 [..., d]."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement swiglu_mlp")

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
 from deepinfer.backends.base import Availability, Backend
+
+#: Largest score tensor (elements) the reference materialises at once; longer prefills are
+#: processed in query blocks so a long prompt does not need O(S^2 * heads) memory.
+MAX_SCORE_ELEMENTS = 1 << 28
+
+
+def _rows_per_chunk(elements_per_row: int, rows: int) -> int:
+    return max(1, min(rows, MAX_SCORE_ELEMENTS // max(1, elements_per_row)))
 
 
 class TorchBackend(Backend):
@@ -21,3 +33,232 @@ class TorchBackend(Backend):
     @classmethod
     def availability(cls) -> Availability:
         return Availability(True)
+
+    # -- dense algebra --------------------------------------------------------------------------
+
+    def linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        return F.linear(x.to(weight.dtype), weight)
+
+    def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        groups, width = x.shape[-2], x.shape[-1]
+        w = weight.view(groups, -1, width)  # [g, o, i]
+        return torch.einsum("...gi,goi->...go", x.to(weight.dtype), w)
+
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        if weight is not None:
+            y = weight.float() * y
+        return y.to(x.dtype)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+        rd = 2 * cos.shape[-1]
+        nope, rot = x[..., :-rd], x[..., -rd:].float()
+        even, odd = rot[..., 0::2], rot[..., 1::2]
+        c = cos.float()[:, None, :]  # [S, 1, r/2] broadcasts over heads
+        s = sin.float()[:, None, :]
+        if inverse:
+            s = -s
+        out = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
+        return torch.cat((nope, out.to(x.dtype)), dim=-1)
+
+    # -- attention ----------------------------------------------------------------------------
+
+    def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+        b, s, h, _ = q.shape
+        rows = _rows_per_chunk(b * h * kv.shape[1], s)
+        if rows < s:  # long prefill: bound the [B, H, S, L] score tensor
+            return torch.cat(
+                [
+                    self.attention(q[:, i : i + rows], kv, mask[:, i : i + rows], sinks, scale)
+                    for i in range(0, s, rows)
+                ],
+                dim=1,
+            )
+        kvf = kv.float()
+        logits = torch.einsum("bshd,bld->bhsl", q.float(), kvf) * scale
+        logits = logits.masked_fill(~mask[:, None], float("-inf"))
+        sink = sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)
+        probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("bhsl,bld->bshd", probs, kvf).to(q.dtype)
+
+    def compress(
+        self,
+        kv: Tensor,
+        score: Tensor,
+        prev_kv: Tensor | None,
+        prev_score: Tensor | None,
+        overlap: bool,
+    ) -> Tensor:
+        if overlap:
+            dim = kv.shape[-1] // 2
+            b, _, r, _ = kv.shape
+            # First half of each window feeds the next entry; window -1 gets weight 0 when absent.
+            first_kv = kv[..., :dim]
+            first_sc = score[..., :dim]
+            if prev_kv is None or prev_score is None:
+                prev_kv = kv.new_zeros(b, r, dim)
+                prev_score = score.new_full((b, r, dim), float("-inf"))
+            shifted_kv = torch.cat((prev_kv[:, None].to(kv.dtype), first_kv[:, :-1]), dim=1)
+            shifted_sc = torch.cat((prev_score[:, None].to(score.dtype), first_sc[:, :-1]), dim=1)
+            kv = torch.cat((shifted_kv, kv[..., dim:]), dim=2)
+            score = torch.cat((shifted_sc, score[..., dim:]), dim=2)
+        weights = torch.softmax(score.float(), dim=2)
+        return (weights * kv.float()).sum(dim=2)
+
+    def indexer_topk(
+        self, q: Tensor, keys: Tensor, weights: Tensor, n_visible: Tensor, topk: int
+    ) -> Tensor:
+        b, s = q.shape[:2]
+        t = keys.shape[1]
+        k = min(topk, t)
+        if k == 0:
+            return torch.empty(b, s, 0, dtype=torch.long, device=q.device)
+        rows = _rows_per_chunk(b * q.shape[2] * t, s)
+        if rows < s:  # bound the [B, S, heads, T] score tensor
+            return torch.cat(
+                [
+                    self.indexer_topk(
+                        q[:, i : i + rows],
+                        keys,
+                        weights[:, i : i + rows],
+                        n_visible[i : i + rows],
+                        topk,
+                    )
+                    for i in range(0, s, rows)
+                ],
+                dim=1,
+            )
+        dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
+        scores = (dots * weights.float()[..., None]).sum(dim=2)  # [B, S, T]
+        entry = torch.arange(t, device=q.device)
+        future = entry[None, :] >= n_visible[:, None].to(q.device)  # [S, T]
+        scores = scores.masked_fill(future[None], float("-inf"))
+        idx = scores.topk(k, dim=-1).indices
+        invalid = idx >= n_visible.to(q.device)[None, :, None]
+        return torch.where(invalid, torch.full_like(idx, -1), idx)
+
+    # -- mHC ------------------------------------------------------------------------------------
+
+    def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
+        comb = torch.softmax(logits.float(), dim=-1) + eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+        for _ in range(iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+        return comb
+
+    def _hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+        flat = x.flatten(-2).float()
+        flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+        return F.linear(flat, fn.float())
+
+    def mhc_pre(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n = x.shape[-2]
+        mix = self._hc_mix(x, fn, norm_eps)
+        base = base.float()
+        scale = scale.float()
+        pre = torch.sigmoid(mix[..., :n] * scale[0] + base[:n]) + hc_eps
+        post = 2 * torch.sigmoid(mix[..., n : 2 * n] * scale[1] + base[n : 2 * n])
+        comb_logits = mix[..., 2 * n :] * scale[2] + base[2 * n :]
+        comb = self.sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
+        collapsed = (pre[..., None] * x.float()).sum(dim=-2).to(x.dtype)
+        return collapsed, post, comb
+
+    def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+        dt = x.dtype
+        mixed = torch.matmul(comb.to(dt).transpose(-1, -2), x)
+        return post.to(dt)[..., None] * y.to(dt)[..., None, :] + mixed
+
+    def hc_head(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+    ) -> Tensor:
+        mix = self._hc_mix(x, fn, norm_eps)
+        pre = torch.sigmoid(mix * scale.float() + base.float()) + hc_eps
+        return (pre[..., None] * x.float()).sum(dim=-2).to(x.dtype)
+
+    # -- MoE ------------------------------------------------------------------------------------
+
+    def moe_route(
+        self,
+        x: Tensor,
+        gate_weight: Tensor,
+        bias: Tensor | None,
+        *,
+        topk: int,
+        scoring_func: str,
+        routed_scaling_factor: float,
+        norm_topk_prob: bool,
+        fixed_indices: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        logits = F.linear(x.float(), gate_weight.float())
+        if scoring_func == "sqrtsoftplus":
+            scores = F.softplus(logits).sqrt()
+        elif scoring_func == "sigmoid":
+            scores = logits.sigmoid()
+        elif scoring_func == "softmax":
+            scores = logits.softmax(dim=-1)
+        else:
+            raise NotImplementedError(f"router scoring_func={scoring_func!r}")
+        if fixed_indices is not None:
+            indices = fixed_indices.long()
+        else:
+            biased = scores if bias is None else scores + bias.float()
+            indices = biased.topk(topk, dim=-1).indices
+        weights = scores.gather(-1, indices)
+        if norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * routed_scaling_factor, indices
+
+    @staticmethod
+    def _swiglu(x: Tensor, w1: Tensor, w3: Tensor, limit: float) -> Tensor:
+        gate = F.linear(x.to(w1.dtype), w1).float()
+        up = F.linear(x.to(w3.dtype), w3).float()
+        if limit > 0:
+            gate = gate.clamp(max=limit)
+            up = up.clamp(min=-limit, max=limit)
+        return F.silu(gate) * up
+
+    def moe_experts(
+        self,
+        x: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        w1: list[Tensor],
+        w2: list[Tensor],
+        w3: list[Tensor],
+        swiglu_limit: float,
+    ) -> Tensor:
+        out = torch.zeros(x.shape[0], x.shape[-1], dtype=torch.float32, device=x.device)
+        for e in torch.unique(indices).tolist():
+            if e < 0:
+                continue
+            rows, slot = torch.where(indices == e)
+            h = self._swiglu(x[rows], w1[e], w3[e], swiglu_limit)
+            h = h * weights[rows, slot, None].float()  # the official code scales before w2
+            out.index_add_(0, rows, F.linear(h.to(w2[e].dtype), w2[e]).float())
+        return out
+
+    def swiglu_mlp(
+        self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
+    ) -> Tensor:
+        h = self._swiglu(x, w1, w3, swiglu_limit)
+        return F.linear(h.to(w2.dtype), w2).float()

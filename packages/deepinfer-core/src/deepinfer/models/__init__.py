@@ -1,0 +1,58 @@
+"""DeepSeek-V4-family models and the entry point that loads one from a checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.state import ModelState
+
+#: model_type in config.json -> model class (also registered under ``deepinfer.models``).
+MODEL_CLASSES: dict[str, type[DeepseekV4ForCausalLM]] = {"deepseek_v4": DeepseekV4ForCausalLM}
+
+
+def model_class(model_type: str) -> type[DeepseekV4ForCausalLM]:
+    """The class for a config's ``model_type``: a ``deepinfer.models`` plugin first, then ours."""
+    from deepinfer import plugins
+
+    if model_type in plugins.models:
+        return plugins.models.load(model_type)  # type: ignore[no-any-return]
+    if model_type in MODEL_CLASSES:
+        return MODEL_CLASSES[model_type]
+    raise NotImplementedError(f"model_type {model_type!r} is not implemented")
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    backend: Backend | None = None,
+) -> DeepseekV4ForCausalLM:
+    """Build the model described by ``path/config.json`` and fill it from the checkpoint.
+
+    Weights are streamed shard by shard and dequantised (FP8 blocks, FP4 experts) in fp32, then
+    rounded once into each parameter's dtype: ``dtype`` for projections and the embedding, fp32
+    for norms, mHC, sinks, position biases, the router bias and the head. Reading in fp32 keeps
+    the checkpoint's fp32 tensors exact; the fp32 copy lives for one tensor at a time.
+    """
+    from deepinfer.models.loader import iter_checkpoint_tensors, read_config
+
+    cfg = ModelConfig.from_dict(read_config(path))
+    cls = model_class(cfg.model_type)
+    model = cls(cfg, dtype=dtype, device=device, backend=backend)
+    model.load_state(iter_checkpoint_tensors(path, torch.float32, device))
+    return model.eval()
+
+
+__all__ = [
+    "MODEL_CLASSES",
+    "DeepseekV4ForCausalLM",
+    "ModelConfig",
+    "ModelState",
+    "load_model",
+    "model_class",
+]

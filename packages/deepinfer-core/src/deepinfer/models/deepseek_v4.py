@@ -1,0 +1,204 @@
+"""DeepSeek-V4: the full model on the Backend op table, with explicit state.
+
+Module attribute names are the official checkpoint names (``embed.weight``,
+``layers.3.attn.compressor.ape``, ``layers.0.ffn.gate.tid2eid``, ``mtp.0.e_proj.weight``, ...), so
+loading is a strict name-for-name copy of what the checkpoint reader yields.
+
+Usage::
+
+    model = DeepseekV4ForCausalLM(cfg, dtype=torch.bfloat16, device="cuda")
+    logits = model.forward_logits(ids)              # whole sequence, no state kept
+    state = model.new_state(batch_size=1)
+    logits = model(ids[:, :37], state)              # any chunking gives the same logits
+    logits = model(ids[:, 37:38], state)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.config import ModelConfig
+from deepinfer.models.errors import CheckpointError
+from deepinfer.models.layers.block import Block, ForwardContext
+from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
+from deepinfer.models.layers.mtp import MTPBlock
+from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
+from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.state import ModelState
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+        backend: Backend | None = None,
+    ) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.cfg = cfg
+        self.dtype = dtype
+        if backend is None:
+            # A meta-device model (shape planning, parameter counts) never runs ops.
+            backend = TorchBackend("cpu" if device.type == "meta" else device)
+        self.ops: Backend = backend
+        d = cfg.hidden_size
+        with device:
+            self.embed = Embedding(cfg.vocab_size, d, dtype)
+            self.layers = nn.ModuleList(Block(cfg, i, dtype) for i in range(cfg.num_hidden_layers))
+            self.norm = RMSNorm(d, cfg.rms_norm_eps)
+            add_hc_params(self, "hc_head", cfg, head=True)
+            # Logits are computed in fp32, so the head is kept in fp32.
+            self.head = Linear(d, cfg.vocab_size, torch.float32)
+            self.mtp = nn.ModuleList(
+                MTPBlock(cfg, cfg.num_hidden_layers + i, dtype)
+                for i in range(cfg.num_nextn_predict_layers)
+            )
+        rope_dim = cfg.qk_rope_head_dim
+        self.rotary = {
+            "main": Rotary.build(rope_dim, cfg.rope_theta, None, device),
+            "compress": Rotary.build(rope_dim, cfg.compress_rope_theta, cfg.rope_scaling, device),
+        }
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def new_state(self, batch_size: int = 1) -> ModelState:
+        """Fresh per-sequence state (SWA rings, compressor buffers, compressed entries)."""
+        dev, dt = self.device, self.dtype
+        return ModelState(
+            layers=[layer.new_state(batch_size, dt, dev) for layer in self.layers],
+            mtp=[block.new_state(batch_size, dt, dev) for block in self.mtp],
+        )
+
+    def _context(self, input_ids: Tensor, start: int) -> ForwardContext:
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        return ForwardContext(self.ops, positions, input_ids, self.rotary)
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor, state: ModelState) -> Tensor:
+        """Advance ``state`` by ``input_ids`` [B, S]; returns fp32 logits [B, S, V]."""
+        return self.forward_with_streams(input_ids, state)[0]
+
+    @torch.no_grad()
+    def forward_with_streams(self, input_ids: Tensor, state: ModelState) -> tuple[Tensor, Tensor]:
+        """Like :meth:`forward`, plus the pre-``hc_head`` residual streams [B, S, hc_mult, d]
+        that the MTP layers read."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
+            )
+        if input_ids.shape[0] != state.batch_size:
+            raise ValueError(
+                f"input_ids has batch {input_ids.shape[0]} but the state was built for "
+                f"{state.batch_size}"
+            )
+        input_ids = input_ids.to(self.device)
+        ctx = self._context(input_ids, state.pos)
+        e = self.embed(input_ids)
+        x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
+        for layer, layer_state in zip(self.layers, state.layers, strict=True):
+            x = layer(x, ctx, layer_state)
+        state.pos += input_ids.shape[1]
+        logits = self._logits(HyperConnection(self, "hc_head", self.cfg).head(self.ops, x))
+        return logits, x
+
+    def _logits(self, h: Tensor) -> Tensor:
+        h = self.norm(self.ops, h.float())
+        return self.ops.linear(h, self.head.weight)
+
+    @torch.no_grad()
+    def forward_logits(self, input_ids: Tensor, chunk_size: int = 4096) -> Tensor:
+        """Full-sequence logits [B, S, V] (fp32) with no state kept after the call.
+
+        Long inputs run as a chunked prefill of ``chunk_size`` tokens, which gives the same
+        logits while bounding the attention masks and activations to one chunk.
+        """
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        state = self.new_state(input_ids.shape[0])
+        chunks = [
+            self.forward(input_ids[:, i : i + chunk_size], state)
+            for i in range(0, input_ids.shape[1], chunk_size)
+        ]
+        return torch.cat(chunks, dim=1)
+
+    @torch.no_grad()
+    def mtp_forward(
+        self, streams: Tensor, next_ids: Tensor, state: ModelState, depth: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Draft logits for token t+2 from the main streams at t and token t+1.
+
+        ``streams`` [B, S, hc_mult, d] come from :meth:`forward_with_streams` and
+        ``next_ids`` [B, S] are the tokens one position later. The MTP layer runs at the
+        positions of ``streams`` and keeps its own state (``state.mtp[depth]``, position
+        ``state.mtp_pos``). Returns (logits [B, S, V] fp32, the MTP layer's output streams).
+        """
+        if not self.mtp:
+            raise NotImplementedError(
+                "this checkpoint has no MTP layers (num_nextn_predict_layers=0)"
+            )
+        next_ids = next_ids.to(self.device)
+        ctx = self._context(next_ids, state.mtp_pos)
+        hidden, out_streams = self.mtp[depth].predict(
+            streams, self.embed(next_ids), ctx, state.mtp[depth]
+        )
+        if depth == len(self.mtp) - 1:
+            state.mtp_pos += next_ids.shape[1]
+        return self.ops.linear(hidden, self.head.weight), out_streams
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    def expected_tensors(self) -> dict[str, Tensor]:
+        """Official tensor name -> the parameter or buffer it fills."""
+        return dict(self.state_dict(keep_vars=True))
+
+    @torch.no_grad()
+    def load_state(self, tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy (official name, tensor) pairs into the model; strict about names and shapes.
+
+        Tensors are copied as they arrive so a streamed checkpoint never sits in memory twice.
+        Raises :class:`CheckpointError` naming the tensor and the expected shape and dtype.
+        """
+        expected = self.expected_tensors()
+        seen: set[str] = set()
+        for name, tensor in tensors:
+            target = expected.get(name)
+            if target is None:
+                raise CheckpointError(
+                    f"unexpected tensor {name!r} {tuple(tensor.shape)} {tensor.dtype}: the model "
+                    f"(V4, {self.cfg.num_hidden_layers} layers, "
+                    f"{self.cfg.num_nextn_predict_layers} MTP) has no such parameter"
+                )
+            if name in seen:
+                raise CheckpointError(f"tensor {name!r} appears twice in the checkpoint")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected "
+                    f"{tuple(target.shape)} ({target.dtype})"
+                )
+            if tensor.is_floating_point() != target.is_floating_point():
+                raise CheckpointError(
+                    f"tensor {name!r} has dtype {tensor.dtype}, expected {target.dtype} "
+                    f"{tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            seen.add(name)
+        missing = [n for n in expected if n not in seen]
+        if missing:
+            listed = ", ".join(
+                f"{n} {tuple(expected[n].shape)} {expected[n].dtype}" for n in missing[:8]
+            )
+            more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            raise CheckpointError(f"checkpoint is missing {len(missing)} tensors: {listed}{more}")

@@ -1,0 +1,52 @@
+"""Lightning indexer: picks, per query, the top-k compressed entries a CSA layer attends to.
+
+It keeps its own narrow compressor (index_head_dim) over the same ratio-4 windows, reads the
+attention's shared query latent ``qr``, and scores ``sum_h w_h * relu(q_h . k)``. ReLU makes exact
+zeros common, so top-k ties are possible with few index heads; real models use 64.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.layers.compressor import Compressor
+from deepinfer.models.layers.norm import Linear
+from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.state import CompressorState
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ratio: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.n_heads = cfg.index_n_heads
+        self.head_dim = cfg.index_head_dim
+        self.topk = cfg.index_topk
+        self.ratio = ratio
+        self.compressor = Compressor(
+            cfg.hidden_size, self.head_dim, ratio, overlap=True, eps=cfg.rms_norm_eps, dtype=dtype
+        )
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype)
+        self.weights_proj = Linear(cfg.hidden_size, self.n_heads, dtype)
+
+    def forward(
+        self,
+        ops: Backend,
+        x: Tensor,
+        qr: Tensor,
+        positions: Tensor,
+        *,
+        rotary: Rotary,
+        state: CompressorState,
+    ) -> Tensor:
+        """Returns selected entry ids [B, S, k], -1 where fewer than k entries are visible."""
+        keys = self.compressor(ops, x, positions, rotary, state)
+        b, s = x.shape[:2]
+        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
+        cos, sin = rotary.cos_sin(positions)
+        q = ops.rope(q, cos, sin)
+        weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
+        n_visible = (positions + 1) // self.ratio
+        return ops.indexer_topk(q, keys, weights, n_visible, self.topk)

@@ -1,0 +1,84 @@
+"""Mixture of experts: sqrt-softplus router, routed SwiGLU experts and a shared expert.
+
+The router's ``bias`` (auxiliary-loss-free balancing) only changes which experts win; the mixing
+weights come from the unbiased scores. The first ``num_hash_layers`` layers route by a frozen
+token-to-expert table (``tid2eid``) instead. Every expert clamps its SwiGLU inputs
+(``swiglu_limit``): the gate from above, the up projection on both sides.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.layers.norm import Linear, fp32_param
+
+
+class Gate(nn.Module):
+    def __init__(self, cfg: ModelConfig, hashed: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.hashed = hashed
+        self.weight = nn.Parameter(
+            torch.empty(cfg.n_routed_experts, cfg.hidden_size, dtype=dtype), requires_grad=False
+        )
+        if hashed:
+            self.register_buffer(
+                "tid2eid", torch.empty(cfg.vocab_size, cfg.num_experts_per_tok, dtype=torch.long)
+            )
+        else:
+            self.bias = fp32_param(cfg.n_routed_experts)
+
+
+class Expert(nn.Module):
+    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` with the clamp (also the shared expert's shape)."""
+
+    def __init__(self, hidden: int, inter: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w1 = Linear(hidden, inter, dtype)
+        self.w2 = Linear(inter, hidden, dtype)
+        self.w3 = Linear(hidden, inter, dtype)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.gate = Gate(cfg, cfg.is_hash_layer(layer_id), dtype)
+        self.experts = nn.ModuleList(
+            Expert(cfg.hidden_size, cfg.moe_intermediate_size, dtype)
+            for _ in range(cfg.n_routed_experts)
+        )
+        self.shared_experts = Expert(
+            cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, dtype
+        )
+
+    def forward(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
+        cfg = self.cfg
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        fixed = self.gate.tid2eid[input_ids.reshape(-1)] if self.gate.hashed else None
+        weights, indices = ops.moe_route(
+            flat,
+            self.gate.weight,
+            None if self.gate.hashed else self.gate.bias,
+            topk=cfg.num_experts_per_tok,
+            scoring_func=cfg.scoring_func,
+            routed_scaling_factor=cfg.routed_scaling_factor,
+            norm_topk_prob=cfg.norm_topk_prob,
+            fixed_indices=fixed,
+        )
+        experts = list(self.experts)
+        routed = ops.moe_experts(
+            flat,
+            weights,
+            indices,
+            w1=[e.w1.weight for e in experts],
+            w2=[e.w2.weight for e in experts],
+            w3=[e.w3.weight for e in experts],
+            swiglu_limit=cfg.swiglu_limit,
+        )
+        se = self.shared_experts
+        shared = ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, cfg.swiglu_limit)
+        return (routed + shared).to(x.dtype).view(shape)

@@ -1,0 +1,55 @@
+"""Parameter holders for RMSNorm and plain projections.
+
+They own only weights, named as in the official checkpoint (``weight``), and call the backend op
+table, so a kernel backend swaps the maths without the module tree changing. Weights are created
+uninitialised: they are always filled from a checkpoint, and initialising hundreds of billions of
+parameters first would waste minutes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+
+
+class RMSNorm(nn.Module):
+    """Weighted RMSNorm; the weight stays fp32 as in the reference, statistics are fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, ops: Backend, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class Linear(nn.Module):
+    """Bias-free projection ``y = x @ weight.T``."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
+        )
+
+    def forward(self, ops: Backend, x: Tensor) -> Tensor:
+        return ops.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    """Token embedding table (``embed.weight``)."""
+
+    def __init__(self, vocab_size: int, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.weight[ids]
+
+
+def fp32_param(*shape: int) -> nn.Parameter:
+    """An uninitialised fp32 parameter (mHC, sinks, position biases are fp32 in the checkpoint)."""
+    return nn.Parameter(torch.empty(*shape, dtype=torch.float32), requires_grad=False)

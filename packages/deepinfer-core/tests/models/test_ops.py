@@ -1,0 +1,145 @@
+"""The torch reference ops against float64 recomputations written straight from the spec."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.models.layers.rope import Rotary
+
+ops = TorchBackend("cpu")
+g = torch.Generator().manual_seed(0)
+
+
+def test_yarn_frequencies_match_the_deepseek_formula() -> None:
+    dim, theta, factor, orig = 64, 160000.0, 16.0, 65536
+    rot = Rotary.build(
+        dim,
+        theta,
+        {"type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
+         "beta_fast": 32, "beta_slow": 1},
+        torch.device("cpu"),
+    )  # fmt: skip
+
+    def c(k: float) -> float:
+        return dim * math.log(orig / (2 * math.pi * k)) / (2 * math.log(theta))
+
+    low, high = max(math.floor(c(32)), 0), min(math.ceil(c(1)), dim - 1)
+    want = []
+    for i in range(dim // 2):
+        f = theta ** (-2 * i / dim)
+        smooth = 1 - min(max((i - low) / (high - low), 0.0), 1.0)
+        want.append(f / factor * (1 - smooth) + f * smooth)
+    torch.testing.assert_close(rot.inv_freq.double(), torch.tensor(want, dtype=torch.float64))
+
+
+def test_rope_is_interleaved_on_the_tail_and_inverts() -> None:
+    x = torch.randn(1, 3, 2, 10, generator=g)
+    pos = torch.tensor([0, 5, 9])
+    freq = torch.tensor([1.0, 0.1])
+    ang = pos[:, None].double() * freq[None].double()
+    y = ops.rope(x, ang.cos().float(), ang.sin().float())
+    assert torch.equal(y[..., :6], x[..., :6])
+    z = (
+        torch.complex(x[..., 6::2].double(), x[..., 7::2].double())
+        * torch.polar(torch.ones_like(ang), ang)[:, None]
+    )
+    torch.testing.assert_close(y[..., 6::2].double(), z.real, atol=1e-6, rtol=0)
+    torch.testing.assert_close(y[..., 7::2].double(), z.imag, atol=1e-6, rtol=0)
+    back = ops.rope(y, ang.cos().float(), ang.sin().float(), inverse=True)
+    torch.testing.assert_close(back, x, atol=1e-6, rtol=0)
+
+
+def test_attention_sink_joins_the_denominator_only() -> None:
+    q = torch.randn(1, 2, 3, 8, generator=g)
+    kv = torch.randn(1, 5, 8, generator=g)
+    mask = torch.rand(1, 2, 5, generator=g) > 0.3
+    mask[..., 0] = True
+    sinks = torch.randn(3, generator=g)
+    got = ops.attention(q, kv, mask, sinks, 0.5)
+    want = torch.zeros(1, 2, 3, 8, dtype=torch.float64)
+    for s in range(2):
+        for h in range(3):
+            logits = [
+                0.5 * float(q[0, s, h].double() @ kv[0, j].double()) if mask[0, s, j] else None
+                for j in range(5)
+            ]
+            den = math.exp(float(sinks[h])) + sum(math.exp(v) for v in logits if v is not None)
+            for j, v in enumerate(logits):
+                if v is not None:
+                    want[0, s, h] += math.exp(v) / den * kv[0, j].double()
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
+
+
+def test_overlapping_compressor_pools_eight_tokens() -> None:
+    r, d, n = 4, 3, 3
+    kv = torch.randn(1, n, r, 2 * d, generator=g)
+    score = torch.randn(1, n, r, 2 * d, generator=g)
+    prev_kv, prev_score = torch.randn(1, r, d, generator=g), torch.randn(1, r, d, generator=g)
+    got = ops.compress(kv, score, prev_kv, prev_score, overlap=True)
+    for w in range(n):
+        if w == 0:
+            a_kv, a_sc = prev_kv[0].double(), prev_score[0].double()
+        else:
+            a_kv, a_sc = kv[0, w - 1, :, :d].double(), score[0, w - 1, :, :d].double()
+        slots_kv = torch.cat((a_kv, kv[0, w, :, d:].double()))
+        slots_sc = torch.cat((a_sc, score[0, w, :, d:].double()))
+        want = (slots_sc.softmax(0) * slots_kv).sum(0)
+        torch.testing.assert_close(got[0, w].double(), want, atol=1e-6, rtol=0)
+    # At sequence start window -1 is absent and gets weight zero.
+    first = ops.compress(kv[:, :1], score[:, :1], None, None, overlap=True)
+    want = (score[0, 0, :, d:].double().softmax(0) * kv[0, 0, :, d:].double()).sum(0)
+    torch.testing.assert_close(first[0, 0].double(), want, atol=1e-6, rtol=0)
+
+
+def test_sinkhorn_matches_float64_and_is_nearly_doubly_stochastic() -> None:
+    logits = torch.randn(5, 4, 4, generator=g)
+    comb = ops.sinkhorn(logits, iters=20, eps=1e-6)
+    want = logits.double().softmax(-1) + 1e-6
+    want = want / (want.sum(-2, keepdim=True) + 1e-6)
+    for _ in range(19):
+        want = want / (want.sum(-1, keepdim=True) + 1e-6)
+        want = want / (want.sum(-2, keepdim=True) + 1e-6)
+    torch.testing.assert_close(comb.double(), want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(comb.sum(-2), torch.ones(5, 4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(comb.sum(-1), torch.ones(5, 4), atol=1e-2, rtol=0)
+
+
+def test_router_bias_selects_but_does_not_weight() -> None:
+    x = torch.randn(6, 8, generator=g)
+    w = torch.randn(5, 8, generator=g)
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.0, 100.0])
+    weights, idx = ops.moe_route(
+        x,
+        w,
+        bias,
+        topk=2,
+        scoring_func="sqrtsoftplus",
+        routed_scaling_factor=1.5,
+        norm_topk_prob=True,
+    )
+    assert (idx == 4).any(-1).all()  # the bias forces expert 4 in
+    scores = torch.nn.functional.softplus(x.double() @ w.double().T).sqrt()
+    picked = scores.gather(1, idx)
+    torch.testing.assert_close(weights.double(), 1.5 * picked / picked.sum(-1, keepdim=True))
+
+
+def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deepinfer.backends.torch_ref as ref
+
+    q = torch.randn(2, 9, 3, 8, generator=g)
+    kv = torch.randn(2, 11, 8, generator=g)
+    mask = torch.rand(2, 9, 11, generator=g) > 0.3
+    sinks = torch.randn(3, generator=g)
+    qi = torch.randn(2, 9, 4, 8, generator=g)
+    keys = torch.randn(2, 11, 8, generator=g)
+    w = torch.randn(2, 9, 4, generator=g)
+    vis = torch.arange(9) + 2
+    whole = ops.attention(q, kv, mask, sinks, 0.3), ops.indexer_topk(qi, keys, w, vis, 5)
+    monkeypatch.setattr(ref, "MAX_SCORE_ELEMENTS", 2 * 3 * 11 * 2)  # two query rows per block
+    blocked = ops.attention(q, kv, mask, sinks, 0.3), ops.indexer_topk(qi, keys, w, vis, 5)
+    torch.testing.assert_close(blocked[0], whole[0], atol=1e-6, rtol=0)
+    assert torch.equal(blocked[1], whole[1])
