@@ -1,0 +1,88 @@
+"""Models that ship inside the package, so DeepInfer runs with no download.
+
+Until the trained tiny model is embedded, ``"tiny"`` is a deterministic random-weight V4 model
+with every attention kind (sliding, CSA, HCA), hash and learned MoE routing and an MTP layer,
+paired with the tiny byte-level BPE tokenizer trained on Shakespeare. Its text is noise: it is
+there to exercise the whole engine, and the CLI says so.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+ASSETS = Path(__file__).resolve().parent
+TINY_TOKENIZER = ASSETS / "tiny" / "tokenizer.json"
+RANDOM_TINY_NOTICE = (
+    "model 'tiny': random weights (deterministic, seed 0); the trained tiny model is not "
+    "embedded yet, so the text is noise"
+)
+
+
+def tiny_config() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=8192,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        head_dim=32,
+        qk_rope_head_dim=16,
+        q_lora_rank=32,
+        o_groups=2,
+        o_lora_rank=32,
+        moe_intermediate_size=64,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        num_hash_layers=1,
+        sliding_window=128,
+        compress_ratios=[0, 4, 16, 4, 0],
+        index_n_heads=16,
+        index_head_dim=16,
+        index_topk=8,
+        hc_mult=4,
+        hc_sinkhorn_iters=20,
+        num_nextn_predict_layers=1,
+        max_position_embeddings=4096,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+
+
+@torch.no_grad()
+def init_random_weights(model: DeepseekV4ForCausalLM, seed: int = 0) -> None:
+    """Fill every parameter from a seeded generator, at scales that keep activations O(1)."""
+    g = torch.Generator().manual_seed(seed)
+    n_experts = model.cfg.n_routed_experts
+    for name, t in model.state_dict(keep_vars=True).items():
+        if not t.is_floating_point():  # tid2eid: distinct experts per token
+            noise = torch.rand(t.shape[0], n_experts, generator=g)
+            t.copy_(noise.argsort(dim=-1)[:, : t.shape[1]])
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if "norm" in name and leaf == "weight":
+            value = torch.ones(t.shape)
+        elif name.endswith("embed.weight"):
+            value = torch.randn(t.shape, generator=g)
+        elif t.dim() == 2 and leaf == "weight":
+            value = torch.randn(t.shape, generator=g) / math.sqrt(t.shape[1])
+        else:  # sinks, ape, mHC fn/base/scale, router bias
+            value = torch.randn(t.shape, generator=g) * 0.1
+        t.copy_(value.to(t.dtype))
+
+
+def random_tiny_model(
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0
+) -> DeepseekV4ForCausalLM:
+    model = DeepseekV4ForCausalLM(tiny_config(), dtype=dtype, device=device)
+    init_random_weights(model, seed)  # drawn on the CPU, so every device gets the same weights
+    return model.eval()
+
+
+def tiny_tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(TINY_TOKENIZER))

@@ -1,0 +1,1 @@
+"""Sequence state: the memory-budgeted pool and the exact prefix cache."""

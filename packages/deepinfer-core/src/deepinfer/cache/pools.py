@@ -1,0 +1,88 @@
+"""The state pool: per-request model state under one memory budget.
+
+A V4 sequence carries, per layer, an SWA ring of ``sliding_window`` rows, and on compressed
+layers the append-only compressed entries (one per ``ratio`` tokens), the indexer keys (CSA) and
+small partial-window buffers. The pool charges each request for the bytes its state will hold at
+the length it is about to reach; the scheduler admits, grows and preempts against that account,
+so the budget is never exceeded and nothing is allocated that could not be paid for.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.config import CSA_RATIO, ModelConfig
+from deepinfer.models.state import ModelState
+
+
+def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:
+    """Upper bound on the bytes of one sequence's state after ``num_tokens`` tokens."""
+    el = torch.empty((), dtype=dtype).element_size()
+    f32 = 4
+    total = 0
+    for layer in range(cfg.num_hidden_layers):
+        total += cfg.sliding_window * cfg.head_dim * el
+        ratio = cfg.compress_ratios[layer]
+        if ratio == 0:
+            continue
+        overlap = ratio == CSA_RATIO
+        dims = [cfg.head_dim] + ([cfg.index_head_dim] if overlap else [])
+        for dim in dims:
+            width = 2 * dim if overlap else dim
+            total += (num_tokens // ratio) * dim * el  # entries
+            total += 2 * ratio * width * f32  # open-window projections and scores
+            if overlap:
+                total += 2 * ratio * dim * f32  # the previous window's first half
+    return total
+
+
+class StatePool:
+    """Charges requests for their state bytes against ``budget_bytes``."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int) -> None:
+        self.cfg = cfg
+        self.dtype = dtype
+        self.budget_bytes = budget_bytes
+        self._charged: dict[str, int] = {}
+
+    def bytes_for(self, num_tokens: int) -> int:
+        return state_bytes(self.cfg, self.dtype, num_tokens)
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._charged.values())
+
+    def fits_alone(self, num_tokens: int) -> bool:
+        return self.bytes_for(num_tokens) <= self.budget_bytes
+
+    def can_reserve(self, request_id: str, num_tokens: int) -> bool:
+        current = self._charged.get(request_id, 0)
+        return self.used_bytes - current + self.bytes_for(num_tokens) <= self.budget_bytes
+
+    def reserve(self, request_id: str, num_tokens: int) -> None:
+        """Charge ``request_id`` for a state of ``num_tokens`` tokens (grow only)."""
+        want = self.bytes_for(num_tokens)
+        if want > self._charged.get(request_id, 0):
+            if not self.can_reserve(request_id, num_tokens):
+                raise MemoryError(f"state pool exhausted reserving {want} bytes for {request_id}")
+            self._charged[request_id] = want
+
+    def free(self, request_id: str) -> None:
+        self._charged.pop(request_id, None)
+
+    def is_charged(self, request_id: str) -> bool:
+        return request_id in self._charged
+
+
+def state_nbytes(state: ModelState) -> int:
+    """Bytes actually held by a state's tensors (to check the pool's accounting)."""
+    total = 0
+    for layer in state.layers:
+        total += layer.swa.kv.numel() * layer.swa.kv.element_size()
+        for comp in (layer.compressor, layer.indexer):
+            if comp is None:
+                continue
+            for t in (comp.entries, comp.buf_kv, comp.buf_score, comp.prev_kv, comp.prev_score):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,203 @@
+"""Exact prefix cache at 128-token boundaries.
+
+For every full block of 128 tokens a sequence has computed, the cache keeps what restoring the
+state at that boundary needs: the compressed entries and indexer keys appended during the block,
+and the boundary's SWA ring and compressor partial-window buffers. A later request whose tokens
+start with the same blocks gets the state rebuilt exactly (entries concatenated block by block,
+the rest copied from the last block), so its outputs equal a cold run while the cached prefill is
+skipped. Blocks are keyed by a hash chained over all tokens from the start, and evicted least
+recently used first, each together with the blocks that extend it, under a byte budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from deepinfer.models.state import CompressorState, ModelState
+
+BLOCK_SIZE = 128
+
+
+def _nbytes(t: Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def _clone(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.clone()
+
+
+@dataclass
+class _CompressorSnap:
+    entries: Tensor  # the entries appended during this block only
+    buf_kv: Tensor
+    buf_score: Tensor
+    prev_kv: Tensor | None
+    prev_score: Tensor | None
+    num_entries: int  # entries in the whole prefix up to the boundary
+
+    @classmethod
+    def take(cls, comp: CompressorState, first: int) -> _CompressorSnap:
+        return cls(
+            comp.entries[:, first:].clone(),
+            comp.buf_kv.clone(),
+            comp.buf_score.clone(),
+            _clone(comp.prev_kv),
+            _clone(comp.prev_score),
+            comp.num_entries,
+        )
+
+    def nbytes(self) -> int:
+        tensors = (self.entries, self.buf_kv, self.buf_score, self.prev_kv, self.prev_score)
+        return sum(_nbytes(t) for t in tensors)
+
+
+def _take(comp: CompressorState | None, prev: _CompressorSnap | None) -> _CompressorSnap | None:
+    """Snapshot ``comp`` keeping only the entries appended since the previous block."""
+    if comp is None:
+        return None
+    return _CompressorSnap.take(comp, prev.num_entries if prev else 0)
+
+
+@dataclass
+class _LayerSnap:
+    swa_kv: Tensor
+    compressor: _CompressorSnap | None
+    indexer: _CompressorSnap | None
+
+
+@dataclass(eq=False)
+class Block:
+    key: bytes
+    parent: Block | None
+    end: int  # tokens covered from the start of the sequence
+    layers: list[_LayerSnap]
+    nbytes: int
+    children: set[Block] = field(default_factory=set)
+
+    def chain(self) -> list[Block]:
+        blocks: list[Block] = []
+        node: Block | None = self
+        while node is not None:
+            blocks.append(node)
+            node = node.parent
+        return blocks[::-1]
+
+
+def block_key(parent: bytes | None, tokens: list[int]) -> bytes:
+    h = hashlib.sha256(parent or b"root")
+    h.update(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes())
+    return h.digest()
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # prompt tokens restored instead of computed
+    inserted_blocks: int = 0
+    evicted_blocks: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class PrefixCache:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.blocks: OrderedDict[bytes, Block] = OrderedDict()
+        self.used_bytes = 0
+        self.stats = PrefixCacheStats()
+
+    def match(self, token_ids: list[int]) -> Block | None:
+        """The last block of the longest cached prefix that leaves at least one token to run."""
+        usable = (len(token_ids) - 1) // BLOCK_SIZE
+        parent: bytes | None = None
+        found: Block | None = None
+        for i in range(usable):
+            key = block_key(parent, token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
+            block = self.blocks.get(key)
+            if block is None:
+                break
+            found, parent = block, key
+        if found is not None:
+            for block in reversed(found.chain()):  # ancestors end up most recently used
+                self.blocks.move_to_end(block.key)
+        return found
+
+    def restore(self, block: Block, new_state: Callable[[], ModelState]) -> ModelState:
+        """A fresh state equal to the one the cached sequence had at ``block.end``."""
+        chain = block.chain()
+        state = new_state()
+        for i, layer in enumerate(state.layers):
+            snap = block.layers[i]
+            layer.swa.kv.copy_(snap.swa_kv)
+            layer.swa.length = block.end
+            for name in ("compressor", "indexer"):
+                comp: CompressorState | None = getattr(layer, name)
+                last: _CompressorSnap | None = getattr(snap, name)
+                if comp is None or last is None:
+                    continue
+                pieces = [getattr(b.layers[i], name).entries for b in chain]
+                comp.entries = torch.cat(pieces, dim=1)
+                comp.buf_kv, comp.buf_score = last.buf_kv.clone(), last.buf_score.clone()
+                comp.prev_kv, comp.prev_score = _clone(last.prev_kv), _clone(last.prev_score)
+        state.pos = block.end
+        return state
+
+    def insert(self, parent: Block | None, tokens: list[int], state: ModelState) -> Block:
+        """Record the block that ends at ``state.pos`` (``tokens`` are its 128 tokens)."""
+        assert len(tokens) == BLOCK_SIZE and state.pos == (parent.end if parent else 0) + BLOCK_SIZE
+        key = block_key(parent.key if parent else None, tokens)
+        existing = self.blocks.get(key)
+        if existing is not None:
+            self.blocks.move_to_end(key)
+            return existing
+        layers: list[_LayerSnap] = []
+        for i, layer in enumerate(state.layers):
+            prev = parent.layers[i] if parent else None
+            layers.append(
+                _LayerSnap(
+                    layer.swa.kv.clone(),
+                    _take(layer.compressor, prev.compressor if prev else None),
+                    _take(layer.indexer, prev.indexer if prev else None),
+                )
+            )
+        nbytes = sum(
+            _nbytes(s.swa_kv) + sum(c.nbytes() for c in (s.compressor, s.indexer) if c)
+            for s in layers
+        )
+        block = Block(key, parent, state.pos, layers, nbytes)
+        if parent is not None:
+            parent.children.add(block)
+        self.blocks[key] = block
+        self.used_bytes += nbytes
+        self.stats.inserted_blocks += 1
+        self._evict(keep=block)
+        return block
+
+    def _evict(self, keep: Block) -> None:
+        protected = set(keep.chain())
+        for key in list(self.blocks):
+            if self.used_bytes <= self.budget_bytes:
+                return
+            block = self.blocks.get(key)
+            if block is not None and block not in protected:
+                self._remove(block)
+
+    def _remove(self, block: Block) -> None:
+        for child in list(block.children):
+            self._remove(child)
+        if self.blocks.pop(block.key, None) is not None:
+            self.used_bytes -= block.nbytes
+            self.stats.evicted_blocks += 1
+        if block.parent is not None:
+            block.parent.children.discard(block)
+
+    def __contains__(self, block: object) -> bool:
+        return isinstance(block, Block) and self.blocks.get(block.key) is block

@@ -1,0 +1,1 @@
+"""The offline engine: requests, scheduler, model runner and the step loop."""

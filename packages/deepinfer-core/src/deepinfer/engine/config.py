@@ -1,0 +1,33 @@
+"""Engine options, with vLLM's names where vLLM has one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer.errors import InvalidRequestError
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    #: Longest sequence (prompt + output); None = the model's max_position_embeddings.
+    max_model_len: int | None = None
+    #: Bytes the per-request model state (SWA rings, compressed entries, ...) may use.
+    state_memory_bytes: int = 4 << 30
+    enable_prefix_caching: bool = True
+    prefix_cache_bytes: int = 1 << 30
+    #: Seed for requests that give none; per request, not a global generator.
+    seed: int = 0
+    #: Bitwise-identical logits for a request whatever its batch and chunking. The reference
+    #: runner gets there by running every token through the model on its own (fixed shapes,
+    #: fixed reduction order), which makes prefill as slow as decode.
+    batch_invariant: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "state_memory_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(name, f"must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidRequestError("max_model_len", "must be at least 2")

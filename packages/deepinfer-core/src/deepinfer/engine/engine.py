@@ -1,0 +1,259 @@
+"""LLMEngine: add requests, step, collect outputs.
+
+Each step schedules one token budget, runs the model, samples, and turns the new tokens into
+text and stop decisions. Requests are validated when added, so a bad one fails alone with an
+InvalidRequestError and never reaches a batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer
+
+from deepinfer.cache.pools import StatePool
+from deepinfer.cache.prefix import PrefixCache
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.detokenizer import Detokenizer, find_stop
+from deepinfer.engine.request import Request, RequestStatus
+from deepinfer.engine.runner import ModelRunner, SampledToken
+from deepinfer.engine.scheduler import Scheduler
+from deepinfer.errors import InvalidRequestError
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.state import clone_state
+from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.sampling_params import SamplingParams
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Seed of sample ``index`` of a group seeded with ``seed`` (sample 0 keeps it)."""
+    return seed if index == 0 else (seed * _GOLDEN + index * 0xBF58476D1CE4E5B9) % (1 << 63)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: DeepseekV4ForCausalLM,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config = config or EngineConfig()
+        cfg = model.cfg
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        eos = cfg.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self.pool = StatePool(cfg, model.dtype, config.state_memory_bytes)
+        self.prefix_cache = (
+            PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
+        )
+        self.scheduler = Scheduler(
+            self.pool,
+            lambda: model.new_state(1),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
+        )
+        self.runner = ModelRunner(
+            model, self.eos_token_ids, self.prefix_cache, batch_invariant=config.batch_invariant
+        )
+        self.detokenizer = Detokenizer(tokenizer)
+        self._seeds = random.Random(config.seed)
+        self._ids = itertools.count()
+        self.groups: dict[str, list[Request]] = {}
+        self.num_steps = 0
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        params = params or SamplingParams()
+        group_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if group_id in self.groups:
+            raise InvalidRequestError("request_id", f"{group_id!r} is already in use")
+        self._validate(prompt_token_ids, params)
+        base_seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        now = time.monotonic()
+        members = [
+            Request(
+                request_id=group_id if params.n == 1 else f"{group_id}#{i}",
+                group_id=group_id,
+                index=i,
+                prompt_token_ids=list(prompt_token_ids),
+                params=params,
+                seed=sample_seed(base_seed, i),
+                metrics=RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids)),
+                priority=priority,
+                prompt=prompt,
+                prompt_logprobs=[] if params.prompt_logprobs is not None and i == 0 else None,
+            )
+            for i in range(params.n)
+        ]
+        members[0].fork_children = members[1:]
+        self.scheduler.awaiting_fork.update(members[1:])
+        for req in members:
+            self.scheduler.add(req)
+        self.groups[group_id] = members
+        return group_id
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        vocab = self.model.cfg.vocab_size
+        if not ids:
+            raise InvalidRequestError("prompt", "is empty")
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise InvalidRequestError("prompt", f"token ids must be integers in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt", f"has {len(ids)} tokens; max_model_len is {self.max_model_len}"
+            )
+        if not self.pool.fits_alone(len(ids) + 1):
+            raise InvalidRequestError(
+                "prompt", f"{len(ids)} tokens need more state memory than state_memory_bytes"
+            )
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids", f"must be below the vocabulary ({vocab})")
+        if params.structured_outputs is not None:
+            from deepinfer import plugins
+
+            plugins.grammars.load("xgrammar")(params.structured_outputs)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop every sample of ``request_id``; returns its final output (None if unknown)."""
+        if request_id not in self.groups:
+            return None
+        for req in self.groups[request_id]:
+            if not req.finished:
+                req.finish_reason = "abort"
+                self.scheduler.finish(req)
+        return self.output(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return the outputs of the groups that changed."""
+        out = self.scheduler.schedule()
+        if not (out.scheduled or out.preempted or out.out_of_memory) and self.groups:
+            raise RuntimeError("scheduler made no progress with requests pending")
+        now = time.monotonic()
+        for req in out.scheduled:
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+        for req in out.out_of_memory:
+            # Alone in the pool and still too big: end it rather than stall everything.
+            req.finish_reason = "length"
+            req.metrics.finished_time = now
+            self.scheduler.finish(req)
+        due = self.runner.execute(out)
+        due += self._fork(due)
+        changed: dict[str, None] = {}
+        for tok in self.runner.sample(due):
+            self._append(tok)
+            changed[tok.request.group_id] = None
+        for req in (*out.preempted, *out.out_of_memory):
+            changed[req.group_id] = None
+        self.num_steps += 1
+        return [self.output(g) for g in changed]
+
+    def _fork(self, due: list) -> list:
+        """Share a finished prompt prefill with the group's other samples (n > 1)."""
+        extra = []
+        for req, logits in due:
+            if not req.output_token_ids and req.fork_children:
+                for child in req.fork_children:
+                    if child.finished or child.status is not RequestStatus.WAITING:
+                        continue
+                    if self.scheduler.try_fork(req, child):
+                        assert req.state is not None
+                        child.state = clone_state(req.state)
+                        child.num_computed_tokens = req.num_computed_tokens
+                        child.metrics.first_scheduled_time = time.monotonic()
+                        extra.append((child, logits))
+                req.fork_children = []
+        return extra
+
+    def _append(self, tok: SampledToken) -> None:
+        req, params = tok.request, tok.request.params
+        req.output_token_ids.append(tok.token_id)
+        req.cumulative_logprob += tok.logprob
+        if tok.top is not None:
+            req.logprobs.append(tok.top)
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = time.monotonic()
+        new_text = self.detokenizer.update(req)
+        n_out = len(req.output_token_ids)
+        reason: str | None = None
+        if tok.token_id in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        elif tok.token_id in params.stop_token_ids:
+            reason, req.stop_reason = "stop", tok.token_id
+        elif params.stop and (hit := find_stop(req.text, len(new_text), params.stop)):
+            stop, idx = hit
+            reason, req.stop_reason = "stop", stop
+            keep = idx + len(stop) if params.include_stop_str_in_output else idx
+            req.text = req.text[:keep]
+        elif (params.max_tokens is not None and n_out >= params.max_tokens) or (
+            req.num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            req.finish_reason = reason
+            req.metrics.finished_time = time.monotonic()
+            self.scheduler.finish(req)
+
+    # -- outputs ------------------------------------------------------------------------------
+
+    def output(self, group_id: str) -> RequestOutput:
+        members = self.groups[group_id]
+        first = members[0]
+        outputs = [
+            CompletionOutput(
+                index=r.index,
+                text=r.text,
+                token_ids=list(r.output_token_ids),
+                finish_reason=r.finish_reason,
+                stop_reason=r.stop_reason,
+                logprobs=list(r.logprobs) if r.params.logprobs is not None else None,
+                cumulative_logprob=r.cumulative_logprob if r.params.logprobs is not None else None,
+            )
+            for r in members
+        ]
+        finished = all(r.finished for r in members)
+        if finished:
+            del self.groups[group_id]
+        return RequestOutput(
+            request_id=group_id,
+            prompt=first.prompt,
+            prompt_token_ids=list(first.prompt_token_ids),
+            outputs=outputs,
+            finished=finished,
+            prompt_logprobs=list(first.prompt_logprobs)
+            if first.prompt_logprobs is not None
+            else None,
+            metrics=first.metrics,
+        )
+
+    def run(self, groups: Iterable[str] | None = None) -> dict[str, RequestOutput]:
+        """Step until every request (or the given groups) finished; return final outputs."""
+        wanted = set(groups) if groups is not None else set(self.groups)
+        final: dict[str, RequestOutput] = {}
+        while wanted - set(final) and self.has_unfinished_requests():
+            for o in self.step():
+                if o.finished and o.request_id in wanted:
+                    final[o.request_id] = o
+        return final

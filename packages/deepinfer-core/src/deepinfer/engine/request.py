@@ -1,0 +1,80 @@
+"""Per-request state as the engine tracks it between steps."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from deepinfer.cache.prefix import Block
+from deepinfer.models.state import ModelState
+from deepinfer.outputs import Logprobs, RequestMetrics
+from deepinfer.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence to generate. ``n > 1`` samples are separate Requests of one group.
+
+    ``num_computed_tokens`` counts the tokens whose effect is in ``state``; the tokens from there
+    to ``num_tokens`` still have to run through the model. After a preemption the state is
+    dropped and everything (prompt and generated tokens) is recomputed, which the
+    position-keyed sampler makes invisible in the output.
+    """
+
+    request_id: str
+    group_id: str
+    index: int  # sample index within the group
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    metrics: RequestMetrics
+    priority: int = 0
+    prompt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    state: ModelState | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[Logprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: list[Logprobs | None] | None = None
+    #: Last-position logits handed over by the group's first sample (n > 1 shares the prefill).
+    forked_logits: Tensor | None = None
+    #: Group members that will copy this request's state when its prefill completes.
+    fork_children: list[Request] = field(default_factory=list)
+    #: The prefix-cache block at the last 128-token boundary this request passed.
+    cache_block: Block | None = None
+    #: Text decoded so far and the detokenizer's offsets into output_token_ids.
+    text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, float, str]:
+        """Scheduling order: lower priority value first, then arrival (FCFS)."""
+        return (self.priority, self.metrics.arrival_time, self.request_id)

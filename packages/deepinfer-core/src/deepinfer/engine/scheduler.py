@@ -1,0 +1,161 @@
+"""One token budget per step: ``{request: n_tokens}`` mixing decode and chunked prefill.
+
+Running requests go first (a decode needs one token, an unfinished prefill continues with the
+next chunk), then waiting requests are admitted in priority/arrival order while the step's token
+budget, ``max_num_seqs`` and the state pool allow. When the pool cannot pay for a running
+request's growth, the lowest-priority running request is preempted: its state is dropped and it
+goes back to the front of the queue to be recomputed, never losing its generated tokens.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from deepinfer.cache.pools import StatePool
+from deepinfer.cache.prefix import Block, PrefixCache
+from deepinfer.engine.request import Request, RequestStatus
+from deepinfer.models.state import ModelState
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: dict[Request, int] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+    #: Requests whose state cannot grow even with the whole pool to themselves.
+    out_of_memory: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.scheduled.values())
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: StatePool,
+        new_state: Callable[[], ModelState],
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
+        self.pool = pool
+        self.new_state = new_state
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefix_cache = prefix_cache
+        self.waiting: list[Request] = []  # sorted by Request.sort_key
+        self.running: list[Request] = []  # in admission order
+        #: Requests that wait for their group's first sample to share its prefill.
+        self.awaiting_fork: set[Request] = set()
+
+    # -- queue management ---------------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        keys = [r.sort_key for r in self.waiting]
+        self.waiting.insert(bisect.bisect(keys, req.sort_key), req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.awaiting_fork.discard(req)
+        self.pool.free(req.request_id)
+        req.state = None
+        req.status = RequestStatus.FINISHED
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.pool.free(req.request_id)
+        req.state = None
+        req.num_computed_tokens = 0
+        req.cache_block = None
+        if req.prompt_logprobs is not None:
+            req.prompt_logprobs = []  # recomputed from the start with the prompt
+        req.status = RequestStatus.WAITING
+        req.metrics.num_preemptions += 1
+        self.add(req)
+
+    def try_fork(self, parent: Request, child: Request) -> bool:
+        """Give ``child`` a copy of ``parent``'s just-finished prompt state, if it fits."""
+        self.awaiting_fork.discard(child)
+        if len(self.running) >= self.max_num_seqs or not self.pool.can_reserve(
+            child.request_id, parent.num_computed_tokens
+        ):
+            return False
+        self.pool.reserve(child.request_id, parent.num_computed_tokens)
+        self.waiting.remove(child)
+        self.running.append(child)
+        child.status = RequestStatus.RUNNING
+        return True
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req not in self.running:  # preempted below to make room for an earlier one
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.pool.can_reserve(req.request_id, req.num_computed_tokens + n):
+                if self.running == [req]:
+                    out.out_of_memory.append(req)
+                    break
+                victim = max(self.running, key=lambda r: r.sort_key)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING or req in out.out_of_memory:
+                continue
+            self.pool.reserve(req.request_id, req.num_computed_tokens + n)
+            out.scheduled[req] = n
+            budget -= n
+
+        if out.preempted:  # the pool is full: admitting now would only thrash
+            return out
+        for req in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if req in self.awaiting_fork:
+                continue
+            block = self._cached_prefix(req)
+            cached = block.end if block is not None else 0
+            n = min(req.num_tokens - cached, budget)
+            if not self.pool.can_reserve(req.request_id, cached + n):
+                if not self.running and not out.scheduled:
+                    out.out_of_memory.append(req)
+                break
+            self.pool.reserve(req.request_id, cached + n)
+            if block is not None and self.prefix_cache is not None:
+                req.state = self.prefix_cache.restore(block, self.new_state)
+            else:
+                req.state = self.new_state()
+            if self.prefix_cache is not None and req.metrics.first_scheduled_time is None:
+                # Counted once per request, at its first admission (not after preemptions).
+                req.metrics.num_cached_tokens = min(cached, req.num_prompt_tokens)
+                self.prefix_cache.stats.queries += req.num_prompt_tokens
+                self.prefix_cache.stats.hits += req.metrics.num_cached_tokens
+            req.num_computed_tokens = cached
+            req.cache_block = block
+            req.status = RequestStatus.RUNNING
+            self.waiting.remove(req)
+            self.running.append(req)
+            out.scheduled[req] = n
+            budget -= n
+        return out
+
+    def _cached_prefix(self, req: Request) -> Block | None:
+        # Prompt logprobs need the logits of every prompt position, so they bypass the cache.
+        if self.prefix_cache is None or req.params.prompt_logprobs is not None:
+            return None
+        return self.prefix_cache.match(req.all_token_ids)

@@ -1,0 +1,152 @@
+"""The offline API, with vLLM's names: ``LLM(model=...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from deepinfer.device import select_backend
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.errors import DeepInferError, InvalidRequestError
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.outputs import RequestOutput
+from deepinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger("deepinfer")
+
+Prompt = str | list[int]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":  # bf16 matmuls are slow on CPUs; the reference runs fp32 there
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise InvalidRequestError("dtype", f"expected one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load(
+    model: str, dtype: str | torch.dtype, device: str
+) -> tuple[DeepseekV4ForCausalLM, Tokenizer, str | None]:
+    """(model, tokenizer, notice) for a checkpoint directory or the embedded ``"tiny"``."""
+    if model == "tiny":
+        from deepinfer import assets
+
+        torch_dtype = _resolve_dtype(dtype, device)
+        notice = assets.RANDOM_TINY_NOTICE
+        return assets.random_tiny_model(torch_dtype, device), assets.tiny_tokenizer(), notice
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise DeepInferError(
+            f"model {model!r}: expected 'tiny' or a checkpoint directory with config.json "
+            "(nothing is downloaded)"
+        )
+    if not (path / "tokenizer.json").is_file():
+        raise DeepInferError(f"model {model!r} has no tokenizer.json")
+    from deepinfer.models import load_model
+
+    m = load_model(path, dtype=_resolve_dtype(dtype, device), device=device)
+    return m, Tokenizer.from_file(str(path / "tokenizer.json")), None
+
+
+class LLM:
+    """Generate from prompts (strings or token-id lists) with continuous batching.
+
+    Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
+    ``state_memory_bytes``, ``enable_prefix_caching``, ``prefix_cache_bytes``, ``seed``) are
+    those of :class:`EngineConfig`.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str = "auto",
+        **engine_options: object,
+    ) -> None:
+        choice = select_backend(device)
+        self.device = choice.device
+        net, tokenizer, self.notice = load(model, dtype, choice.device)
+        if self.notice:
+            logger.warning(self.notice)
+        self.tokenizer = tokenizer
+        self.engine = LLMEngine(net, tokenizer, EngineConfig(**engine_options))  # type: ignore[arg-type]
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False).ids, prompt
+        if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+            return list(prompt), None
+        raise InvalidRequestError("prompt", "must be a string or a list of token ids")
+
+    def _add(self, prompt: Prompt, params: SamplingParams) -> str:
+        ids, text = self.encode(prompt)
+        return self.engine.add_request(ids, params, prompt=text)
+
+    # -- API ----------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Outputs in the order of ``prompts``. Invalid prompts raise before anything runs."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise InvalidRequestError(
+                    "sampling_params", f"got {len(params)} for {len(prompts)} prompts"
+                )
+        encoded = [self.encode(p) for p in prompts]  # validate everything before adding any
+        ids = [
+            self.engine.add_request(tokens, sp, prompt=text)
+            for (tokens, text), sp in zip(encoded, params, strict=True)
+        ]
+        bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
+        done: dict[str, RequestOutput] = {}
+        wanted = set(ids)
+        while len(done) < len(ids):
+            for out in self.engine.step():
+                if out.finished and out.request_id in wanted:
+                    done[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [done[i] for i in ids]
+
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yield the growing output of one prompt after every step; close to abort it."""
+        request_id = self._add(prompt, sampling_params or SamplingParams())
+        finished = False
+        try:
+            while not finished:
+                for out in self.engine.step():
+                    if out.request_id == request_id:
+                        finished = out.finished
+                        yield out
+        finally:
+            if not finished:
+                self.engine.abort_request(request_id)

@@ -1,0 +1,48 @@
+"""What generation returns (vLLM names): a RequestOutput with a CompletionOutput per sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: token id -> logprob, for the sampled token and the top alternatives of one position.
+Logprobs = dict[int, float]
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens restored from the prefix cache
+    num_preemptions: int = 0
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[Logprobs] | None = None
+    cumulative_logprob: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[Logprobs | None] | None = None
+    metrics: RequestMetrics | None = None
+    #: Parsed chat fields (``LLM.chat``): reasoning and tool calls, when the recipe found any.
+    reasoning_content: list[str | None] = field(default_factory=list)
+    tool_calls: list[list[dict] | None] = field(default_factory=list)

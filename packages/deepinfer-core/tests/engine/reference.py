@@ -1,0 +1,29 @@
+"""The independent reference: greedy decoding as a plain loop over full-sequence forwards."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+
+def greedy_reference(
+    model: DeepseekV4ForCausalLM, prompt: list[int], max_tokens: int, eos: int | None = None
+) -> list[int]:
+    ids = list(prompt)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        logits = model.forward_logits(torch.tensor([ids]))[0, -1]
+        token = int(torch.argmax(logits))
+        out.append(token)
+        ids.append(token)
+        if token == eos:
+            break
+    return out
+
+
+def random_prompts(n: int, lo: int, hi: int, seed: int, vocab: int = 8192) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    # Avoid the EOS id (1) in prompts so outputs are about generation only.
+    return [(torch.randint(3, vocab, (k,), generator=g)).tolist() for k in lengths]

@@ -1,0 +1,190 @@
+"""Prefix cache, seeded sampling, n > 1, stops, logprobs, bad input and abort."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import greedy_reference, random_prompts
+
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine, sample_seed
+from deepinfer.errors import InvalidRequestError
+from deepinfer.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5)
+
+
+def engine_for(model, tokenizer, **options) -> LLMEngine:  # type: ignore[no-untyped-def]
+    return LLMEngine(model, tokenizer, EngineConfig(**options))
+
+
+def generate(engine: LLMEngine, prompts, params) -> list:  # type: ignore[no-untyped-def]
+    ids = [engine.add_request(p, params) for p in prompts]
+    final = engine.run(ids)
+    return [final[i] for i in ids]
+
+
+def test_prefix_cache_hit_equals_cold_run_and_skips_prefill(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    shared = random_prompts(1, 300, 300, seed=5)[0]
+    a = [*shared, 11, 12, 13]
+    b = [*shared, 21, 22]
+    engine = engine_for(model, tokenizer, max_num_batched_tokens=100)
+    (out_a,) = generate(engine, [a], GREEDY)
+    assert out_a.metrics.num_cached_tokens == 0
+    computed: list[int] = []
+    handle = model.register_forward_hook(lambda m, args, out: computed.append(args[0].shape[1]))
+    try:
+        out_b, out_a2 = generate(engine, [b, a], GREEDY)
+    finally:
+        handle.remove()
+    assert out_b.outputs[0].token_ids == greedy_reference(model, b, 5, eos=1)
+    assert out_a2.outputs[0].token_ids == out_a.outputs[0].token_ids
+    # Two full 128-token blocks of the shared prefix were restored, not recomputed.
+    assert out_b.metrics.num_cached_tokens == 256
+    assert out_a2.metrics.num_cached_tokens == 256
+    assert sum(computed) == (len(b) - 256) + (len(a) - 256) + 2 * 4  # prefill rest + 4 decodes
+    stats = engine.prefix_cache.stats
+    assert stats.hits == 512 and stats.queries == len(a) + len(b) + len(a)
+
+
+def test_prefix_cache_eviction_keeps_outputs_exact(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompts = random_prompts(4, 260, 300, seed=6)
+    prompts += [[*p[:200], 5, 6, 7] for p in prompts]
+    expected = [greedy_reference(model, p, 5, eos=1) for p in prompts]
+    engine = engine_for(model, tokenizer, prefix_cache_bytes=300_000, max_num_seqs=2)
+    outs = generate(engine, prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert engine.prefix_cache.stats.evicted_blocks > 0
+    assert engine.prefix_cache.used_bytes <= 300_000
+
+
+SEEDED = SamplingParams(temperature=1.0, seed=7, max_tokens=12, top_p=0.95)
+
+
+def test_seeded_sampling_ignores_batch_and_chunking(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    (prompt,) = random_prompts(1, 140, 140, seed=8)
+    alone = generate(engine_for(model, tokenizer), [prompt], SEEDED)[0].outputs[0].token_ids
+    others = random_prompts(5, 3, 90, seed=9)
+    for options in (
+        {"max_num_batched_tokens": 5},
+        {"max_num_batched_tokens": 37, "max_num_seqs": 3},
+    ):
+        engine = engine_for(model, tokenizer, **options)
+        noisy = SamplingParams(temperature=1.0, max_tokens=12)
+        ids = [engine.add_request(p, noisy) for p in others[:2]]
+        target = engine.add_request(prompt, SEEDED)
+        ids += [engine.add_request(p, noisy) for p in others[2:]]
+        final = engine.run([target, *ids])
+        assert final[target].outputs[0].token_ids == alone
+
+
+def test_n_samples_share_the_prefill(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    (prompt,) = random_prompts(1, 60, 60, seed=10)
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6)
+    engine = engine_for(model, tokenizer)
+    seen: list[int] = []
+    handle = model.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    try:
+        (out,) = generate(engine, [prompt], params)
+    finally:
+        handle.remove()
+    assert sum(seen) == len(prompt) + 3 * 5  # one prefill, then five decodes per sample
+    for i, sample in enumerate(out.outputs):
+        single = SamplingParams(temperature=1.0, seed=sample_seed(11, i), max_tokens=6)
+        (alone,) = generate(engine_for(model, tokenizer), [prompt], single)
+        assert sample.token_ids == alone.outputs[0].token_ids
+    assert len({tuple(s.token_ids) for s in out.outputs}) == 3
+
+
+def test_stop_conditions(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    (prompt,) = random_prompts(1, 30, 30, seed=12)
+    ref = greedy_reference(model, prompt, 10)
+    engine = engine_for(model, tokenizer)
+
+    (out,) = generate(engine, [prompt], SamplingParams(temperature=0, stop_token_ids=[ref[3]]))
+    c = out.outputs[0]
+    assert c.token_ids == ref[: ref.index(ref[3]) + 1]
+    assert (c.finish_reason, c.stop_reason) == ("stop", ref[3])
+
+    full_text = tokenizer.decode(ref, skip_special_tokens=True)
+    stop = full_text[len(full_text) // 2 : len(full_text) // 2 + 2]
+    (out,) = generate(engine, [prompt], SamplingParams(temperature=0, max_tokens=10, stop=[stop]))
+    c = out.outputs[0]
+    assert (c.finish_reason, c.stop_reason) == ("stop", stop)
+    assert c.text == full_text[: full_text.index(stop)]
+
+    (out,) = generate(engine, [prompt], SamplingParams(temperature=0, max_tokens=4))
+    assert out.outputs[0].token_ids == ref[:4] and out.outputs[0].finish_reason == "length"
+
+
+def test_min_tokens_bans_stop_tokens(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    (prompt,) = random_prompts(1, 30, 30, seed=13)
+    ref = greedy_reference(model, prompt, 2)
+    engine = engine_for(model, tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=3, min_tokens=3, stop_token_ids=[ref[1]])
+    (out,) = generate(engine, [prompt], params)
+    logits = model.forward_logits(torch.tensor([prompt + ref[:1]]))[0, -1]
+    logits[ref[1]] = float("-inf")
+    logits[1] = float("-inf")  # EOS is banned as well
+    assert out.outputs[0].token_ids[:2] == [ref[0], int(torch.argmax(logits))]
+
+
+def test_logprobs_match_the_full_forward(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    (prompt,) = random_prompts(1, 40, 40, seed=14)
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=3, prompt_logprobs=2)
+    (out,) = generate(engine_for(model, tokenizer, max_num_batched_tokens=16), [prompt], params)
+    c = out.outputs[0]
+    ids = prompt + c.token_ids
+    ref = torch.log_softmax(model.forward_logits(torch.tensor([ids]))[0].double(), dim=-1)
+    for step, entry in enumerate(c.logprobs):
+        row = ref[len(prompt) - 1 + step]
+        top = torch.argsort(-row, stable=True)[:3].tolist()
+        assert set(entry) == {c.token_ids[step], *top}
+        for token, lp in entry.items():
+            assert lp == pytest.approx(float(row[token]), abs=1e-4)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for pos in range(1, len(prompt)):
+        entry = out.prompt_logprobs[pos]
+        assert entry[prompt[pos]] == pytest.approx(float(ref[pos - 1, prompt[pos]]), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "field"),
+    [([], "prompt"), ([5, 99_999], "prompt"), ([-1], "prompt"), (list(range(3, 5000)), "prompt")],
+)
+def test_bad_requests_fail_alone(model, tokenizer, prompt, field) -> None:  # type: ignore[no-untyped-def]
+    engine = engine_for(model, tokenizer)
+    good = random_prompts(2, 10, 20, seed=15)
+    ids = [engine.add_request(good[0], GREEDY)]
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request(prompt, GREEDY)
+    assert err.value.field == field
+    ids.append(engine.add_request(good[1], GREEDY))
+    final = engine.run(ids)
+    for p, i in zip(good, ids, strict=True):
+        assert final[i].outputs[0].token_ids == greedy_reference(model, p, 5, eos=1)
+
+
+def test_duplicate_request_id_and_bad_stop_id(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    engine = engine_for(model, tokenizer)
+    engine.add_request([5, 6], GREEDY, request_id="x")
+    with pytest.raises(InvalidRequestError, match="already in use"):
+        engine.add_request([5, 6], GREEDY, request_id="x")
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([5, 6], SamplingParams(stop_token_ids=[10**6]))
+
+
+def test_abort_keeps_other_requests(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompts = random_prompts(2, 20, 30, seed=16)
+    engine = engine_for(model, tokenizer)
+    long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    a = engine.add_request(prompts[0], long)
+    b = engine.add_request(prompts[1], GREEDY)
+    for _ in range(3):
+        engine.step()
+    aborted = engine.abort_request(a)
+    assert aborted is not None and aborted.finished
+    assert aborted.outputs[0].finish_reason == "abort"
+    final = engine.run([b])
+    assert final[b].outputs[0].token_ids == greedy_reference(model, prompts[1], 5, eos=1)
+    assert not engine.has_unfinished_requests() and engine.pool.used_bytes == 0
