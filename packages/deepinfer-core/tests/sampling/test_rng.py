@@ -33,6 +33,14 @@ def test_uniforms_are_uniform_and_open() -> None:
     assert stats.kstest(u, "uniform").pvalue > 1e-3
 
 
+def test_extreme_hash_values_stay_inside_the_open_interval(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The largest and smallest 32-bit hashes must still give finite Gumbel noise."""
+    monkeypatch.setattr(rng, "hash32", lambda x: torch.full_like(x, 0xFFFFFFFF))
+    assert torch.isfinite(rng.gumbel(torch.tensor([1]), 4)).all()
+    monkeypatch.setattr(rng, "hash32", torch.zeros_like)
+    assert torch.isfinite(rng.gumbel(torch.tensor([1]), 4)).all()
+
+
 def test_streams_and_keys_are_distinct() -> None:
     seeds = torch.tensor([1, 1, 2, 1 + 2**32])
     pos = torch.tensor([5, 6, 5, 5])

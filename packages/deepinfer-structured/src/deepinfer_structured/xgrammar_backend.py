@@ -1,28 +1,93 @@
-"""Grammar backend registered under ``deepinfer.grammars`` as ``xgrammar``.
+"""Grammar backend ``xgrammar``: regex, JSON schema, EBNF and choice constraints as token masks.
 
-Registered so that a request asking for a constraint finds the plugin; compiling constraints into
-token bitmasks is not implemented yet, so constructing it raises rather than letting a constrained
-request run unconstrained.
+Compiled grammars are cached per (constraint kind, constraint text) for the engine's tokenizer,
+so a thousand requests with one schema compile it once. Each sequence gets its own matcher.
+JSON is generated compact (no free whitespace): a model can otherwise spend its whole token
+budget on spaces without ever closing the object.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from collections import OrderedDict
 from typing import Any
 
+from tokenizers import Tokenizer
+
+from deepinfer.errors import InvalidRequestError
 from deepinfer.plugins import Availability
+from deepinfer.sampling_params import StructuredOutputsParams
+from deepinfer_structured.matcher import XGrammarMatcher
+
+CACHE_SIZE = 256
+
+
+def _choice_regex(choices: list[str]) -> str:
+    special = set(r"\.^$|?*+()[]{}/")
+    escaped = ["".join("\\" + c if c in special else c for c in choice) for choice in choices]
+    return "(" + "|".join(escaped) + ")"
 
 
 class XGrammarBackend:
-    """Regex / JSON-schema / EBNF / choice constraints compiled by xgrammar."""
+    """Builds xgrammar's tokenizer info once and compiles constraints against it."""
 
     name = "xgrammar"
 
     @classmethod
     def availability(cls) -> Availability:
-        return Availability(False, "not implemented in deepinfer-structured 0.1")
+        if importlib.util.find_spec("xgrammar") is None:
+            return Availability(
+                False, "xgrammar is not installed: pip install 'deepinfer[structured]'"
+            )
+        return Availability(True)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "structured outputs are not implemented in deepinfer-structured 0.1: "
-            "grammar compilation, per-request matchers and token bitmasks are still missing"
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
+        import xgrammar as xgr
+        from transformers import PreTrainedTokenizerFast
+
+        self._xgr = xgr
+        hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            hf, vocab_size=vocab_size, stop_token_ids=stop_token_ids
         )
+        self.vocab_size = vocab_size
+        self.compiler = xgr.GrammarCompiler(self.info)
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+    def compile(self, constraint: StructuredOutputsParams) -> Any:
+        kind = constraint.kind
+        value = getattr(constraint, kind)
+        key = (kind, json.dumps(value, sort_keys=True))
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        try:
+            if kind == "json":
+                schema = value if isinstance(value, str) else json.dumps(value)
+                compiled = self.compiler.compile_json_schema(schema, any_whitespace=False)
+            elif kind == "json_object":
+                compiled = self.compiler.compile_builtin_json_grammar()
+            elif kind == "regex":
+                compiled = self.compiler.compile_regex(value)
+            elif kind == "grammar":
+                compiled = self.compiler.compile_grammar(value)
+            else:
+                compiled = self.compiler.compile_regex(_choice_regex(value))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            # xgrammar prefixes messages with a timestamp and a C++ source location.
+            reason = reason.split(": ", 1)[-1] if reason.startswith("[") else reason
+            raise InvalidRequestError(
+                f"structured_outputs.{kind}", f"cannot be compiled: {reason}"
+            ) from exc
+        self._cache[key] = compiled
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def matcher(self, constraint: StructuredOutputsParams) -> XGrammarMatcher:
+        return XGrammarMatcher(self._xgr, self.compile(constraint), self.vocab_size)
+
+
+__all__ = ["XGrammarBackend"]

@@ -26,6 +26,7 @@ from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.state import clone_state
 from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.structured import GrammarBackend
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -68,6 +69,18 @@ class LLMEngine:
         self._ids = itertools.count()
         self.groups: dict[str, list[Request]] = {}
         self.num_steps = 0
+        self._grammar_backend: GrammarBackend | None = None
+
+    def grammar_backend(self) -> GrammarBackend:
+        """The ``xgrammar`` plugin, built on first use; names the extra when it is missing."""
+        if self._grammar_backend is None:
+            from deepinfer import plugins
+
+            cls = plugins.grammars.load("xgrammar")
+            self._grammar_backend = cls(
+                self.tokenizer, self.model.cfg.vocab_size, sorted(self.eos_token_ids)
+            )
+        return self._grammar_backend
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -102,6 +115,9 @@ class LLMEngine:
             )
             for i in range(params.n)
         ]
+        if params.structured_outputs is not None:
+            for req in members:  # compiled once (cached); one matcher per sample
+                req.grammar = self.grammar_backend().matcher(params.structured_outputs)
         members[0].fork_children = members[1:]
         self.scheduler.awaiting_fork.update(members[1:])
         for req in members:
@@ -125,10 +141,6 @@ class LLMEngine:
             )
         if any(t >= vocab for t in params.stop_token_ids):
             raise InvalidRequestError("stop_token_ids", f"must be below the vocabulary ({vocab})")
-        if params.structured_outputs is not None:
-            from deepinfer import plugins
-
-            plugins.grammars.load("xgrammar")(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop every sample of ``request_id``; returns its final output (None if unknown)."""
@@ -198,7 +210,11 @@ class LLMEngine:
         new_text = self.detokenizer.update(req)
         n_out = len(req.output_token_ids)
         reason: str | None = None
-        if tok.token_id in self.eos_token_ids and not params.ignore_eos:
+        if req.grammar is not None and not req.grammar.accept(tok.token_id):
+            reason = "abort"  # cannot happen while the mask is applied; never emit invalid text
+        elif (tok.token_id in self.eos_token_ids and not params.ignore_eos) or (
+            req.grammar is not None and req.grammar.is_terminated()
+        ):
             reason = "stop"
         elif tok.token_id in params.stop_token_ids:
             reason, req.stop_reason = "stop", tok.token_id

@@ -11,6 +11,7 @@ from deepinfer.cache.prefix import Block
 from deepinfer.models.state import ModelState
 from deepinfer.outputs import Logprobs, RequestMetrics
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.structured import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -51,6 +52,8 @@ class Request:
     forked_logits: Tensor | None = None
     #: Group members that will copy this request's state when its prefill completes.
     fork_children: list[Request] = field(default_factory=list)
+    #: The output constraint's matcher (structured outputs), advanced with every token.
+    grammar: GrammarMatcher | None = None
     #: The prefix-cache block at the last 128-token boundary this request passed.
     cache_block: Block | None = None
     #: Text decoded so far and the detokenizer's offsets into output_token_ids.

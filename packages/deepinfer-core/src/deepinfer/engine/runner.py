@@ -146,11 +146,16 @@ class ModelRunner:
             t.frequency_penalty = col([p.frequency_penalty for p in ps], torch.float32)
             t.repetition_penalty = col([p.repetition_penalty for p in ps], torch.float32)
         banned = [self._banned(r) for r in reqs]
-        if any(banned):
+        if any(banned) or any(r.grammar is not None for r in reqs):
             allowed = torch.ones(len(reqs), self.vocab_size, dtype=torch.bool, device=device)
-            for i, ids in enumerate(banned):
+            for i, (req, ids) in enumerate(zip(reqs, banned, strict=True)):
                 if ids:
                     allowed[i, col(sorted(ids), torch.int64)] = False
+                if req.grammar is not None:
+                    grammar = req.grammar.allowed().to(device)
+                    # The grammar wins when it allows nothing but a banned stop token.
+                    both = grammar & allowed[i]
+                    allowed[i] = both if bool(both.any()) else grammar
             t.allowed = allowed
         return t
 

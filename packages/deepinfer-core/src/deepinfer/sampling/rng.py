@@ -48,10 +48,14 @@ def position_keys(seeds: Tensor, positions: Tensor, stream: int = STREAM_SAMPLE)
 
 
 def uniform(keys: Tensor, width: int) -> Tensor:
-    """``[rows, width]`` float32 uniforms in the open interval (0, 1), 24 bits each."""
+    """``[rows, width]`` float32 uniforms in the open interval (0, 1), 23 bits each.
+
+    23 bits, not 24: ``2**24 - 0.5`` is not a float32 and would round the top value to exactly
+    1.0, whose Gumbel noise is +inf.
+    """
     cols = torch.arange(width, device=keys.device, dtype=torch.int64)
     bits = hash32(keys[:, None] ^ hash32(cols * 0x9E3779B1 & _M32)[None, :])
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel(keys: Tensor, width: int) -> Tensor:

@@ -99,9 +99,8 @@ def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> Sampler
     keep = filter_mask(torch.softmax(scaled, dim=-1), t.top_k, t.top_p, t.min_p)
     if t.allowed is not None:
         keep &= t.allowed
-    scaled = scaled.masked_fill(~keep, float("-inf"))
     noise = rng.gumbel(rng.position_keys(t.seeds, t.positions), scaled.shape[-1])
-    drawn = torch.argmax(scaled + noise, dim=-1)
+    drawn = torch.argmax(torch.where(keep, scaled + noise, float("-inf")), dim=-1)
     token_ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
 
     logp = torch.log_softmax(raw, dim=-1)
