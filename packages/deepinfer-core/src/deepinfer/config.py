@@ -4,6 +4,11 @@ The published V4 files describe the attention schedule with ``compress_ratios`` 
 layer, then one per MTP layer) and the hash-routed layers with ``num_hash_layers``. We keep those
 raw fields as the source of truth and derive per-layer attention kinds from them, so a config with
 any ratio (for example a tiny test model with HCA ratio 16) loads without a lookup table.
+
+V4.1 (``model_type: deepseek_v41``) nests the text model's fields under ``text_config`` next to a
+``vision_config`` and a top-level ``quantization_config``. We flatten the text fields into the same
+dataclass (V4.1-only fields default to "off", so V4 configs parse exactly as before) and keep the
+outer keys so :meth:`ModelConfig.to_dict` writes the nested layout back.
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ from typing import Any, Literal
 
 from deepinfer.errors import DeepInferError
 
-AttnKind = Literal["swa", "csa", "hca"]
+AttnKind = Literal["swa", "csa", "hca", "sparse"]
+
+#: model_type values of the two families; V4.1's text part is ``deepseek_v41_text``.
+V4_TYPE = "deepseek_v4"
+V41_TYPE = "deepseek_v41"
 
 #: The ratio the official code treats as "overlapping compressor + lightning indexer" (CSA).
 CSA_RATIO = 4
@@ -84,6 +93,52 @@ class ModelConfig:
     #: Every key of config.json we did not map to a field, so nothing is silently lost.
     extra: dict[str, Any] = field(default_factory=dict)
 
+    # -- V4.1 only (defaults switch every V4.1 feature off; V4 configs never set these) ---------
+    # Keep these last: V41_FIELDS is every field from kv_source_layer_ids on.
+    #: Layers that own a ratio-1/2 compressor; every later compressed layer reads the entries of
+    #: the latest source at or before it.
+    kv_source_layer_ids: list[int] = field(default_factory=list)
+    #: Layers that own an indexer query (``wq_b``, ``weights_proj``) and pick the top-k entries;
+    #: the layers after one reuse its picks.
+    index_source_layer_ids: list[int] = field(default_factory=list)
+    candidate_source_layer_id: int | None = None
+    candidate_topk_blocks: int = 0
+    candidate_block_size: int = 0
+    #: [inferred] Whether the candidate source's own top-k is restricted to its candidate blocks.
+    #: SGLang points to "no" (it scores every entry); when candidate_topk_blocks >= index_topk
+    #: both readings pick the same entries up to ties, since every top-k entry lies in a block
+    #: whose max is among the top index_topk block maxima.
+    candidate_source_uses_candidates: bool = False
+    engram_layer_ids: list[int] = field(default_factory=list)
+    engram_num_embeddings: list[int] = field(default_factory=list)
+    engram_max_ngram_size: int = 0
+    engram_vocab_size: int | list[int] = 0
+    engram_n_heads: int = 0
+    engram_head_dim: int = 0
+    engram_pad_token_id: int = 0
+    engram_compressed_vocab_size: int = 0
+    #: [inferred] The base seed of the per-layer hash multipliers (the reference adds
+    #: 10007 * layer_id to it); DeepSeek's published demo uses 0 and the config does not say.
+    engram_seed: int = 0
+    #: mHC collapses each sublayer input with the previous HC's ``pre`` weights (no hc_head).
+    hc_pre_from_prev_sublayer: bool = False
+    #: The per-head unweighted RMS norm of the attention query (V4 has it, V4.1 does not).
+    q_head_norm: bool = True
+    #: [inferred] V4.1 routers keep a second selection bias ``bias_vl`` for image tokens.
+    moe_image_bias: bool = False
+    image_token_id: int | None = None
+    pad_token_id: int | None = None
+    dspark_block_size: int = 0
+    dspark_noise_token_id: int | None = None
+    dspark_target_layer_ids: list[int] = field(default_factory=list)
+    dspark_markov_rank: int = 0
+    dspark_n_routed_experts: int = 0
+    dspark_num_experts_per_tok: int = 0
+    #: The vision tower's config, kept verbatim (the tower itself is out of scope).
+    vision_config: dict[str, Any] | None = None
+    #: Top-level keys of a nested (V4.1) config.json other than the ones mapped to fields.
+    outer_extra: dict[str, Any] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         n_all = self.num_hidden_layers + self.num_nextn_predict_layers
         if not self.compress_ratios:
@@ -98,8 +153,9 @@ class ModelConfig:
         self.compress_ratios += [0] * (n_all - len(self.compress_ratios))
         if any(r < 0 for r in self.compress_ratios):
             raise ConfigError(f"compress_ratios must be >= 0, got {self.compress_ratios}")
+        kind_of = _v41_kind_of_ratio if self.is_v41 else _kind_of_ratio
         self.attn_kinds = list(self.attn_kinds) + [
-            _kind_of_ratio(r) for r in self.compress_ratios[len(self.attn_kinds) :]
+            kind_of(r) for r in self.compress_ratios[len(self.attn_kinds) :]
         ]
         if self.num_attention_heads % self.o_groups:
             raise ConfigError(
@@ -119,6 +175,12 @@ class ModelConfig:
             raise NotImplementedError(f"scoring_func={self.scoring_func!r} is not implemented")
         if self.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act={self.hidden_act!r}: only silu is implemented")
+        if self.is_v41:
+            _validate_v41(self)
+
+    @property
+    def is_v41(self) -> bool:
+        return self.model_type.startswith(V41_TYPE)
 
     # -- derived quantities -------------------------------------------------------------------
 
@@ -137,21 +199,26 @@ class ModelConfig:
         """Hash routing applies to the first main layers only; MTP layers (ids after) never hash."""
         return layer_id < min(self.num_hash_layers, self.num_hidden_layers)
 
+    def kv_source_of(self, layer_id: int) -> int | None:
+        """The V4.1 KV-source layer whose compressed entries ``layer_id`` attends to."""
+        return _latest_at_or_before(self.kv_source_layer_ids, layer_id)
+
+    def index_source_of(self, layer_id: int) -> int | None:
+        """The V4.1 index-source layer whose top-k picks ``layer_id`` attends with."""
+        return _latest_at_or_before(self.index_source_layer_ids, layer_id)
+
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        """Parse a published config dict; V4.1's nested ``text_config`` is rejected clearly."""
+        """Parse a published config dict: V4 (flat) or V4.1 (nested ``text_config``)."""
         raw = dict(raw)
-        model_type = raw.get("model_type", "deepseek_v4")
-        if "text_config" in raw or model_type.startswith("deepseek_v41"):
-            raise NotImplementedError(
-                f"model_type={model_type!r} (DeepSeek-V4.1: nested text_config, shared compressed "
-                "KV, Engram, lagged mHC) is not implemented yet; only deepseek_v4 loads"
-            )
-        if model_type != "deepseek_v4":
+        model_type = raw.get("model_type", V4_TYPE)
+        if "text_config" in raw or model_type.startswith(V41_TYPE):
+            return cls(**_v41_kwargs(raw, {f.name for f in fields(cls)}))
+        if model_type != V4_TYPE:
             raise ConfigError(f"model_type={model_type!r} is not a DeepSeek-V4 config")
-        names = {f.name for f in fields(cls)} - {"attn_kinds", "extra"}
+        names = {f.name for f in fields(cls)} - {"attn_kinds", "extra"} - V41_FIELDS
         kwargs: dict[str, Any] = {k: raw.pop(k) for k in list(raw) if k in names}
         if "dtype" in raw and "torch_dtype" not in kwargs:
             kwargs["torch_dtype"] = raw.pop("dtype")
@@ -185,18 +252,35 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The published format (``compress_ratios``, ``num_hash_layers``), ready for json.dump."""
+        if self.is_v41:
+            return _v41_to_dict(self)
         out: dict[str, Any] = {
             "architectures": ["DeepseekV4ForCausalLM"],
             **self.extra,
         }
         for f in fields(self):
-            if f.name in ("attn_kinds", "extra"):
+            if f.name in ("attn_kinds", "extra") or f.name in V41_FIELDS:
                 continue
             value = getattr(self, f.name)
             if f.name in ("quantization_config", "expert_dtype") and value is None:
                 continue
             out[f.name] = value
         return out
+
+
+#: Fields only V4.1 configs set (declared after ``extra``); V4 parsing leaves same-named keys in
+#: ``extra`` as before.
+_FIELD_NAMES = [f.name for f in fields(ModelConfig)]
+V41_FIELDS = frozenset(_FIELD_NAMES[_FIELD_NAMES.index("kv_source_layer_ids") :])
+
+
+def _latest_at_or_before(ids: list[int], layer_id: int) -> int | None:
+    found = [i for i in ids if i <= layer_id]
+    return max(found) if found else None
+
+
+def _v41_kind_of_ratio(ratio: int) -> AttnKind:
+    return "swa" if ratio == 0 else "sparse"
 
 
 def _kind_of_ratio(ratio: int) -> AttnKind:
@@ -227,3 +311,119 @@ def _hash_prefix(mlp_layer_types: list[str]) -> int:
     if "hash_moe" in mlp_layer_types[n:]:
         raise ConfigError("hash_moe layers must form a prefix of mlp_layer_types")
     return n
+
+
+# ----------------------------------------------------------------------------------------------
+# V4.1: nested text_config
+
+#: Top-level keys of a V4.1 config.json that belong to the text model's fields.
+_V41_OUTER_FIELDS = (
+    "quantization_config",
+    "image_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "vision_config",
+    "tie_word_embeddings",
+)
+
+#: What V4.1 switches on when its text_config does not say (SGLang's runtime flags for V4.1).
+_V41_DEFAULTS: dict[str, Any] = {
+    "num_hash_layers": 0,  # no tid2eid tables in V4.1
+    "hc_pre_from_prev_sublayer": True,
+    "q_head_norm": False,
+    "moe_image_bias": True,
+}
+
+
+def _v41_kwargs(raw: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    model_type = raw.pop("model_type", V41_TYPE)
+    if not str(model_type).startswith(V41_TYPE):
+        raise ConfigError(f"model_type={model_type!r} with a text_config is not DeepSeek-V4.1")
+    text = raw.pop("text_config", None)
+    if text is None:  # an already flattened V4.1 text config
+        text, raw = raw, {}
+    if not isinstance(text, dict):
+        raise ConfigError(f"text_config must be an object, got {type(text).__name__}")
+    text = dict(text)
+    text.pop("model_type", None)
+    names = names - {"attn_kinds", "extra", "outer_extra", "model_type"}
+    kwargs: dict[str, Any] = dict(_V41_DEFAULTS)
+    kwargs.update({k: text.pop(k) for k in list(text) if k in names})
+    if "dtype" in text and "torch_dtype" not in kwargs:
+        kwargs["torch_dtype"] = text.pop("dtype")
+    for key in _V41_OUTER_FIELDS:
+        if key in raw:
+            kwargs[key] = raw.pop(key)
+    if "dtype" in raw:
+        kwargs["torch_dtype"] = raw.pop("dtype")
+    kwargs["model_type"] = V41_TYPE
+    kwargs["extra"] = text
+    kwargs["outer_extra"] = raw
+    return kwargs
+
+
+def _v41_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    text: dict[str, Any] = {"model_type": f"{V41_TYPE}_text", **cfg.extra}
+    out: dict[str, Any] = {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        **cfg.outer_extra,
+        "model_type": V41_TYPE,
+    }
+    skip = {"attn_kinds", "extra", "outer_extra", "model_type", "expert_dtype", "torch_dtype"}
+    for f in fields(cfg):
+        if f.name in skip:
+            continue
+        value = getattr(cfg, f.name)
+        if f.name in _V41_OUTER_FIELDS:
+            if value is not None:
+                out[f.name] = value
+        else:
+            text[f.name] = value
+    out["dtype"] = cfg.torch_dtype
+    if cfg.expert_dtype is not None:
+        text["expert_dtype"] = cfg.expert_dtype
+    out["text_config"] = text
+    return out
+
+
+def _validate_v41(cfg: ModelConfig) -> None:
+    """Check the layer-group wiring once, so the model can follow it without re-checking."""
+    n = cfg.num_hidden_layers
+    for name in ("kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids"):
+        ids = getattr(cfg, name)
+        if sorted(set(ids)) != list(ids) or any(not 0 <= i < n for i in ids):
+            raise ConfigError(f"{name}={ids} must be increasing layer ids below {n}")
+    for layer in range(n):
+        ratio = cfg.compress_ratios[layer]
+        if ratio == 0:
+            if layer in cfg.kv_source_layer_ids or layer in cfg.index_source_layer_ids:
+                raise ConfigError(f"layer {layer} has compress ratio 0 but is a KV/index source")
+            continue
+        if ratio not in (1, 2):
+            raise NotImplementedError(
+                f"compress ratio {ratio} at layer {layer}: V4.1 compressors have ratio 1 or 2"
+            )
+        kv_src = cfg.kv_source_of(layer)
+        idx_src = cfg.index_source_of(layer)
+        if kv_src is None or cfg.compress_ratios[kv_src] != ratio:
+            raise ConfigError(
+                f"layer {layer} (ratio {ratio}) has no KV-source layer of the same ratio at or "
+                f"before it in kv_source_layer_ids={cfg.kv_source_layer_ids}"
+            )
+        if idx_src is None or idx_src < kv_src:
+            raise ConfigError(
+                f"layer {layer} reads layer {kv_src}'s entries but no index source at or after "
+                f"{kv_src} precedes it (index_source_layer_ids={cfg.index_source_layer_ids})"
+            )
+    cand = cfg.candidate_source_layer_id
+    if cand is not None:
+        if cand not in cfg.index_source_layer_ids:
+            raise ConfigError(f"candidate_source_layer_id={cand} is not an index source")
+        if cfg.candidate_topk_blocks < 1 or cfg.candidate_block_size < 1:
+            raise ConfigError("candidate_topk_blocks and candidate_block_size must be >= 1")
+    if cfg.engram_layer_ids:
+        if cfg.engram_max_ngram_size < 2 or cfg.engram_n_heads < 1 or cfg.engram_head_dim < 1:
+            raise ConfigError("Engram needs engram_max_ngram_size >= 2, heads and head_dim >= 1")
+        if cfg.engram_compressed_vocab_size < 1:
+            raise ConfigError("Engram needs engram_compressed_vocab_size >= 1")

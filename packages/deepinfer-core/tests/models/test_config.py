@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _published import FLASH
 
-from deepinfer.config import ModelConfig
+from deepinfer.config import ConfigError, ModelConfig
 
 
 def test_published_flash_config() -> None:
@@ -40,10 +40,13 @@ def test_transformers_style_schedule_is_accepted() -> None:
     assert cfg.compress_ratios[:3] == [0, 4, 16] and cfg.num_hash_layers == 1
 
 
-def test_v41_is_rejected_clearly() -> None:
+def test_v41_nested_config_is_parsed_not_taken_for_v4() -> None:
+    """V4.1's nested text_config has its own parser (tests/models_v41/test_v41_config.py)."""
     raw = {"model_type": "deepseek_v41", "text_config": {"model_type": "deepseek_v41_text"}}
-    with pytest.raises(NotImplementedError, match=r"V4\.1"):
-        ModelConfig.from_dict(raw)
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.is_v41 and cfg.num_hash_layers == 0 and not cfg.q_head_norm
+    with pytest.raises(ConfigError, match=r"not DeepSeek-V4\.1"):
+        ModelConfig.from_dict({"model_type": "deepseek_v4", "text_config": {}})
 
 
 def test_round_trip_keeps_published_fields() -> None:

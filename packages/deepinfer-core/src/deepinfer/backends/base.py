@@ -137,6 +137,40 @@ class Backend:
         """mHC exit: ``X'[k] = post[k] * y + sum_j comb[j, k] * X[j]``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement mhc_post")
 
+    def mhc_weights(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The three mHC weight sets from streams ``x`` [B, S, n, d]: (pre [B, S, n], post
+        [B, S, n], comb [B, S, n, n]), all fp32. V4.1's lagged pre-mix applies ``pre`` to the
+        next sublayer's streams, so it is returned instead of being used here."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_weights")
+
+    def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
+        """``sum_i pre[i] * X[i]`` over the streams of ``x`` [B, S, n, d] in fp32, cast back."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_collapse")
+
+    def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
+        """Raw indexer scores ``sum_h weights * relu(q . k)``: ``q`` [B, S, h, c], ``keys``
+        [B, T, c], ``weights`` [B, S, h] -> [B, S, T] fp32, nothing masked (V4.1 masks and picks
+        in the model because of its candidate blocks)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement indexer_scores")
+
+    def engram_gate(
+        self, h: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
+    ) -> Tensor:
+        """Engram gate per stream: ``h``, ``key`` [B, S, n, d], weights [n, d] -> [B, S, n] fp32,
+        ``sigmoid(sign(s) * sqrt(max(|s|, 1e-6)))`` with ``s`` the scaled dot product of the
+        RMS-normalised (weighted) stream and key."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement engram_gate")
+
     def hc_head(
         self,
         x: Tensor,

@@ -7,6 +7,7 @@ do not accelerate.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -138,6 +139,29 @@ class TorchBackend(Backend):
         invalid = idx >= n_visible.to(q.device)[None, :, None]
         return torch.where(invalid, torch.full_like(idx, -1), idx)
 
+    def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
+        b, s = q.shape[:2]
+        rows = _rows_per_chunk(b * q.shape[2] * keys.shape[1], s)
+        if rows < s:  # bound the [B, S, heads, T] score tensor
+            return torch.cat(
+                [
+                    self.indexer_scores(q[:, i : i + rows], keys, weights[:, i : i + rows])
+                    for i in range(0, s, rows)
+                ],
+                dim=1,
+            )
+        dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
+        return (dots * weights.float()[..., None]).sum(dim=2)
+
+    def engram_gate(
+        self, h: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
+    ) -> Tensor:
+        hf, kf = h.float(), key.float()
+        hn = hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps) * q_weight.float()
+        kn = kf * torch.rsqrt(kf.square().mean(-1, keepdim=True) + eps) * k_weight.float()
+        dot = (hn * kn).sum(-1) / math.sqrt(h.shape[-1])
+        return torch.sigmoid(dot.sign() * dot.abs().clamp_min(1e-6).sqrt())
+
     # -- mHC ------------------------------------------------------------------------------------
 
     def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
@@ -174,6 +198,30 @@ class TorchBackend(Backend):
         comb = self.sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
         collapsed = (pre[..., None] * x.float()).sum(dim=-2).to(x.dtype)
         return collapsed, post, comb
+
+    def mhc_weights(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n = x.shape[-2]
+        mix = self._hc_mix(x, fn, norm_eps)
+        base = base.float()
+        scale = scale.float()
+        pre = torch.sigmoid(mix[..., :n] * scale[0] + base[:n]) + hc_eps
+        post = 2 * torch.sigmoid(mix[..., n : 2 * n] * scale[1] + base[n : 2 * n])
+        comb_logits = mix[..., 2 * n :] * scale[2] + base[2 * n :]
+        comb = self.sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
+        return pre, post, comb
+
+    def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
+        return (pre.float()[..., None] * x.float()).sum(dim=-2).to(x.dtype)
 
     def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
         dt = x.dtype

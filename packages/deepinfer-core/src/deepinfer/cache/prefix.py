@@ -78,6 +78,7 @@ class Block:
     end: int  # tokens covered from the start of the sequence
     layers: list[_LayerSnap]
     nbytes: int
+    token_history: Tensor | None = None  # V4.1 Engram: the last token ids before ``end``
     children: set[Block] = field(default_factory=set)
 
     def chain(self) -> list[Block]:
@@ -148,6 +149,7 @@ class PrefixCache:
                 comp.buf_kv, comp.buf_score = last.buf_kv.clone(), last.buf_score.clone()
                 comp.prev_kv, comp.prev_score = _clone(last.prev_kv), _clone(last.prev_score)
         state.pos = block.end
+        state.token_history = _clone(block.token_history)
         return state
 
     def insert(self, parent: Block | None, tokens: list[int], state: ModelState) -> Block:
@@ -172,7 +174,7 @@ class PrefixCache:
             _nbytes(s.swa_kv) + sum(c.nbytes() for c in (s.compressor, s.indexer) if c)
             for s in layers
         )
-        block = Block(key, parent, state.pos, layers, nbytes)
+        block = Block(key, parent, state.pos, layers, nbytes, _clone(state.token_history))
         if parent is not None:
             parent.children.add(block)
         self.blocks[key] = block

@@ -9,10 +9,14 @@ import torch
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer.models.state import ModelState
 
 #: model_type in config.json -> model class (also registered under ``deepinfer.models``).
-MODEL_CLASSES: dict[str, type[DeepseekV4ForCausalLM]] = {"deepseek_v4": DeepseekV4ForCausalLM}
+MODEL_CLASSES: dict[str, type[DeepseekV4ForCausalLM]] = {
+    "deepseek_v4": DeepseekV4ForCausalLM,
+    "deepseek_v41": DeepseekV41ForCausalLM,
+}
 
 
 def model_class(model_type: str) -> type[DeepseekV4ForCausalLM]:
@@ -51,6 +55,7 @@ def load_model(
 __all__ = [
     "MODEL_CLASSES",
     "DeepseekV4ForCausalLM",
+    "DeepseekV41ForCausalLM",
     "ModelConfig",
     "ModelState",
     "load_model",

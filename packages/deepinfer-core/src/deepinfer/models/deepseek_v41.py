@@ -1,27 +1,256 @@
-"""DeepSeek-V4.1 placeholder, registered so that asking for it gives a precise error.
+"""DeepSeek-V4.1 text model on the Backend op table, with explicit state.
 
-V4.1-Flash (``model_type: deepseek_v41``) differs from V4 in ways this package does not implement
-yet: the nested ``text_config``/``vision_config``, ratio-1/2 compressors shared across layer
-groups (``kv_source_layer_ids``), shared indexer top-k and the two-level candidate blocks, lagged
-mHC pre-mix without ``hc_head``, Engram n-gram memory, three MTP layers, and the vision tower.
+What differs from V4 (``deepseek_v4.py``) lives in ``layers/``: ratio-1/2 compressors owned by
+KV-source layers and shared by their layer group (``shared_compressor``, ``shared_attention``),
+index-source layers and the two-level candidate-block selection (``candidate_indexer``), the
+lagged mHC pre-mix with no ``hc_head`` (``lagged_mhc``), and the Engram n-gram memory
+(``engram``, ``engram_hash``). The three MTP layers are V4 MTP layers under ``mtp.{i}``; they are
+loaded and kept for speculative decoding, which drives them elsewhere.
+
+Images: the vision tower is not part of this model. A caller that ran it passes the aligned image
+embeddings as ``image_embeds`` [N, d], one row per ``image_token_id`` in ``input_ids`` (row-major
+over batch then position); they replace the token embeddings there. Image positions also skip
+Engram and route experts with the image bias.
+
+Usage::
+
+    model = DeepseekV41ForCausalLM(cfg, dtype=torch.bfloat16)
+    model.set_engram_token_map(build_compressed_token_map(tokenizer))  # Engram needs it
+    state = model.new_state(batch_size=1)
+    logits = model(ids[:, :37], state)               # any chunking gives the same logits
+    logits = model(ids[:, 37:38], state)
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from collections.abc import Iterable
 
-MISSING = (
-    "nested text_config parsing",
-    "shared ratio-1/2 compressors (kv_source_layer_ids)",
-    "shared indexer and candidate blocks (index_source_layer_ids, candidate_*)",
-    "lagged mHC pre-mix (hc_pre_from_prev_sublayer)",
-    "Engram (engram_layer_ids)",
-    "vision tower",
-)
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.layers.candidate_indexer import SharedKV
+from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
+from deepinfer.models.layers.mtp import MTPBlock
+from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
+from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.shared_block import SharedBlock, V41Context
+from deepinfer.models.state import ModelState
+
+#: Checkpoint tensors of the DSpark draft head that sit next to the MTP layers. Their names are
+#: not published; they are kept verbatim in ``model.draft_tensors`` instead of failing the load.
+DSPARK_PREFIXES = ("dspark.",)
 
 
-class DeepseekV41ForCausalLM:
-    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError(
-            "DeepSeek-V4.1 (deepseek_v41) is not implemented yet; missing: " + "; ".join(MISSING)
+def _is_draft_tensor(name: str) -> bool:
+    if name.startswith(DSPARK_PREFIXES):
+        return True
+    parts = name.split(".")
+    return parts[0] == "mtp" and len(parts) > 1 and not parts[1].isdigit()
+
+
+class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+        backend: Backend | None = None,
+    ) -> None:
+        nn.Module.__init__(self)  # the module tree differs from V4's; only methods are shared
+        if not cfg.is_v41:
+            raise ValueError(f"model_type={cfg.model_type!r} is not a DeepSeek-V4.1 config")
+        device = torch.device(device)
+        self.cfg = cfg
+        self.dtype = dtype
+        if backend is None:
+            backend = TorchBackend("cpu" if device.type == "meta" else device)
+        self.ops: Backend = backend
+        d = cfg.hidden_size
+        with device:
+            self.embed = Embedding(cfg.vocab_size, d, dtype)
+            self.layers = nn.ModuleList(
+                SharedBlock(cfg, i, dtype) for i in range(cfg.num_hidden_layers)
+            )
+            self.norm = RMSNorm(d, cfg.rms_norm_eps)
+            if not cfg.hc_pre_from_prev_sublayer:
+                add_hc_params(self, "hc_head", cfg, head=True)
+            self.head = Linear(d, cfg.vocab_size, torch.float32)
+            self.mtp = nn.ModuleList(
+                MTPBlock(cfg, cfg.num_hidden_layers + i, dtype)
+                for i in range(cfg.num_nextn_predict_layers)
+            )
+        rope_dim = cfg.qk_rope_head_dim
+        self.rotary = {
+            "main": Rotary.build(rope_dim, cfg.rope_theta, None, device),
+            "compress": Rotary.build(rope_dim, cfg.compress_rope_theta, cfg.rope_scaling, device),
+        }
+        self.engram_history = max(cfg.engram_max_ngram_size - 1, 0) if cfg.engram_layer_ids else 0
+        self.engram_token_map: Tensor | None = None
+        self.draft_tensors: dict[str, Tensor] = {}
+
+    # -- Engram token map -------------------------------------------------------------------------
+
+    def set_engram_token_map(self, token_map: Tensor) -> None:
+        """Raw token id -> compressed id (``build_compressed_token_map(tokenizer)``).
+
+        A tokenizer can be shorter than the padded embedding table; ids past its end never
+        occur in real input and map like the pad token.
+        """
+        token_map = torch.as_tensor(token_map, dtype=torch.long)
+        vocab, pad = self.cfg.vocab_size, self.cfg.engram_pad_token_id
+        if token_map.dim() != 1 or not pad < token_map.numel() <= vocab:
+            raise ValueError(
+                f"the token map must be 1-D with {pad + 1}..{vocab} entries, got "
+                f"{tuple(token_map.shape)}"
+            )
+        top = int(token_map.max())
+        if token_map.min() < 0 or top >= self.cfg.engram_compressed_vocab_size:
+            raise ValueError(
+                f"compressed ids must lie in [0, {self.cfg.engram_compressed_vocab_size}), "
+                f"got max {top}"
+            )
+        tail = token_map.new_full((vocab - token_map.numel(),), int(token_map[pad]))
+        self.engram_token_map = torch.cat((token_map, tail)).to(self.device)
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def new_state(self, batch_size: int = 1) -> ModelState:
+        state = super().new_state(batch_size)
+        if self.engram_history:
+            state.token_history = torch.full(
+                (batch_size, self.engram_history),
+                self.cfg.engram_pad_token_id,
+                dtype=torch.long,
+                device=self.device,
+            )
+        return state
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(  # type: ignore[override]
+        self, input_ids: Tensor, state: ModelState, image_embeds: Tensor | None = None
+    ) -> Tensor:
+        """Advance ``state`` by ``input_ids`` [B, S]; returns fp32 logits [B, S, V]."""
+        return self.forward_with_streams(input_ids, state, image_embeds)[0]
+
+    def _embed(self, input_ids: Tensor, image_embeds: Tensor | None) -> tuple[Tensor, Tensor]:
+        e = self.embed(input_ids)
+        image_id = self.cfg.image_token_id
+        is_image = (
+            input_ids == image_id if image_id is not None else torch.zeros_like(input_ids).bool()
         )
+        n_images = int(is_image.sum())
+        if image_embeds is None:
+            if n_images and self.cfg.image_token_id is not None:
+                raise ValueError(
+                    f"input_ids hold {n_images} image tokens ({image_id}) but no image_embeds "
+                    "were given (the vision tower runs outside this model)"
+                )
+            return e, is_image
+        if tuple(image_embeds.shape) != (n_images, e.shape[-1]):
+            raise ValueError(
+                f"image_embeds must be [{n_images}, {e.shape[-1]}] (one row per image token), "
+                f"got {tuple(image_embeds.shape)}"
+            )
+        e = e.clone()
+        e[is_image] = image_embeds.to(device=e.device, dtype=e.dtype)
+        return e, is_image
+
+    def _engram_ids(self, input_ids: Tensor, state: ModelState) -> Tensor | None:
+        if not self.engram_history:
+            return None
+        assert state.token_history is not None and self.engram_token_map is not None
+        raw = torch.cat((state.token_history, input_ids), dim=1)
+        state.token_history = raw[:, -self.engram_history :].clone()
+        return self.engram_token_map[raw]
+
+    @torch.no_grad()
+    def forward_with_streams(  # type: ignore[override]
+        self, input_ids: Tensor, state: ModelState, image_embeds: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Like :meth:`forward`, plus the final residual streams [B, S, hc_mult, d]."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
+            )
+        if input_ids.shape[0] != state.batch_size:
+            raise ValueError(
+                f"input_ids has batch {input_ids.shape[0]} but the state was built for "
+                f"{state.batch_size}"
+            )
+        if self.engram_history and self.engram_token_map is None:
+            raise ValueError(
+                "this model has Engram layers but no compressed token map: call "
+                "model.set_engram_token_map(build_compressed_token_map(tokenizer)) first"
+            )
+        input_ids = input_ids.to(self.device)
+        e, is_image = self._embed(input_ids, image_embeds)
+        ctx = V41Context(
+            ops=self.ops,
+            positions=torch.arange(state.pos, state.pos + input_ids.shape[1], device=self.device),
+            input_ids=input_ids,
+            rotary=self.rotary,
+            shared=SharedKV(),
+            image_mask=is_image if bool(is_image.any()) else None,
+            engram_ids=self._engram_ids(input_ids, state),
+            engram_history=self.engram_history,
+        )
+        x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
+        pre: Tensor | None = None
+        for layer, layer_state in zip(self.layers, state.layers, strict=True):
+            x, pre = layer(x, pre, ctx, layer_state)
+        state.pos += input_ids.shape[1]
+        if pre is None:  # V4-style residual (hc_pre_from_prev_sublayer off)
+            h = HyperConnection(self, "hc_head", self.cfg).head(self.ops, x)
+        else:
+            h = self.ops.mhc_collapse(x, pre)
+        return self._logits(h), x
+
+    @torch.no_grad()
+    def forward_logits(  # type: ignore[override]
+        self, input_ids: Tensor, chunk_size: int = 4096, image_embeds: Tensor | None = None
+    ) -> Tensor:
+        """Full-sequence logits [B, S, V] (fp32) with no state kept after the call."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        state = self.new_state(input_ids.shape[0])
+        chunks = []
+        used = 0
+        for i in range(0, input_ids.shape[1], chunk_size):
+            ids = input_ids[:, i : i + chunk_size]
+            part = None
+            if image_embeds is not None:
+                image_id = self.cfg.image_token_id
+                n = 0 if image_id is None else int((ids == image_id).sum())
+                part, used = image_embeds[used : used + n], used + n
+            chunks.append(self.forward(ids, state, part))
+        return torch.cat(chunks, dim=1)
+
+    def mtp_forward(
+        self, streams: Tensor, next_ids: Tensor, state: ModelState, depth: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError(
+            "V4.1 MTP/DSpark drafting: the MTP layers are loaded, but how V4.1 feeds them (which "
+            "streams, DSpark's target-layer features and heads) is not implemented"
+        )
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_state(self, tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Strict like V4, except DSpark head tensors, which are kept in ``draft_tensors``."""
+        self.draft_tensors = {}
+
+        def strict() -> Iterable[tuple[str, Tensor]]:
+            for name, tensor in tensors:
+                if _is_draft_tensor(name):
+                    self.draft_tensors[name] = tensor
+                else:
+                    yield name, tensor
+
+        super().load_state(strict())

@@ -10,6 +10,13 @@ advances it, so the engine can own, copy and pool these objects. Per layer there
 * for CSA layers, a second :class:`CompressorState` for the lightning indexer's keys.
 
 All tensors carry a leading batch dimension; the sequences of one state advance in lockstep.
+
+V4.1 reuses the same objects: a KV-source layer keeps its ratio-1/2 compressor in ``compressor``
+(no overlap, so ``prev_kv`` stays None) and its indexer keys in ``indexer`` (entries only; index
+keys are derived from finished entries, so the buffers stay empty); the layers that share them
+keep only their SWA ring. Engram hashes the last few token ids, kept in
+:attr:`ModelState.token_history`. The lagged mHC carry lives within one token's pass through the
+layers, so it needs no state.
 """
 
 from __future__ import annotations
@@ -97,6 +104,10 @@ class ModelState:
     mtp: list[LayerState] = field(default_factory=list)
     pos: int = 0  # tokens consumed by the main model
     mtp_pos: int = 0  # positions consumed by the MTP layers
+    #: V4.1 Engram only: [B, engram_max_ngram_size - 1] raw token ids before ``pos`` (oldest
+    #: first), the pad id where the sequence is shorter. A state restored from a prefix cache
+    #: must set it to the prefix's last ids. None for models without Engram.
+    token_history: Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -1,0 +1,133 @@
+"""V4.1 shared indexer: index keys on KV sources, top-k picks on index sources, candidate blocks.
+
+V4.1 splits V4's lightning indexer across layers:
+
+* a KV-source layer projects index keys from its compressor's un-rotated latents
+  (``wk`` then ``k_norm``, then RoPE at the entry position);
+* an index-source layer scores its queries (``wq_b`` on the shared query latent, per-head
+  ``weights_proj``) against the keys of its group's KV source and publishes the top-k entry ids;
+  every other compressed layer reuses the latest index source's picks;
+* the candidate source additionally publishes, per query, the ``candidate_topk_blocks`` blocks of
+  ``candidate_block_size`` consecutive entries with the highest maximum score; later index sources
+  score only inside those blocks (a two-level selection that bounds their work).
+
+Selection uses a stable descending sort, so equal scores always resolve to the lower entry id and
+the picks do not depend on how many future (masked) entries a chunk happens to hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.layers.norm import Linear, RMSNorm
+from deepinfer.models.layers.rope import Rotary
+
+
+@dataclass
+class SharedKV:
+    """What source layers hand to the layers after them within one forward call."""
+
+    entries: dict[int, Tensor] = field(default_factory=dict)  # KV source -> [B, T, D] rotated
+    keys: dict[int, Tensor] = field(default_factory=dict)  # KV source -> [B, T, c] index keys
+    picks: dict[int, Tensor] = field(default_factory=dict)  # index source -> [B, S, k], -1 = none
+    candidates: Tensor | None = None  # [B, S, T] entries inside the candidate blocks
+
+
+def pick_topk(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
+    """Top-``k`` allowed entries per query: [B, S, T] -> [B, S, min(k, T)], -1 past the allowed."""
+    t = scores.shape[-1]
+    k = min(k, t)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :k]
+    ok = allowed.gather(-1, order)
+    return torch.where(ok, order, torch.full_like(order, -1))
+
+
+def candidate_blocks(scores: Tensor, visible: Tensor, block: int, topk_blocks: int) -> Tensor:
+    """Entries inside the ``topk_blocks`` blocks with the highest max visible score.
+
+    ``scores``/``visible`` [B, S, T]; returns a [B, S, T] bool mask (visible entries only).
+    """
+    b, s, t = scores.shape
+    n_blocks = -(-t // block)
+    pad = n_blocks * block - t
+    masked = scores.masked_fill(~visible, float("-inf"))
+    masked = torch.nn.functional.pad(masked, (0, pad), value=float("-inf"))
+    block_max = masked.view(b, s, n_blocks, block).amax(dim=-1)
+    has_visible = block_max > float("-inf")
+    chosen = pick_topk(block_max, has_visible, topk_blocks)  # [B, S, kb], -1 = none
+    keep = torch.zeros(b, s, n_blocks + 1, dtype=torch.bool, device=scores.device)
+    keep.scatter_(-1, torch.where(chosen < 0, n_blocks, chosen), True)
+    per_entry = keep[..., :n_blocks].repeat_interleave(block, dim=-1)[..., :t]
+    return per_entry & visible
+
+
+class SharedIndexer(nn.Module):
+    """The indexer parts one V4.1 layer owns: keys (KV source) and/or queries (index source)."""
+
+    def __init__(
+        self, cfg: ModelConfig, *, owns_keys: bool, owns_query: bool, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.n_heads = cfg.index_n_heads
+        self.head_dim = cfg.index_head_dim
+        self.topk = cfg.index_topk
+        self.block = cfg.candidate_block_size
+        self.topk_blocks = cfg.candidate_topk_blocks
+        if owns_query:
+            self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype)
+            self.weights_proj = Linear(cfg.hidden_size, self.n_heads, dtype)
+        if owns_keys:
+            self.wk = Linear(cfg.head_dim, self.head_dim, dtype)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def keys(self, ops: Backend, latents: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Index keys [B, n, c] of new un-rotated latents [B, n, D] at their entry positions."""
+        k = self.k_norm(ops, self.wk(ops, latents))
+        return ops.rope(k[:, :, None], cos, sin)[:, :, 0]
+
+    def scores(
+        self,
+        ops: Backend,
+        x: Tensor,
+        qr: Tensor,
+        positions: Tensor,
+        *,
+        rotary: Rotary,
+        keys: Tensor,
+    ) -> Tensor:
+        """[B, S, T] fp32 scores of the queries at ``positions`` against every key."""
+        b, s = x.shape[:2]
+        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
+        cos, sin = rotary.cos_sin(positions)
+        q = ops.rope(q, cos, sin)
+        weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
+        return ops.indexer_scores(q, keys, weights)
+
+    def select(
+        self,
+        scores: Tensor,
+        visible: Tensor,
+        *,
+        within: Tensor | None,
+        publish_candidates: bool,
+        own_candidates: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Returns (top-k picks [B, S, k], candidate mask if this layer publishes one).
+
+        ``within``: the candidate mask of an earlier candidate source to restrict this layer to.
+        """
+        candidates = None
+        if publish_candidates:
+            candidates = candidate_blocks(scores, visible, self.block, self.topk_blocks)
+        allowed = visible
+        if within is not None:
+            allowed = allowed & within
+        if candidates is not None and own_candidates:
+            allowed = allowed & candidates
+        return pick_topk(scores, allowed, self.topk), candidates

@@ -1,0 +1,176 @@
+"""V4.1 attention: each layer's own sliding window plus top-k entries of a shared compressor.
+
+Per layer the query, the SWA kv, the sinks and the grouped output projection are V4's (without
+the per-head query norm when ``q_head_norm`` is off). Long-range keys are not the layer's own:
+a ratio-1/2 layer attends to the top-k compressed entries of its group's KV-source layer, chosen
+by its group's latest index-source layer. Source layers publish entries, keys and picks into a
+:class:`SharedKV` for the layers after them; their persistent parts (entries, index keys, the
+open pair) live in the source layer's state. With ratio 1 entry t is visible from position t.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV
+from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
+from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.shared_compressor import SharedCompressor
+from deepinfer.models.state import CompressorState, LayerState, SWARing
+
+
+class SharedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer_id = layer_id
+        self.ratio = cfg.compress_ratio(layer_id)
+        self.n_heads = cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
+        self.window = cfg.sliding_window
+        self.groups = cfg.o_groups
+        self.eps = cfg.rms_norm_eps
+        d, hd = cfg.hidden_size, self.n_heads * self.head_dim
+        self.wq_a = Linear(d, cfg.q_lora_rank, dtype)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = Linear(cfg.q_lora_rank, hd, dtype)
+        self.wkv = Linear(d, self.head_dim, dtype)
+        self.kv_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.wo_a = Linear(hd // self.groups, self.groups * cfg.o_lora_rank, dtype)
+        self.wo_b = Linear(self.groups * cfg.o_lora_rank, d, dtype)
+        self.attn_sink = fp32_param(self.n_heads)
+        is_main = layer_id < cfg.num_hidden_layers
+        self.is_kv_source = is_main and layer_id in cfg.kv_source_layer_ids
+        self.is_index_source = is_main and layer_id in cfg.index_source_layer_ids
+        self.kv_source = cfg.kv_source_of(layer_id) if self.ratio else None
+        self.index_source = cfg.index_source_of(layer_id) if self.ratio else None
+        cand = cfg.candidate_source_layer_id
+        self.publishes_candidates = self.is_index_source and layer_id == cand
+        self.uses_candidates = self.is_index_source and cand is not None and layer_id > cand
+        self.compressor: SharedCompressor | None = None
+        self.indexer: SharedIndexer | None = None
+        if self.is_kv_source:
+            self.compressor = SharedCompressor(
+                d, self.head_dim, self.ratio, eps=cfg.rms_norm_eps, dtype=dtype
+            )
+        if self.is_kv_source or self.is_index_source:
+            self.indexer = SharedIndexer(
+                cfg, owns_keys=self.is_kv_source, owns_query=self.is_index_source, dtype=dtype
+            )
+
+    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+        ring = torch.zeros(batch, self.window, self.head_dim, dtype=dtype, device=device)
+        state = LayerState(swa=SWARing(ring))
+        if self.compressor is not None:
+            state.compressor = self.compressor.new_state(batch, dtype, device)
+            state.indexer = CompressorState.empty(
+                batch,
+                ratio=self.ratio,
+                overlap=False,
+                dim=self.cfg.index_head_dim,
+                dtype=dtype,
+                device=device,
+            )
+        return state
+
+    def _update_sources(
+        self, ops: Backend, x: Tensor, rotary: Rotary, state: LayerState, shared: SharedKV
+    ) -> None:
+        """KV source: pool new entries, derive their index keys, publish both."""
+        assert self.compressor is not None and self.indexer is not None
+        assert state.compressor is not None and state.indexer is not None
+        latents, first = self.compressor(ops, x, state.compressor)
+        n = latents.shape[1]
+        if n:
+            entry_pos = torch.arange(first, first + n, device=x.device) * self.ratio
+            cos, sin = rotary.cos_sin(entry_pos)
+            keys = self.indexer.keys(ops, latents, cos, sin)
+            entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
+            state.compressor.entries = torch.cat((state.compressor.entries, entries), dim=1)
+            state.indexer.entries = torch.cat((state.indexer.entries, keys.to(latents.dtype)), 1)
+        shared.entries[self.layer_id] = state.compressor.entries
+        shared.keys[self.layer_id] = state.indexer.entries
+
+    def _long_range(
+        self,
+        ops: Backend,
+        x: Tensor,
+        qr: Tensor,
+        positions: Tensor,
+        *,
+        rotary: Rotary,
+        shared: SharedKV,
+    ) -> tuple[Tensor, Tensor]:
+        """(shared entries [B, T, D], visibility mask [B, S, T]) for this layer's queries."""
+        assert self.kv_source is not None and self.index_source is not None
+        entries = shared.entries[self.kv_source]
+        if self.is_index_source:
+            assert self.indexer is not None
+            keys = shared.keys[self.kv_source]
+            t = keys.shape[1]
+            visible = (
+                torch.arange(t, device=x.device)[None, :] < ((positions + 1) // self.ratio)[:, None]
+            )
+            visible = visible[None].expand(x.shape[0], -1, -1)
+            scores = self.indexer.scores(ops, x, qr, positions, rotary=rotary, keys=keys)
+            picks, candidates = self.indexer.select(
+                scores,
+                visible,
+                within=shared.candidates if self.uses_candidates else None,
+                publish_candidates=self.publishes_candidates,
+                own_candidates=self.cfg.candidate_source_uses_candidates,
+            )
+            shared.picks[self.layer_id] = picks
+            if candidates is not None:
+                shared.candidates = candidates
+        picks = shared.picks[self.index_source]
+        b, s, n = x.shape[0], x.shape[1], entries.shape[1]
+        mask = torch.zeros(b, s, n + 1, dtype=torch.bool, device=x.device)
+        mask.scatter_(-1, torch.where(picks < 0, torch.full_like(picks, n), picks), True)
+        return entries, mask[..., :n]
+
+    def forward(
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        state: LayerState,
+        *,
+        shared: SharedKV,
+    ) -> Tensor:
+        """``x`` [B, S, d] is the normed sublayer input at absolute ``positions`` [S]."""
+        b, s, _ = x.shape
+        cos, sin = rotary.cos_sin(positions)
+        qr = self.q_norm(ops, self.wq_a(ops, x))
+        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
+        if self.cfg.q_head_norm:
+            q = ops.rms_norm(q, None, self.eps)
+        q = ops.rope(q, cos, sin)
+
+        kv = self.kv_norm(ops, self.wkv(ops, x))
+        kv = ops.rope(kv[:, :, None], cos, sin)[:, :, 0]
+        start = state.swa.length
+        past, past_pos = state.swa.read(start)
+        keys = torch.cat((past.to(kv.dtype), kv), dim=1)
+        key_pos = torch.cat((past_pos, positions))
+        delta = positions[:, None] - key_pos[None, :]
+        mask = ((delta >= 0) & (delta < self.window))[None].expand(b, -1, -1)
+        state.swa.write(kv, start)
+
+        if self.ratio:
+            if self.is_kv_source:
+                self._update_sources(ops, x, rotary, state, shared)
+            entries, comp_mask = self._long_range(
+                ops, x, qr, positions, rotary=rotary, shared=shared
+            )
+            keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
+            mask = torch.cat((mask, comp_mask), dim=-1)
+
+        o = ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
+        o = ops.rope(o, cos, sin, inverse=True)
+        o = ops.grouped_linear(o.reshape(b, s, self.groups, -1), self.wo_a.weight)
+        return self.wo_b(ops, o.flatten(2))

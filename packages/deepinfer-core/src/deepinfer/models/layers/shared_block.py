@@ -1,0 +1,124 @@
+"""One V4.1 layer: Engram (some layers), then mHC(attention) and mHC(MoE) with the lagged pre-mix.
+
+The MoE is V4's, plus an optional second router bias ``bias_vl`` that steers expert selection for
+image-token rows (inferred from the V4.1 key list: "separate text and image bias terms"; the
+mixing weights stay the unbiased scores, as for ``bias``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.layers.candidate_indexer import SharedKV
+from deepinfer.models.layers.engram import Engram
+from deepinfer.models.layers.lagged_mhc import LaggedHyperConnection
+from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
+from deepinfer.models.layers.moe import MoE
+from deepinfer.models.layers.norm import RMSNorm, fp32_param
+from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.shared_attention import SharedAttention
+from deepinfer.models.state import LayerState
+
+
+@dataclass
+class V41Context:
+    """Per-call metadata for V4.1 layers."""
+
+    ops: Backend
+    positions: Tensor  # [S]
+    input_ids: Tensor  # [B, S]
+    rotary: dict[str, Rotary]
+    shared: SharedKV
+    image_mask: Tensor | None  # [B, S] True at image-token positions
+    engram_ids: Tensor | None  # [B, history + S] compressed ids with the look-back in front
+    engram_history: int
+
+
+class ImageBiasMoE(MoE):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__(cfg, layer_id, dtype)
+        self.image_bias = cfg.moe_image_bias and not self.gate.hashed
+        if self.image_bias:
+            self.gate.bias_vl = fp32_param(cfg.n_routed_experts)
+
+    def forward(
+        self, ops: Backend, x: Tensor, input_ids: Tensor, image_mask: Tensor | None = None
+    ) -> Tensor:
+        if not self.image_bias or image_mask is None or not bool(image_mask.any()):
+            return super().forward(ops, x, input_ids)
+        cfg = self.cfg
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        route = {
+            "topk": cfg.num_experts_per_tok,
+            "scoring_func": cfg.scoring_func,
+            "routed_scaling_factor": cfg.routed_scaling_factor,
+            "norm_topk_prob": cfg.norm_topk_prob,
+        }
+        w_text, i_text = ops.moe_route(flat, self.gate.weight, self.gate.bias, **route)
+        w_img, i_img = ops.moe_route(flat, self.gate.weight, self.gate.bias_vl, **route)
+        is_img = image_mask.reshape(-1, 1)
+        weights = torch.where(is_img, w_img, w_text)
+        indices = torch.where(is_img, i_img, i_text)
+        experts = list(self.experts)
+        routed = ops.moe_experts(
+            flat,
+            weights,
+            indices,
+            w1=[e.w1.weight for e in experts],
+            w2=[e.w2.weight for e in experts],
+            w3=[e.w3.weight for e in experts],
+            swiglu_limit=cfg.swiglu_limit,
+        )
+        se = self.shared_experts
+        shared = ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, cfg.swiglu_limit)
+        return (routed + shared).to(x.dtype).view(shape)
+
+
+class SharedBlock(nn.Module):
+    """V4's layer with V4.1 attention, MoE and residual wiring (parameter names unchanged)."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer_id = layer_id
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = SharedAttention(cfg, layer_id, dtype)
+        self.ffn = ImageBiasMoE(cfg, layer_id, dtype)
+        add_hc_params(self, "hc_attn", cfg)
+        add_hc_params(self, "hc_ffn", cfg)
+        self.engram = Engram(cfg, layer_id, dtype) if layer_id in cfg.engram_layer_ids else None
+        self.rope_kind = "main" if cfg.compress_ratio(layer_id) == 0 else "compress"
+
+    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+        return self.attn.new_state(batch, dtype, device)
+
+    def forward(
+        self, x: Tensor, pre: Tensor | None, ctx: V41Context, state: LayerState
+    ) -> tuple[Tensor, Tensor | None]:
+        """Streams [B, S, n, d] and the carried ``pre`` -> (streams, ``pre`` to carry on)."""
+        ops = ctx.ops
+        rotary = ctx.rotary[self.rope_kind]
+        if self.engram is not None:
+            assert ctx.engram_ids is not None  # the model checks for the token map up front
+            x = self.engram(ops, x, ctx.engram_ids, ctx.engram_history, ctx.image_mask)
+
+        def attn(u: Tensor) -> Tensor:
+            return self.attn(
+                ops, self.attn_norm(ops, u), ctx.positions, rotary, state, shared=ctx.shared
+            )
+
+        def ffn(u: Tensor) -> Tensor:
+            return self.ffn(ops, self.ffn_norm(ops, u), ctx.input_ids, ctx.image_mask)
+
+        if not self.cfg.hc_pre_from_prev_sublayer:
+            x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
+            return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn), None
+        x, pre = LaggedHyperConnection(self, "hc_attn", self.cfg)(ops, x, pre, attn)
+        return LaggedHyperConnection(self, "hc_ffn", self.cfg)(ops, x, pre, ffn)
