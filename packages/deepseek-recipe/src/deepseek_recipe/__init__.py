@@ -1,7 +1,122 @@
-"""Pure-Python DeepSeek-V4/V4.1 chat encoding and output parsing."""
+"""Pure-Python DeepSeek-V4/V4.1 chat encoding and output parsing.
+
+A drop-in for the Chat Completions path of DeepSeek's official
+`deepseek-recipe` package: same class and method names, same prompts, ids,
+stream chunks and error messages.
+"""
 
 from __future__ import annotations
 
 from deepseek_recipe.__about__ import __version__
+from deepseek_recipe.chat_stream import (
+    ChatCompletionChunk,
+    ChatCompletionChunkGenerator,
+    ChatCompletionResponse,
+)
+from deepseek_recipe.conversation import Conversation
+from deepseek_recipe.conversion import ChatCompletionRequest
+from deepseek_recipe.encoding import DeepseekV4Encoding, DeepseekV41Encoding, RenderedPrompt
+from deepseek_recipe.errors import CalcResizeError, ConversionError, ImageError
+from deepseek_recipe.images import ImageInfo, MultiModalData
+from deepseek_recipe.inference import InferenceChunk, InferenceFinishReason, PromptUsage
+from deepseek_recipe.messages import (
+    AssistantMessage,
+    BytesImageSource,
+    DataUrlImageSource,
+    ImageSource,
+    LatestReminderMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolDefinition,
+    ToolMessage,
+    UrlImageSource,
+    UserMessage,
+)
+from deepseek_recipe.options import (
+    ConversionOptions,
+    ModelVersion,
+    ReasoningContentBehavior,
+    WebSearchBehavior,
+)
+from deepseek_recipe.parsing_options import ParsingOptions, ThinkingInitialStage
+from deepseek_recipe.request import ConversationRequest, InferenceOptions, OutputConstraint
+from deepseek_recipe.stream import StreamProcessor
+from deepseek_recipe.tokenizer import Tokenizer
+from deepseek_recipe.tokens import IMAGE_SPECIAL_TOKEN_ID, SpecialToken, SpecialTokens
+from deepseek_recipe.unsupported import (
+    ImageQuota,
+    ImageResolver,
+    MessagesChunkGenerator,
+    MessagesRequest,
+    MessagesResponse,
+    MessagesStreamEvent,
+    OpenCvImagePreprocessor,
+    PreprocessOptions,
+    ReqwestImageFetcher,
+    ResponsesChunkGenerator,
+    ResponsesEcho,
+    ResponsesRequest,
+    ResponsesResponse,
+    ResponsesStreamEvent,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "IMAGE_SPECIAL_TOKEN_ID",
+    "AssistantMessage",
+    "BytesImageSource",
+    "CalcResizeError",
+    "ChatCompletionChunk",
+    "ChatCompletionChunkGenerator",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "Conversation",
+    "ConversationRequest",
+    "ConversionError",
+    "ConversionOptions",
+    "DataUrlImageSource",
+    "DeepseekV4Encoding",
+    "DeepseekV41Encoding",
+    "ImageError",
+    "ImageInfo",
+    "ImageQuota",
+    "ImageResolver",
+    "ImageSource",
+    "InferenceChunk",
+    "InferenceFinishReason",
+    "InferenceOptions",
+    "LatestReminderMessage",
+    "Message",
+    "MessagesChunkGenerator",
+    "MessagesRequest",
+    "MessagesResponse",
+    "MessagesStreamEvent",
+    "ModelVersion",
+    "MultiModalData",
+    "OpenCvImagePreprocessor",
+    "OutputConstraint",
+    "ParsingOptions",
+    "PreprocessOptions",
+    "PromptUsage",
+    "ReasoningContentBehavior",
+    "RenderedPrompt",
+    "ReqwestImageFetcher",
+    "ResponsesChunkGenerator",
+    "ResponsesEcho",
+    "ResponsesRequest",
+    "ResponsesResponse",
+    "ResponsesStreamEvent",
+    "SpecialToken",
+    "SpecialTokens",
+    "StreamProcessor",
+    "SystemMessage",
+    "ThinkingInitialStage",
+    "Tokenizer",
+    "ToolCall",
+    "ToolDefinition",
+    "ToolMessage",
+    "UrlImageSource",
+    "UserMessage",
+    "WebSearchBehavior",
+    "__version__",
+]

@@ -1,0 +1,121 @@
+"""JSON text in the two styles the prompts and constraints use.
+
+Prompts show schemas and argument values the way Python's `json.dumps` prints
+them (`", "` and `": "` separators, non-ASCII kept), because that is what the
+models saw in training.  Floats follow the official formatter: shortest
+round-trip digits, decimal notation for exponents in [-5, 16), otherwise
+`1e+20`-style scientific notation without zero padding.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\b": "\\b",
+    "\f": "\\f",
+}
+
+
+def quote(text: str) -> str:
+    """JSON string literal with only the mandatory escapes."""
+    out = ['"']
+    for ch in text:
+        esc = _ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif ord(ch) < 0x20:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def format_float(value: float) -> str:
+    """Format a float like the official serializer (see module docstring)."""
+    if value == 0.0:
+        return "-0.0" if str(value).startswith("-") else "0.0"
+    text = repr(value)
+    sign = ""
+    if text.startswith("-"):
+        sign, text = "-", text[1:]
+    mantissa, _, exp_text = text.partition("e")
+    exp = int(exp_text) if exp_text else 0
+    int_part, _, frac_part = mantissa.partition(".")
+    digits = (int_part + frac_part).lstrip("0")
+    # Decimal exponent of the first significant digit.
+    point = len(int_part) + exp
+    if int_part.strip("0") == "":
+        point = exp - (len(frac_part) - len(frac_part.lstrip("0")))
+    digits = digits.rstrip("0") or "0"
+    sci_exp = point - 1
+    if -5 <= sci_exp < 16:
+        if point <= 0:
+            body = "0." + "0" * (-point) + digits
+        elif point >= len(digits):
+            body = digits + "0" * (point - len(digits)) + ".0"
+        else:
+            body = digits[:point] + "." + digits[point:]
+        return sign + body
+    head = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    exp_sign = "+" if sci_exp >= 0 else "-"
+    return f"{sign}{head}e{exp_sign}{abs(sci_exp)}"
+
+
+def python_float(value: float) -> str:
+    """Python's own float repr, which the V4.1 encoding keeps (`1e-07`)."""
+    return repr(value)
+
+
+def dumps_python(value: Any, fmt: Callable[[float], str] = format_float) -> str:
+    """Serialize like Python's `json.dumps(value, ensure_ascii=False)`; `fmt` formats floats."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return fmt(value)
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ", ".join(f"{quote(str(k))}: {dumps_python(v, fmt)}" for k, v in value.items())
+            + "}"
+        )
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(dumps_python(v, fmt) for v in value) + "]"
+    raise TypeError(f"value of type {type(value).__name__} is not JSON serializable")
+
+
+def dumps_compact(value: Any) -> str:
+    """Compact JSON (no spaces) used for output constraints and protocol payloads."""
+    if isinstance(value, float):
+        return format_compact_float(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{quote(str(k))}:{dumps_compact(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps_compact(v) for v in value) + "]"
+    return dumps_python(value)
+
+
+def format_compact_float(value: float) -> str:
+    """serde_json's own float format (`1e20`, `1.5e-7`), used in compact protocol JSON."""
+    return format_float(value).replace("e+", "e")
+
+
+def loads(text: str) -> Any:
+    """Parse JSON, keeping key order (Python dicts already do)."""
+    return json.loads(text)
