@@ -66,6 +66,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from deepinfer.chat_cli import run_chat
+
+    return run_chat(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from deepinfer.bench import run_bench
 
@@ -88,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p_gen)
     _add_sampling_args(p_gen)
     p_gen.set_defaults(func=_cmd_generate)
+
+    p_chat = sub.add_parser("chat", help="interactive chat, streaming, reasoning shown apart")
+    _add_model_args(p_chat)
+    _add_sampling_args(p_chat)
+    p_chat.add_argument("--system", default=None, help="system prompt")
+    p_chat.add_argument("--thinking", action="store_true", help="ask the model to reason first")
+    p_chat.set_defaults(func=_cmd_chat)
 
     p_bench = sub.add_parser(
         "bench", help="offline throughput: N sequences of random input/output lengths"

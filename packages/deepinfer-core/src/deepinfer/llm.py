@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter
 from deepinfer.device import select_backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
@@ -37,14 +40,14 @@ def _resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 
 def load(
     model: str, dtype: str | torch.dtype, device: str
-) -> tuple[DeepseekV4ForCausalLM, Tokenizer, str | None]:
-    """(model, tokenizer, notice) for a checkpoint directory or the embedded ``"tiny"``."""
+) -> tuple[DeepseekV4ForCausalLM, Path, str | None]:
+    """(model, tokenizer.json path, notice) for a checkpoint directory or ``"tiny"``."""
     if model == "tiny":
         from deepinfer import assets
 
         torch_dtype = _resolve_dtype(dtype, device)
         notice = assets.RANDOM_TINY_NOTICE
-        return assets.random_tiny_model(torch_dtype, device), assets.tiny_tokenizer(), notice
+        return assets.random_tiny_model(torch_dtype, device), assets.TINY_TOKENIZER, notice
     path = Path(model)
     if not (path / "config.json").is_file():
         raise DeepInferError(
@@ -56,7 +59,7 @@ def load(
     from deepinfer.models import load_model
 
     m = load_model(path, dtype=_resolve_dtype(dtype, device), device=device)
-    return m, Tokenizer.from_file(str(path / "tokenizer.json")), None
+    return m, path / "tokenizer.json", None
 
 
 class LLM:
@@ -77,10 +80,11 @@ class LLM:
     ) -> None:
         choice = select_backend(device)
         self.device = choice.device
-        net, tokenizer, self.notice = load(model, dtype, choice.device)
+        net, self.tokenizer_path, self.notice = load(model, dtype, choice.device)
         if self.notice:
             logger.warning(self.notice)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+        self._chat: ChatFormatter | None = None
         self.engine = LLMEngine(net, tokenizer, EngineConfig(**engine_options))  # type: ignore[arg-type]
 
     # -- helpers ------------------------------------------------------------------------------
@@ -134,6 +138,63 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [done[i] for i in ids]
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        thinking: bool = False,
+        reasoning_effort: str | None = None,
+        response_format: dict[str, Any] | None = None,
+        model_name: str = DEFAULT_CHAT_MODEL,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Chat Completions through ``deepseek_recipe``: one output per conversation.
+
+        Each output's text is the answer; ``reasoning_content`` and ``tool_calls`` hold what
+        the recipe's parser found. A ``response_format`` (with thinking off) becomes a
+        structured-output constraint.
+        """
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        if self._chat is None:
+            self._chat = ChatFormatter(self.tokenizer_path)
+        prompts = []
+        for conv in convs:
+            body: dict[str, Any] = {"model": model_name, "messages": conv}
+            body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+            for key, value in (
+                ("tools", tools),
+                ("tool_choice", tool_choice),
+                ("reasoning_effort", reasoning_effort),
+                ("response_format", response_format),
+            ):
+                if value is not None:
+                    body[key] = value
+            prompts.append(self._chat.prompt(body))
+        params = []
+        for p in prompts:
+            sp = copy.copy(sampling_params or SamplingParams(max_tokens=256))
+            if p.constraint is not None:
+                if sp.structured_outputs is not None:
+                    raise InvalidRequestError(
+                        "structured_outputs", "the request's response_format already sets one"
+                    )
+                sp.structured_outputs = p.constraint
+            params.append(sp)
+        outs = self.generate([p.token_ids for p in prompts], params, use_tqdm=use_tqdm)
+        for prompt, out in zip(prompts, outs, strict=True):
+            out.reasoning_content, out.tool_calls = [], []
+            eos = self.engine.eos_token_ids
+            for c in out.outputs:
+                ids = c.token_ids[:-1] if c.token_ids and c.token_ids[-1] in eos else c.token_ids
+                msg = self._chat.parse(prompt, ids, c.finish_reason or "stop")
+                c.text = msg.content or ""
+                out.reasoning_content.append(msg.reasoning_content)
+                out.tool_calls.append(msg.tool_calls)
+        return outs
 
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None

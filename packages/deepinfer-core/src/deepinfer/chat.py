@@ -1,0 +1,137 @@
+"""Chat on top of ``deepseek_recipe``: messages -> prompt ids, output ids -> message.
+
+The recipe owns the DeepSeek chat format (both model versions), request validation and output
+parsing; this module only wires it to the engine: the request's output constraint becomes a
+structured-output constraint, and the generated tokens go through the recipe's stream parser
+so reasoning, answer and tool calls come out exactly as DeepSeek's API returns them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepinfer.errors import InvalidRequestError
+from deepinfer.sampling_params import StructuredOutputsParams
+
+DEFAULT_CHAT_MODEL = "DeepSeek-V4.1-Flash"
+
+
+@dataclass
+class ChatPrompt:
+    request: Any  # deepseek_recipe.ConversationRequest
+    token_ids: list[int]
+    constraint: StructuredOutputsParams | None
+
+
+@dataclass
+class ChatMessage:
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[dict] | None
+    finish_reason: str | None
+
+
+class ChatFormatter:
+    """Renders chat requests for one tokenizer file and parses the model's replies."""
+
+    def __init__(self, tokenizer_path: str | Path) -> None:
+        import deepseek_recipe as dr
+
+        self._dr = dr
+        self.tokenizer = dr.Tokenizer.from_file(str(tokenizer_path))
+
+    def prompt(self, body: dict[str, Any]) -> ChatPrompt:
+        dr = self._dr
+        try:
+            request = dr.ChatCompletionRequest(body).convert(dr.ConversionOptions())
+        except (dr.ConversionError, ValueError) as exc:
+            raise InvalidRequestError("messages", str(exc)) from exc
+        if request.model_version == dr.ModelVersion.DeepseekV41Flash:
+            encoding = dr.DeepseekV41Encoding()
+        else:
+            encoding = dr.DeepseekV4Encoding()
+        ids = encoding.with_tokenizer(self.tokenizer).encode(request.conversation)
+        return ChatPrompt(request, ids, self._constraint(request, body))
+
+    def _constraint(self, request: Any, body: dict[str, Any]) -> StructuredOutputsParams | None:
+        oc = request.inference_options.output_constraint
+        if oc is None or oc.kind == "tool_call":  # tool calls are allowed, not required
+            return None
+        thinking = (body.get("thinking") or {}).get("type") != "disabled"
+        if oc.kind == "tool_call_required":
+            raise NotImplementedError(
+                "a required tool call needs the DSML tool-call grammar, which is not implemented"
+            )
+        if thinking:
+            raise NotImplementedError(
+                "constrained output after </think> (thinking on) is not implemented; "
+                "send thinking={'type': 'disabled'}"
+            )
+        if oc.kind == "json":
+            return (
+                StructuredOutputsParams(json=oc.schema)
+                if oc.schema
+                else (StructuredOutputsParams(json_object=True))
+            )
+        return StructuredOutputsParams(regex=oc.schema)
+
+    def stream(self, prompt: ChatPrompt) -> ChatStream:
+        return ChatStream(self._dr, prompt, self.tokenizer)
+
+    def parse(self, prompt: ChatPrompt, token_ids: list[int], finish_reason: str) -> ChatMessage:
+        dr = self._dr
+        stream = self.stream(prompt)
+        chunks = stream.chunks(token_ids) + stream.finish_chunks(finish_reason)
+        response = dr.ChatCompletionResponse("chat", "deepinfer", 0, len(prompt.token_ids), 0)
+        for chunk in chunks:
+            response.accumulate(chunk)
+        choices = response.to_dict()["choices"]
+        if not choices:
+            return ChatMessage(None, None, None, finish_reason)
+        message = choices[0]["message"]
+        return ChatMessage(
+            message.get("content"),
+            message.get("reasoning_content"),
+            message.get("tool_calls"),
+            choices[0]["finish_reason"],
+        )
+
+
+class ChatStream:
+    """Incremental parsing of one reply: feed new token ids, get content/reasoning deltas."""
+
+    def __init__(self, dr: Any, prompt: ChatPrompt, tokenizer: Any) -> None:
+        self._dr = dr
+        generator = dr.ChatCompletionRequest.chunk_generator(prompt.request, "chat", "deepinfer")
+        self._processor = dr.StreamProcessor(generator, prompt.request.parsing_options, tokenizer)
+        usage = dr.PromptUsage(prompt_tokens=len(prompt.token_ids))
+        self._pending = self._processor.push(dr.InferenceChunk.ready(prompt_usage=usage))
+
+    def chunks(self, token_ids: list[int]) -> list[Any]:
+        pending, self._pending = self._pending, []
+        return pending + self._processor.push(self._dr.InferenceChunk.tokens(token_ids))
+
+    def finish_chunks(self, finish_reason: str) -> list[Any]:
+        dr = self._dr
+        reason = (
+            dr.InferenceFinishReason.Length
+            if finish_reason == "length"
+            else dr.InferenceFinishReason.Stop
+        )
+        pending, self._pending = self._pending, []
+        return pending + self._processor.push(dr.InferenceChunk.finish(reason))
+
+    @staticmethod
+    def deltas(chunks: list[Any]) -> list[tuple[str, str]]:
+        """(field, text) pairs: field is "reasoning_content" or "content"."""
+        out: list[tuple[str, str]] = []
+        for chunk in chunks:
+            for choice in json.loads(chunk.to_json()).get("choices", []):
+                delta = choice.get("delta") or {}
+                for key in ("reasoning_content", "content"):
+                    if delta.get(key):
+                        out.append((key, delta[key]))
+        return out
