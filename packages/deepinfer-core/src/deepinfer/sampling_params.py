@@ -33,8 +33,16 @@ class StructuredOutputsParams:
     grammar: str | None = None
     choice: list[str] | None = None
 
+    def _set(self) -> list[str]:
+        # json may legitimately be the boolean schema False; json_object is a flag.
+        return [
+            k
+            for k in STRUCTURED_KINDS
+            if getattr(self, k) is not None and (k != "json_object" or getattr(self, k))
+        ]
+
     def __post_init__(self) -> None:
-        chosen = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        chosen = self._set()
         if len(chosen) != 1:
             raise InvalidRequestError(
                 "structured_outputs",
@@ -47,7 +55,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+        return self._set()[0]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StructuredOutputsParams:

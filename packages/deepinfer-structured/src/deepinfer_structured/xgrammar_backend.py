@@ -22,6 +22,39 @@ from deepinfer_structured.matcher import XGrammarMatcher
 
 CACHE_SIZE = 256
 
+#: Keywords whose meaning a token grammar cannot (or xgrammar does not) enforce exactly: a schema
+#: using them is refused rather than generating output that fails validation. Conservative;
+#: a keyword leaves this list once generation over the schema suite shows it exact.
+UNENFORCED_KEYWORDS = frozenset(
+    {
+        "not", "if", "then", "else", "dependentSchemas", "dependentRequired",
+        "unevaluatedProperties", "unevaluatedItems", "uniqueItems", "contains", "minContains",
+        "maxContains", "multipleOf", "$dynamicRef", "$dynamicAnchor",
+    }
+)  # fmt: skip
+#: Keys whose values map names to subschemas, and keys whose values are data, not schemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples", "required", "description"})
+
+
+def unenforced_keyword(schema: Any) -> str | None:
+    """The first keyword of ``schema`` (at any depth) that the grammar would not enforce."""
+    if isinstance(schema, list):
+        return next((k for item in schema if (k := unenforced_keyword(item))), None)
+    if not isinstance(schema, dict):
+        return None
+    for key, value in schema.items():
+        if key in UNENFORCED_KEYWORDS:
+            return key
+        if key in _DATA_KEYS:
+            continue
+        children = value.values() if key in _SCHEMA_MAPS and isinstance(value, dict) else [value]
+        for child in children:
+            found = unenforced_keyword(child)
+            if found:
+                return found
+    return None
+
 
 def _choice_regex(choices: list[str]) -> str:
     special = set(r"\.^$|?*+()[]{}/")
@@ -64,6 +97,9 @@ class XGrammarBackend:
             return self._cache[key]
         try:
             if kind == "json":
+                parsed = json.loads(value) if isinstance(value, str) else value
+                if (keyword := unenforced_keyword(parsed)) is not None:
+                    raise ValueError(f"keyword '{keyword}' is not supported by this backend")
                 schema = value if isinstance(value, str) else json.dumps(value)
                 compiled = self.compiler.compile_json_schema(schema, any_whitespace=False)
             elif kind == "json_object":
