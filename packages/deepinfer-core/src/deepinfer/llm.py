@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,6 @@ from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
-logger = logging.getLogger("deepinfer")
-
 Prompt = str | list[int]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,17 +35,11 @@ def _resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def load(
-    model: str, dtype: str | torch.dtype, device: str
-) -> tuple[DeepseekV4ForCausalLM, Path, str | None]:
-    """(model, tokenizer.json path, notice) for a checkpoint directory or ``"tiny"``."""
-    if model == "tiny":
-        from deepinfer import assets
+def load(model: str, dtype: str | torch.dtype, device: str) -> tuple[DeepseekV4ForCausalLM, Path]:
+    """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``."""
+    from deepinfer import assets
 
-        torch_dtype = _resolve_dtype(dtype, device)
-        notice = assets.RANDOM_TINY_NOTICE
-        return assets.random_tiny_model(torch_dtype, device), assets.TINY_TOKENIZER, notice
-    path = Path(model)
+    path = assets.TINY_DIR if model == "tiny" else Path(model)
     if not (path / "config.json").is_file():
         raise DeepInferError(
             f"model {model!r}: expected 'tiny' or a checkpoint directory with config.json "
@@ -56,14 +47,16 @@ def load(
         )
     if not (path / "tokenizer.json").is_file():
         raise DeepInferError(f"model {model!r} has no tokenizer.json")
-    from deepinfer.models import load_model
-
-    m = load_model(path, dtype=_resolve_dtype(dtype, device), device=device)
-    return m, path / "tokenizer.json", None
+    return assets.load_checkpoint(path, _resolve_dtype(dtype, device), device), path / (
+        "tokenizer.json"
+    )
 
 
 class LLM:
     """Generate from prompts (strings or token-id lists) with continuous batching.
+
+    ``num_threads`` sets torch's CPU threads (default: torch's own, or 1 for ``"tiny"`` on
+    the CPU, whose tiny ops are dominated by thread hand-off).
 
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
     ``state_memory_bytes``, ``enable_prefix_caching``, ``prefix_cache_bytes``, ``seed``) are
@@ -76,13 +69,17 @@ class LLM:
         *,
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
+        num_threads: int | None = None,
         **engine_options: object,
     ) -> None:
         choice = select_backend(device)
+        if num_threads is None and model == "tiny" and choice.device == "cpu":
+            # The tiny model's ops are so small that thread hand-off dominates: one is fastest.
+            num_threads = 1
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         self.device = choice.device
-        net, self.tokenizer_path, self.notice = load(model, dtype, choice.device)
-        if self.notice:
-            logger.warning(self.notice)
+        net, self.tokenizer_path = load(model, dtype, choice.device)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         self._chat: ChatFormatter | None = None
         self.engine = LLMEngine(net, tokenizer, EngineConfig(**engine_options))  # type: ignore[arg-type]

@@ -22,14 +22,14 @@ def llm() -> LLM:
     return LLM("tiny", device="cpu")
 
 
-def test_generate_strings_and_token_lists_in_order(llm: LLM, model) -> None:  # type: ignore[no-untyped-def]
+def test_generate_strings_and_token_lists_in_order(llm: LLM) -> None:
     prompts = ["ROMEO:", [5, 6, 7, 8], "To be, or not to be"]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert [o.prompt for o in outs] == ["ROMEO:", None, "To be, or not to be"]
     for prompt, out in zip(prompts, outs, strict=True):
         ids = llm.tokenizer.encode(prompt).ids if isinstance(prompt, str) else prompt
         assert out.prompt_token_ids == ids
-        assert out.outputs[0].token_ids == greedy_reference(model, ids, 4, eos=1)
+        assert out.outputs[0].token_ids == greedy_reference(llm.engine.model, ids, 4, eos=1)
         assert out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids)
 
 
@@ -73,7 +73,7 @@ def test_cli_generate_and_bench(tmp_path: Path) -> None:
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert res.stdout.startswith("ROMEO:")
-    assert "random weights" in res.stderr and "5 tokens" in res.stderr
+    assert "5 tokens" in res.stderr
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable,

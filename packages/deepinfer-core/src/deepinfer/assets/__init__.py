@@ -1,9 +1,10 @@
 """Models that ship inside the package, so DeepInfer runs with no download.
 
-Until the trained tiny model is embedded, ``"tiny"`` is a deterministic random-weight V4 model
-with every attention kind (sliding, CSA, HCA), hash and learned MoE routing and an MTP layer,
-paired with the tiny byte-level BPE tokenizer trained on Shakespeare. Its text is noise: it is
-there to exercise the whole engine, and the CLI says so.
+``"tiny"`` is a 5.6 M-parameter DeepSeek-V4.1-architecture model trained on Shakespeare
+(``assets/tiny``: published config format, official tensor names, model card), loaded through
+the normal checkpoint loader. ``random_tiny_model`` is a deterministic random-weight V4 model
+with every V4 attention kind (sliding, CSA, HCA), hash and learned routing and an MTP layer,
+which the engine tests use as a fast V4 stand-in.
 """
 
 from __future__ import annotations
@@ -18,11 +19,8 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
 ASSETS = Path(__file__).resolve().parent
-TINY_TOKENIZER = ASSETS / "tiny" / "tokenizer.json"
-RANDOM_TINY_NOTICE = (
-    "model 'tiny': random weights (deterministic, seed 0); the trained tiny model is not "
-    "embedded yet, so the text is noise"
-)
+TINY_DIR = ASSETS / "tiny"
+TINY_TOKENIZER = TINY_DIR / "tokenizer.json"
 
 
 def tiny_config() -> ModelConfig:
@@ -86,3 +84,26 @@ def random_tiny_model(
 
 def tiny_tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(TINY_TOKENIZER))
+
+
+def tiny_model(
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> DeepseekV4ForCausalLM:
+    """The trained tiny model, read by the public loader like any checkpoint."""
+    return load_checkpoint(TINY_DIR, dtype, device)
+
+
+def load_checkpoint(
+    path: Path, dtype: torch.dtype, device: str | torch.device
+) -> DeepseekV4ForCausalLM:
+    """``load_model`` plus what V4.1 needs beside the weights: Engram's token map, which is a
+    function of the tokenizer and therefore not stored in the checkpoint."""
+    from deepinfer.models import load_model
+
+    model = load_model(path, dtype=dtype, device=device)
+    if getattr(model.cfg, "engram_layer_ids", None):
+        from deepinfer.models.layers.engram_hash import build_compressed_token_map
+
+        tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+        model.set_engram_token_map(build_compressed_token_map(tokenizer))  # type: ignore[attr-defined]
+    return model

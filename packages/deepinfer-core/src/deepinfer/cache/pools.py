@@ -19,6 +19,13 @@ def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:
     """Upper bound on the bytes of one sequence's state after ``num_tokens`` tokens."""
     el = torch.empty((), dtype=dtype).element_size()
     f32 = 4
+    if cfg.kv_source_layer_ids:  # V4.1: only KV sources own compressed entries and index keys
+        total = cfg.num_hidden_layers * cfg.sliding_window * cfg.head_dim * el
+        for layer in cfg.kv_source_layer_ids:
+            ratio = cfg.compress_ratios[layer]
+            total += (num_tokens // ratio) * (cfg.head_dim + cfg.index_head_dim) * el
+            total += 2 * ratio * cfg.head_dim * f32  # the open group's projections and scores
+        return total + 8 * max(cfg.engram_max_ngram_size, 1)  # Engram's token history
     total = 0
     for layer in range(cfg.num_hidden_layers):
         total += cfg.sliding_window * cfg.head_dim * el

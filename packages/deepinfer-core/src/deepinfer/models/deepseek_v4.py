@@ -95,6 +95,11 @@ class DeepseekV4ForCausalLM(nn.Module):
     def forward_with_streams(self, input_ids: Tensor, state: ModelState) -> tuple[Tensor, Tensor]:
         """Like :meth:`forward`, plus the pre-``hc_head`` residual streams [B, S, hc_mult, d]
         that the MTP layers read."""
+        return self._forward_streams(input_ids, state)
+
+    def _forward_streams(self, input_ids: Tensor, state: ModelState) -> tuple[Tensor, Tensor]:
+        """The body of :meth:`forward_with_streams`, without the ``no_grad`` that inference
+        wants, so :meth:`forward_train` runs exactly the same code with autograd on."""
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(
                 f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
@@ -113,6 +118,46 @@ class DeepseekV4ForCausalLM(nn.Module):
         state.pos += input_ids.shape[1]
         logits = self._logits(HyperConnection(self, "hc_head", self.cfg).head(self.ops, x))
         return logits, x
+
+    # -- training ---------------------------------------------------------------------------------
+
+    def forward_train(self, input_ids: Tensor) -> Tensor:
+        """Full-sequence logits [B, S, V] (fp32) with autograd enabled, from a fresh state.
+
+        Inference runs under ``no_grad``; training needs gradients through the very same maths,
+        so this calls the undecorated body of :meth:`forward_with_streams`. Parameters are
+        created with ``requires_grad=False``; a trainer switches on the ones it optimises.
+        Selections (top-k routing, indexer picks) pass no gradient, as in any MoE/sparse model.
+        """
+        return self.forward_train_mtp(input_ids, with_mtp=False)[0]
+
+    def forward_train_mtp(
+        self, input_ids: Tensor, with_mtp: bool = True
+    ) -> tuple[Tensor, list[Tensor]]:
+        """:meth:`forward_train` plus the MTP layers' logits, for a joint training loss.
+
+        Returns (logits [B, S, V], one [B, S - 1 - k, V] tensor per MTP depth k). Depth k's row t
+        predicts token ``t + 2 + k`` from the main streams at t (chained through the earlier
+        depths' output streams) and the embedding of token ``t + 1 + k``, the way
+        :meth:`mtp_forward` feeds them at decode time.
+        """
+        with torch.enable_grad():
+            state = self.new_state(input_ids.shape[0])
+            logits, streams = self._forward_streams(input_ids, state)
+            if not with_mtp:
+                return logits, []
+            input_ids = input_ids.to(self.device)
+            out: list[Tensor] = []
+            h, nxt = streams[:, :-1], input_ids[:, 1:]
+            for block in self.mtp:
+                if nxt.shape[1] == 0:
+                    break
+                block_state = block.new_state(input_ids.shape[0], self.dtype, self.device)
+                ctx = self._context(nxt, 0)
+                hidden, h = block.predict(h, self.embed(nxt), ctx, block_state)
+                out.append(self.ops.linear(hidden, self.head.weight))
+                h, nxt = h[:, :-1], nxt[:, 1:]
+            return logits, out
 
     def _logits(self, h: Tensor) -> Tensor:
         h = self.norm(self.ops, h.float())

@@ -174,6 +174,12 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         self, input_ids: Tensor, state: ModelState, image_embeds: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Like :meth:`forward`, plus the final residual streams [B, S, hc_mult, d]."""
+        return self._forward_streams(input_ids, state, image_embeds)
+
+    def _forward_streams(  # type: ignore[override]
+        self, input_ids: Tensor, state: ModelState, image_embeds: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The undecorated body (see :meth:`DeepseekV4ForCausalLM.forward_train`)."""
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(
                 f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
