@@ -25,25 +25,33 @@ from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.state import LayerState, SWARing
 
 
+def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Create the per-layer parts V4 and V4.1 attention share (low-rank query path, the shared
+    kv head, the grouped output projection, the sinks) under their official names; returns the
+    hidden size."""
+    module.n_heads = cfg.num_attention_heads
+    module.head_dim = cfg.head_dim
+    module.window = cfg.sliding_window
+    module.groups = cfg.o_groups
+    module.eps = cfg.rms_norm_eps
+    d, hd = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+    module.wq_a = Linear(d, cfg.q_lora_rank, dtype)
+    module.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+    module.wq_b = Linear(cfg.q_lora_rank, hd, dtype)
+    module.wkv = Linear(d, cfg.head_dim, dtype)
+    module.kv_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+    module.wo_a = Linear(hd // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
+    module.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, d, dtype)
+    module.attn_sink = fp32_param(cfg.num_attention_heads)
+    return d
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.kind = cfg.attn_kind(layer_id)
         self.ratio = cfg.compress_ratio(layer_id)
-        self.n_heads = cfg.num_attention_heads
-        self.head_dim = cfg.head_dim
-        self.window = cfg.sliding_window
-        self.groups = cfg.o_groups
-        self.eps = cfg.rms_norm_eps
-        d, hd = cfg.hidden_size, self.n_heads * self.head_dim
-        self.wq_a = Linear(d, cfg.q_lora_rank, dtype)
-        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = Linear(cfg.q_lora_rank, hd, dtype)
-        self.wkv = Linear(d, self.head_dim, dtype)
-        self.kv_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.wo_a = Linear(hd // self.groups, self.groups * cfg.o_lora_rank, dtype)
-        self.wo_b = Linear(self.groups * cfg.o_lora_rank, d, dtype)
-        self.attn_sink = fp32_param(self.n_heads)
+        d = init_mqa(self, cfg, dtype)
         self.compressor: Compressor | None = None
         self.indexer: Indexer | None = None
         if self.kind != "swa":

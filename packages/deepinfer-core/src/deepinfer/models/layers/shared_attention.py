@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.layers.attention import init_mqa
 from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV
-from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor
 from deepinfer.models.state import CompressorState, LayerState, SWARing
@@ -28,20 +28,7 @@ class SharedAttention(nn.Module):
         self.cfg = cfg
         self.layer_id = layer_id
         self.ratio = cfg.compress_ratio(layer_id)
-        self.n_heads = cfg.num_attention_heads
-        self.head_dim = cfg.head_dim
-        self.window = cfg.sliding_window
-        self.groups = cfg.o_groups
-        self.eps = cfg.rms_norm_eps
-        d, hd = cfg.hidden_size, self.n_heads * self.head_dim
-        self.wq_a = Linear(d, cfg.q_lora_rank, dtype)
-        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = Linear(cfg.q_lora_rank, hd, dtype)
-        self.wkv = Linear(d, self.head_dim, dtype)
-        self.kv_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.wo_a = Linear(hd // self.groups, self.groups * cfg.o_lora_rank, dtype)
-        self.wo_b = Linear(self.groups * cfg.o_lora_rank, d, dtype)
-        self.attn_sink = fp32_param(self.n_heads)
+        d = init_mqa(self, cfg, dtype)
         is_main = layer_id < cfg.num_hidden_layers
         self.is_kv_source = is_main and layer_id in cfg.kv_source_layer_ids
         self.is_index_source = is_main and layer_id in cfg.index_source_layer_ids
