@@ -188,14 +188,9 @@ class TorchBackend(Backend):
         hc_eps: float,
         sinkhorn_iters: int,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        n = x.shape[-2]
-        mix = self._hc_mix(x, fn, norm_eps)
-        base = base.float()
-        scale = scale.float()
-        pre = torch.sigmoid(mix[..., :n] * scale[0] + base[:n]) + hc_eps
-        post = 2 * torch.sigmoid(mix[..., n : 2 * n] * scale[1] + base[n : 2 * n])
-        comb_logits = mix[..., 2 * n :] * scale[2] + base[2 * n :]
-        comb = self.sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
+        pre, post, comb = self.mhc_weights(
+            x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
+        )
         collapsed = (pre[..., None] * x.float()).sum(dim=-2).to(x.dtype)
         return collapsed, post, comb
 

@@ -69,7 +69,12 @@ class MoE(nn.Module):
             norm_topk_prob=cfg.norm_topk_prob,
             fixed_indices=fixed,
         )
+        return self.combine(ops, flat, weights, indices).to(x.dtype).view(shape)
+
+    def combine(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """Routed experts weighted by the router, plus the shared expert (fp32 sum)."""
         experts = list(self.experts)
+        limit = self.cfg.swiglu_limit
         routed = ops.moe_experts(
             flat,
             weights,
@@ -77,8 +82,7 @@ class MoE(nn.Module):
             w1=[e.w1.weight for e in experts],
             w2=[e.w2.weight for e in experts],
             w3=[e.w3.weight for e in experts],
-            swiglu_limit=cfg.swiglu_limit,
+            swiglu_limit=limit,
         )
         se = self.shared_experts
-        shared = ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, cfg.swiglu_limit)
-        return (routed + shared).to(x.dtype).view(shape)
+        return routed + ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, limit)

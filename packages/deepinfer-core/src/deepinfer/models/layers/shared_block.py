@@ -65,19 +65,7 @@ class ImageBiasMoE(MoE):
         is_img = image_mask.reshape(-1, 1)
         weights = torch.where(is_img, w_img, w_text)
         indices = torch.where(is_img, i_img, i_text)
-        experts = list(self.experts)
-        routed = ops.moe_experts(
-            flat,
-            weights,
-            indices,
-            w1=[e.w1.weight for e in experts],
-            w2=[e.w2.weight for e in experts],
-            w3=[e.w3.weight for e in experts],
-            swiglu_limit=cfg.swiglu_limit,
-        )
-        se = self.shared_experts
-        shared = ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, cfg.swiglu_limit)
-        return (routed + shared).to(x.dtype).view(shape)
+        return self.combine(ops, flat, weights, indices).to(x.dtype).view(shape)
 
 
 class SharedBlock(nn.Module):
