@@ -32,7 +32,10 @@ def test_prefix_cache_hit_equals_cold_run_and_skips_prefill(model, tokenizer) ->
     (out_a,) = generate(engine, [a], GREEDY)
     assert out_a.metrics.num_cached_tokens == 0
     computed: list[int] = []
-    handle = model.register_forward_hook(lambda m, args, out: computed.append(args[0].shape[1]))
+    # Every forward path (chunk, packed, decode batch) embeds exactly the tokens it runs.
+    handle = model.embed.register_forward_hook(
+        lambda m, args, out: computed.append(args[0].numel())
+    )
     try:
         out_b, out_a2 = generate(engine, [b, a], GREEDY)
     finally:
@@ -83,7 +86,7 @@ def test_n_samples_share_the_prefill(model, tokenizer) -> None:  # type: ignore[
     params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6)
     engine = engine_for(model, tokenizer)
     seen: list[int] = []
-    handle = model.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    handle = model.embed.register_forward_hook(lambda m, args, out: seen.append(args[0].numel()))
     try:
         (out,) = generate(engine, [prompt], params)
     finally:

@@ -10,6 +10,7 @@ from deepinfer.assets import TINY_DIR, tiny_model, tiny_tokenizer
 from deepinfer.cache.pools import state_bytes, state_nbytes
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.errors import InvalidRequestError
 from deepinfer.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -42,3 +43,13 @@ def test_pool_accounting_bounds_v41_state(v41) -> None:  # type: ignore[no-untyp
         state = v41.new_state(1)
         v41(torch.randint(3, 8000, (1, n)), state)
         assert state_nbytes(state) <= state_bytes(v41.cfg, v41.dtype, n)
+
+
+def test_image_placeholder_prompt_fails_alone(v41) -> None:  # type: ignore[no-untyped-def]
+    engine = LLMEngine(v41, tiny_tokenizer(), EngineConfig())
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    with pytest.raises(InvalidRequestError, match="image placeholder"):
+        engine.add_request([5, v41.cfg.image_token_id, 7], params)
+    ok = engine.add_request([5, 6, 7], params)
+    out = engine.run([ok])[ok]
+    assert out.outputs[0].token_ids == greedy_reference(v41, [5, 6, 7], 3, eos=1)

@@ -71,7 +71,8 @@ class Backend:
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
         """Interleaved RoPE on the trailing ``2*cos.shape[-1]`` channels of ``x`` [B, S, H, D].
 
-        ``cos``/``sin`` are [S, r/2] (one angle per channel pair). ``inverse`` rotates by the
+        ``cos``/``sin`` are [S, r/2] (one angle per channel pair), or [B, S, r/2] when the rows
+        of a batch sit at different positions. ``inverse`` rotates by the
         negative angle, which attention uses to de-rotate its output at the query position.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement rope")
@@ -108,7 +109,8 @@ class Backend:
         """Lightning-indexer selection: ``sum_h weights * relu(q . k)`` then top-k.
 
         ``q`` [B, S, h, c], ``keys`` [B, T, c], ``weights`` [B, S, h] (scales folded in),
-        ``n_visible`` [S] = entries each query may see. Returns [B, S, min(topk, T)] int64 with
+        ``n_visible`` [S] (or [B, S] for rows at different positions) = entries each query may
+        see. Returns [B, S, min(topk, T)] int64 with
         -1 where a pick falls outside the visible entries.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement indexer_topk")

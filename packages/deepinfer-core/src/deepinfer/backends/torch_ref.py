@@ -56,8 +56,8 @@ class TorchBackend(Backend):
         rd = 2 * cos.shape[-1]
         nope, rot = x[..., :-rd], x[..., -rd:].float()
         even, odd = rot[..., 0::2], rot[..., 1::2]
-        c = cos.float()[:, None, :]  # [S, 1, r/2] broadcasts over heads
-        s = sin.float()[:, None, :]
+        c = cos.float()[..., None, :]  # [(B,) S, 1, r/2] broadcasts over heads
+        s = sin.float()[..., None, :]
         if inverse:
             s = -s
         out = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
@@ -123,7 +123,7 @@ class TorchBackend(Backend):
                         q[:, i : i + rows],
                         keys,
                         weights[:, i : i + rows],
-                        n_visible[i : i + rows],
+                        n_visible[..., i : i + rows],
                         topk,
                     )
                     for i in range(0, s, rows)
@@ -133,10 +133,10 @@ class TorchBackend(Backend):
         dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
         scores = (dots * weights.float()[..., None]).sum(dim=2)  # [B, S, T]
         entry = torch.arange(t, device=q.device)
-        future = entry[None, :] >= n_visible[:, None].to(q.device)  # [S, T]
-        scores = scores.masked_fill(future[None], float("-inf"))
+        n_visible = n_visible.to(q.device)[..., None]  # [S, 1] or [B, S, 1]
+        scores = scores.masked_fill(entry >= n_visible, float("-inf"))
         idx = scores.topk(k, dim=-1).indices
-        invalid = idx >= n_visible.to(q.device)[None, :, None]
+        invalid = idx >= n_visible
         return torch.where(invalid, torch.full_like(idx, -1), idx)
 
     def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:

@@ -40,6 +40,8 @@ class _CompressorSnap:
     prev_kv: Tensor | None
     prev_score: Tensor | None
     num_entries: int  # entries in the whole prefix up to the boundary
+    hist_kv: Tensor | None = None  # rollback history of states built with slack
+    hist_score: Tensor | None = None
 
     @classmethod
     def take(cls, comp: CompressorState, first: int) -> _CompressorSnap:
@@ -50,11 +52,13 @@ class _CompressorSnap:
             _clone(comp.prev_kv),
             _clone(comp.prev_score),
             comp.num_entries,
+            _clone(comp.hist_kv),
+            _clone(comp.hist_score),
         )
 
     def nbytes(self) -> int:
         tensors = (self.entries, self.buf_kv, self.buf_score, self.prev_kv, self.prev_score)
-        return sum(_nbytes(t) for t in tensors)
+        return sum(_nbytes(t) for t in (*tensors, self.hist_kv, self.hist_score))
 
 
 def _take(comp: CompressorState | None, prev: _CompressorSnap | None) -> _CompressorSnap | None:
@@ -148,6 +152,8 @@ class PrefixCache:
                 comp.entries = torch.cat(pieces, dim=1)
                 comp.buf_kv, comp.buf_score = last.buf_kv.clone(), last.buf_score.clone()
                 comp.prev_kv, comp.prev_score = _clone(last.prev_kv), _clone(last.prev_score)
+                if comp.keep and last.hist_kv is not None:
+                    comp.hist_kv, comp.hist_score = _clone(last.hist_kv), _clone(last.hist_score)
         state.pos = block.end
         state.token_history = _clone(block.token_history)
         return state

@@ -131,6 +131,13 @@ class LLMEngine:
             raise InvalidRequestError("prompt", "is empty")
         if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
             raise InvalidRequestError("prompt", f"token ids must be integers in [0, {vocab})")
+        image = self.model.cfg.image_token_id
+        if image is not None and image in ids:
+            raise InvalidRequestError(
+                "prompt",
+                f"holds the image placeholder id {image}; images need the vision tower's "
+                "embeddings, which this engine does not compute (text prompts only)",
+            )
         if len(ids) >= self.max_model_len:
             raise InvalidRequestError(
                 "prompt", f"has {len(ids)} tokens; max_model_len is {self.max_model_len}"

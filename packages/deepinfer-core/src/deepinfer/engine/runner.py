@@ -1,10 +1,14 @@
 """Runs one scheduled step: model forwards for every scheduled span, then one batched sample.
 
-The reference runner advances each request's state with its own forward call (states are
-per-request objects), so a request's logits never depend on its batch neighbours; the sampler
-then draws for every request that reached the end of its known tokens in one batched call. With
-the prefix cache on, spans are cut at 128-token boundaries so the state at each boundary can be
-recorded; the model is chunking-invariant, so the cut does not change any logits.
+States are per-request objects. Requests that decode one token go through the model together
+(``forward_decode``: one pass over the layers for the whole batch, each row at its own position);
+prefill chunks run as one forward per request. The sampler then draws for every request that
+reached the end of its known tokens in one batched call. With the prefix cache on, spans are cut
+at 128-token boundaries so the state at each boundary can be recorded; the model is
+chunking-invariant, so the cut does not change any logits.
+
+In batch-invariant mode every token runs through the model on its own, so a request's logits
+never depend on its batch neighbours (a batched decode sums in a batch-dependent order).
 """
 
 from __future__ import annotations
@@ -43,36 +47,111 @@ class ModelRunner:
         self.vocab_size = model.cfg.vocab_size
         self.eos_token_ids = eos_token_ids
         self.prefix_cache = prefix_cache
+        #: The image placeholder is never sampled: the vision tower runs outside the engine, so
+        #: a generated one could not be fed back (its embedding would be missing).
+        self.image_token_id = model.cfg.image_token_id
 
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, Tensor]]:
         """Run the model; return (request, last-position logits) for requests due a token."""
         due: list[tuple[Request, Tensor]] = []
-        for req, n in out.scheduled.items():
-            logits = self._advance(req, n)
-            if req.num_computed_tokens == req.num_tokens:
-                due.append((req, logits))
+        if self.batch_invariant:
+            for req, n in out.scheduled.items():
+                logits = self._advance(req, n)
+                if req.num_computed_tokens == req.num_tokens:
+                    due.append((req, logits))
+            return due
+        decode = [r for r, n in out.scheduled.items() if self._is_decode(r, n)]
+        if len(decode) < 2:  # a lone decode token is just a one-token chunk
+            decode = []
+        else:
+            due.extend(self._decode(decode))
+        batched = set(decode)
+        chunks = {r: n for r, n in out.scheduled.items() if r not in batched}
+        for req, n in chunks.items():
+            if req.prompt_logprobs is not None:  # needs every position's logits
+                logits = self._advance(req, n)
+                if req.num_computed_tokens == req.num_tokens:
+                    due.append((req, logits))
+        packed = {
+            r: r.num_computed_tokens + n for r, n in chunks.items() if r.prompt_logprobs is None
+        }
+        if packed:
+            due.extend(self._prefill(packed))
         return due
 
+    @staticmethod
+    def _is_decode(req: Request, n: int) -> bool:
+        """One generated token to feed."""
+        return (
+            n == 1
+            and req.num_computed_tokens >= req.num_prompt_tokens
+            and req.num_computed_tokens + 1 == req.num_tokens
+        )
+
+    def _decode(self, reqs: list[Request]) -> list[tuple[Request, Tensor]]:
+        """All single-token rows in one batched pass, each at its own position."""
+        states = [r.state for r in reqs]
+        assert all(s is not None for s in states)
+        ids = torch.tensor(
+            [r.output_token_ids[r.num_computed_tokens - r.num_prompt_tokens] for r in reqs]
+        )
+        logits = self.model.forward_decode(ids, states)  # type: ignore[arg-type]
+        for req in reqs:
+            req.num_computed_tokens += 1
+            self._maybe_record(req)
+        return list(zip(reqs, logits, strict=True))
+
+    def _prefill(self, ends: dict[Request, int]) -> list[tuple[Request, Tensor]]:
+        """Advance every request to its scheduled end with packed forwards.
+
+        With the prefix cache on, each round stops every request at its next 128-token
+        boundary so the state there can be recorded.
+        """
+        due: list[tuple[Request, Tensor]] = []
+        pending = dict(ends)
+        while pending:
+            reqs = list(pending)
+            stops = [self._piece_end(r, pending[r]) for r in reqs]
+            chunks = [
+                torch.tensor(r.all_token_ids[r.num_computed_tokens : stop])
+                for r, stop in zip(reqs, stops, strict=True)
+            ]
+            states = [r.state for r in reqs]
+            logits = self.model.forward_packed(chunks, states)  # type: ignore[arg-type]
+            for i, (req, stop) in enumerate(zip(reqs, stops, strict=True)):
+                req.num_computed_tokens = stop
+                self._maybe_record(req)
+                if stop == pending[req]:
+                    del pending[req]
+                    if stop == req.num_tokens:
+                        due.append((req, logits[i]))
+        return due
+
+    def _piece_end(self, req: Request, end: int) -> int:
+        if self.prefix_cache is None:
+            return end
+        return min(end, (req.num_computed_tokens // BLOCK_SIZE + 1) * BLOCK_SIZE)
+
+    def _maybe_record(self, req: Request) -> None:
+        if self.prefix_cache is not None and req.num_computed_tokens % BLOCK_SIZE == 0:
+            self._record_block(req, req.all_token_ids)
+
     def _advance(self, req: Request, n: int) -> Tensor:
+        """Per-request forwards (batch-invariant mode, prompt logprobs)."""
         assert req.state is not None
         tokens = req.all_token_ids
         end = req.num_computed_tokens + n
         last: Tensor | None = None
         while req.num_computed_tokens < end:
             start = req.num_computed_tokens
-            stop = end
-            if self.batch_invariant:
-                stop = start + 1
-            elif self.prefix_cache is not None:
-                stop = min(end, (start // BLOCK_SIZE + 1) * BLOCK_SIZE)
+            stop = start + 1 if self.batch_invariant else self._piece_end(req, end)
             ids = torch.tensor([tokens[start:stop]], dtype=torch.long)
             logits = self.model(ids, req.state)[0]
             if req.prompt_logprobs is not None:
                 self._prompt_logprobs(req, start, logits)
             req.num_computed_tokens = stop
             last = logits[-1]
-            if self.prefix_cache is not None and stop % BLOCK_SIZE == 0:
-                self._record_block(req, tokens)
+            self._maybe_record(req)
         assert last is not None
         return last
 
@@ -104,6 +183,8 @@ class ModelRunner:
             return []
         reqs = [r for r, _ in due]
         logits = torch.stack([row for _, row in due]).float()
+        if self.image_token_id is not None and self.image_token_id < logits.shape[-1]:
+            logits[:, self.image_token_id] = float("-inf")
         tensors = self._sampling_tensors(reqs, logits.device)
         k = max((r.params.logprobs or 0) for r in reqs)
         result = sample(logits, tensors, num_logprobs=k)

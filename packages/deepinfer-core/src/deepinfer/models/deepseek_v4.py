@@ -15,7 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,8 @@ from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import ModelState
+from deepinfer.models.rollback import rollback_layers
+from deepinfer.models.state import LayerState, LayerStates, ModelState, Packed
 
 
 class DeepseekV4ForCausalLM(nn.Module):
@@ -72,13 +73,26 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     # -- state ------------------------------------------------------------------------------------
 
-    def new_state(self, batch_size: int = 1) -> ModelState:
-        """Fresh per-sequence state (SWA rings, compressor buffers, compressed entries)."""
+    def new_state(self, batch_size: int = 1, slack: int = 0) -> ModelState:
+        """Fresh per-sequence state (SWA rings, compressor buffers, compressed entries).
+
+        ``slack`` > 0 lets :meth:`rollback` take back up to that many tokens (speculative
+        decoding): the rings keep ``slack`` extra rows and the compressors their recent inputs.
+        """
+        if slack < 0:
+            raise ValueError(f"slack must be >= 0, got {slack}")
         dev, dt = self.device, self.dtype
         return ModelState(
-            layers=[layer.new_state(batch_size, dt, dev) for layer in self.layers],
-            mtp=[block.new_state(batch_size, dt, dev) for block in self.mtp],
+            layers=[layer.new_state(batch_size, dt, dev, slack) for layer in self.layers],
+            mtp=[block.new_state(batch_size, dt, dev, slack) for block in self.mtp],
+            slack=slack,
         )
+
+    def rollback(self, state: ModelState, length: int, token_ids: Sequence[int] = ()) -> None:
+        """Take ``state`` back to its first ``length`` tokens, exactly as if the later ones had
+        never run (at most ``state.slack`` tokens back). ``token_ids``: the sequence's tokens,
+        needed by models that hash recent ids (V4.1 Engram)."""
+        rollback_layers(state, length)
 
     def _context(self, input_ids: Tensor, start: int) -> ForwardContext:
         positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
@@ -100,24 +114,58 @@ class DeepseekV4ForCausalLM(nn.Module):
     def _forward_streams(self, input_ids: Tensor, state: ModelState) -> tuple[Tensor, Tensor]:
         """The body of :meth:`forward_with_streams`, without the ``no_grad`` that inference
         wants, so :meth:`forward_train` runs exactly the same code with autograd on."""
-        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(
-                f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
-            )
-        if input_ids.shape[0] != state.batch_size:
-            raise ValueError(
-                f"input_ids has batch {input_ids.shape[0]} but the state was built for "
-                f"{state.batch_size}"
-            )
+        check_ids(input_ids, state)
         input_ids = input_ids.to(self.device)
         ctx = self._context(input_ids, state.pos)
+        logits, x = self._run_layers(input_ids, ctx, state.layers)
+        state.pos += input_ids.shape[1]
+        return logits, x
+
+    def _run_layers(
+        self,
+        input_ids: Tensor,
+        ctx: ForwardContext,
+        layer_states: Sequence[LayerStates],
+        rows: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """(logits, final streams); ``rows`` [R] limits the logits to those sequence rows."""
         e = self.embed(input_ids)
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
-        for layer, layer_state in zip(self.layers, state.layers, strict=True):
+        for layer, layer_state in zip(self.layers, layer_states, strict=True):
             x = layer(x, ctx, layer_state)
-        state.pos += input_ids.shape[1]
-        logits = self._logits(HyperConnection(self, "hc_head", self.cfg).head(self.ops, x))
+        last = x if rows is None else x[:, rows]
+        logits = self._logits(HyperConnection(self, "hc_head", self.cfg).head(self.ops, last))
         return logits, x
+
+    @torch.no_grad()
+    def forward_decode(self, input_ids: Tensor, states: Sequence[ModelState]) -> Tensor:
+        """One new token for each of several sequences at their own positions.
+
+        ``input_ids`` [B] (or [B, 1]), ``states`` B single-sequence states. Returns fp32 logits
+        [B, V] and advances every state by one token, as B separate ``forward`` calls would,
+        but with one batched pass through the layers (continuous-batching decode).
+        """
+        ids, positions = decode_inputs(input_ids, states, self.device)
+        ctx = ForwardContext(self.ops, positions, ids, self.rotary)
+        logits, _ = self._run_layers(ids, ctx, per_layer_states(states))
+        for s in states:
+            s.pos += 1
+        return logits[:, 0]
+
+    @torch.no_grad()
+    def forward_packed(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
+        """Advance several sequences by a chunk each in one packed pass; returns the fp32
+        logits of each chunk's last token [len(chunks), V].
+
+        Token-wise work runs once over all tokens, attention per chunk with its own state, so
+        prefill of many requests costs about one long forward, not one forward per request.
+        """
+        ids, positions, packed, last = pack_chunks(chunks, states, self.device)
+        ctx = ForwardContext(self.ops, positions, ids, self.rotary)
+        logits, _ = self._run_layers(ids, ctx, packed, rows=last)
+        for chunk, s in zip(chunks, states, strict=True):
+            s.pos += chunk.numel()
+        return logits[0]
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -247,3 +295,53 @@ class DeepseekV4ForCausalLM(nn.Module):
             )
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             raise CheckpointError(f"checkpoint is missing {len(missing)} tensors: {listed}{more}")
+
+
+def check_ids(input_ids: Tensor, state: ModelState) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
+        )
+    if input_ids.shape[0] != state.batch_size:
+        raise ValueError(
+            f"input_ids has batch {input_ids.shape[0]} but the state was built for "
+            f"{state.batch_size}"
+        )
+
+
+def decode_inputs(
+    input_ids: Tensor, states: Sequence[ModelState], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """(ids [B, 1], positions [B, 1]) for a decode batch, checked against the states."""
+    ids = input_ids.reshape(-1, 1).to(device)
+    if ids.shape[0] != len(states) or not states:
+        raise ValueError(f"forward_decode got {ids.shape[0]} ids for {len(states)} states")
+    if any(s.batch_size != 1 for s in states):
+        raise ValueError("forward_decode takes single-sequence states (batch_size 1)")
+    positions = torch.tensor([[s.pos] for s in states], device=device)
+    return ids, positions
+
+
+def per_layer_states(states: Sequence[ModelState]) -> list[list[LayerState]]:
+    """Transpose per-sequence states into, for each layer, one state per row."""
+    return [list(layer) for layer in zip(*(s.layers for s in states), strict=True)]
+
+
+def pack_chunks(
+    chunks: Sequence[Tensor], states: Sequence[ModelState], device: torch.device
+) -> tuple[Tensor, Tensor, list[Packed], Tensor]:
+    """(ids [1, N], positions [N], one :class:`Packed` per layer, last-token rows [len])."""
+    if not chunks or len(chunks) != len(states):
+        raise ValueError(f"forward_packed got {len(chunks)} chunks for {len(states)} states")
+    if any(s.batch_size != 1 for s in states):
+        raise ValueError("forward_packed takes single-sequence states (batch_size 1)")
+    lengths = [int(c.numel()) for c in chunks]
+    if min(lengths) < 1:
+        raise ValueError("every packed chunk needs at least one token")
+    ids = torch.cat([c.reshape(-1) for c in chunks]).to(device)[None]
+    positions = torch.cat(
+        [torch.arange(s.pos, s.pos + n) for s, n in zip(states, lengths, strict=True)]
+    ).to(device)
+    packed = [Packed(rows, lengths) for rows in per_layer_states(states)]
+    last = torch.tensor(lengths, device=device).cumsum(0) - 1
+    return ids, positions, packed, last

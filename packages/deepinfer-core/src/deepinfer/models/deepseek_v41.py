@@ -23,7 +23,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -31,14 +31,20 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
-from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.deepseek_v4 import (
+    DeepseekV4ForCausalLM,
+    check_ids,
+    decode_inputs,
+    pack_chunks,
+    per_layer_states,
+)
 from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_block import SharedBlock, V41Context
-from deepinfer.models.state import ModelState
+from deepinfer.models.state import LayerStates, ModelState
 
 #: Checkpoint tensors of the DSpark draft head that sit next to the MTP layers. Their names are
 #: not published; they are kept verbatim in ``model.draft_tensors`` instead of failing the load.
@@ -118,8 +124,8 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
 
     # -- state ------------------------------------------------------------------------------------
 
-    def new_state(self, batch_size: int = 1) -> ModelState:
-        state = super().new_state(batch_size)
+    def new_state(self, batch_size: int = 1, slack: int = 0) -> ModelState:
+        state = super().new_state(batch_size, slack)
         if self.engram_history:
             state.token_history = torch.full(
                 (batch_size, self.engram_history),
@@ -128,6 +134,22 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
                 device=self.device,
             )
         return state
+
+    def rollback(self, state: ModelState, length: int, token_ids: Sequence[int] = ()) -> None:
+        history: Tensor | None = None
+        if self.engram_history and 0 <= length < state.pos:
+            if len(token_ids) < length:
+                raise ValueError(
+                    f"rolling back a V4.1 state needs the sequence's token ids (at least {length}) "
+                    "to rebuild the Engram history"
+                )
+            h = self.engram_history
+            recent = list(token_ids[max(0, length - h) : length])
+            recent = [self.cfg.engram_pad_token_id] * (h - len(recent)) + recent
+            history = torch.tensor([recent] * state.batch_size, device=self.device)
+        super().rollback(state, length, token_ids)
+        if history is not None:
+            state.token_history = history
 
     # -- forward ----------------------------------------------------------------------------------
 
@@ -161,13 +183,15 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         e[is_image] = image_embeds.to(device=e.device, dtype=e.dtype)
         return e, is_image
 
-    def _engram_ids(self, input_ids: Tensor, state: ModelState) -> Tensor | None:
+    def _engram_ids(
+        self, input_ids: Tensor, history: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(compressed ids with the look-back in front, the new look-back) for ``input_ids``."""
         if not self.engram_history:
-            return None
-        assert state.token_history is not None and self.engram_token_map is not None
-        raw = torch.cat((state.token_history, input_ids), dim=1)
-        state.token_history = raw[:, -self.engram_history :].clone()
-        return self.engram_token_map[raw]
+            return None, history
+        assert history is not None and self.engram_token_map is not None
+        raw = torch.cat((history, input_ids), dim=1)
+        return self.engram_token_map[raw], raw[:, -self.engram_history :].clone()
 
     @torch.no_grad()
     def forward_with_streams(  # type: ignore[override]
@@ -180,41 +204,93 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         self, input_ids: Tensor, state: ModelState, image_embeds: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """The undecorated body (see :meth:`DeepseekV4ForCausalLM.forward_train`)."""
-        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(
-                f"input_ids must be [batch, seq] with seq >= 1, got shape {tuple(input_ids.shape)}"
-            )
-        if input_ids.shape[0] != state.batch_size:
-            raise ValueError(
-                f"input_ids has batch {input_ids.shape[0]} but the state was built for "
-                f"{state.batch_size}"
-            )
+        check_ids(input_ids, state)
+        self._check_engram()
+        input_ids = input_ids.to(self.device)
+        positions = torch.arange(state.pos, state.pos + input_ids.shape[1], device=self.device)
+        engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
+        out = self._run_v41(input_ids, positions, engram_ids, state.layers, image_embeds)
+        state.pos += input_ids.shape[1]
+        return out
+
+    @torch.no_grad()
+    def forward_decode(self, input_ids: Tensor, states: Sequence[ModelState]) -> Tensor:
+        """One new (text) token per sequence at its own position; see the V4 method."""
+        self._check_engram()
+        ids, positions = decode_inputs(input_ids, states, self.device)
+        history = None
+        if self.engram_history:
+            history = torch.cat([s.token_history for s in states])  # type: ignore[misc]
+        engram_ids, new_history = self._engram_ids(ids, history)
+        logits, _ = self._run_v41(ids, positions, engram_ids, per_layer_states(states), None)
+        for i, s in enumerate(states):
+            s.pos += 1
+            if new_history is not None:
+                s.token_history = new_history[i : i + 1]
+        return logits[:, 0]
+
+    @torch.no_grad()
+    def forward_packed(  # type: ignore[override]
+        self, chunks: Sequence[Tensor], states: Sequence[ModelState]
+    ) -> Tensor:
+        """Text chunks of several sequences in one packed pass; see the V4 method."""
+        self._check_engram()
+        ids, positions, packed, last = pack_chunks(chunks, states, self.device)
+        engram_ids: list[Tensor] | None = None
+        if self.engram_history:
+            engram_ids = []
+            for chunk, s in zip(chunks, states, strict=True):
+                span_ids, s.token_history = self._engram_ids(
+                    chunk.reshape(1, -1).to(self.device), s.token_history
+                )
+                assert span_ids is not None
+                engram_ids.append(span_ids)
+        logits, _ = self._run_v41(
+            ids, positions, engram_ids, packed, None, shared=[SharedKV() for _ in states], rows=last
+        )
+        for chunk, s in zip(chunks, states, strict=True):
+            s.pos += chunk.numel()
+        return logits[0]
+
+    def _check_engram(self) -> None:
         if self.engram_history and self.engram_token_map is None:
             raise ValueError(
                 "this model has Engram layers but no compressed token map: call "
                 "model.set_engram_token_map(build_compressed_token_map(tokenizer)) first"
             )
-        input_ids = input_ids.to(self.device)
+
+    def _run_v41(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        engram_ids: Tensor | list[Tensor] | None,
+        layer_states: Sequence[LayerStates],
+        image_embeds: Tensor | None,
+        *,
+        shared: list[SharedKV] | None = None,
+        rows: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """(logits, final streams); ``rows`` [R] limits the logits to those sequence rows."""
         e, is_image = self._embed(input_ids, image_embeds)
         ctx = V41Context(
             ops=self.ops,
-            positions=torch.arange(state.pos, state.pos + input_ids.shape[1], device=self.device),
+            positions=positions,
             input_ids=input_ids,
             rotary=self.rotary,
-            shared=SharedKV(),
+            shared=SharedKV() if shared is None else shared,
             image_mask=is_image if bool(is_image.any()) else None,
-            engram_ids=self._engram_ids(input_ids, state),
+            engram_ids=engram_ids,
             engram_history=self.engram_history,
         )
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         pre: Tensor | None = None
-        for layer, layer_state in zip(self.layers, state.layers, strict=True):
+        for layer, layer_state in zip(self.layers, layer_states, strict=True):
             x, pre = layer(x, pre, ctx, layer_state)
-        state.pos += input_ids.shape[1]
+        last = x if rows is None else x[:, rows]
         if pre is None:  # V4-style residual (hc_pre_from_prev_sublayer off)
-            h = HyperConnection(self, "hc_head", self.cfg).head(self.ops, x)
+            h = HyperConnection(self, "hc_head", self.cfg).head(self.ops, last)
         else:
-            h = self.ops.mhc_collapse(x, pre)
+            h = self.ops.mhc_collapse(last, pre if rows is None else pre[:, rows])
         return self._logits(h), x
 
     @torch.no_grad()

@@ -93,15 +93,18 @@ def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> Sampler
     x = apply_penalties(raw, t)
     if t.allowed is not None:
         x = x.masked_fill(~t.allowed, float("-inf"))
-    greedy = t.temperature <= 0
-    temp = torch.where(greedy, torch.ones_like(t.temperature), t.temperature)[:, None]
-    scaled = x / temp
-    keep = filter_mask(torch.softmax(scaled, dim=-1), t.top_k, t.top_p, t.min_p)
-    if t.allowed is not None:
-        keep &= t.allowed
-    noise = rng.gumbel(rng.position_keys(t.seeds, t.positions), scaled.shape[-1])
-    drawn = torch.argmax(torch.where(keep, scaled + noise, float("-inf")), dim=-1)
-    token_ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
+    token_ids = torch.argmax(x, dim=-1)
+    rows = torch.nonzero(t.temperature > 0).squeeze(-1)
+    if rows.numel():  # greedy rows need neither filters nor noise
+        scaled = x[rows] / t.temperature[rows, None]
+        keep = filter_mask(
+            torch.softmax(scaled, dim=-1), t.top_k[rows], t.top_p[rows], t.min_p[rows]
+        )
+        if t.allowed is not None:
+            keep &= t.allowed[rows]
+        noise = rng.gumbel(rng.position_keys(t.seeds[rows], t.positions[rows]), x.shape[-1])
+        drawn = torch.argmax(torch.where(keep, scaled + noise, float("-inf")), dim=-1)
+        token_ids[rows] = drawn
 
     logp = torch.log_softmax(raw, dim=-1)
     out = SamplerOutput(token_ids, logp.gather(-1, token_ids[:, None]).squeeze(-1))

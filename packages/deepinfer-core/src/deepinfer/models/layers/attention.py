@@ -18,11 +18,13 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import LayerState, SWARing
+from deepinfer.models.layers.window import window_keys
+from deepinfer.models.state import LayerState, LayerStates, Packed, SWARing, compressor_states
 
 
 def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -46,7 +48,81 @@ def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
     return d
 
 
-class Attention(nn.Module):
+class MQA(nn.Module):
+    """The maths V4 and V4.1 attention share around their different long-range keys."""
+
+    #: Per-head unweighted RMSNorm of the query (always in V4; a config switch in V4.1).
+    q_head_norm: bool = True
+
+    def project(
+        self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(rotated queries [B, S, H, D], query latent ``qr``, rotated kv row [B, S, D])."""
+        b, s, _ = x.shape
+        qr = self.q_norm(ops, self.wq_a(ops, x))
+        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
+        if self.q_head_norm:
+            q = ops.rms_norm(q, None, self.eps)
+        q = ops.rope(q, cos, sin)
+        kv = self.kv_norm(ops, self.wkv(ops, x))
+        kv = ops.rope(kv[:, :, None], cos, sin)[:, :, 0]
+        return q, qr, kv
+
+    def forward(
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        state: LayerStates,
+        *,
+        shared: SharedKV | list[SharedKV] | None = None,
+    ) -> Tensor:
+        """``x`` [B, S, d] is the normed sublayer input at absolute ``positions``: [S] for a
+        lockstep chunk or packed spans, [B, 1] for a decode batch with one state per row.
+        ``shared``: V4.1's per-call source-layer outputs (one per span when packed)."""
+        cos, sin = rotary.cos_sin(positions)
+        q, qr, kv = self.project(ops, x, cos, sin)
+        if isinstance(state, Packed):
+            shares = shared if isinstance(shared, list) else [shared] * len(state.states)
+            o = torch.cat(
+                [
+                    self.attend(
+                        ops, x[:, sl], q[:, sl], qr[:, sl], kv[:, sl], positions[sl], rotary, st, sh
+                    )
+                    for (sl, st), sh in zip(state.spans(), shares, strict=True)
+                ],
+                dim=1,
+            )
+        else:
+            assert not isinstance(shared, list)
+            o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
+        return self.output(ops, o, cos, sin)
+
+    def attend(  # noqa: PLR0917 - the per-sequence slice of everything forward built
+        self,
+        ops: Backend,
+        x: Tensor,
+        q: Tensor,
+        qr: Tensor,
+        kv: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        state: LayerState | list[LayerState],
+        shared: SharedKV | None,
+    ) -> Tensor:
+        """Attention output [B, S, H, D] of one sequence chunk (or one decode batch)."""
+        raise NotImplementedError
+
+    def output(self, ops: Backend, o: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """De-rotate at the query position, grouped low-rank output projection."""
+        b, s = o.shape[:2]
+        o = ops.rope(o, cos, sin, inverse=True)
+        o = ops.grouped_linear(o.reshape(b, s, self.groups, -1), self.wo_a.weight)
+        return self.wo_b(ops, o.flatten(2))
+
+
+class Attention(MQA):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.kind = cfg.attn_kind(layer_id)
@@ -62,63 +138,46 @@ class Attention(nn.Module):
         if self.kind == "csa":
             self.indexer = Indexer(cfg, self.ratio, dtype)
 
-    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        ring = torch.zeros(batch, self.window, self.head_dim, dtype=dtype, device=device)
-        return LayerState(
-            swa=SWARing(ring),
-            compressor=self.compressor.new_state(batch, dtype, device) if self.compressor else None,
-            indexer=self.indexer.compressor.new_state(batch, dtype, device)
-            if self.indexer
-            else None,
-        )
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> LayerState:
+        ring = torch.zeros(batch, self.window + slack, self.head_dim, dtype=dtype, device=device)
+        state = LayerState(swa=SWARing(ring, window=self.window))
+        if self.compressor is not None:
+            state.compressor = self.compressor.new_state(batch, dtype, device, slack)
+        if self.indexer is not None:
+            state.indexer = self.indexer.compressor.new_state(batch, dtype, device, slack)
+        return state
 
-    def forward(
+    def attend(  # noqa: PLR0917
         self,
         ops: Backend,
         x: Tensor,
+        q: Tensor,
+        qr: Tensor,
+        kv: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState,
+        state: LayerState | list[LayerState],
+        shared: SharedKV | None,
     ) -> Tensor:
-        """``x`` [B, S, d] is the normed sublayer input at absolute ``positions`` [S]."""
         b, s, _ = x.shape
-        cos, sin = rotary.cos_sin(positions)
-
-        qr = self.q_norm(ops, self.wq_a(ops, x))
-        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
-        q = ops.rms_norm(q, None, self.eps)  # per-head unweighted norm (V4 only)
-        q = ops.rope(q, cos, sin)
-
-        kv = self.kv_norm(ops, self.wkv(ops, x))
-        kv = ops.rope(kv[:, :, None], cos, sin)[:, :, 0]
-
-        start = state.swa.length  # tokens this layer has seen = position of the first new one
-        past, past_pos = state.swa.read(start)
-        keys = torch.cat((past.to(kv.dtype), kv), dim=1)
-        key_pos = torch.cat((past_pos, positions))
-        delta = positions[:, None] - key_pos[None, :]
-        mask = ((delta >= 0) & (delta < self.window))[None].expand(b, -1, -1)
-        state.swa.write(kv, start)
-
+        keys, mask = window_keys(kv, positions, state, self.window)
         if self.compressor is not None:
-            assert state.compressor is not None
-            entries = self.compressor(ops, x, positions, rotary, state.compressor)
+            entries = self.compressor(ops, x, positions, rotary, compressor_states(state))
             n = entries.shape[1]
             if self.indexer is not None:
-                assert state.indexer is not None
-                picks = self.indexer(ops, x, qr, positions, rotary=rotary, state=state.indexer)
+                picks = self.indexer(
+                    ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
+                )
                 picks = torch.where(picks < 0, torch.full_like(picks, n), picks)
                 comp_mask = torch.zeros(b, s, n + 1, dtype=torch.bool, device=x.device)
                 comp_mask.scatter_(-1, picks, True)
                 comp_mask = comp_mask[..., :n]
             else:
                 visible = (positions + 1) // self.ratio
-                comp_mask = torch.arange(n, device=x.device)[None, :] < visible[:, None]
-                comp_mask = comp_mask[None].expand(b, -1, -1)
+                comp_mask = torch.arange(n, device=x.device) < visible[..., None]
+                comp_mask = comp_mask.expand(b, s, n)
             keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
             mask = torch.cat((mask, comp_mask), dim=-1)
-
-        o = ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
-        o = ops.rope(o, cos, sin, inverse=True)
-        o = ops.grouped_linear(o.reshape(b, s, self.groups, -1), self.wo_a.weight)
-        return self.wo_b(ops, o.flatten(2))
+        return ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)

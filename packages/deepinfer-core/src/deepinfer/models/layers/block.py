@@ -14,7 +14,7 @@ from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import LayerState
+from deepinfer.models.state import LayerState, LayerStates
 
 
 @dataclass
@@ -22,7 +22,7 @@ class ForwardContext:
     """Per-call metadata shared by every layer, so layer signatures stay small."""
 
     ops: Backend
-    positions: Tensor  # [S] absolute positions of the new tokens
+    positions: Tensor  # [S] absolute positions of the new tokens; [B, 1] for a decode batch
     input_ids: Tensor  # [B, S] token ids (hash routing reads them)
     rotary: dict[str, Rotary]  # "main" (base theta) and "compress" (YaRN)
 
@@ -41,11 +41,13 @@ class Block(nn.Module):
         # Sliding-only layers keep plain RoPE; compressed layers share the compressor's YaRN one.
         self.rope_kind = "main" if self.attn.kind == "swa" else "compress"
 
-    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return self.attn.new_state(batch, dtype, device)
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> LayerState:
+        return self.attn.new_state(batch, dtype, device, slack)
 
-    def forward(self, x: Tensor, ctx: ForwardContext, state: LayerState) -> Tensor:
-        """``x``: residual streams [B, S, hc_mult, d]."""
+    def forward(self, x: Tensor, ctx: ForwardContext, state: LayerStates) -> Tensor:
+        """``x``: residual streams [B, S, hc_mult, d]; ``state`` one per row for a decode batch."""
         ops = ctx.ops
         rotary = ctx.rotary[self.rope_kind]
 

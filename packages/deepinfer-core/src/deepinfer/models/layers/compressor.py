@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import CompressorState
+from deepinfer.models.state import CompressorState, CompressorStates
 
 
 class Compressor(nn.Module):
@@ -39,9 +39,17 @@ class Compressor(nn.Module):
         self.ape = fp32_param(ratio, width)
         self.norm = RMSNorm(dim, eps)
 
-    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> CompressorState:
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> CompressorState:
         return CompressorState.empty(
-            batch, ratio=self.ratio, overlap=self.overlap, dim=self.dim, dtype=dtype, device=device
+            batch,
+            ratio=self.ratio,
+            overlap=self.overlap,
+            dim=self.dim,
+            dtype=dtype,
+            device=device,
+            slack=slack,
         )
 
     def forward(
@@ -50,12 +58,19 @@ class Compressor(nn.Module):
         x: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: CompressorState,
+        state: CompressorStates,
     ) -> Tensor:
-        """Feed ``x`` [B, S, d] at ``positions``; returns every entry emitted so far [B, T, D]."""
+        """Feed ``x`` [B, S, d] at ``positions``; returns every entry emitted so far [B, T, D].
+
+        With one state per row (a decode batch, ``positions`` [B, 1]) the rows' entries are
+        zero-padded to the longest; callers mask by each row's visible count.
+        """
+        if isinstance(state, list):
+            return self._forward_rows(ops, x, positions, rotary, state)
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight.float())
         score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
+        state.remember(kv, score)
         kv = torch.cat((state.buf_kv, kv), dim=1)
         score = torch.cat((state.buf_score, score), dim=1)
         b, total, width = kv.shape
@@ -79,3 +94,71 @@ class Compressor(nn.Module):
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
         state.entries = torch.cat((state.entries, entries), dim=1)
         return state.entries
+
+    def _forward_rows(
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        states: list[CompressorState],
+    ) -> Tensor:
+        """One new token per row: buffer it, pool the rows whose window just filled."""
+        xf = x.float()
+        kv = ops.linear(xf, self.wkv.weight.float())
+        score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
+        full = append_rows(states, kv, score, self.ratio)
+        if full:
+            rows = [states[i] for i in full]
+            win_kv = torch.cat([st.buf_kv for st in rows])[:, None]  # [F, 1, ratio, width]
+            win_score = torch.cat([st.buf_score for st in rows])[:, None]
+            prev_kv = prev_score = None
+            if self.overlap:
+                prev_kv, prev_score = _previous_halves(rows, win_kv, win_score, self.dim)
+                for j, st in enumerate(rows):
+                    st.prev_kv = win_kv[j : j + 1, 0, :, : self.dim].clone()
+                    st.prev_score = win_score[j : j + 1, 0, :, : self.dim].clone()
+            pooled = ops.compress(win_kv, win_score, prev_kv, prev_score, self.overlap)
+            entries = self.norm(ops, pooled.to(rows[0].entries.dtype))  # [F, 1, D]
+            entry_pos = torch.tensor(
+                [[st.num_entries * self.ratio] for st in rows], device=x.device
+            )
+            cos, sin = rotary.cos_sin(entry_pos)
+            entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+            for j, st in enumerate(rows):
+                st.entries = torch.cat((st.entries, entries[j : j + 1]), dim=1)
+                st.buf_kv, st.buf_score = st.buf_kv[:, self.ratio :], st.buf_score[:, self.ratio :]
+        return padded_entries(states)
+
+
+def append_rows(states: list[CompressorState], kv: Tensor, score: Tensor, ratio: int) -> list[int]:
+    """Append row i's new projections [B, 1, width] to its open window; returns the rows whose
+    window is now complete (their buffers hold exactly ``ratio`` rows)."""
+    full = []
+    for i, st in enumerate(states):
+        st.remember(kv[i : i + 1], score[i : i + 1])
+        st.buf_kv = torch.cat((st.buf_kv, kv[i : i + 1]), dim=1)
+        st.buf_score = torch.cat((st.buf_score, score[i : i + 1]), dim=1)
+        if st.buf_kv.shape[1] == ratio:
+            full.append(i)
+    return full
+
+
+def padded_entries(states: list[CompressorState]) -> Tensor:
+    """Every row's entries [B, T_max, D], zero past each row's own count."""
+    return torch.nn.utils.rnn.pad_sequence([st.entries[0] for st in states], batch_first=True)
+
+
+def _previous_halves(
+    rows: list[CompressorState], win_kv: Tensor, win_score: Tensor, dim: int
+) -> tuple[Tensor, Tensor]:
+    """Window -1 for each row: its stored first half, or zero weight before the first window."""
+    ratio = win_kv.shape[2]
+    kv = [st.prev_kv if st.prev_kv is not None else win_kv.new_zeros(1, ratio, dim) for st in rows]
+    score = [
+        st.prev_score
+        if st.prev_score is not None
+        else win_score.new_full((1, ratio, dim), float("-inf"))
+        for st in rows
+    ]
+    return torch.cat(kv), torch.cat(score)

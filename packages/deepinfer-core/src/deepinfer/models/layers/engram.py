@@ -74,12 +74,22 @@ class Engram(nn.Module):
         )
         self.register_buffer("multipliers", multipliers.to(device), persistent=False)
 
-    def rows(self, compressed_ids: Tensor, history: int) -> Tensor:
-        """Table rows [B, S, n_tables] for compressed ids with ``history`` look-back columns."""
+    def rows(self, compressed_ids: Tensor | list[Tensor], history: int) -> Tensor:
+        """Table rows [B, S, n_tables] for compressed ids with ``history`` look-back columns.
+
+        Packed spans pass one [1, history + S_i] tensor per span; their rows are concatenated.
+        """
+        if isinstance(compressed_ids, list):
+            return torch.cat([self.rows(ids, history) for ids in compressed_ids], dim=1)
         return hash_rows(compressed_ids, history, self.multipliers, self.primes, self.offsets)
 
     def forward(
-        self, ops: Backend, x: Tensor, compressed_ids: Tensor, history: int, skip: Tensor | None
+        self,
+        ops: Backend,
+        x: Tensor,
+        compressed_ids: Tensor | list[Tensor],
+        history: int,
+        skip: Tensor | None,
     ) -> Tensor:
         """Add the gated memory to streams ``x`` [B, S, n, d]; ``skip`` [B, S] marks image
         tokens (no contribution)."""

@@ -15,7 +15,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import CompressorState
+from deepinfer.models.state import CompressorStates
 
 
 class Indexer(nn.Module):
@@ -39,7 +39,7 @@ class Indexer(nn.Module):
         positions: Tensor,
         *,
         rotary: Rotary,
-        state: CompressorState,
+        state: CompressorStates,
     ) -> Tensor:
         """Returns selected entry ids [B, S, k], -1 where fewer than k entries are visible."""
         keys = self.compressor(ops, x, positions, rotary, state)

@@ -65,7 +65,8 @@ class Rotary:
         return cls(freq.to(device))
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos/sin of shape [len(positions), rope_dim/2] for absolute ``positions``."""
+        """cos/sin of shape [*positions.shape, rope_dim/2] for absolute ``positions``: [S] for
+        a sequence chunk, [B, S] for a batch whose rows sit at different positions."""
         inv_freq = self.inv_freq.to(positions.device)
-        angles = positions.float()[:, None] * inv_freq[None, :]
+        angles = positions.float()[..., None] * inv_freq
         return angles.cos(), angles.sin()

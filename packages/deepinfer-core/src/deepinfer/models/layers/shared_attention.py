@@ -11,24 +11,31 @@ open pair) live in the source layer's state. With ratio 1 entry t is visible fro
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.layers.attention import init_mqa
+from deepinfer.models.layers.attention import MQA, init_mqa
 from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.layers.shared_compressor import SharedCompressor
-from deepinfer.models.state import CompressorState, LayerState, SWARing
+from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
+from deepinfer.models.layers.window import window_keys
+from deepinfer.models.state import (
+    CompressorState,
+    LayerState,
+    SWARing,
+    compressor_states,
+)
 
 
-class SharedAttention(nn.Module):
+class SharedAttention(MQA):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
         self.layer_id = layer_id
         self.ratio = cfg.compress_ratio(layer_id)
         d = init_mqa(self, cfg, dtype)
+        self.q_head_norm = cfg.q_head_norm
         is_main = layer_id < cfg.num_hidden_layers
         self.is_kv_source = is_main and layer_id in cfg.kv_source_layer_ids
         self.is_index_source = is_main and layer_id in cfg.index_source_layer_ids
@@ -48,11 +55,15 @@ class SharedAttention(nn.Module):
                 cfg, owns_keys=self.is_kv_source, owns_query=self.is_index_source, dtype=dtype
             )
 
-    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        ring = torch.zeros(batch, self.window, self.head_dim, dtype=dtype, device=device)
-        state = LayerState(swa=SWARing(ring))
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> LayerState:
+        ring = torch.zeros(batch, self.window + slack, self.head_dim, dtype=dtype, device=device)
+        state = LayerState(swa=SWARing(ring, window=self.window))
         if self.compressor is not None:
-            state.compressor = self.compressor.new_state(batch, dtype, device)
+            state.compressor = self.compressor.new_state(batch, dtype, device, slack)
+            # Index keys are derived from finished entries only (no buffers): truncating them
+            # is their whole rollback, so they keep no history.
             state.indexer = CompressorState.empty(
                 batch,
                 ratio=self.ratio,
@@ -64,22 +75,28 @@ class SharedAttention(nn.Module):
         return state
 
     def _update_sources(
-        self, ops: Backend, x: Tensor, rotary: Rotary, state: LayerState, shared: SharedKV
+        self,
+        ops: Backend,
+        x: Tensor,
+        rotary: Rotary,
+        state: LayerState | list[LayerState],
+        shared: SharedKV,
     ) -> None:
         """KV source: pool new entries, derive their index keys, publish both."""
         assert self.compressor is not None and self.indexer is not None
-        assert state.compressor is not None and state.indexer is not None
-        latents, first = self.compressor(ops, x, state.compressor)
-        n = latents.shape[1]
-        if n:
-            entry_pos = torch.arange(first, first + n, device=x.device) * self.ratio
+        entry_states = compressor_states(state)
+        key_states = compressor_states(state, "indexer")
+        latents, first, rows = self.compressor(ops, x, entry_states)
+        if latents.numel():
+            n = latents.shape[1]
+            entry_pos = (first + torch.arange(n, device=x.device)) * self.ratio
             cos, sin = rotary.cos_sin(entry_pos)
-            keys = self.indexer.keys(ops, latents, cos, sin)
+            keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
             entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
-            state.compressor.entries = torch.cat((state.compressor.entries, entries), dim=1)
-            state.indexer.entries = torch.cat((state.indexer.entries, keys.to(latents.dtype)), 1)
-        shared.entries[self.layer_id] = state.compressor.entries
-        shared.keys[self.layer_id] = state.indexer.entries
+            append_entries(entry_states, entries, rows)
+            append_entries(key_states, keys, rows)
+        shared.entries[self.layer_id] = all_entries(entry_states)
+        shared.keys[self.layer_id] = all_entries(key_states)
 
     def _long_range(
         self,
@@ -98,10 +115,8 @@ class SharedAttention(nn.Module):
             assert self.indexer is not None
             keys = shared.keys[self.kv_source]
             t = keys.shape[1]
-            visible = (
-                torch.arange(t, device=x.device)[None, :] < ((positions + 1) // self.ratio)[:, None]
-            )
-            visible = visible[None].expand(x.shape[0], -1, -1)
+            visible = torch.arange(t, device=x.device) < ((positions + 1) // self.ratio)[..., None]
+            visible = visible.expand(x.shape[0], x.shape[1], t)
             scores = self.indexer.scores(ops, x, qr, positions, rotary=rotary, keys=keys)
             picks, candidates = self.indexer.select(
                 scores,
@@ -119,35 +134,20 @@ class SharedAttention(nn.Module):
         mask.scatter_(-1, torch.where(picks < 0, torch.full_like(picks, n), picks), True)
         return entries, mask[..., :n]
 
-    def forward(
+    def attend(  # noqa: PLR0917
         self,
         ops: Backend,
         x: Tensor,
+        q: Tensor,
+        qr: Tensor,
+        kv: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState,
-        *,
-        shared: SharedKV,
+        state: LayerState | list[LayerState],
+        shared: SharedKV | None,
     ) -> Tensor:
-        """``x`` [B, S, d] is the normed sublayer input at absolute ``positions`` [S]."""
-        b, s, _ = x.shape
-        cos, sin = rotary.cos_sin(positions)
-        qr = self.q_norm(ops, self.wq_a(ops, x))
-        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
-        if self.cfg.q_head_norm:
-            q = ops.rms_norm(q, None, self.eps)
-        q = ops.rope(q, cos, sin)
-
-        kv = self.kv_norm(ops, self.wkv(ops, x))
-        kv = ops.rope(kv[:, :, None], cos, sin)[:, :, 0]
-        start = state.swa.length
-        past, past_pos = state.swa.read(start)
-        keys = torch.cat((past.to(kv.dtype), kv), dim=1)
-        key_pos = torch.cat((past_pos, positions))
-        delta = positions[:, None] - key_pos[None, :]
-        mask = ((delta >= 0) & (delta < self.window))[None].expand(b, -1, -1)
-        state.swa.write(kv, start)
-
+        assert shared is not None
+        keys, mask = window_keys(kv, positions, state, self.window)
         if self.ratio:
             if self.is_kv_source:
                 self._update_sources(ops, x, rotary, state, shared)
@@ -156,8 +156,4 @@ class SharedAttention(nn.Module):
             )
             keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
             mask = torch.cat((mask, comp_mask), dim=-1)
-
-        o = ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
-        o = ops.rope(o, cos, sin, inverse=True)
-        o = ops.grouped_linear(o.reshape(b, s, self.groups, -1), self.wo_a.weight)
-        return self.wo_b(ops, o.flatten(2))
+        return ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)

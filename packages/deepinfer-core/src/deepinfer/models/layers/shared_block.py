@@ -22,7 +22,7 @@ from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_attention import SharedAttention
-from deepinfer.models.state import LayerState
+from deepinfer.models.state import LayerState, LayerStates
 
 
 @dataclass
@@ -30,12 +30,13 @@ class V41Context:
     """Per-call metadata for V4.1 layers."""
 
     ops: Backend
-    positions: Tensor  # [S]
+    positions: Tensor  # [S]; [B, 1] for a decode batch
     input_ids: Tensor  # [B, S]
     rotary: dict[str, Rotary]
-    shared: SharedKV
+    shared: SharedKV | list[SharedKV]  # one per span when packed
     image_mask: Tensor | None  # [B, S] True at image-token positions
-    engram_ids: Tensor | None  # [B, history + S] compressed ids with the look-back in front
+    #: [B, history + S] compressed ids with the look-back in front (one per span when packed)
+    engram_ids: Tensor | list[Tensor] | None
     engram_history: int
 
 
@@ -84,11 +85,13 @@ class SharedBlock(nn.Module):
         self.engram = Engram(cfg, layer_id, dtype) if layer_id in cfg.engram_layer_ids else None
         self.rope_kind = "main" if cfg.compress_ratio(layer_id) == 0 else "compress"
 
-    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return self.attn.new_state(batch, dtype, device)
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> LayerState:
+        return self.attn.new_state(batch, dtype, device, slack)
 
     def forward(
-        self, x: Tensor, pre: Tensor | None, ctx: V41Context, state: LayerState
+        self, x: Tensor, pre: Tensor | None, ctx: V41Context, state: LayerStates
     ) -> tuple[Tensor, Tensor | None]:
         """Streams [B, S, n, d] and the carried ``pre`` -> (streams, ``pre`` to carry on)."""
         ops = ctx.ops

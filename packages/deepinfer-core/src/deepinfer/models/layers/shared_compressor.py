@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
+from deepinfer.models.layers.compressor import append_rows, padded_entries
 from deepinfer.models.layers.norm import Linear, RMSNorm
-from deepinfer.models.state import CompressorState
+from deepinfer.models.state import CompressorState, CompressorStates
 
 
 class SharedCompressor(nn.Module):
@@ -30,32 +31,82 @@ class SharedCompressor(nn.Module):
         self.wgate: Linear | None = Linear(hidden, dim, dtype) if ratio > 1 else None
         self.norm = RMSNorm(dim, eps)
 
-    def new_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> CompressorState:
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> CompressorState:
         return CompressorState.empty(
-            batch, ratio=self.ratio, overlap=False, dim=self.dim, dtype=dtype, device=device
+            batch,
+            ratio=self.ratio,
+            overlap=False,
+            dim=self.dim,
+            dtype=dtype,
+            device=device,
+            slack=slack,
         )
 
-    def forward(self, ops: Backend, x: Tensor, state: CompressorState) -> tuple[Tensor, int]:
-        """Feed ``x`` [B, S, d]; returns (new normalised latents [B, n, D], index of the first).
+    def forward(
+        self, ops: Backend, x: Tensor, state: CompressorStates
+    ) -> tuple[Tensor, Tensor, list[int] | None]:
+        """Feed ``x`` [B, S, d]; returns (new normalised latents [B, n, D], the entry index of
+        the first as a 0-d tensor, None).
 
         The open half of a pair waits in ``state.buf_kv``/``buf_score`` (fp32) for its partner,
-        so a chunk boundary inside a pair changes nothing.
+        so a chunk boundary inside a pair changes nothing. With one state per row (a decode
+        batch) only the rows whose pair completed emit: the result is (latents [F, 1, D],
+        their entry indices [F, 1], those rows' indices).
         """
-        xf = x.float()
-        kv = torch.cat((state.buf_kv, ops.linear(xf, self.wkv.weight.float())), dim=1)
-        if self.wgate is not None:
-            score = ops.linear(xf, self.wgate.weight.float())
-        else:
-            score = torch.zeros_like(kv[:, state.buf_kv.shape[1] :])
+        if isinstance(state, list):
+            return self._forward_rows(ops, x, state)
+        kv, score = self._project(ops, x)
+        state.remember(kv, score)
+        kv = torch.cat((state.buf_kv, kv), dim=1)
         score = torch.cat((state.buf_score, score), dim=1)
         b, total, width = kv.shape
         n = total // self.ratio
         used = n * self.ratio
         state.buf_kv, state.buf_score = kv[:, used:], score[:, used:]
-        first = state.num_entries
+        first = torch.tensor(state.num_entries, device=x.device)
         if n == 0:
-            return kv.new_zeros(b, 0, self.dim).to(state.entries.dtype), first
+            return kv.new_zeros(b, 0, self.dim).to(state.entries.dtype), first, None
         win_kv = kv[:, :used].view(b, n, self.ratio, width)
         win_score = score[:, :used].view(b, n, self.ratio, width)
         pooled = ops.compress(win_kv, win_score, None, None, False)
-        return self.norm(ops, pooled.to(state.entries.dtype)), first
+        return self.norm(ops, pooled.to(state.entries.dtype)), first, None
+
+    def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
+        xf = x.float()
+        kv = ops.linear(xf, self.wkv.weight.float())
+        if self.wgate is None:
+            return kv, torch.zeros_like(kv)
+        return kv, ops.linear(xf, self.wgate.weight.float())
+
+    def _forward_rows(
+        self, ops: Backend, x: Tensor, states: list[CompressorState]
+    ) -> tuple[Tensor, Tensor, list[int] | None]:
+        kv, score = self._project(ops, x)
+        full = append_rows(states, kv, score, self.ratio)
+        rows = [states[i] for i in full]
+        first = torch.tensor([[st.num_entries] for st in rows], device=x.device).view(-1, 1)
+        if not rows:
+            return kv.new_zeros(0, 1, self.dim).to(states[0].entries.dtype), first, full
+        win_kv = torch.cat([st.buf_kv for st in rows])[:, None]  # [F, 1, ratio, D]
+        win_score = torch.cat([st.buf_score for st in rows])[:, None]
+        for st in rows:
+            st.buf_kv, st.buf_score = st.buf_kv[:, self.ratio :], st.buf_score[:, self.ratio :]
+        pooled = ops.compress(win_kv, win_score, None, None, False)
+        return self.norm(ops, pooled.to(rows[0].entries.dtype)), first, full
+
+
+def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None) -> None:
+    """Append new entries: [B, n, D] to a lockstep state, or [F, 1, D] to the listed rows."""
+    if isinstance(state, list):
+        assert rows is not None
+        for j, i in enumerate(rows):
+            state[i].entries = torch.cat((state[i].entries, new[j : j + 1]), dim=1)
+    else:
+        state.entries = torch.cat((state.entries, new), dim=1)
+
+
+def all_entries(state: CompressorStates) -> Tensor:
+    """Every entry so far [B, T, D] (zero-padded per row for a decode batch)."""
+    return padded_entries(state) if isinstance(state, list) else state.entries

@@ -1,0 +1,197 @@
+"""Offline decode throughput: DeepInfer's engine vs HF transformers ``generate``, same weights.
+
+One run builds a small random-weight transformers ``DeepseekV4ForCausalLM`` (every V4 attention
+kind: sliding, CSA, HCA; hash and learned routing), exports it under the official names with
+``tools/export_hf.py``, loads that directory into ``deepinfer.LLM`` and then times, side by side
+and alternating, greedy generation of a fixed number of tokens per sequence at each batch size:
+
+* HF: ``model.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)`` on a
+  [batch, prompt_len] tensor (equal lengths, so no padding is involved);
+* DeepInfer: ``llm.generate(prompts, SamplingParams(temperature=0, max_tokens=N,
+  ignore_eos=True))`` with all sequences submitted at once.
+
+Output tokens per second are ``batch * N / wall seconds``; each side is timed ``--repeats``
+times and the median is reported, with the ratio. Both run in this process with the same torch
+thread count. Results go to ``benchmarks/results/offline_throughput_<device>.json``.
+
+    python benchmarks/offline_throughput.py [--batches 1 32] [--prompt-len 64] [--output-len 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+CONFIG: dict[str, Any] = {
+    "vocab_size": 8192,
+    "hidden_size": 256,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "qk_rope_head_dim": 16,
+    "q_lora_rank": 128,
+    "o_groups": 2,
+    "o_lora_rank": 64,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 128,
+    "scoring_func": "sqrtsoftplus",
+    "routed_scaling_factor": 1.5,
+    "num_hash_layers": 1,
+    "swiglu_limit": 10.0,
+    "sliding_window": 64,
+    "index_n_heads": 8,
+    "index_head_dim": 32,
+    "index_topk": 16,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "compress_rope_theta": 160000,
+    "max_position_embeddings": 4096,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 16,
+        "original_max_position_embeddings": 256,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "num_nextn_predict_layers": 0,
+    "layer_types": [
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "sliding_attention",
+    ],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+
+def build(out_dir: Path, device: str) -> tuple[Any, Any]:
+    """(HF model, DeepInfer LLM) over the same random weights."""
+    from export_hf import export_model  # tools/export_hf.py
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    from deepinfer import LLM
+    from deepinfer.assets import TINY_TOKENIZER
+
+    torch.manual_seed(0)
+    hf = DeepseekV4ForCausalLM(DeepseekV4Config(**CONFIG)).eval()
+    with torch.no_grad():  # transformers leaves sinks, mHC bases and router biases at zero
+        g = torch.Generator().manual_seed(1)
+        for name, p in hf.named_parameters():
+            if name.endswith(("sinks", "position_bias", "hc.base", "hc_base")):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    export_model(hf, out_dir)
+    (out_dir / "tokenizer.json").write_bytes(TINY_TOKENIZER.read_bytes())
+    hf = hf.to(device)
+    llm = LLM(str(out_dir), device=device, dtype="float32", enable_prefix_caching=False)
+    return hf, llm
+
+
+def time_hf(hf: Any, prompts: torch.Tensor, n: int) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(
+            prompts,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    elapsed = time.perf_counter() - start
+    assert out.shape == (prompts.shape[0], prompts.shape[1] + n), out.shape
+    return elapsed
+
+
+def time_ours(llm: Any, prompts: torch.Tensor, n: int) -> float:
+    from deepinfer import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts.tolist(), params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.outputs[0].token_ids) == n for o in outs)
+    return elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, llm = build(Path(tmp) / "model", args.device)
+        rows = []
+        for batch in args.batches:
+            g = torch.Generator().manual_seed(batch)
+            prompts = torch.randint(3, CONFIG["vocab_size"], (batch, args.prompt_len), generator=g)
+            prompts = prompts.to(args.device)
+            time_hf(hf, prompts[:, :8], 2)  # warm-up both sides
+            time_ours(llm, prompts[:, :8], 2)
+            hf_s, our_s = [], []
+            for _ in range(args.repeats):
+                hf_s.append(time_hf(hf, prompts, args.output_len))
+                our_s.append(time_ours(llm, prompts, args.output_len))
+            tokens = batch * args.output_len
+            row = {
+                "batch": batch,
+                "hf_output_tok_per_s": round(tokens / statistics.median(hf_s), 2),
+                "deepinfer_output_tok_per_s": round(tokens / statistics.median(our_s), 2),
+                "hf_seconds": [round(s, 3) for s in hf_s],
+                "deepinfer_seconds": [round(s, 3) for s in our_s],
+            }
+            row["speedup"] = round(
+                row["deepinfer_output_tok_per_s"] / row["hf_output_tok_per_s"], 2
+            )
+            print(json.dumps(row))
+            rows.append(row)
+
+    import transformers
+
+    result = {
+        "benchmark": "offline_throughput",
+        "device": args.device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": args.threads,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "repeats": args.repeats,
+        "config": {k: CONFIG[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+        "rows": rows,
+    }
+    out = args.out or REPO / "benchmarks" / "results" / f"offline_throughput_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Sliding-window keys for one layer: read the ring, append the new rows, build the mask.
+
+Two layouts reach a layer. A sequence chunk ([B, S] in lockstep, one :class:`LayerState`) reads
+the ring rows its first query can still see, in position order. A decode batch ([B, 1], one
+state per row, rows at different positions) reads every ring slot of every row and masks by the
+position each slot holds, so the whole batch is one gather and one mask whatever the positions.
+Both give each query its own token plus the ``window - 1`` before it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from deepinfer.models.state import LayerState, LayerStates
+
+
+def window_keys(
+    kv: Tensor, positions: Tensor, state: LayerStates, window: int
+) -> tuple[Tensor, Tensor]:
+    """Keys [B, L, D] and visibility [B, S, L] for new rows ``kv`` [B, S, D]; writes the ring.
+
+    ``positions`` is [S] for a chunk and [B, 1] for a decode batch (``state`` then a list).
+    """
+    if isinstance(state, list):
+        return _decode_window_keys(kv, positions, state, window)
+    assert isinstance(state, LayerState)
+    b = kv.shape[0]
+    ring = state.swa
+    start = ring.length  # tokens this layer has seen = position of the first new one
+    past, past_pos = ring.read(start)
+    keys = torch.cat((past.to(kv.dtype), kv), dim=1)
+    key_pos = torch.cat((past_pos, positions))
+    delta = positions[:, None] - key_pos[None, :]
+    mask = ((delta >= 0) & (delta < window))[None].expand(b, -1, -1)
+    ring.write(kv, start)
+    return keys, mask
+
+
+def _decode_window_keys(
+    kv: Tensor, positions: Tensor, states: list[LayerState], window: int
+) -> tuple[Tensor, Tensor]:
+    rings = [s.swa for s in states]
+    sizes = [r.capacity for r in rings]  # window + each state's rollback slack
+    if len(set(sizes)) == 1:
+        past = torch.cat([r.kv for r in rings])  # [B, capacity, D]
+    else:
+        past = torch.nn.utils.rnn.pad_sequence([r.kv[0] for r in rings], batch_first=True)
+    p = positions  # [B, 1]
+    capacity = torch.tensor(sizes, device=kv.device)[:, None]
+    slot = torch.arange(past.shape[1], device=kv.device)
+    # Slot j holds the latest position before p that is j mod capacity (negative: never written).
+    held = p - 1 - torch.remainder(p - 1 - slot, capacity)  # [B, max capacity]
+    visible = (held >= 0) & (p - held < window) & (slot < capacity)
+    keys = torch.cat((past.to(kv.dtype), kv), dim=1)
+    mask = torch.cat((visible, torch.ones_like(visible[:, :1])), dim=1)[:, None, :]
+    slots = torch.remainder(p, capacity)  # [B, 1]
+    for i, ring in enumerate(rings):
+        ring.kv[0].index_copy_(0, slots[i], kv[i].to(ring.kv.dtype))
+        ring.length += 1
+    return keys, mask

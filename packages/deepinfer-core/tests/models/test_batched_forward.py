@@ -1,0 +1,84 @@
+"""Continuous-batching forwards equal one ``forward`` per sequence.
+
+``forward_packed`` (chunks of several sequences in one [1, N] pass) and ``forward_decode`` (one
+token per sequence, each at its own position) must leave every sequence exactly where separate
+``forward`` calls leave it; the single-sequence ``forward`` is itself checked against
+transformers (V4) and float64 re-implementations (V4.1) in the other model tests. The sequences
+are driven past the sliding window, past index_topk compressed entries and through every
+compressor phase, so ring wrap-around, per-row visibility and top-k selection all matter.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
+
+
+def _models() -> list[tuple[str, DeepseekV4ForCausalLM]]:
+    models = [("v4", random_tiny_model(torch.float32, seed=3))]
+    if (TINY_DIR / "model.safetensors").is_file():
+        models.append(("v41", tiny_model(torch.float32)))
+    return models
+
+
+@pytest.fixture(scope="module", params=_models(), ids=lambda m: m[0])
+def model(request: pytest.FixtureRequest) -> DeepseekV4ForCausalLM:
+    return request.param[1]
+
+
+def _text_ids(model: DeepseekV4ForCausalLM, gen: torch.Generator, n: int) -> torch.Tensor:
+    top = model.cfg.vocab_size
+    if model.cfg.image_token_id is not None:
+        top = min(top, model.cfg.image_token_id)
+    return torch.randint(3, top, (n,), generator=gen)
+
+
+def test_packed_and_decode_batches_equal_separate_forwards(model: DeepseekV4ForCausalLM) -> None:
+    gen = torch.Generator().manual_seed(0)
+    rnd = random.Random(0)
+    n_seq = 7
+    separate = [model.new_state(1) for _ in range(n_seq)]
+    batched = [model.new_state(1) for _ in range(n_seq)]
+    worst = 0.0
+    for _ in range(6):
+        # A packed round over a random subset (sequences advance unevenly)...
+        rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
+        chunks = [_text_ids(model, gen, rnd.choice(CHUNK_LENGTHS)) for _ in rows]
+        want = torch.stack(
+            [model(c[None], separate[i])[0, -1] for i, c in zip(rows, chunks, strict=True)]
+        )
+        got = model.forward_packed(chunks, [batched[i] for i in rows])
+        worst = max(worst, float((want - got).abs().max()))
+        # ... then a few decode steps of another subset.
+        for _ in range(rnd.randint(1, 9)):
+            rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
+            ids = _text_ids(model, gen, len(rows))
+            want = torch.stack(
+                [model(ids[j].view(1, 1), separate[i])[0, 0] for j, i in enumerate(rows)]
+            )
+            got = model.forward_decode(ids, [batched[i] for i in rows])
+            worst = max(worst, float((want - got).abs().max()))
+    assert [s.pos for s in batched] == [s.pos for s in separate]
+    longest = max(s.pos for s in batched)
+    assert longest > model.cfg.sliding_window  # the rings wrapped
+    assert longest // 4 > model.cfg.index_topk  # top-k picked among more entries than k
+    assert worst < 5e-5, worst
+
+
+def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM) -> None:
+    states = [model.new_state(1), model.new_state(1)]
+    with pytest.raises(ValueError, match="2 states"):
+        model.forward_decode(torch.tensor([5]), states)
+    with pytest.raises(ValueError, match="2 states"):
+        model.forward_packed([torch.tensor([5, 6])], states)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.forward_packed([torch.tensor([5]), torch.tensor([], dtype=torch.long)], states)
+    with pytest.raises(ValueError, match="batch_size 1"):
+        model.forward_decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)])

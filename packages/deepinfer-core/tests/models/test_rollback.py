@@ -1,0 +1,87 @@
+"""Rolling a state back to an earlier length leaves it exactly as if the later tokens never ran.
+
+The reference is a fresh state fed only the surviving tokens (``forward_logits``). Steps mix
+chunks, single tokens and batched decodes, and rollbacks of random size up to the slack, in the
+pattern speculative decoding produces (never below an earlier rollback's target), long enough
+that rings wrap and compressors roll back across window boundaries.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+
+def _models() -> list[tuple[str, DeepseekV4ForCausalLM]]:
+    models = [("v4", random_tiny_model(torch.float32, seed=4))]
+    if (TINY_DIR / "model.safetensors").is_file():
+        models.append(("v41", tiny_model(torch.float32)))
+    return models
+
+
+@pytest.fixture(scope="module", params=_models(), ids=lambda m: m[0])
+def model(request: pytest.FixtureRequest) -> DeepseekV4ForCausalLM:
+    return request.param[1]
+
+
+def _text_ids(model: DeepseekV4ForCausalLM, gen: torch.Generator, n: int) -> list[int]:
+    top = model.cfg.vocab_size
+    if model.cfg.image_token_id is not None:
+        top = min(top, model.cfg.image_token_id)
+    return torch.randint(3, top, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("slack", [1, 6])
+def test_rollback_equals_never_having_run(model: DeepseekV4ForCausalLM, slack: int) -> None:
+    rnd = random.Random(slack)
+    gen = torch.Generator().manual_seed(slack)
+    state = model.new_state(1, slack=slack)
+    other = model.new_state(1)  # a decode-batch neighbour
+    model(torch.tensor([_text_ids(model, gen, 9)]), other)
+    tokens: list[int] = []
+    rolled = worst = 0.0
+    for step in range(70):
+        new = _text_ids(model, gen, rnd.choice([1, 1, 2, 3, slack, slack + 1, 19]))
+        if len(new) == 1 and step % 2:
+            nbr = torch.tensor(_text_ids(model, gen, 1))
+            logits = model.forward_decode(torch.cat((torch.tensor(new), nbr)), [state, other])[0]
+        else:
+            logits = model(torch.tensor([new]), state)[0, -1]
+        tokens += new
+        if step % 4 == 0:
+            want = model.forward_logits(torch.tensor([tokens]))[0, -1]
+            worst = max(worst, float((want - logits).abs().max()))
+        back = rnd.randint(0, min(slack, len(tokens) - state.committed))
+        if back:
+            tokens = tokens[: len(tokens) - back]
+            model.rollback(state, len(tokens), tokens)
+            rolled += back
+    assert state.pos == len(tokens) > model.cfg.sliding_window + slack
+    assert rolled > 20
+    assert worst < 5e-5, worst
+
+
+def test_rollback_refuses_what_it_cannot_do_exactly(model: DeepseekV4ForCausalLM) -> None:
+    ids = _text_ids(model, torch.Generator().manual_seed(0), 30)
+    plain = model.new_state(1)
+    model(torch.tensor([ids]), plain)
+    with pytest.raises(ValueError, match="keeps 0"):
+        model.rollback(plain, 29, ids)
+    state = model.new_state(1, slack=4)
+    model(torch.tensor([ids]), state)
+    with pytest.raises(ValueError, match="cannot roll back 5 tokens"):
+        model.rollback(state, 25, ids)
+    with pytest.raises(ValueError, match="back to 31"):
+        model.rollback(state, 31, ids)
+    model.rollback(state, 28, ids)
+    model(torch.tensor([ids[28:30]]), state)
+    with pytest.raises(ValueError, match="first 28 tokens final"):
+        model.rollback(state, 27, ids)
+    if model.engram_history if hasattr(model, "engram_history") else False:
+        with pytest.raises(ValueError, match="token ids"):
+            model.rollback(state, 29)
