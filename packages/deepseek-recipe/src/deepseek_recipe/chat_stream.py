@@ -47,11 +47,13 @@ _LABEL_PIECES = {
 }
 
 
-def _call_id(index: int) -> str:
+def _call_id(index: int, empty_thinking: bool = False) -> str:
+    """A tool-call id; calls made in thinking mode without any reasoning are marked `ET_`."""
     rng = random.SystemRandom()
     body = "".join(rng.choice(_ALPHABET) for _ in range(20))
     digits = "".join(rng.choice(string.digits) for _ in range(4))
-    return f"call_{index:02d}_{body}{digits}"
+    marker = "ET_" if empty_thinking else ""
+    return f"call_{index:02d}_{marker}{body}{digits}"
 
 
 def _dumps(value: Any) -> str:
@@ -85,19 +87,77 @@ class ChatCompletionChunk:
         )
 
 
-class ChatCompletionChunkGenerator:
+class PieceTranslator:
+    """Turns parser fragments into pieces; the part every protocol generator shares.
+
+    A generator adds `start`, `render` and `finish`, which shape pieces into its
+    protocol's chunks or events.
+    """
+
+    def __init__(self, thinking: bool = False) -> None:
+        self._tool_index = -1
+        self._tool_name = b""
+        self._tool_calls = 0
+        #: The stop sequence that ended the output, for protocols that report it.
+        self.stop_sequence: str | None = None
+        self._thinking_mode = thinking
+        self._reasoning_seen = False
+        #: Indexes of tool calls made in thinking mode before any reasoning text.
+        self._empty_thinking_calls: set[int] = set()
+
+    def call_id(self, index: int) -> str:
+        return _call_id(index, index in self._empty_thinking_calls)
+
+    def translate(self, action: Action, data: bytes) -> list[Piece]:
+        """Turn one parser fragment into pieces; a `break` piece renders nothing, stops merging."""
+        kind = action.kind
+        if kind in (Kind.RAW, Kind.REASONING):
+            if kind is Kind.REASONING and data:
+                self._reasoning_seen = True
+            return [self._piece(_TEXT_KINDS[kind], data)]
+        if kind is Kind.TO_SPACE:
+            return [self._piece("space", " ")]
+        if kind is Kind.LABEL:
+            return [self._piece("label", action.text)]
+        if kind is Kind.TOOL_CALL_BEGIN:
+            self._tool_index += 1
+            self._tool_name = b""
+            if self._thinking_mode and not self._reasoning_seen:
+                self._empty_thinking_calls.add(self._tool_index)
+            return [self._piece("break", "")]
+        if kind is Kind.TOOL_NAME:
+            self._tool_name += data
+            return []
+        if kind is Kind.TOOL_NAME_END:
+            self._tool_calls += 1
+            return [self._piece("header", self._tool_name.decode("utf-8", errors="replace"))]
+        if kind is Kind.ARGS_LABEL:
+            return [self._piece(k, v) for k, v in _LABEL_PIECES[action.label_id]]
+        if kind is Kind.ARGS_RAW:
+            return [self._piece("args_string" if action.string else "args_raw", data)]
+        if kind is Kind.ARGS_END:
+            return [self._piece("args_close", action.text)]
+        if kind is Kind.STOP_SEQUENCE:
+            self.stop_sequence = action.text
+        return [self._piece("break", "")]
+
+    def _piece(self, kind: str, data: bytes | str) -> Piece:
+        if kind in MERGEABLE and isinstance(data, str):
+            data = data.encode("utf-8")
+        return Piece(kind, data, self._tool_index)
+
+
+class ChatCompletionChunkGenerator(PieceTranslator):
     """Builds chunks for one response; consumed by `StreamProcessor`."""
 
     def __init__(self, id: str, model: str, request: ConversationRequest) -> None:
+        super().__init__(request.parsing_options.thinking_initial_stage is not None)
         self._id = id
         self._model = model
         self._thinking = request.parsing_options.thinking_initial_stage is not None
         self._streamed = request.stream
         self._created = int(time.time())
         self._fingerprint: str | None = None
-        self._tool_index = -1
-        self._tool_name = b""
-        self._tool_calls = 0
 
     def _chunk(
         self, delta: dict[str, Any], finish: str | None = None, usage: Any = None
@@ -115,7 +175,9 @@ class ChatCompletionChunkGenerator:
             payload["usage"] = usage
         return ChatCompletionChunk(payload)
 
-    def start(self, fingerprint: str | None) -> list[ChatCompletionChunk]:
+    def start(
+        self, fingerprint: str | None, usage: PromptUsage | None = None
+    ) -> list[ChatCompletionChunk]:
         self._fingerprint = fingerprint
         if self._thinking:
             return [self._chunk({"role": "assistant", "content": None, "reasoning_content": ""})]
@@ -125,38 +187,6 @@ class ChatCompletionChunkGenerator:
         if self._thinking:
             return {"content": text, "reasoning_content": None}
         return {"content": text}
-
-    def translate(self, action: Action, data: bytes) -> list[Piece]:
-        """Turn one parser fragment into pieces; a `break` piece renders nothing, stops merging."""
-        kind = action.kind
-        if kind in (Kind.RAW, Kind.REASONING):
-            return [self._piece(_TEXT_KINDS[kind], data)]
-        if kind is Kind.TO_SPACE:
-            return [self._piece("space", " ")]
-        if kind is Kind.LABEL:
-            return [self._piece("label", action.text)]
-        if kind is Kind.TOOL_CALL_BEGIN:
-            self._tool_index += 1
-            self._tool_name = b""
-            return [self._piece("break", "")]
-        if kind is Kind.TOOL_NAME:
-            self._tool_name += data
-            return []
-        if kind is Kind.TOOL_NAME_END:
-            self._tool_calls += 1
-            return [self._piece("header", self._tool_name.decode("utf-8", errors="replace"))]
-        if kind is Kind.ARGS_LABEL:
-            return [self._piece(k, v) for k, v in _LABEL_PIECES[action.label_id]]
-        if kind is Kind.ARGS_RAW:
-            return [self._piece("args_string" if action.string else "args_raw", data)]
-        if kind is Kind.ARGS_END:
-            return [self._piece("args_close", action.text)]
-        return [self._piece("break", "")]
-
-    def _piece(self, kind: str, data: bytes | str) -> Piece:
-        if kind in MERGEABLE and isinstance(data, str):
-            data = data.encode("utf-8")
-        return Piece(kind, data, self._tool_index)
 
     def render(self, kind: str, text: str, index: int) -> list[ChatCompletionChunk]:
         """The chunk for one finished piece (none for empty text or a break)."""
@@ -169,7 +199,7 @@ class ChatCompletionChunkGenerator:
         if kind == "header":
             call = {
                 "index": index,
-                "id": _call_id(index),
+                "id": self.call_id(index),
                 "type": "function",
                 "function": {"name": text, "arguments": ""},
             }

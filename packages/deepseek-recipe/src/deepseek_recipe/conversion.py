@@ -127,7 +127,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
     strict_schema = rf["type"] == "json_schema" and bool(rf.get("strict"))
     if strict_schema:
         check_schema_kinds(rf["schema"], for_tool=False)
-    if messages[-1].prefix:
+    if messages and messages[-1].prefix:  # empty system messages leave no message at all
         if rf["type"] == "json_object":
             raise ConversionError("response_format json_object should not be used with prefix")
         if d["tools"] or any(m.tool_calls for m in messages):

@@ -30,6 +30,7 @@ V4_FLAVOR = Flavor(
     tool_after_user_opens_turn=True,
     float_format=format_float,
     reasoning_by_presence=True,
+    sort_calls_by_id=True,
 )
 
 V41_FLAVOR = Flavor(

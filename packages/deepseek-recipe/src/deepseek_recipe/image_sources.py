@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from typing import Literal
 
+from deepseek_recipe._image_args import as_bytes, as_str
 from deepseek_recipe.reprs import rust_str as _rust_str
 
 ImageDetail = Literal["low", "high", "original", "auto"]
+_DETAILS = ("low", "high", "original", "auto")
+
+
+def check_detail(detail: object) -> ImageDetail:
+    """Validate a detail level with the official error for an unknown one."""
+    text = as_str(detail, "detail")
+    if text not in _DETAILS:
+        raise ValueError(
+            f'invalid detail {_rust_str(text)}; expected "low", "high", "original", or "auto"'
+        )
+    return text  # type: ignore[return-value]
 
 
 class ImageSource:
@@ -19,10 +31,8 @@ class ImageSource:
     _kind: Literal["data_url", "url", "bytes"]
 
     def __init__(self, detail: ImageDetail = "high", path: str = "") -> None:
-        if detail not in ("low", "high", "original", "auto"):
-            raise ValueError(f"unknown image detail {detail!r}")
-        self._detail: ImageDetail = detail
-        self._path = path
+        self._detail: ImageDetail = check_detail(detail)
+        self._path = as_str(path, "path")
 
     @property
     def kind(self) -> str:
@@ -58,15 +68,15 @@ class DataUrlImageSource(ImageSource):
     _kind = "data_url"
 
     def __init__(self, data_url: str, detail: ImageDetail = "high", *, path: str = "") -> None:
+        self._data_url = as_str(data_url, "data_url")
         super().__init__(detail, path)
-        self._data_url = data_url
 
     @property
     def data_url(self) -> str | None:
         return self._data_url
 
     def __repr__(self) -> str:
-        return f"DataUrlImageSource(<{len(self._data_url)} characters>, {self._tail()})"
+        return f"DataUrlImageSource({_rust_str(self._data_url)}, {self._tail()})"
 
 
 class UrlImageSource(ImageSource):
@@ -75,8 +85,8 @@ class UrlImageSource(ImageSource):
     _kind = "url"
 
     def __init__(self, url: str, detail: ImageDetail = "high", *, path: str = "") -> None:
+        self._url = as_str(url, "url")
         super().__init__(detail, path)
-        self._url = url
 
     @property
     def url(self) -> str | None:
@@ -92,8 +102,8 @@ class BytesImageSource(ImageSource):
     _kind = "bytes"
 
     def __init__(self, data: bytes, detail: ImageDetail = "high", *, path: str = "") -> None:
+        self._data = as_bytes(data, "data")
         super().__init__(detail, path)
-        self._data = bytes(data)
 
     @property
     def data(self) -> bytes | None:

@@ -112,8 +112,8 @@ def dumps_compact(value: Any) -> str:
 
 
 def format_compact_float(value: float) -> str:
-    """serde_json's own float format (`1e20`, `1.5e-7`), used in compact protocol JSON."""
-    return format_float(value).replace("e+", "e")
+    """The official compact JSON keeps the same float spelling as the prompts (`1e+21`, `1e-7`)."""
+    return format_float(value)
 
 
 def loads(text: str) -> Any:

@@ -51,6 +51,8 @@ class Flavor:
     float_format: Callable[[float], str]
     #: V4 keys history reasoning on whether the message carries any; V4.1 on thinking mode.
     reasoning_by_presence: bool
+    #: V4 lists an assistant's tool calls (and so their results) in call-id order.
+    sort_calls_by_id: bool = False
 
 
 def _join(parts: Sequence[Sequence[Segment]]) -> list[Segment]:
@@ -129,6 +131,18 @@ def _sort_tool_results(messages: list[Message], whole_run: bool) -> list[Message
     return out
 
 
+def _calls_by_id(messages: list[Message]) -> list[Message]:
+    """Assistant messages with their tool calls in call-id order (string order)."""
+    out: list[Message] = []
+    for m in messages:
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            calls = sorted(m.tool_calls, key=lambda c: c.id)
+            out.append(AssistantMessage(m.content, m.reasoning_content, calls, m.prefix))
+        else:
+            out.append(m)
+    return out
+
+
 def _content(segments: Sequence[Segment]) -> list[Piece]:
     return [special(s.spelling) if isinstance(s, ImagePlaceholder) else text(s) for s in segments]
 
@@ -200,6 +214,8 @@ class Renderer:
         messages = conv.messages
         if not f.mid_conversation_system:
             messages = _hoist_systems(messages)
+        if f.sort_calls_by_id:
+            messages = _calls_by_id(messages)
         messages = _merge_users(messages, skip_empty=f.tool_after_user_opens_turn)
         if f.mid_conversation_system:
             messages = _drop_repeated_reminders(messages)

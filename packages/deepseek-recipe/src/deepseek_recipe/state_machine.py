@@ -134,7 +134,7 @@ def _branches(
         return _Branch(LiteralMatcher(enc(pattern)), stage, action)
 
     out: list[_Branch] = []
-    stop_branches = [_lit(s, Stage.FINISHED, Action(Kind.STOP_SEQUENCE)) for s in stops]
+    stop_branches = [_lit(s, Stage.FINISHED, Action(Kind.STOP_SEQUENCE, s)) for s in stops]
     tool_begin = _Branch(NewlinesThenMatcher(enc(DSML_BEGIN)), Stage.TOOL_CALLS, SKIP)
     if stage in (Stage.COMMON, Stage.COMMON_LEADING):
         if opts.parse_json_output:

@@ -101,7 +101,7 @@ class StreamProcessor:
     def _start(self, out: list[Any]) -> None:
         if not self._started:
             self._started = True
-            out += self._gen.start(self._fingerprint)
+            out += self._gen.start(self._fingerprint, self._usage)
 
     def push(self, chunk: InferenceChunk) -> list[Any]:
         self._check_open()

@@ -1,0 +1,64 @@
+"""Compact JSON for Responses and Messages payloads, formatted like serde_json.
+
+Clients compare these payloads as text (and our parity tests do too), so the
+formatting follows the official serializer: no spaces, non-ASCII kept, floats as
+shortest round-trip digits (`1e+21`, `1e-7`, `0.00001`).  Sampling settings are
+single-precision values in the official objects; wrapping one in `F32` prints it
+as the shortest decimal that round-trips through `f32` (0.7, not
+0.699999988079071).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+from deepseek_recipe.pyjson import format_float, quote
+
+
+def to_f32(value: float) -> float:
+    """Round through single precision, as a value stored in an `f32` field."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+class F32(float):
+    """A float that the official objects store in single precision."""
+
+    def __new__(cls, value: float) -> F32:
+        return super().__new__(cls, to_f32(float(value)))
+
+
+def f32_shortest(value: float) -> float:
+    """The shortest decimal that reads back as the same `f32` (what serde prints)."""
+    target = to_f32(value)
+    if math.isnan(target) or math.isinf(target):
+        return target
+    for digits in range(1, 10):
+        candidate = float(f"{target:.{digits}g}")
+        if to_f32(candidate) == target:
+            return candidate
+    return target
+
+
+def dumps(value: Any) -> str:
+    """Serialize like serde_json's compact writer."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, F32):
+        return format_float(f32_shortest(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return format_float(value)
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{quote(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps(v) for v in value) + "]"
+    raise TypeError(f"value of type {type(value).__name__} is not JSON serializable")

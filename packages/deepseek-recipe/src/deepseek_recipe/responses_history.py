@@ -1,0 +1,283 @@
+"""Responses input items → conversation messages.
+
+Responses spreads one assistant turn over several items (reasoning, message,
+function calls); the prompt needs them as one assistant message.  Items are
+gathered into a turn in that order; an item that would go back in the order
+(reasoning after text, text after a call) starts a new turn, as in the official
+converter.  Tool outputs must answer the calls of the turn right before them
+and are put in call order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepseek_recipe import serde_decode as s
+from deepseek_recipe.errors import ConversionError
+from deepseek_recipe.history import UNSUPPORTED_IMAGE, _merge_text
+from deepseek_recipe.messages import (
+    AssistantMessage,
+    DataUrlImageSource,
+    ImagePlaceholder,
+    ImageSource,
+    Message,
+    Segment,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UrlImageSource,
+    UserMessage,
+)
+from deepseek_recipe.options import ModelVersion
+from deepseek_recipe.protocol_json import dumps
+from deepseek_recipe.responses_tools import qualified_name
+
+UNSUPPORTED_DOCUMENT = "[Unsupported Document]"
+_SEP = "\n\n"
+
+
+@dataclass
+class _Turn:
+    """An assistant turn being gathered from consecutive items."""
+
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    has_message: bool = False
+
+
+@dataclass
+class HistoryOptions:
+    version: ModelVersion
+    thinking: bool
+    reject_missing_reasoning: bool
+    image_token: str
+    has_tools: bool = False
+
+
+def _image_url(part: dict[str, Any], path: str) -> str:
+    """The URL of a V4.1 `input_image` part; uploaded files cannot be fetched."""
+    url, file_id = part["image_url"], part["file_id"]
+    if url is None and file_id is None:
+        raise ConversionError(f"{path}: input_image must have image_url or file_id")
+    if url is not None and file_id is not None:
+        raise ConversionError(f"{path}: input_image cannot have both image_url and file_id")
+    if url is None:
+        raise ConversionError(
+            f"{path}: file_id is not supported. Pass the image as a base64 data url instead."
+        )
+    return url
+
+
+def content_segments(
+    content: str | list[dict[str, Any]],
+    index: int,
+    opts: HistoryOptions,
+    *,
+    assistant: bool = False,
+) -> tuple[list[Segment], list[ImageSource]]:
+    """Flatten content parts: text joined by a blank line, images as placeholders."""
+    if isinstance(content, str):
+        return ([content] if content else []), []
+    segments: list[Segment] = []
+    sources: list[ImageSource] = []
+    item_path = f"input[{index}]"
+    for k, part in enumerate(content):
+        if k:
+            segments.append(_SEP)
+        kind = part["type"]
+        if kind in ("input_text", "output_text"):
+            if part["text"]:
+                segments.append(part["text"])
+        elif kind == "input_file":
+            segments.append(UNSUPPORTED_DOCUMENT)
+        elif opts.version is not ModelVersion.DeepseekV41Flash:
+            segments.append(UNSUPPORTED_IMAGE)
+        else:
+            if assistant:
+                raise ConversionError(f"{item_path}: Image in assistant message is unsupported")
+            url = _image_url(part, f"{item_path}.content[{k}]")
+            detail = part["detail"] or "high"
+            source: ImageSource
+            if url.startswith("data:"):
+                source = DataUrlImageSource(url, detail, path=item_path)
+            else:
+                source = UrlImageSource(url, detail, path=item_path)
+            sources.append(source)
+            segments.append(ImagePlaceholder(opts.image_token))
+    return _merge_text(segments), sources
+
+
+def _text(segments: list[Segment]) -> str:
+    return "".join(seg for seg in segments if isinstance(seg, str))
+
+
+class _Builder:
+    """Walks the items once, keeping the open turn and the calls awaiting output."""
+
+    def __init__(self, opts: HistoryOptions) -> None:
+        self.opts = opts
+        self.messages: list[Message] = []
+        self.turn: _Turn | None = None
+        self.pending: list[str] = []
+        self.answered: dict[str, ToolMessage] = {}
+        self.seen_calls: set[str] = set()
+        self.user_indexes: list[int] = []
+
+    def flush_turn(self) -> None:
+        turn = self.turn
+        if turn is None:
+            return
+        self.turn = None
+        if not (turn.has_message or turn.reasoning or turn.calls):
+            return
+        reasoning = "\n".join(turn.reasoning) if turn.reasoning else None
+        # The official converter keys a turn's calls by id, so they come out in id order.
+        calls = sorted(turn.calls, key=lambda c: c.id) or None
+        self.messages.append(AssistantMessage(_SEP.join(turn.content), reasoning, calls))
+        self.pending = [c.id for c in calls or []]
+        self.answered = {}
+
+    def interrupt(self) -> None:
+        """An item other than an output after calls ends the turn: its outputs must be there."""
+        if self.turn is not None and self.turn.calls:
+            self.flush_turn()
+            self.close_outputs()
+
+    def close_outputs(self) -> None:
+        """Before any non-output item: every call of the last turn must have its output."""
+        if not self.pending:
+            return
+        for call_id in self.pending:
+            if call_id not in self.answered:
+                raise ConversionError(f"No tool output found for tool call {call_id}.")
+        self.messages += [self.answered[c] for c in self.pending]
+        self.pending = []
+        self.answered = {}
+
+    def open_turn(self) -> _Turn:
+        self.close_outputs()
+        if self.turn is None:
+            self.turn = _Turn()
+        return self.turn
+
+    def add_call(self, index: int, call: ToolCall) -> None:
+        if call.id == "":
+            raise ConversionError(
+                f"Invalid 'input[{index}].call_id': empty string. Expected a string with minimum "
+                "length 1, but got an empty string instead."
+            )
+        if call.id in self.seen_calls:
+            raise ConversionError(f"Duplicate 'call_id': {call.id}.")
+        self.seen_calls.add(call.id)
+        self.open_turn().calls.append(call)
+
+    def add_output(self, index: int, item: dict[str, Any]) -> None:
+        call_id = item["call_id"]
+        if call_id is None:
+            # An output that names no call answers nothing: it stands alone, like a user turn.
+            self.flush_turn()
+            self.close_outputs()
+            segments, sources = content_segments(item["output"], index, self.opts)
+            self.messages.append(ToolMessage(segments, None, sources))
+            return
+        self.flush_turn()
+        if call_id in self.answered:
+            raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
+        if call_id not in self.pending:
+            raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
+        segments, sources = content_segments(item["output"], index, self.opts)
+        self.answered[call_id] = ToolMessage(segments, call_id, sources)
+
+    def add(self, index: int, item: Any) -> None:
+        if item is s.UNSUPPORTED:
+            return
+        kind = item["type"]
+        if kind == "web_search_call":
+            self.interrupt()
+            return
+        if kind == "message" and item["role"] == "assistant":
+            self.interrupt()
+            turn = self.open_turn()
+            segments, _ = content_segments(item["content"], index, self.opts, assistant=True)
+            text = _text(segments)
+            if text:
+                turn.content.append(text)
+            turn.has_message = True
+        elif kind == "reasoning":
+            self.interrupt()
+            text = "\n".join(p["text"] for p in item["content"] or [])
+            if text:
+                turn = self.open_turn()
+                if turn.content:
+                    self.flush_turn()
+                    turn = self.open_turn()
+                turn.reasoning.append(text)
+        elif kind == "function_call":
+            name = item["name"]
+            if item["namespace"] is not None:
+                name = qualified_name(item["namespace"], name, self.opts.version)
+            self.add_call(index, ToolCall(item["call_id"], name, item["arguments"]))
+        elif kind == "custom_tool_call":
+            arguments = dumps({"input": item["input"]})
+            self.add_call(index, ToolCall(item["call_id"], item["name"], arguments))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            self.add_output(index, item)
+        elif kind in ("tool_search_call", "tool_search_output"):
+            if self.opts.version is not ModelVersion.DeepseekV41Flash:
+                return  # V4 has no deferred tool loading: the search exchange is left out.
+            raise NotImplementedError(
+                "Responses tool_search_call and tool_search_output items (deferred tool loading) "
+                "are not implemented by this deepseek-recipe"
+            )
+        else:
+            self.flush_turn()
+            self.close_outputs()
+            segments, sources = content_segments(item["content"], index, self.opts)
+            # V4.1 has mid-conversation system turns for developer messages; V4 reads them as user.
+            developer_is_system = self.opts.version is ModelVersion.DeepseekV41Flash
+            if item["role"] == "system" or (item["role"] == "developer" and developer_is_system):
+                self.messages.append(SystemMessage(segments, sources))
+            else:
+                self.user_indexes.append(len(self.messages))
+                self.messages.append(UserMessage(segments, sources))
+
+    def finish(self) -> list[Message]:
+        self.flush_turn()
+        self.close_outputs()
+        return self.messages
+
+
+def build_messages(
+    instructions: str | None, items: str | list[Any], opts: HistoryOptions
+) -> list[Message]:
+    """The conversation messages of a request, with the history checks."""
+    builder = _Builder(opts)
+    if instructions:
+        builder.messages.append(SystemMessage([instructions]))
+    if isinstance(items, str):
+        builder.user_indexes.append(len(builder.messages))
+        builder.messages.append(UserMessage([items] if items else []))
+    else:
+        for index, item in enumerate(items):
+            builder.add(index, item)
+    messages = builder.finish()
+    last_user = builder.user_indexes[-1] if builder.user_indexes else -1
+    out: list[Message] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, AssistantMessage):
+            reasoning = message.reasoning_content
+            if not opts.thinking:
+                reasoning = None
+            elif reasoning is None:
+                needs_reasoning = opts.has_tools or bool(message.tool_calls)
+                if opts.reject_missing_reasoning and needs_reasoning and i > last_user:
+                    raise ConversionError(
+                        "The `reasoning_text` in the thinking mode must be passed back to the API."
+                    )
+                reasoning = ""
+            out.append(AssistantMessage(message.content, reasoning, message.tool_calls))
+        else:
+            out.append(message)
+    return out

@@ -1,0 +1,218 @@
+"""Regenerate tests/data/protocol_golden.json from the official deepseek-recipe 0.2.0.
+
+The golden file lets the fast (non-parity) test suite check the Responses and
+Messages converters against values the official package produced, without
+needing its interpreter.  Run with the oracle interpreter:
+
+    .venv-recipe-oracle/bin/python packages/deepseek-recipe/tests/parity/build_protocol_golden.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+OUT = HERE.parent / "data" / "protocol_golden.json"
+
+R = "DeepSeek-V4-Pro"
+R41 = "DeepSeek-V4.1-Flash"
+FN = {"type": "function", "name": "get_w", "parameters": {"type": "object"}}
+
+
+def _call(name: str, params: list[tuple[str, str, str]], v41: bool = False) -> str:
+    block, invoke, param = (
+        (" calls", " invoke", " parameter") if v41 else ("tool_calls", "invoke", "parameter")
+    )
+    inner = "\n".join(
+        f'<｜DSML｜{param} name="{n}" string="{flag}">{v}</｜DSML｜{param}>'
+        for n, flag, v in params
+    )
+    return (
+        f'<｜DSML｜{block}>\n<｜DSML｜{invoke} name="{name}">\n{inner}\n'
+        f"</｜DSML｜{invoke}>\n</｜DSML｜{block}>"
+    )
+
+
+def convert_cases() -> list[dict[str, Any]]:
+    responses: list[dict[str, Any]] = [
+        {"model": R, "input": "hi", "instructions": "be brief", "reasoning": {"effort": "low"}},
+        {
+            "model": R41,
+            "input": [
+                {"role": "developer", "content": "dev"},
+                {"role": "user", "content": [{"type": "input_text", "text": "look"}]},
+                {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "r"}]},
+                {"type": "function_call", "call_id": "b", "name": "get_w", "arguments": "{}"},
+                {
+                    "type": "function_call",
+                    "call_id": "a",
+                    "name": "g",
+                    "arguments": "{}",
+                    "namespace": "ns",
+                },
+                {"type": "function_call_output", "call_id": "b", "output": "ob"},
+                {"type": "function_call_output", "call_id": "a", "output": "oa"},
+            ],
+            "tools": [
+                FN,
+                {
+                    "type": "namespace",
+                    "name": "ns",
+                    "description": "N",
+                    "tools": [FN | {"name": "g"}],
+                },
+                {"type": "custom", "name": "apply_patch"},
+                {"type": "web_search"},
+            ],
+        },
+        {
+            "model": R,
+            "input": "q",
+            "tools": [{"type": "namespace", "name": "a_", "tools": [FN | {"name": "h"}]}, FN],
+            "tool_choice": {"type": "function", "name": "get_w"},
+            "reasoning": {"effort": "none"},
+            "temperature": 0.3,
+            "top_p": 0.7,
+            "top_logprobs": 2,
+        },
+        {"model": R, "input": "json please", "text": {"format": {"type": "json_object"}}},
+        {"model": R, "input": "no word", "text": {"format": {"type": "json_object"}}},
+        {"model": R, "input": [{"role": "user", "content": "q"}, FN | {"type": "function_call"}]},
+        {"model": R, "input": "q", "tools": [{"type": "custom", "name": "other"}]},
+        {"model": R, "input": "q", "tools": [{"type": "function", "name": "bad name"}]},
+        {"model": R, "input": [], "max_output_tokens": 0},
+        {"model": R, "input": 5},
+    ]
+    messages: list[dict[str, Any]] = [
+        {
+            "model": R,
+            "max_tokens": 500000,
+            "system": "sys",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "t", "signature": "s"},
+                        {"type": "text", "text": "calling"},
+                        {"type": "tool_use", "id": "t1", "name": "get_w", "input": {"a": [1, 2.5]}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}],
+                },
+                {"role": "system", "content": "reminder"},
+            ],
+            "tools": [{"name": "get_w", "input_schema": {"type": "object"}}],
+            "output_config": {"effort": "max"},
+        },
+        {
+            "model": R41,
+            "messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "mid"}],
+            "thinking": {"type": "disabled"},
+            "temperature": 0.5,
+            "stop_sequences": ["END"],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        },
+        {
+            "model": R,
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                },
+                {"role": "user", "content": "no result"},
+            ],
+        },
+        {"model": R, "messages": []},
+        {"model": R, "messages": [{"role": "tool", "content": "x"}]},
+    ]
+    cases = [{"kind": "convert", "protocol": "responses", "body": b} for b in responses]
+    cases.append(
+        {
+            "kind": "convert",
+            "protocol": "responses",
+            "body": responses[1],
+            "options": {"responses_web_search": "reject"},
+        }
+    )
+    cases += [{"kind": "convert", "protocol": "messages", "body": b} for b in messages]
+    cases.append(
+        {
+            "kind": "convert",
+            "protocol": "messages",
+            "body": messages[1],
+            "options": {"messages_web_search": "drop"},
+        }
+    )
+    return cases
+
+
+def stream_cases() -> list[dict[str, Any]]:
+    patch = '*** Begin Patch\n*** Add File: a.txt\n+hé "q"\n*** End Patch'
+    r_body = {
+        "model": R,
+        "input": "hi",
+        "tools": [FN, {"type": "custom", "name": "apply_patch"}],
+        "instructions": "ins",
+        "temperature": 0.7,
+    }
+    m_body = {
+        "model": R,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "get_w", "input_schema": {"type": "object"}}],
+        "stop_sequences": ["STOP"],
+    }
+    outputs = [
+        (
+            "r</think>answer " + _call("get_w", [("city", "true", "Paris"), ("n", "false", "2")]),
+            "Stop",
+        ),
+        ("think</think>" + _call("apply_patch", [("input", "true", patch)]), "Stop"),
+        ("reasoning only", "Length"),
+        ("</think>text then STOP and more", None),
+        (_call("get_w", []), "ContentFilter"),
+    ]
+    cases: list[dict[str, Any]] = []
+    for protocol, body in (("responses", r_body), ("messages", m_body)):
+        for text, finish in outputs:
+            units = [{"text": text[i : i + 5], "count": 1} for i in range(0, len(text), 5)]
+            cases.append(
+                {
+                    "kind": "stream",
+                    "protocol": protocol,
+                    "body": body,
+                    "units": units,
+                    "finish": finish,
+                    "ready": [30, 10, "fp"],
+                    "modifiers": ["signature:sig"] if protocol == "messages" else [],
+                }
+            )
+    return cases
+
+
+def main() -> None:
+    sys.path.insert(0, str(HERE))
+    import protocol_dump  # type: ignore[import-not-found]
+
+    import deepseek_recipe as dr
+
+    cases = convert_cases() + stream_cases()
+    results = protocol_dump.run_all(dr, cases)
+    OUT.write_text(
+        json.dumps({"cases": cases, "results": results}, ensure_ascii=False, indent=1) + "\n",
+        encoding="utf-8",
+    )
+    print(f"wrote {len(cases)} cases to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
