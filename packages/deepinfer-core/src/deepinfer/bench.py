@@ -28,10 +28,12 @@ def run_bench(args: argparse.Namespace) -> int:
         enable_prefix_caching=False,
     )
     rnd = random.Random(args.seed)
-    vocab = llm.engine.model.cfg.vocab_size
+    cfg = llm.engine.model.cfg
+    # Random text ids: below the image placeholder, which needs embeddings a text run lacks.
+    top = cfg.vocab_size if cfg.image_token_id is None else min(cfg.vocab_size, cfg.image_token_id)
     prompts = [
         [
-            rnd.randrange(3, vocab)
+            rnd.randrange(3, top)
             for _ in range(rnd.randint(args.min_input_len, args.max_input_len))
         ]
         for _ in range(args.num_seqs)
