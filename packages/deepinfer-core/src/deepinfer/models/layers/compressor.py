@@ -134,19 +134,38 @@ class Compressor(nn.Module):
 def append_rows(states: list[CompressorState], kv: Tensor, score: Tensor, ratio: int) -> list[int]:
     """Append row i's new projections [B, 1, width] to its open window; returns the rows whose
     window is now complete (their buffers hold exactly ``ratio`` rows)."""
-    full = []
+    # Rows whose open windows are equally full are appended together (a few ops per fill
+    # level, not per row); each row then keeps a view of its slice.
+    by_fill: dict[int, list[int]] = {}
     for i, st in enumerate(states):
         st.remember(kv[i : i + 1], score[i : i + 1])
-        st.buf_kv = torch.cat((st.buf_kv, kv[i : i + 1]), dim=1)
-        st.buf_score = torch.cat((st.buf_score, score[i : i + 1]), dim=1)
-        if st.buf_kv.shape[1] == ratio:
-            full.append(i)
-    return full
+        by_fill.setdefault(st.buf_kv.shape[1], []).append(i)
+    full = []
+    for fill, rows in by_fill.items():
+        sel = torch.tensor(rows, device=kv.device)
+        new_kv, new_score = kv.index_select(0, sel), score.index_select(0, sel)
+        if fill:
+            new_kv = torch.cat((torch.cat([states[i].buf_kv for i in rows]), new_kv), dim=1)
+            new_score = torch.cat((torch.cat([states[i].buf_score for i in rows]), new_score), 1)
+        for i, row_kv, row_score in zip(rows, new_kv.unbind(0), new_score.unbind(0), strict=True):
+            states[i].buf_kv, states[i].buf_score = row_kv[None], row_score[None]
+        if fill + 1 == ratio:
+            full.extend(rows)
+    return sorted(full)
 
 
 def padded_entries(states: list[CompressorState]) -> Tensor:
-    """Every row's entries [B, T_max, D], zero past each row's own count."""
-    return torch.nn.utils.rnn.pad_sequence([st.entries[0] for st in states], batch_first=True)
+    """Every row's entries [B, T_max, D], zero past each row's own count (one gather)."""
+    counts = [st.entries.shape[1] for st in states]
+    first = states[0].entries
+    out = first.new_zeros(len(states), max(counts), first.shape[-1])
+    if max(counts):
+        flat = torch.cat([st.entries[0] for st in states])  # [sum T, D]
+        rows = torch.repeat_interleave(torch.arange(len(states)), torch.tensor(counts))
+        starts = torch.tensor([0, *counts]).cumsum(0)[:-1]
+        cols = torch.arange(flat.shape[0]) - starts[rows]
+        out[rows.to(out.device), cols.to(out.device)] = flat
+    return out
 
 
 def _previous_halves(

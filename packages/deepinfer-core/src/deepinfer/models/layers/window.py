@@ -54,8 +54,9 @@ def _decode_window_keys(
     visible = (held >= 0) & (p - held < window) & (slot < capacity)
     keys = torch.cat((past.to(kv.dtype), kv), dim=1)
     mask = torch.cat((visible, torch.ones_like(visible[:, :1])), dim=1)[:, None, :]
-    slots = torch.remainder(p, capacity)  # [B, 1]
-    for i, ring in enumerate(rings):
-        ring.kv[0].index_copy_(0, slots[i], kv[i].to(ring.kv.dtype))
+    # Each ring's length is its row's position, known on the host: one fused copy writes all rows.
+    targets = [r.kv[0, r.length % r.capacity] for r in rings]
+    torch._foreach_copy_(targets, list(kv[:, 0].to(rings[0].kv.dtype).unbind(0)))
+    for ring in rings:
         ring.length += 1
     return keys, mask
