@@ -9,13 +9,11 @@ cover what the official package cannot show offline: the fetch transport.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import runpy
 import urllib.error
 import zlib
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,26 +29,7 @@ from deepseek_recipe.images import ImageInfo, MultiModalData
 HERE = Path(__file__).parent
 GOLDEN = json.loads((HERE / "data" / "image_golden.json").read_text(encoding="utf-8"))
 PAIRS = list(zip(GOLDEN["cases"], GOLDEN["results"], strict=True))
-
-
-def _load(name: str) -> ModuleType:
-    path = HERE / "parity" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_recipe_images_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _parity_api() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "_recipe_images_parity_api", HERE / "parity" / "test_image_parity.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ours()
+load = runpy.run_path(str(HERE / "parity" / "_oracle.py"))["load"]
 
 
 def _cases(kind: str) -> list[tuple[dict[str, Any], Any]]:
@@ -58,8 +37,8 @@ def _cases(kind: str) -> list[tuple[dict[str, Any], Any]]:
 
 
 def _check(pairs: list[tuple[dict[str, Any], Any]], image_dir: Path) -> None:
-    harness = _load("image_harness")
-    api = _parity_api()
+    harness = load("image_harness")
+    api = load("test_image_parity").ours()
     bad = []
     for case, expected in pairs:
         got = harness.run_all(api, [case], image_dir)[0]
@@ -77,7 +56,7 @@ def _check(pairs: list[tuple[dict[str, Any], Any]], image_dir: Path) -> None:
 def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The golden cases' image files, regenerated with Pillow from their seeds."""
     pytest.importorskip("PIL")
-    build = _load("build_image_golden")
+    build = load("build_image_golden")
     path = tmp_path_factory.mktemp("golden_images")
     assert build.golden_cases(path) == GOLDEN["cases"]
     return path

@@ -8,11 +8,9 @@ broader comparison runs in tests/parity/test_protocol_parity.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import runpy
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,18 +20,7 @@ import deepseek_recipe as dr
 HERE = Path(__file__).parent
 GOLDEN = json.loads((HERE / "data" / "protocol_golden.json").read_text(encoding="utf-8"))
 CASES = list(zip(GOLDEN["cases"], GOLDEN["results"], strict=True))
-
-
-def _harness() -> ModuleType:
-    name = "_recipe_protocol_dump"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE / "parity" / "protocol_dump.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+load = runpy.run_path(str(HERE / "parity" / "_oracle.py"))["load"]
 
 
 @pytest.mark.parametrize(
@@ -42,7 +29,7 @@ def _harness() -> ModuleType:
     ids=[f"{i}-{c['kind']}-{c['protocol']}" for i, (c, _) in enumerate(CASES)],
 )
 def test_golden_case(case: dict[str, Any], expected: dict[str, Any]) -> None:
-    ours = json.loads(json.dumps(_harness().run_all(dr, [case])[0], ensure_ascii=False))
+    ours = json.loads(json.dumps(load("protocol_dump").run_all(dr, [case])[0], ensure_ascii=False))
     assert ours == expected
 
 

@@ -10,58 +10,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepseek_recipe.conversation import Conversation, ReasoningEffort
-from deepseek_recipe.conversion import (
-    _EFFORT_MAP,
-    _initial_stage,
-    _output_constraint,
-    _range_error,
-    _resolve_tool_choice,
-    _sampling,
-    _stop_sequences,
-)
+from deepseek_recipe.consumable_request import ConsumableRequest
+from deepseek_recipe.conversation import Conversation
 from deepseek_recipe.errors import ConversionError
+from deepseek_recipe.history_options import HistoryOptions
 from deepseek_recipe.messages import ToolDefinition
 from deepseek_recipe.messages_body import REQUEST_FIELDS, decode_messages_request
-from deepseek_recipe.messages_history import HistoryOptions, build_messages
-from deepseek_recipe.options import (
-    ConversionOptions,
-    ModelVersion,
-    ReasoningContentBehavior,
-    WebSearchBehavior,
+from deepseek_recipe.messages_history import build_messages
+from deepseek_recipe.options import ConversionOptions, ModelVersion, WebSearchBehavior
+from deepseek_recipe.protocol_request import parse_protocol_body
+from deepseek_recipe.request import ConversationRequest
+from deepseek_recipe.request_assembly import (
+    assemble_request,
+    reasoning_effort,
+    resolve_tool_choice,
+    thinking_enabled,
 )
-from deepseek_recipe.parsing_options import ParsingOptions
-from deepseek_recipe.protocol_request import (
-    check_object_schema,
+from deepseek_recipe.request_checks import (
+    check_sampling_ranges,
+    max_tokens_bound,
     model_version,
-    parse_protocol_body,
+    range_error,
+    stop_sequences,
 )
-from deepseek_recipe.request import ConversationRequest, InferenceOptions
 from deepseek_recipe.responses_tools import check_tool_name_at
+from deepseek_recipe.schema import check_parameters
 
 
-class MessagesRequest:
+class MessagesRequest(ConsumableRequest):
     """An Anthropic Messages request; conversion consumes it, even when it fails."""
 
     def __init__(self, body: bytes | str | dict[str, Any]) -> None:
         raw = parse_protocol_body(body, "MessagesRequest", REQUEST_FIELDS)
-        self._decoded = decode_messages_request(raw)
-        self._consumed = False
-
-    def _check(self) -> dict[str, Any]:
-        if self._consumed:
-            raise RuntimeError("protocol request has been consumed")
-        return self._decoded
-
-    @property
-    def model(self) -> str:
-        """The requested model name; read it before `convert` consumes the request."""
-        return self._check()["model"]
-
-    def convert(self, options: ConversionOptions) -> ConversationRequest:
-        d = self._check()
-        self._consumed = True
-        return _convert(d, options)
+        super().__init__(decode_messages_request(raw), _convert)
 
     @staticmethod
     def chunk_generator(request: ConversationRequest, id: str, model: str) -> Any:
@@ -112,7 +93,7 @@ def _build_tools(tools: list[dict[str, Any]]) -> list[ToolDefinition]:
                 f"Invalid schema for function '{t['name']}': null is not of types \"boolean\", "
                 '"object"'
             )
-        check_object_schema(t["name"], schema)
+        check_parameters(t["name"], schema, require_object_type=True)
         out.append(ToolDefinition(t["name"], t["description"], schema, None))
     return out
 
@@ -132,22 +113,16 @@ def _tool_choice(raw: dict[str, Any] | None, dropped: set[str]) -> str | dict[st
 def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
     version = model_version(d["model"], options)
     declared = _tools(d["tools"], version, options)
-    thinking = options.default_thinking_mode
     output_config = d["output_config"] or {}
     requested_effort = output_config.get("effort")
-    if requested_effort is not None:
-        thinking = requested_effort != "none"
-    if d["thinking"] is not None:
-        thinking = d["thinking"]["type"] != "disabled"
-    opts = HistoryOptions(
-        version=version,
-        thinking=thinking,
-        reject_missing_reasoning=(
-            options.reasoning_content_behavior is ReasoningContentBehavior.Reject
-        ),
-        drop_server_blocks=options.messages_web_search is WebSearchBehavior.Drop,
-        image_token=options.special_tokens.get("image"),
+    switch = None if d["thinking"] is None else d["thinking"]["type"]
+    thinking = thinking_enabled(options, requested_effort, switch)
+    opts = HistoryOptions.from_conversion(
+        version,
+        thinking,
+        options,
         has_tools=bool(declared),
+        drop_server_blocks=options.messages_web_search is WebSearchBehavior.Drop,
         tool_names=frozenset(t["name"] for t in declared),
     )
     messages = build_messages(d["system"], d["messages"], opts)
@@ -157,56 +132,34 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
     tools = [] if raw_choice == "none" else _build_tools(declared)
     if not tools and raw_choice != "none":
         raw_choice = "auto"  # Nothing to call: forcing a call is impossible.
-    choice, tools = _resolve_tool_choice(raw_choice, tools, thinking)
-    if d["temperature"] is not None and not 0 <= d["temperature"] <= 2:
-        raise _range_error("temperature", "[0, 2]")
-    if d["top_p"] is not None and not 0 < d["top_p"] <= 1:
-        raise _range_error("top_p", "(0, 1.0]")
-    stops = _stop_sequences(d["stop_sequences"])
-    bound = (
-        options.thinking_max_tokens_upper_bound
-        if thinking
-        else options.non_thinking_max_tokens_upper_bound
-    )
+    choice, tools = resolve_tool_choice(raw_choice, tools, thinking)
+    check_sampling_ranges(d["temperature"], d["top_p"])
+    stops = stop_sequences(d["stop_sequences"])
+    bound = max_tokens_bound(options, thinking)
     max_tokens = d["max_tokens"]
     if max_tokens is not None:
         if max_tokens < 1:
-            raise _range_error("max_tokens", f"[1, {bound}]")
+            raise range_error("max_tokens", f"[1, {bound}]")
         max_tokens = min(max_tokens, bound)
-    effort: ReasoningEffort | None = None
-    if thinking:
-        effort = _EFFORT_MAP.get(requested_effort or "high", "high")
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
         tools=tools,
         tool_choice=choice,
-        reasoning_effort=effort,
+        reasoning_effort=reasoning_effort(thinking, requested_effort),
     )
-    active_tools = bool(tools) and choice != "none"
-    constraint = _output_constraint(conversation, {"type": "text"}, None)
-    temperature, top_p = _sampling(version, thinking, bool(tools), d["temperature"], d["top_p"])
-    inference = InferenceOptions(
+    return assemble_request(
+        conversation,
+        version,
+        options,
+        response_format={"type": "text"},
+        constraint_schema=None,
+        temperature=d["temperature"],
+        top_p=d["top_p"],
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
         logprobs=False,
         top_logprobs=None,
         seed=None,
-        output_constraint=constraint,
-    )
-    parsing = ParsingOptions(
-        parse_tool_calls=active_tools,
-        starts_in_tool_calls=active_tools and choice == "required",
-        parse_json_output=False,
-        thinking_initial_stage=_initial_stage(conversation) if thinking else None,
         stop_sequences=stops,
-        special_tokens=options.special_tokens,
-    )
-    return ConversationRequest(
-        conversation,
-        version,
-        inference_options=inference,
-        parsing_options=parsing,
         stream=bool(d["stream"]),
     )

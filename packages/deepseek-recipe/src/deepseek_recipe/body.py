@@ -113,6 +113,15 @@ def variant(value: Any, expected: list[str]) -> str:
     return value
 
 
+def loads_body(text: str) -> Any:
+    """Parse a JSON body; a syntax error is reported in serde's words where we know them."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        message = serde_syntax_error(text) or str(exc)
+        raise ValueError(f"invalid JSON request: {message}") from None
+
+
 def parse_body(body: bytes | str | dict[str, Any]) -> dict[str, Any]:
     """Accept the three body forms of the official constructor."""
     if isinstance(body, dict):
@@ -123,11 +132,7 @@ def parse_body(body: bytes | str | dict[str, Any]) -> dict[str, Any]:
         except UnicodeDecodeError as exc:
             raise ValueError(f"invalid JSON request: {exc}") from None
     if isinstance(body, str):
-        try:
-            value = json.loads(body)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            message = serde_syntax_error(body) or str(exc)
-            raise ValueError(f"invalid JSON request: {message}") from None
+        value = loads_body(body)
         if isinstance(value, list):
             raise _sequence_body_error(value)
         if not isinstance(value, dict):

@@ -9,142 +9,32 @@ separately, matching the official chunking.
 from __future__ import annotations
 
 import json
-import random
-import string
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from deepseek_recipe.inference import InferenceFinishReason, PromptUsage
-from deepseek_recipe.pyjson import quote
+from deepseek_recipe.protocol_chunk import ProtocolChunk
 from deepseek_recipe.request import ConversationRequest
-from deepseek_recipe.state_machine import Action, Kind
-
-#: Piece kinds whose neighbours of the same kind in one unit are sent as one delta.
-#: Adjacent JSON-mode spaces collapse into one.
-MERGEABLE = frozenset({"content", "reasoning", "args_raw", "args_string", "space"})
-_TEXT_KINDS = {Kind.RAW: "content", Kind.REASONING: "reasoning", Kind.TOOL_NAME: "name"}
-
-
-@dataclass
-class Piece:
-    """Part of a delta: `data` is raw bytes for model text, a string for generated text."""
-
-    kind: str
-    data: bytes | str
-    index: int
-
-
-_ALPHABET = string.ascii_letters + string.digits
-
-
-_LABEL_PIECES = {
-    0: [("args_open", "{")],
-    1: [("args_comma", ", ")],
-    2: [("args_colon", ": ")],
-    3: [("args_quote", '"')],
-    4: [("args_quote", '"')],
-}
-
-
-def _call_id(index: int, empty_thinking: bool = False) -> str:
-    """A tool-call id; calls made in thinking mode without any reasoning are marked `ET_`."""
-    rng = random.SystemRandom()
-    body = "".join(rng.choice(_ALPHABET) for _ in range(20))
-    digits = "".join(rng.choice(string.digits) for _ in range(4))
-    marker = "ET_" if empty_thinking else ""
-    return f"call_{index:02d}_{marker}{body}{digits}"
+from deepseek_recipe.stream_pieces import (
+    ANSWER_KINDS,
+    PieceTranslator,
+    argument_json,
+    renders_nothing,
+)
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-class ChatCompletionChunk:
+class ChatCompletionChunk(ProtocolChunk):
     """One `chat.completion.chunk`; `accumulate` consumes it, as in the official API."""
 
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self._payload: dict[str, Any] | None = payload
-
-    def _take(self) -> dict[str, Any]:
-        if self._payload is None:
-            raise RuntimeError("protocol chunk has been consumed")
-        payload = self._payload
-        self._payload = None
-        return payload
+    def _serialize(self, payload: dict[str, Any]) -> str:
+        return _dumps(payload)
 
     def to_dict(self) -> dict[str, Any]:
-        if self._payload is None:
-            raise RuntimeError("protocol chunk has been consumed")
-        return self._payload
-
-    def to_json(self) -> str:
-        return _dumps(self.to_dict())
-
-    def __repr__(self) -> str:
-        return (
-            f"ChatCompletionChunk({self.to_json() if self._payload is not None else '<consumed>'})"
-        )
-
-
-class PieceTranslator:
-    """Turns parser fragments into pieces; the part every protocol generator shares.
-
-    A generator adds `start`, `render` and `finish`, which shape pieces into its
-    protocol's chunks or events.
-    """
-
-    def __init__(self, thinking: bool = False) -> None:
-        self._tool_index = -1
-        self._tool_name = b""
-        self._tool_calls = 0
-        #: The stop sequence that ended the output, for protocols that report it.
-        self.stop_sequence: str | None = None
-        self._thinking_mode = thinking
-        self._reasoning_seen = False
-        #: Indexes of tool calls made in thinking mode before any reasoning text.
-        self._empty_thinking_calls: set[int] = set()
-
-    def call_id(self, index: int) -> str:
-        return _call_id(index, index in self._empty_thinking_calls)
-
-    def translate(self, action: Action, data: bytes) -> list[Piece]:
-        """Turn one parser fragment into pieces; a `break` piece renders nothing, stops merging."""
-        kind = action.kind
-        if kind in (Kind.RAW, Kind.REASONING):
-            if kind is Kind.REASONING and data:
-                self._reasoning_seen = True
-            return [self._piece(_TEXT_KINDS[kind], data)]
-        if kind is Kind.TO_SPACE:
-            return [self._piece("space", " ")]
-        if kind is Kind.LABEL:
-            return [self._piece("label", action.text)]
-        if kind is Kind.TOOL_CALL_BEGIN:
-            self._tool_index += 1
-            self._tool_name = b""
-            if self._thinking_mode and not self._reasoning_seen:
-                self._empty_thinking_calls.add(self._tool_index)
-            return [self._piece("break", "")]
-        if kind is Kind.TOOL_NAME:
-            self._tool_name += data
-            return []
-        if kind is Kind.TOOL_NAME_END:
-            self._tool_calls += 1
-            return [self._piece("header", self._tool_name.decode("utf-8", errors="replace"))]
-        if kind is Kind.ARGS_LABEL:
-            return [self._piece(k, v) for k, v in _LABEL_PIECES[action.label_id]]
-        if kind is Kind.ARGS_RAW:
-            return [self._piece("args_string" if action.string else "args_raw", data)]
-        if kind is Kind.ARGS_END:
-            return [self._piece("args_close", action.text)]
-        if kind is Kind.STOP_SEQUENCE:
-            self.stop_sequence = action.text
-        return [self._piece("break", "")]
-
-    def _piece(self, kind: str, data: bytes | str) -> Piece:
-        if kind in MERGEABLE and isinstance(data, str):
-            data = data.encode("utf-8")
-        return Piece(kind, data, self._tool_index)
+        return self._get()
 
 
 class ChatCompletionChunkGenerator(PieceTranslator):
@@ -154,7 +44,6 @@ class ChatCompletionChunkGenerator(PieceTranslator):
         super().__init__(request.parsing_options.thinking_initial_stage is not None)
         self._id = id
         self._model = model
-        self._thinking = request.parsing_options.thinking_initial_stage is not None
         self._streamed = request.stream
         self._created = int(time.time())
         self._fingerprint: str | None = None
@@ -179,20 +68,20 @@ class ChatCompletionChunkGenerator(PieceTranslator):
         self, fingerprint: str | None, usage: PromptUsage | None = None
     ) -> list[ChatCompletionChunk]:
         self._fingerprint = fingerprint
-        if self._thinking:
+        if self._thinking_mode:
             return [self._chunk({"role": "assistant", "content": None, "reasoning_content": ""})]
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def _content(self, text: str) -> dict[str, Any]:
-        if self._thinking:
+        if self._thinking_mode:
             return {"content": text, "reasoning_content": None}
         return {"content": text}
 
     def render(self, kind: str, text: str, index: int) -> list[ChatCompletionChunk]:
         """The chunk for one finished piece (none for empty text or a break)."""
-        if kind == "break" or (text == "" and kind != "header"):
+        if renders_nothing(kind, text):
             return []
-        if kind in ("content", "space", "label"):
+        if kind in ANSWER_KINDS:
             return [self._chunk(self._content(text))]
         if kind == "reasoning":
             return [self._chunk({"content": None, "reasoning_content": text})]
@@ -204,9 +93,10 @@ class ChatCompletionChunkGenerator(PieceTranslator):
                 "function": {"name": text, "arguments": ""},
             }
             return [self._chunk({"tool_calls": [call]})]
-        if kind == "args_string":
-            text = quote(text)[1:-1]
-        return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})]
+        arguments = argument_json(kind, text)
+        return [
+            self._chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
+        ]
 
     def finish(
         self,
@@ -222,7 +112,7 @@ class ChatCompletionChunkGenerator(PieceTranslator):
             InferenceFinishReason.Length: "length",
             InferenceFinishReason.ContentFilter: "content_filter",
         }[reason]
-        if explicit and reason is InferenceFinishReason.Stop and self._tool_calls:
+        if self.stopped_after_tool_calls(reason, explicit):
             finish = "tool_calls"
         prompt = usage.prompt_tokens
         hit = usage.prompt_cache_hit_tokens

@@ -9,10 +9,18 @@ reasoning back.
 from __future__ import annotations
 
 from deepseek_recipe.body import ContentPart, DecodedMessage
+from deepseek_recipe.content_segments import (
+    PART_SEPARATOR,
+    UNSUPPORTED_IMAGE,
+    merge_text,
+    segments_text,
+    url_image_source,
+)
 from deepseek_recipe.errors import ConversionError
+from deepseek_recipe.history_options import HistoryOptions
+from deepseek_recipe.history_reasoning import carried_reasoning
 from deepseek_recipe.messages import (
     AssistantMessage,
-    DataUrlImageSource,
     ImagePlaceholder,
     ImageSource,
     LatestReminderMessage,
@@ -21,13 +29,9 @@ from deepseek_recipe.messages import (
     SystemMessage,
     ToolCall,
     ToolMessage,
-    UrlImageSource,
     UserMessage,
 )
-from deepseek_recipe.options import ConversionOptions, ModelVersion, ReasoningContentBehavior
-
-UNSUPPORTED_IMAGE = "[Unsupported Image]"
-_PART_SEPARATOR = "\n\n"
+from deepseek_recipe.options import ConversionOptions, ModelVersion
 
 
 def _check_tool_sequence(messages: list[DecodedMessage]) -> None:
@@ -112,7 +116,7 @@ def _segments(
     sources: list[ImageSource] = []
     for i, part in enumerate(content):
         if i:
-            segments.append(_PART_SEPARATOR)
+            segments.append(PART_SEPARATOR)
         if part.kind == "text":
             if part.text:
                 segments.append(part.text)
@@ -121,26 +125,11 @@ def _segments(
         elif part.kind == "image_url" and version is ModelVersion.DeepseekV41Flash:
             if role == "assistant":
                 raise ConversionError("Image in assistant message is not supported")
-            source: ImageSource
-            if part.url.startswith("data:"):
-                source = DataUrlImageSource(part.url, part.detail, path=path)  # type: ignore[arg-type]
-            else:
-                source = UrlImageSource(part.url, part.detail, path=path)  # type: ignore[arg-type]
-            sources.append(source)
+            sources.append(url_image_source(part.url, part.detail, path))  # type: ignore[arg-type]
             segments.append(ImagePlaceholder(image_token))
         else:
             segments.append(UNSUPPORTED_IMAGE)
-    return _merge_text(segments), sources
-
-
-def _merge_text(segments: list[Segment]) -> list[Segment]:
-    out: list[Segment] = []
-    for seg in segments:
-        if isinstance(seg, str) and out and isinstance(out[-1], str):
-            out[-1] += seg
-        else:
-            out.append(seg)
-    return out
+    return merge_text(segments), sources
 
 
 def build_messages(
@@ -151,10 +140,9 @@ def build_messages(
     has_tools: bool,
 ) -> list[Message]:
     """Validate the history and build conversation messages."""
-    image_token = options.special_tokens.get("image")
-    reject = options.reasoning_content_behavior is ReasoningContentBehavior.Reject
+    opts = HistoryOptions.from_conversion(version, thinking, options, has_tools=has_tools)
     converted = [
-        _segments(msg.content, version, image_token, f".messages[{index}]", msg.role)
+        _segments(msg.content, version, opts.image_token, f".messages[{index}]", msg.role)
         for index, msg in enumerate(decoded)
     ]
     _check_tool_sequence(decoded)
@@ -173,17 +161,15 @@ def build_messages(
         elif msg.role == "latest_reminder":
             out.append(LatestReminderMessage(msg.content if isinstance(msg.content, str) else ""))
         else:
-            text = "".join(s for s in segments if isinstance(s, str))
             calls = None
             if msg.tool_calls is not None:
                 calls = [ToolCall(c.id, c.name, c.arguments) for c in msg.tool_calls]
-            reasoning = msg.reasoning_content if thinking else None
-            if thinking and reasoning is None:
-                if reject and (has_tools or calls) and index > last_user:
-                    raise ConversionError(
-                        "The `reasoning_content` in the thinking mode must be passed back to "
-                        "the API."
-                    )
-                reasoning = ""
-            out.append(AssistantMessage(text, reasoning, calls, msg.prefix))
+            reasoning = carried_reasoning(
+                msg.reasoning_content,
+                opts,
+                has_calls=bool(calls),
+                after_last_user=index > last_user,
+                field="reasoning_content",
+            )
+            out.append(AssistantMessage(segments_text(segments), reasoning, calls, msg.prefix))
     return out

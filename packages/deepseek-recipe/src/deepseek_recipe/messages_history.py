@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
 from typing import Any
 
+from deepseek_recipe.content_segments import PART_SEPARATOR, UNSUPPORTED_IMAGE, merge_text
 from deepseek_recipe.errors import ConversionError
-from deepseek_recipe.history import UNSUPPORTED_IMAGE, _merge_text
+from deepseek_recipe.history_options import HistoryOptions
+from deepseek_recipe.history_reasoning import settle_reasoning
 from deepseek_recipe.messages import (
     AssistantMessage,
     DataUrlImageSource,
@@ -32,19 +33,7 @@ from deepseek_recipe.messages import (
 from deepseek_recipe.options import ModelVersion
 from deepseek_recipe.pyjson import dumps_python
 
-_SEP = "\n\n"
 _SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result")
-
-
-@dataclass
-class HistoryOptions:
-    version: ModelVersion
-    thinking: bool
-    reject_missing_reasoning: bool
-    drop_server_blocks: bool
-    image_token: str
-    has_tools: bool
-    tool_names: frozenset[str] = frozenset()
 
 
 def _document(block: dict[str, Any]) -> str:
@@ -86,7 +75,7 @@ def _append_all(texts: list[str]) -> str:
     out = ""
     for text in texts:
         if out:
-            out += _SEP
+            out += PART_SEPARATOR
         out += text
     return out
 
@@ -126,7 +115,7 @@ class _Builder:
         sources: list[ImageSource] = []
         for k, block in enumerate(blocks):
             if k:
-                segments.append(_SEP)
+                segments.append(PART_SEPARATOR)
             kind = block["type"]
             if kind == "text":
                 if block["text"]:
@@ -151,7 +140,7 @@ class _Builder:
                 segments.append(ImagePlaceholder(self.opts.image_token))
             else:
                 segments.append(UNSUPPORTED_IMAGE)
-        return _merge_text(segments), sources
+        return merge_text(segments), sources
 
     def _expect_results(self, index: int) -> None:
         """A message other than the answering user message arrived while calls are open."""
@@ -307,7 +296,7 @@ class _Builder:
                     raise ConversionError("Image in assistant message is unsupported")
                 else:
                     texts.append(UNSUPPORTED_IMAGE)
-        joined_reasoning = None if reasoning is None else _SEP.join(reasoning)
+        joined_reasoning = None if reasoning is None else PART_SEPARATOR.join(reasoning)
         self.out.append(AssistantMessage(_append_all(texts), joined_reasoning, calls or None))
         self.pending = [c.id for c in calls]
         self.pending_at = index
@@ -331,7 +320,7 @@ def build_messages(
             builder.out.append(SystemMessage([system] if system else []))
         else:
             texts = [blk["text"] for blk in system]
-            builder.out.append(SystemMessage([_SEP.join(texts)] if any(texts) else []))
+            builder.out.append(SystemMessage([PART_SEPARATOR.join(texts)] if any(texts) else []))
     # Request index of each produced message, for the missing-reasoning check.
     origins: list[int] = [-1] * len(builder.out)
     for index, msg in enumerate(messages):
@@ -348,19 +337,4 @@ def build_messages(
         origins += [index] * (len(builder.out) - before)
     builder.finish()
     last_user = builder.user_turns[-1] if builder.user_turns else -1
-    out: list[Message] = []
-    for origin, message in zip(origins, builder.out, strict=True):
-        if isinstance(message, AssistantMessage):
-            reasoning = message.reasoning_content if opts.thinking else None
-            if opts.thinking and reasoning is None:
-                needs = opts.has_tools or bool(message.tool_calls)
-                if opts.reject_missing_reasoning and needs and origin > last_user:
-                    raise ConversionError(
-                        "The `content[].thinking` in the thinking mode must be passed back to "
-                        "the API."
-                    )
-                reasoning = ""
-            out.append(AssistantMessage(message.content, reasoning, message.tool_calls))
-        else:
-            out.append(message)
-    return out
+    return settle_reasoning(builder.out, origins, last_user, opts, "content[].thinking")

@@ -13,12 +13,16 @@ import copy
 import json
 from typing import Any
 
-from deepseek_recipe.chat_stream import PieceTranslator
 from deepseek_recipe.inference import InferenceFinishReason, PromptUsage
+from deepseek_recipe.protocol_chunk import ProtocolChunk, TypedEventFraming
 from deepseek_recipe.protocol_json import dumps
-from deepseek_recipe.pyjson import quote
+from deepseek_recipe.stream_pieces import (
+    ANSWER_KINDS,
+    PieceTranslator,
+    argument_json,
+    renders_nothing,
+)
 
-_TEXT_KINDS = ("content", "space", "label")
 _STOP_REASONS = {
     InferenceFinishReason.Stop: "end_turn",
     InferenceFinishReason.Length: "max_tokens",
@@ -49,28 +53,8 @@ def message_object(id: str, model: str, usage: dict[str, Any]) -> dict[str, Any]
     }
 
 
-class MessagesStreamEvent:
+class MessagesStreamEvent(ProtocolChunk):
     """One Messages stream event; `MessagesResponse.accumulate` consumes it."""
-
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self._payload: dict[str, Any] | None = payload
-
-    def _take(self) -> dict[str, Any]:
-        payload = self._get()
-        self._payload = None
-        return payload
-
-    def _get(self) -> dict[str, Any]:
-        if self._payload is None:
-            raise RuntimeError("protocol chunk has been consumed")
-        return self._payload
-
-    def to_json(self) -> str:
-        return dumps(self._get())
-
-    def __repr__(self) -> str:
-        body = self.to_json() if self._payload is not None else "<consumed>"
-        return f"MessagesStreamEvent({body})"
 
 
 class MessagesChunkGenerator(PieceTranslator):
@@ -80,21 +64,15 @@ class MessagesChunkGenerator(PieceTranslator):
         super().__init__(thinking_mode)
         self._id = id
         self._model = model
-        self._thinking = thinking_mode
         self._signature = id
         self._index = -1
         self._open: str | None = None
         self._pinged = False
         self._usage = PromptUsage()
-        self._consumed = False
 
     def with_signature(self, signature: str) -> MessagesChunkGenerator:
         """Consume this generator; the new one ends each thinking block with `signature`."""
-        if self._consumed:
-            raise RuntimeError("chunk generator has been consumed")
-        self._consumed = True
-        new = copy.copy(self)
-        new._consumed = False
+        new = self._take_over()
         new._signature = signature
         return new
 
@@ -136,7 +114,7 @@ class MessagesChunkGenerator(PieceTranslator):
             self._id, self._model, _usage(u.prompt_tokens, u.prompt_cache_hit_tokens, 0)
         )
         out = [self._event({"type": "message_start", "message": message})]
-        if self._thinking:
+        if self._thinking_mode:
             out += self._start_block(
                 "thinking", {"type": "thinking", "thinking": "", "signature": ""}
             )
@@ -144,7 +122,7 @@ class MessagesChunkGenerator(PieceTranslator):
 
     def render(self, kind: str, text: str, index: int) -> list[MessagesStreamEvent]:
         """The events for one finished piece (none for empty text or a break)."""
-        if kind == "break" or (text == "" and kind != "header"):
+        if renders_nothing(kind, text):
             return []
         out: list[MessagesStreamEvent] = []
         if kind == "reasoning":
@@ -154,7 +132,7 @@ class MessagesChunkGenerator(PieceTranslator):
                     "thinking", {"type": "thinking", "thinking": "", "signature": ""}
                 )
             return [*out, self._delta({"type": "thinking_delta", "thinking": text})]
-        if kind in _TEXT_KINDS:
+        if kind in ANSWER_KINDS:
             if self._open != "text":
                 out += self._stop_block()
                 out += self._start_block("text", {"type": "text", "text": ""})
@@ -165,9 +143,8 @@ class MessagesChunkGenerator(PieceTranslator):
             return out + self._start_block("tool_use", block)
         if self._open != "tool_use":
             return out
-        if kind == "args_string":
-            text = quote(text)[1:-1]
-        return [self._delta({"type": "input_json_delta", "partial_json": text})]
+        partial = argument_json(kind, text)
+        return [self._delta({"type": "input_json_delta", "partial_json": partial})]
 
     def finish(
         self,
@@ -181,7 +158,7 @@ class MessagesChunkGenerator(PieceTranslator):
         out = self._stop_block()
         stop_reason = _STOP_REASONS[reason]
         stop_sequence = None
-        if explicit and reason is InferenceFinishReason.Stop and self._tool_calls:
+        if self.stopped_after_tool_calls(reason, explicit):
             stop_reason = "tool_use"
         elif not explicit and self.stop_sequence is not None:
             stop_reason, stop_sequence = "stop_sequence", self.stop_sequence
@@ -218,7 +195,7 @@ def _parse_input(text: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-class MessagesResponse:
+class MessagesResponse(TypedEventFraming):
     """A Messages response object built by accumulating stream events."""
 
     def __init__(
@@ -265,13 +242,3 @@ class MessagesResponse:
 
     def to_json(self) -> str:
         return dumps(self._message)
-
-    @staticmethod
-    def sse_event_name(chunk: MessagesStreamEvent) -> str | None:
-        """Every Messages event is sent under its type name."""
-        return chunk._get()["type"]
-
-    @staticmethod
-    def sse_done_data() -> str | None:
-        """A Messages stream has no final data message."""
-        return None

@@ -14,7 +14,7 @@ import math
 import struct
 from typing import Any
 
-from deepseek_recipe.pyjson import format_float, quote
+from deepseek_recipe.pyjson import dumps_compact, format_float
 
 
 def to_f32(value: float) -> float:
@@ -41,24 +41,13 @@ def f32_shortest(value: float) -> float:
     return target
 
 
-def dumps(value: Any) -> str:
-    """Serialize like serde_json's compact writer."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
+def _serde_float(value: float) -> str:
+    """serde's spelling of a float, printing an `F32` at single precision."""
     if isinstance(value, F32):
         return format_float(f32_shortest(value))
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return format_float(value)
-    if isinstance(value, str):
-        return quote(value)
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{quote(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(dumps(v) for v in value) + "]"
-    raise TypeError(f"value of type {type(value).__name__} is not JSON serializable")
+    return format_float(value)
+
+
+def dumps(value: Any) -> str:
+    """Serialize like serde_json's compact writer."""
+    return dumps_compact(value, _serde_float)

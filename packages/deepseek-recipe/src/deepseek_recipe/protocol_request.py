@@ -1,21 +1,19 @@
-"""Request handling shared by the Responses and Messages converters.
+"""The request bodies of the Responses and Messages converters.
 
-Both protocols accept the same three body forms, resolve the model name the
-same way, and are stricter than Chat Completions about tool schemas (a schema
-must say `type: object`), so these live in one place.
+Both protocols take the same three body forms and word their problems alike.
+Chat Completions shares only the JSON text parsing (`body.loads_body`): the
+official package fails differently there on a JSON array or on bytes that
+are not UTF-8.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from deepseek_recipe import body as b
-from deepseek_recipe.errors import ConversionError, body_error
+from deepseek_recipe.errors import body_error
 from deepseek_recipe.json_errors import serde_syntax_error
-from deepseek_recipe.options import ConversionOptions, ModelVersion
-from deepseek_recipe.pyjson import dumps_compact
 from deepseek_recipe.serde_decode import Field
 
 
@@ -41,11 +39,7 @@ def parse_protocol_body(
                 message = f"invalid unicode code point at line {line} column {column}"
             raise ValueError(f"invalid JSON request: {message}") from None
     if isinstance(body, str):
-        try:
-            value = json.loads(body)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            message = serde_syntax_error(body) or str(exc)
-            raise ValueError(f"invalid JSON request: {message}") from None
+        value = b.loads_body(body)
     elif isinstance(body, (dict, list, tuple)):
         value = body
     else:
@@ -73,29 +67,3 @@ def _sequence_body(items: list[Any], struct_name: str, fields: Sequence[Field]) 
     if len(items) > len(fields):
         raise body_error(f"invalid length {len(items)}, expected fewer elements in array")
     return out
-
-
-def model_version(model: str, options: ConversionOptions) -> ModelVersion:
-    models = options.model_versions_by_name
-    version = models.get(model)
-    if version is None:
-        names = ", ".join(models)
-        raise ConversionError(f"The supported API model names are {names}, but you passed {model}.")
-    return version
-
-
-def check_object_schema(name: str, parameters: Any) -> None:
-    """A Responses function schema must be an object schema that says `type: object`."""
-    if parameters is None:
-        return
-    if not isinstance(parameters, (dict, bool)):
-        raise ConversionError(
-            f"Invalid schema for function '{name}': {dumps_compact(parameters)} is not of "
-            'types "boolean", "object"'
-        )
-    kind = parameters.get("type") if isinstance(parameters, dict) else None
-    if kind != "object":
-        raise ConversionError(
-            f"Invalid schema for function '{name}': schema must be a JSON Schema of 'type: "
-            f"\"object\"', got 'type: {dumps_compact(kind)}'."
-        )

@@ -75,8 +75,13 @@ def python_float(value: float) -> str:
     return repr(value)
 
 
-def dumps_python(value: Any, fmt: Callable[[float], str] = format_float) -> str:
-    """Serialize like Python's `json.dumps(value, ensure_ascii=False)`; `fmt` formats floats."""
+def format_compact_float(value: float) -> str:
+    """The official compact JSON keeps the same float spelling as the prompts (`1e+21`, `1e-7`)."""
+    return format_float(value)
+
+
+def _dumps(value: Any, fmt: Callable[[float], str], comma: str, colon: str) -> str:
+    """The one JSON writer behind every style; the styles differ only in separators and floats."""
     if value is None:
         return "null"
     if value is True:
@@ -90,30 +95,21 @@ def dumps_python(value: Any, fmt: Callable[[float], str] = format_float) -> str:
     if isinstance(value, str):
         return quote(value)
     if isinstance(value, dict):
-        return (
-            "{"
-            + ", ".join(f"{quote(str(k))}: {dumps_python(v, fmt)}" for k, v in value.items())
-            + "}"
-        )
+        items = (f"{quote(str(k))}{colon}{_dumps(v, fmt, comma, colon)}" for k, v in value.items())
+        return "{" + comma.join(items) + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(dumps_python(v, fmt) for v in value) + "]"
+        return "[" + comma.join(_dumps(v, fmt, comma, colon) for v in value) + "]"
     raise TypeError(f"value of type {type(value).__name__} is not JSON serializable")
 
 
-def dumps_compact(value: Any) -> str:
-    """Compact JSON (no spaces) used for output constraints and protocol payloads."""
-    if isinstance(value, float):
-        return format_compact_float(value)
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{quote(str(k))}:{dumps_compact(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(dumps_compact(v) for v in value) + "]"
-    return dumps_python(value)
+def dumps_python(value: Any, fmt: Callable[[float], str] = format_float) -> str:
+    """Serialize like Python's `json.dumps(value, ensure_ascii=False)`; `fmt` formats floats."""
+    return _dumps(value, fmt, ", ", ": ")
 
 
-def format_compact_float(value: float) -> str:
-    """The official compact JSON keeps the same float spelling as the prompts (`1e+21`, `1e-7`)."""
-    return format_float(value)
+def dumps_compact(value: Any, fmt: Callable[[float], str] = format_compact_float) -> str:
+    """Compact JSON (no spaces) for output constraints and protocol payloads; `fmt` as above."""
+    return _dumps(value, fmt, ",", ":")
 
 
 def loads(text: str) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 from deepseek_recipe.conversation import Conversation
@@ -14,11 +13,6 @@ from deepseek_recipe.reprs import rust_str as _rust_str
 NON_THINKING_DEFAULT_MAX_TOKENS = 8192
 THINKING_DEFAULT_MAX_TOKENS = 65536
 THINKING_MAX_EFFORT_DEFAULT_MAX_TOKENS = 131072
-
-
-def f32(value: float) -> float:
-    """Round through single precision; the official options store `f32` values."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 @dataclass(frozen=True)

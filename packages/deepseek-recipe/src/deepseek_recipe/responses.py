@@ -9,40 +9,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepseek_recipe.conversation import Conversation, ReasoningEffort
-from deepseek_recipe.conversion import (
-    _EFFORT_MAP,
-    _initial_stage,
-    _output_constraint,
-    _range_error,
-    _resolve_tool_choice,
-    _sampling,
-)
+from deepseek_recipe.consumable_request import ConsumableRequest
+from deepseek_recipe.conversation import Conversation
 from deepseek_recipe.errors import ConversionError
+from deepseek_recipe.history_options import HistoryOptions
 from deepseek_recipe.messages import Message, ToolDefinition
-from deepseek_recipe.options import (
-    ConversionOptions,
-    ModelVersion,
-    ReasoningContentBehavior,
-    WebSearchBehavior,
+from deepseek_recipe.options import ConversionOptions, ModelVersion, WebSearchBehavior
+from deepseek_recipe.protocol_request import parse_protocol_body
+from deepseek_recipe.request import ConversationRequest
+from deepseek_recipe.request_assembly import (
+    assemble_request,
+    reasoning_effort,
+    resolve_tool_choice,
+    thinking_enabled,
 )
-from deepseek_recipe.parsing_options import ParsingOptions
-from deepseek_recipe.protocol_request import (
-    check_object_schema,
+from deepseek_recipe.request_checks import (
+    check_sampling_ranges,
+    max_tokens_bound,
     model_version,
-    parse_protocol_body,
+    range_error,
 )
-from deepseek_recipe.request import ConversationRequest, InferenceOptions
 from deepseek_recipe.responses_body import REQUEST_FIELDS, decode_responses_request
 from deepseek_recipe.responses_echo import ResponsesEcho
-from deepseek_recipe.responses_history import HistoryOptions, build_messages
+from deepseek_recipe.responses_history import build_messages
 from deepseek_recipe.responses_tools import (
     DeclaredTool,
     DeclaredTools,
     declare_tools,
     namespace_map,
 )
-from deepseek_recipe.schema import check_schema_kinds, normalize_strict
+from deepseek_recipe.schema import check_parameters, check_schema_kinds, normalize_strict
 
 
 class ResponsesConversationRequest(ConversationRequest):
@@ -67,23 +63,12 @@ class ResponsesConversationRequest(ConversationRequest):
         self.custom_names = set(custom_names)
 
 
-class ResponsesRequest:
+class ResponsesRequest(ConsumableRequest):
     """A Responses request; conversion consumes it, even when it fails."""
 
     def __init__(self, body: bytes | str | dict[str, Any]) -> None:
         raw = parse_protocol_body(body, "ResponsesRequest", REQUEST_FIELDS)
-        self._decoded = decode_responses_request(raw)
-        self._consumed = False
-
-    def _check(self) -> dict[str, Any]:
-        if self._consumed:
-            raise RuntimeError("protocol request has been consumed")
-        return self._decoded
-
-    @property
-    def model(self) -> str:
-        """The requested model name; read it before `convert` consumes the request."""
-        return self._check()["model"]
+        super().__init__(decode_responses_request(raw), _convert)
 
     def namespace_tool_map(self, options: ConversionOptions) -> dict[str, tuple[str, str]]:
         """Function names of the declared namespace tools → `(namespace, local name)`."""
@@ -94,11 +79,6 @@ class ResponsesRequest:
     def echo(self) -> ResponsesEcho:
         """The request settings that response objects report."""
         return ResponsesEcho.from_request(self._check())
-
-    def convert(self, options: ConversionOptions) -> ConversationRequest:
-        d = self._check()
-        self._consumed = True
-        return _convert(d, options)
 
     @staticmethod
     def chunk_generator(request: ConversationRequest, id: str, model: str) -> Any:
@@ -119,7 +99,7 @@ def _build_tools(declared: list[DeclaredTool]) -> list[ToolDefinition]:
         if t.strict:
             params = normalize_strict(params or {"type": "object"}, for_tool=True)
         else:
-            check_object_schema(t.name, t.parameters)
+            check_parameters(t.name, t.parameters, require_object_type=True)
         tools.append(ToolDefinition(t.name, t.description, params, t.strict))
     return tools
 
@@ -152,15 +132,7 @@ def _messages(
         raise ConversionError("Either input or instructions must be provided")
     if isinstance(items, list) and not items:
         raise ConversionError("Input items array must not be empty")
-    opts = HistoryOptions(
-        version=version,
-        thinking=thinking,
-        reject_missing_reasoning=(
-            options.reasoning_content_behavior is ReasoningContentBehavior.Reject
-        ),
-        image_token=options.special_tokens.get("image"),
-        has_tools=has_tools,
-    )
+    opts = HistoryOptions.from_conversion(version, thinking, options, has_tools=has_tools)
     return build_messages(d["instructions"], [] if items is None else items, opts)
 
 
@@ -169,9 +141,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     declared: DeclaredTools = declare_tools(d["tools"], version, options)
     reasoning = d["reasoning"] or {}
     requested_effort = reasoning.get("effort")
-    thinking = options.default_thinking_mode
-    if requested_effort is not None:
-        thinking = requested_effort != "none"
+    thinking = thinking_enabled(options, requested_effort)
     messages = _messages(d, version, thinking, options, bool(declared.tools))
     choice_raw = d["tool_choice"]
     rejects_web_search = options.responses_web_search is WebSearchBehavior.Reject
@@ -183,7 +153,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     # With tool choice `none` the tools are not offered, so their schemas are not checked.
     offered = [] if choice_raw == "none" else declared.tools
     tools = _build_tools(offered)
-    choice, tools = _resolve_tool_choice(_named_choice(choice_raw, bool(tools)), tools, thinking)
+    choice, tools = resolve_tool_choice(_named_choice(choice_raw, bool(tools)), tools, thinking)
     strict_schema = fmt["type"] == "json_schema" and bool(fmt.get("strict"))
     if strict_schema:
         check_schema_kinds(fmt["schema"], for_tool=False)
@@ -198,60 +168,37 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
         raise ConversionError("Cannot use strict tool with non-strict tool in the same request")
     if fmt["type"] != "text" and any(t.strict for t in tools):
         raise ConversionError("response_format should not be used with tools")
-    if d["temperature"] is not None and not 0 <= d["temperature"] <= 2:
-        raise _range_error("temperature", "[0, 2]")
-    if d["top_p"] is not None and not 0 < d["top_p"] <= 1:
-        raise _range_error("top_p", "(0, 1.0]")
+    check_sampling_ranges(d["temperature"], d["top_p"])
     if d["top_logprobs"] is not None and d["top_logprobs"] > 20:
         raise ConversionError(
             "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20]."
         )
-    bound = (
-        options.thinking_max_tokens_upper_bound
-        if thinking
-        else options.non_thinking_max_tokens_upper_bound
-    )
+    bound = max_tokens_bound(options, thinking)
     max_tokens = d["max_output_tokens"]
     if max_tokens is not None and not 1 <= max_tokens <= bound:
-        raise _range_error("max_tokens", f"[1, {bound}]")
-    effort: ReasoningEffort | None = None
-    if thinking:
-        effort = _EFFORT_MAP.get(requested_effort or "high", "high")
+        raise range_error("max_tokens", f"[1, {bound}]")
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
         tools=tools,
         tool_choice=choice,
-        reasoning_effort=effort,
+        reasoning_effort=reasoning_effort(thinking, requested_effort),
         response_format="json_object" if fmt["type"] == "json_object" else "text",
         response_schema=schema,
     )
-    active_tools = bool(tools) and choice != "none"
-    rf = {"type": fmt["type"]}
-    constraint = _output_constraint(conversation, rf, constraint_schema)
-    temperature, top_p = _sampling(version, thinking, bool(tools), d["temperature"], d["top_p"])
-    inference = InferenceOptions(
+    base = assemble_request(
+        conversation,
+        version,
+        options,
+        response_format={"type": fmt["type"]},
+        constraint_schema=constraint_schema,
+        temperature=d["temperature"],
+        top_p=d["top_p"],
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
         logprobs=d["top_logprobs"] is not None,
         top_logprobs=d["top_logprobs"],
         seed=None,
-        output_constraint=constraint,
-    )
-    parsing = ParsingOptions(
-        parse_tool_calls=active_tools,
-        starts_in_tool_calls=active_tools and choice == "required",
-        parse_json_output=fmt["type"] == "json_object",
-        thinking_initial_stage=_initial_stage(conversation) if thinking else None,
         stop_sequences=[],
-        special_tokens=options.special_tokens,
-    )
-    base = ConversationRequest(
-        conversation,
-        version,
-        inference_options=inference,
-        parsing_options=parsing,
         stream=bool(d["stream"]),
     )
     return ResponsesConversationRequest(

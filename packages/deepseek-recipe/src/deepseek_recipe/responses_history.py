@@ -14,11 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepseek_recipe import serde_decode as s
+from deepseek_recipe.content_segments import (
+    PART_SEPARATOR,
+    UNSUPPORTED_IMAGE,
+    merge_text,
+    segments_text,
+    url_image_source,
+)
 from deepseek_recipe.errors import ConversionError
-from deepseek_recipe.history import UNSUPPORTED_IMAGE, _merge_text
+from deepseek_recipe.history_options import HistoryOptions
+from deepseek_recipe.history_reasoning import settle_reasoning
 from deepseek_recipe.messages import (
     AssistantMessage,
-    DataUrlImageSource,
     ImagePlaceholder,
     ImageSource,
     Message,
@@ -26,7 +33,6 @@ from deepseek_recipe.messages import (
     SystemMessage,
     ToolCall,
     ToolMessage,
-    UrlImageSource,
     UserMessage,
 )
 from deepseek_recipe.options import ModelVersion
@@ -34,7 +40,6 @@ from deepseek_recipe.protocol_json import dumps
 from deepseek_recipe.responses_tools import qualified_name
 
 UNSUPPORTED_DOCUMENT = "[Unsupported Document]"
-_SEP = "\n\n"
 
 
 @dataclass
@@ -45,15 +50,6 @@ class _Turn:
     content: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     has_message: bool = False
-
-
-@dataclass
-class HistoryOptions:
-    version: ModelVersion
-    thinking: bool
-    reject_missing_reasoning: bool
-    image_token: str
-    has_tools: bool = False
 
 
 def _image_url(part: dict[str, Any], path: str) -> str:
@@ -85,7 +81,7 @@ def content_segments(
     item_path = f"input[{index}]"
     for k, part in enumerate(content):
         if k:
-            segments.append(_SEP)
+            segments.append(PART_SEPARATOR)
         kind = part["type"]
         if kind in ("input_text", "output_text"):
             if part["text"]:
@@ -98,19 +94,9 @@ def content_segments(
             if assistant:
                 raise ConversionError(f"{item_path}: Image in assistant message is unsupported")
             url = _image_url(part, f"{item_path}.content[{k}]")
-            detail = part["detail"] or "high"
-            source: ImageSource
-            if url.startswith("data:"):
-                source = DataUrlImageSource(url, detail, path=item_path)
-            else:
-                source = UrlImageSource(url, detail, path=item_path)
-            sources.append(source)
+            sources.append(url_image_source(url, part["detail"] or "high", item_path))
             segments.append(ImagePlaceholder(opts.image_token))
-    return _merge_text(segments), sources
-
-
-def _text(segments: list[Segment]) -> str:
-    return "".join(seg for seg in segments if isinstance(seg, str))
+    return merge_text(segments), sources
 
 
 class _Builder:
@@ -135,7 +121,7 @@ class _Builder:
         reasoning = "\n".join(turn.reasoning) if turn.reasoning else None
         # The official converter keys a turn's calls by id, so they come out in id order.
         calls = sorted(turn.calls, key=lambda c: c.id) or None
-        self.messages.append(AssistantMessage(_SEP.join(turn.content), reasoning, calls))
+        self.messages.append(AssistantMessage(PART_SEPARATOR.join(turn.content), reasoning, calls))
         self.pending = [c.id for c in calls or []]
         self.answered = {}
 
@@ -201,7 +187,7 @@ class _Builder:
             self.interrupt()
             turn = self.open_turn()
             segments, _ = content_segments(item["content"], index, self.opts, assistant=True)
-            text = _text(segments)
+            text = segments_text(segments)
             if text:
                 turn.content.append(text)
             turn.has_message = True
@@ -264,20 +250,4 @@ def build_messages(
             builder.add(index, item)
     messages = builder.finish()
     last_user = builder.user_indexes[-1] if builder.user_indexes else -1
-    out: list[Message] = []
-    for i, message in enumerate(messages):
-        if isinstance(message, AssistantMessage):
-            reasoning = message.reasoning_content
-            if not opts.thinking:
-                reasoning = None
-            elif reasoning is None:
-                needs_reasoning = opts.has_tools or bool(message.tool_calls)
-                if opts.reject_missing_reasoning and needs_reasoning and i > last_user:
-                    raise ConversionError(
-                        "The `reasoning_text` in the thinking mode must be passed back to the API."
-                    )
-                reasoning = ""
-            out.append(AssistantMessage(message.content, reasoning, message.tool_calls))
-        else:
-            out.append(message)
-    return out
+    return settle_reasoning(messages, range(len(messages)), last_user, opts, "reasoning_text")

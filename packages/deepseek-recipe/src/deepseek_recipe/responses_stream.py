@@ -13,43 +13,27 @@ import copy
 import time
 from typing import Any
 
-from deepseek_recipe.chat_stream import PieceTranslator
 from deepseek_recipe.custom_tool_input import CustomInputDecoder
 from deepseek_recipe.inference import InferenceFinishReason, PromptUsage
+from deepseek_recipe.protocol_chunk import ProtocolChunk, TypedEventFraming
 from deepseek_recipe.protocol_json import dumps
-from deepseek_recipe.pyjson import quote
 from deepseek_recipe.request import ConversationRequest
 from deepseek_recipe.responses_echo import ResponsesEcho
+from deepseek_recipe.stream_pieces import (
+    ANSWER_KINDS,
+    PieceTranslator,
+    argument_json,
+    renders_nothing,
+)
 
-_TEXT_KINDS = ("content", "space", "label")
 _INCOMPLETE = {
     InferenceFinishReason.Length: "max_output_tokens",
     InferenceFinishReason.ContentFilter: "content_filter",
 }
 
 
-class ResponsesStreamEvent:
+class ResponsesStreamEvent(ProtocolChunk):
     """One Responses stream event; `ResponsesResponse.accumulate` consumes it."""
-
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self._payload: dict[str, Any] | None = payload
-
-    def _take(self) -> dict[str, Any]:
-        payload = self._get()
-        self._payload = None
-        return payload
-
-    def _get(self) -> dict[str, Any]:
-        if self._payload is None:
-            raise RuntimeError("protocol chunk has been consumed")
-        return self._payload
-
-    def to_json(self) -> str:
-        return dumps(self._get())
-
-    def __repr__(self) -> str:
-        body = self.to_json() if self._payload is not None else "<consumed>"
-        return f"ResponsesStreamEvent({body})"
 
 
 def response_object(
@@ -129,15 +113,6 @@ class ResponsesChunkGenerator(PieceTranslator):
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
         self._item: _Item | None = None
-        self._consumed = False
-
-    def _take_over(self) -> ResponsesChunkGenerator:
-        if self._consumed:
-            raise RuntimeError("chunk generator has been consumed")
-        self._consumed = True
-        new = copy.copy(self)
-        new._consumed = False
-        return new
 
     def with_namespace_tool_map(
         self, namespace_tool_map: dict[str, tuple[str, str]]
@@ -343,7 +318,7 @@ class ResponsesChunkGenerator(PieceTranslator):
 
     def render(self, kind: str, text: str, index: int) -> list[ResponsesStreamEvent]:
         """The events for one finished piece (none for empty text or a break)."""
-        if kind == "break" or (text == "" and kind != "header"):
+        if renders_nothing(kind, text):
             return []
         out: list[ResponsesStreamEvent] = []
         item = self._item
@@ -352,7 +327,7 @@ class ResponsesChunkGenerator(PieceTranslator):
                 out += self._close()
                 out += self._open("reasoning", "rs")
             return out + self._text_delta("response.reasoning_text.delta", text)
-        if kind in _TEXT_KINDS:
+        if kind in ANSWER_KINDS:
             if item is None or item.kind != "message":
                 out += self._close()
                 out += self._open("message", "msg")
@@ -362,8 +337,7 @@ class ResponsesChunkGenerator(PieceTranslator):
             return out + self._open_call(text, index)
         if item is None or item.kind not in ("function_call", "custom_tool_call"):
             return out
-        if kind == "args_string":
-            text = quote(text)[1:-1]
+        text = argument_json(kind, text)
         if item.decoder is not None:
             delta = item.decoder.feed(text)
             return [self._custom_delta(item, delta)] if delta else []
@@ -445,7 +419,7 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
 
 
-class ResponsesResponse:
+class ResponsesResponse(TypedEventFraming):
     """A Responses response object built by accumulating stream events."""
 
     def __init__(
@@ -488,13 +462,3 @@ class ResponsesResponse:
 
     def to_json(self) -> str:
         return dumps(self._response)
-
-    @staticmethod
-    def sse_event_name(chunk: ResponsesStreamEvent) -> str | None:
-        """Every Responses event is sent under its type name."""
-        return chunk._get()["type"]
-
-    @staticmethod
-    def sse_done_data() -> str | None:
-        """A Responses stream has no final data message."""
-        return None

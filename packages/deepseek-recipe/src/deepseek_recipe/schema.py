@@ -45,8 +45,13 @@ def check_tool_name(index: int, name: str) -> None:
         )
 
 
-def check_parameters(name: str, parameters: Any) -> None:
-    """Reject parameter schemas that are not JSON Schemas of an object."""
+def check_parameters(name: str, parameters: Any, *, require_object_type: bool = False) -> None:
+    """Reject parameter schemas that are not JSON Schemas of an object.
+
+    Chat Completions only rejects a `type` other than `object`; Responses and
+    Messages also want the `type` said (so a bare `true` or `{}` fails), with the
+    same message.
+    """
     if parameters is None:
         return
     if not isinstance(parameters, (dict, bool)):
@@ -54,11 +59,15 @@ def check_parameters(name: str, parameters: Any) -> None:
             f"Invalid schema for function '{name}': {dumps_compact(parameters)} is not of "
             'types "boolean", "object"'
         )
-    if isinstance(parameters, dict) and "type" in parameters and parameters["type"] != "object":
+    kind = parameters.get("type") if isinstance(parameters, dict) else None
+    if require_object_type:
+        wrong = kind != "object"
+    else:
+        wrong = isinstance(parameters, dict) and "type" in parameters and kind != "object"
+    if wrong:
         raise ConversionError(
             f"Invalid schema for function '{name}': schema must be a JSON Schema of 'type: "
-            '"object"\', '
-            f"got 'type: {dumps_compact(parameters['type'])}'."
+            f"\"object\"', got 'type: {dumps_compact(kind)}'."
         )
 
 

@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepseek_recipe.chat_stream import MERGEABLE, Piece
 from deepseek_recipe.inference import InferenceChunk, InferenceFinishReason, PromptUsage
 from deepseek_recipe.parsing_options import ParsingOptions
 from deepseek_recipe.state_machine import Action, Kind, StateMachine, byte_encoder, symbol_encoder
+from deepseek_recipe.stream_pieces import MERGEABLE, Piece
 from deepseek_recipe.tokenizer import Tokenizer
 
 #: Control tokens become parser symbols above the byte range.

@@ -13,34 +13,24 @@ the slowest ones stay in the parity suite only.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
-import sys
+import runpy
 import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-HERE = Path(__file__).parent
-GOLDEN = HERE.parent / "data" / "image_golden.json"
+load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
+oracle = load("_oracle")
+
+GOLDEN = Path(__file__).parent.parent / "data" / "image_golden.json"
 SEEDS = {"tokens": 3, "preprocess": 23, "accounting": 11}
 COUNTS = {"tokens": 6000, "preprocess": 160, "accounting": 60}
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_recipe_golden_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def golden_cases(image_dir: Path) -> list[dict[str, Any]]:
     """The golden cases; writes the image files they read into ``image_dir``."""
-    gen, harness = _load("image_generate"), _load("image_harness")
+    gen, harness = load("image_generate"), load("image_harness")
     cases = gen.token_cases(seed=SEEDS["tokens"], count=COUNTS["tokens"])
     cases += gen.preprocess_cases(SEEDS["preprocess"], COUNTS["preprocess"], image_dir)
     cases += gen.special_preprocess_cases(image_dir)
@@ -53,21 +43,13 @@ def golden_cases(image_dir: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    python = os.environ["DEEPSEEK_RECIPE_ORACLE_PYTHON"]
+    python = os.environ[oracle.ORACLE_ENV]
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         cases = golden_cases(tmp_path)
-        cases_path = tmp_path / "cases.json"
-        out_path = tmp_path / "oracle.json"
-        cases_path.write_text(json.dumps(cases), encoding="utf-8")
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        subprocess.run(
-            [python, "-I", str(HERE / "image_harness.py"), str(cases_path), tmp, str(out_path)],
-            check=True,
-            env=env,
-            timeout=1800,
+        results = oracle.run_oracle(
+            python, "image_harness.py", cases, tmp_path, image_dir=tmp_path, timeout=1800
         )
-        results = json.loads(out_path.read_text(encoding="utf-8"))
     golden = {
         "source": "deepseek-recipe 0.2.0 (official wheel), tests/parity/image_harness.py",
         "seeds": SEEDS,

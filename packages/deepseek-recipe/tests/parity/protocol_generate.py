@@ -14,27 +14,15 @@ package rejects it with `NotImplementedError`.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import random
-import sys
+import runpy
 from pathlib import Path
 from typing import Any
 
+load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
 
-def _base() -> Any:
-    name = "_recipe_parity_generate_base"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("generate.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-BASE = _base()
+BASE = load("generate")
 MODELS = ["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash"]
 EFFORTS = [None, "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]
 PNG_DATA = BASE.PNG.split(",", 1)[1]

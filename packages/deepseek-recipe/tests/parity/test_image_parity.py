@@ -9,13 +9,10 @@ DEEPSEEK_RECIPE_ORACLE_PYTHON); both sides run image_harness.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
+import runpy
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,19 +24,11 @@ from deepseek_recipe.image_resolver import ImageQuota, ImageResolver, ReqwestIma
 from deepseek_recipe.image_sources import BytesImageSource, DataUrlImageSource, UrlImageSource
 from deepseek_recipe.images import ImageInfo, MultiModalData
 
-HERE = Path(__file__).parent
+load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
+oracle = load("_oracle")
+
 TOKEN_SIZES = 30_000
 PREPROCESS_CASES = 500
-MAX_REPORTED = 8
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_recipe_parity_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _refuse(url: str) -> bytes:
@@ -74,24 +63,6 @@ def ours() -> SimpleNamespace:
     )
 
 
-def _oracle(cases: list[dict[str, Any]], image_dir: Path, tmp_path: Path) -> list[Any]:
-    python = os.environ.get("DEEPSEEK_RECIPE_ORACLE_PYTHON")
-    if not python:
-        pytest.skip("DEEPSEEK_RECIPE_ORACLE_PYTHON is not set")
-    cases_path = tmp_path / "image_cases.json"
-    out_path = tmp_path / "image_oracle.json"
-    cases_path.write_text(json.dumps(cases), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    subprocess.run(
-        [python, "-I", str(HERE / "image_harness.py"), str(cases_path), str(image_dir), out_path],
-        check=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=900,
-    )
-    return json.loads(out_path.read_text(encoding="utf-8"))
-
-
 def _compare(cases: list[dict[str, Any]], mine: list[Any], theirs: list[Any]) -> None:
     assert len(mine) == len(theirs)
     report = []
@@ -100,7 +71,7 @@ def _compare(cases: list[dict[str, Any]], mine: list[Any], theirs: list[Any]) ->
         if a == b:
             continue
         mismatches += 1
-        if len(report) < MAX_REPORTED * 3:
+        if len(report) < oracle.MAX_REPORTED * 3:
             shown = {k: v for k, v in case.items() if k != "sizes"}
             report.append(f"case {json.dumps(shown)[:300]}")
             if case["kind"] == "tokens":
@@ -117,15 +88,18 @@ def _compare(cases: list[dict[str, Any]], mine: list[Any], theirs: list[Any]) ->
 
 
 def _run(cases: list[dict[str, Any]], image_dir: Path, tmp_path: Path) -> None:
-    harness = _load("image_harness")
-    theirs = _oracle(cases, image_dir, tmp_path)
+    harness = load("image_harness")
+    python = oracle.oracle_python()
+    theirs = oracle.run_oracle(
+        python, "image_harness.py", cases, tmp_path, image_dir=image_dir, timeout=900
+    )
     mine = harness.run_all(ours(), cases, image_dir)
     _compare(cases, mine, theirs)
 
 
 @pytest.mark.parity
 def test_image_token_count_parity(tmp_path: Path) -> None:
-    gen = _load("image_generate")
+    gen = load("image_generate")
     cases = gen.token_cases(seed=41, count=TOKEN_SIZES)
     _run(cases, tmp_path, tmp_path)
 
@@ -133,7 +107,7 @@ def test_image_token_count_parity(tmp_path: Path) -> None:
 @pytest.mark.parity
 def test_image_preprocess_parity(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    gen = _load("image_generate")
+    gen = load("image_generate")
     cases = gen.preprocess_cases(seed=17, count=PREPROCESS_CASES, image_dir=tmp_path)
     cases += gen.special_preprocess_cases(tmp_path)
     cases += gen.truncation_cases(tmp_path)
@@ -143,18 +117,18 @@ def test_image_preprocess_parity(tmp_path: Path) -> None:
 @pytest.mark.parity
 def test_image_resolver_parity(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    gen = _load("image_generate")
+    gen = load("image_generate")
     gen.special_files(tmp_path)
     _run(gen.resolve_cases(), tmp_path, tmp_path)
 
 
 @pytest.mark.parity
 def test_image_api_parity(tmp_path: Path) -> None:
-    gen, harness = _load("image_generate"), _load("image_harness")
+    gen, harness = load("image_generate"), load("image_harness")
     _run(gen.api_cases(harness.api_probe_names()), tmp_path, tmp_path)
 
 
 @pytest.mark.parity
 def test_image_token_accounting_parity(tmp_path: Path) -> None:
-    gen = _load("image_generate")
+    gen = load("image_generate")
     _run(gen.accounting_cases(seed=5, count=300), tmp_path, tmp_path)
