@@ -1,8 +1,11 @@
-"""An engine over the embedded tiny model for constrained-generation tests."""
+"""Engines for constrained-generation tests: the random-weight V4 stand-in (fast, any seed
+gives varied tokens) and the trained tiny V4.1 model ``LLM("tiny")`` (real text, chat)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +13,9 @@ import torch
 from deepinfer.assets import random_tiny_model, tiny_tokenizer
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.llm import LLM
+
+sys.path.insert(0, str(Path(__file__).parent))  # schema_suite, shared with the benchmark
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
 
@@ -32,3 +38,9 @@ def make_engine(tiny: DeepseekV4ForCausalLM):  # type: ignore[no-untyped-def]
         return LLMEngine(tiny, tiny_tokenizer(), EngineConfig(**options))  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def trained() -> LLM:
+    """The trained tiny model; tests share it, so each must run its requests to the end."""
+    return LLM("tiny", dtype="float32", enable_prefix_caching=False)

@@ -32,10 +32,7 @@ def run_bench(args: argparse.Namespace) -> int:
     # Random text ids: below the image placeholder, which needs embeddings a text run lacks.
     top = cfg.vocab_size if cfg.image_token_id is None else min(cfg.vocab_size, cfg.image_token_id)
     prompts = [
-        [
-            rnd.randrange(3, top)
-            for _ in range(rnd.randint(args.min_input_len, args.max_input_len))
-        ]
+        [rnd.randrange(3, top) for _ in range(rnd.randint(args.min_input_len, args.max_input_len))]
         for _ in range(args.num_seqs)
     ]
     params = [

@@ -1,9 +1,10 @@
 """Chat on top of ``deepseek_recipe``: messages -> prompt ids, output ids -> message.
 
 The recipe owns the DeepSeek chat format (both model versions), request validation and output
-parsing; this module only wires it to the engine: the request's output constraint becomes a
-structured-output constraint, and the generated tokens go through the recipe's stream parser
-so reasoning, answer and tool calls come out exactly as DeepSeek's API returns them.
+parsing; this module only wires it to the engine: the request's output constraint
+(``response_format``, a required or named ``tool_choice``) becomes a structured-output
+constraint, and the generated tokens go through the recipe's stream parser so reasoning, answer
+and tool calls come out exactly as DeepSeek's API returns them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from deepinfer.errors import InvalidRequestError
 from deepinfer.sampling_params import StructuredOutputsParams
+from deepinfer.structured import DsmlTool, ReplyConstraint
 
 DEFAULT_CHAT_MODEL = "DeepSeek-V4.1-Flash"
 
@@ -57,26 +59,41 @@ class ChatFormatter:
         return ChatPrompt(request, ids, self._constraint(request, body))
 
     def _constraint(self, request: Any, body: dict[str, Any]) -> StructuredOutputsParams | None:
+        """The request's output constraint as a structured-output constraint.
+
+        ``response_format`` gives a JSON-schema / any-JSON / regex constraint and a required or
+        named ``tool_choice`` a DSML tool-call block (the prompt already opened it). With
+        thinking on, the constraint starts after ``</think>`` and the reasoning is free;
+        ``thinking.budget_tokens`` then caps the reasoning (forcing ``</think>``), which is the
+        only way to bound it since the answer must follow. ``tool_choice`` auto constrains
+        nothing: the model may answer or call.
+        """
+        dr = self._dr
         oc = request.inference_options.output_constraint
+        thinking = request.parsing_options.thinking_initial_stage is not None
+        options = body.get("thinking") if isinstance(body.get("thinking"), dict) else {}
+        budget = options.get("budget_tokens") if thinking else None
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+            raise InvalidRequestError("thinking.budget_tokens", "must be an integer")
+        reasoning = {"reasoning_end": "</think>", "reasoning_budget": budget} if thinking else {}
         if oc is None or oc.kind == "tool_call":  # tool calls are allowed, not required
-            return None
-        thinking = (body.get("thinking") or {}).get("type") != "disabled"
+            return ReplyConstraint(**reasoning) if budget is not None else None
+        messages = request.conversation.messages
+        if messages and getattr(messages[-1], "prefix", False) and messages[-1].content:
+            raise NotImplementedError(
+                "a constrained reply cannot continue a prefix assistant message: the grammar "
+                "would restart in the middle of the answer"
+            )
         if oc.kind == "tool_call_required":
-            raise NotImplementedError(
-                "a required tool call needs the DSML tool-call grammar, which is not implemented"
-            )
-        if thinking:
-            raise NotImplementedError(
-                "constrained output after </think> (thinking on) is not implemented; "
-                "send thinking={'type': 'disabled'}"
-            )
+            dialect = "v4.1" if request.model_version == dr.ModelVersion.DeepseekV41Flash else "v4"
+            return ReplyConstraint(tool_calls=_dsml_tools(oc.schema), dsml=dialect, **reasoning)
         if oc.kind == "json":
-            return (
-                StructuredOutputsParams(json=oc.schema)
-                if oc.schema
-                else (StructuredOutputsParams(json_object=True))
-            )
-        return StructuredOutputsParams(regex=oc.schema)
+            kind: dict[str, Any] = {"json": oc.schema} if oc.schema else {"json_object": True}
+        elif oc.kind == "regex":
+            kind = {"regex": oc.schema}
+        else:
+            raise NotImplementedError(f"output constraint kind {oc.kind!r} is not supported")
+        return ReplyConstraint(**kind, **reasoning) if thinking else StructuredOutputsParams(**kind)
 
     def stream(self, prompt: ChatPrompt) -> ChatStream:
         return ChatStream(self._dr, prompt, self.tokenizer)
@@ -98,6 +115,17 @@ class ChatFormatter:
             message.get("tool_calls"),
             choices[0]["finish_reason"],
         )
+
+
+def _dsml_tools(listed: str) -> tuple[DsmlTool, ...]:
+    """The recipe's tool list (compact JSON, OpenAI shape) as the tools a DSML call may name."""
+    tools = []
+    for entry in json.loads(listed):
+        function = entry.get("function") or {}
+        parameters = function.get("parameters")
+        text = json.dumps(parameters, separators=(",", ":")) if parameters is not None else ""
+        tools.append(DsmlTool(name=function["name"], parameters=text))
+    return tuple(tools)
 
 
 class ChatStream:

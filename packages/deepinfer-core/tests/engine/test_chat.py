@@ -83,11 +83,13 @@ def test_response_format_becomes_a_constraint(llm: LLM) -> None:
 def test_bad_chat_requests_fail_clearly(llm: LLM) -> None:
     with pytest.raises(InvalidRequestError, match="messages"):
         llm.chat([{"role": "wizard", "content": "hi"}], use_tqdm=False)
-    with pytest.raises(NotImplementedError, match="after </think>"):
+    with pytest.raises(NotImplementedError, match="prefix assistant message"):
         llm.chat(
-            [{"role": "user", "content": "Answer in json."}],
-            thinking=True,
-            response_format={"type": "json_object"},
+            [
+                {"role": "user", "content": "Answer."},
+                {"role": "assistant", "content": "a", "prefix": True},
+            ],
+            response_format={"type": "regex", "regex": "a+"},
             use_tqdm=False,
         )
 

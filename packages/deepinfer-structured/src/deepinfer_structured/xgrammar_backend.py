@@ -1,16 +1,32 @@
-"""Grammar backend ``xgrammar``: regex, JSON schema, EBNF and choice constraints as token masks.
+"""Grammar backend ``xgrammar``: regex, JSON schema, EBNF, choice and DSML tool-call constraints.
 
-Compiled grammars are cached per (constraint kind, constraint text) for the engine's tokenizer,
-so a thousand requests with one schema compile it once. Each sequence gets its own matcher.
-JSON is generated compact (no free whitespace): a model can otherwise spend its whole token
-budget on spaces without ever closing the object.
+Compiled grammars are cached per constraint for the engine's tokenizer, so a thousand requests
+with one schema compile it once. Each sequence gets its own matcher.
+
+- JSON is generated without free whitespace (``", "`` and ``": "`` separators): a model can
+  otherwise spend its whole token budget on spaces without ever closing the object.
+- The tokenizer's added tokens (BOS, chat markup, ``</think>``, ``｜DSML｜``, ...) are never text
+  under a grammar: the detokenizer drops the special ones and the chat parser reads the others
+  as markup, so text made of them would not be the text the grammar checked. They are blanked
+  in xgrammar's vocabulary, which makes them unselectable (the stop tokens excepted).
+- A constraint is refused at submit time, with the reason, when xgrammar cannot enforce it
+  exactly: a schema construct it does not implement (``schema_policy``, which also types
+  typeless schemas so that xgrammar checks their keywords), or any warning xgrammar prints
+  while compiling (it warns when it falls back to a looser grammar: ``oneOf`` read as
+  ``anyOf``, an unresolvable ``$ref``, a ``multipleOf`` or regex construct it ignores). Its
+  own compile cache is off: a cache hit would compile silently, past that check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import sys
+import tempfile
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -18,48 +34,77 @@ from tokenizers import Tokenizer
 from deepinfer.errors import InvalidRequestError
 from deepinfer.plugins import Availability
 from deepinfer.sampling_params import StructuredOutputsParams
-from deepinfer_structured.matcher import XGrammarMatcher
+from deepinfer.structured import ReplyConstraint
+from deepinfer_structured.dsml import tool_call_tag
+from deepinfer_structured.matcher import Matcher, ReasoningMatcher, XGrammarMatcher
+from deepinfer_structured.schema_policy import (
+    UNENFORCED_KEYWORDS,
+    UnenforcedSchemaError,
+    prepare_schema,
+    unenforced_keyword,
+)
+from deepinfer_structured.utf8 import Utf8Guard
 
 CACHE_SIZE = 256
-
-#: Keywords whose meaning a token grammar cannot (or xgrammar does not) enforce exactly: a schema
-#: using them is refused rather than generating output that fails validation. Conservative;
-#: a keyword leaves this list once generation over the schema suite shows it exact.
-UNENFORCED_KEYWORDS = frozenset(
-    {
-        "not", "if", "then", "else", "dependentSchemas", "dependentRequired",
-        "unevaluatedProperties", "unevaluatedItems", "uniqueItems", "contains", "minContains",
-        "maxContains", "multipleOf", "$dynamicRef", "$dynamicAnchor",
-    }
-)  # fmt: skip
-#: Keys whose values map names to subschemas, and keys whose values are data, not schemas.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-_DATA_KEYS = frozenset({"enum", "const", "default", "examples", "required", "description"})
+DSML_TOKEN = "｜DSML｜"
 
 
-def unenforced_keyword(schema: Any) -> str | None:
-    """The first keyword of ``schema`` (at any depth) that the grammar would not enforce."""
-    if isinstance(schema, list):
-        return next((k for item in schema if (k := unenforced_keyword(item))), None)
-    if not isinstance(schema, dict):
-        return None
-    for key, value in schema.items():
-        if key in UNENFORCED_KEYWORDS:
-            return key
-        if key in _DATA_KEYS:
-            continue
-        children = value.values() if key in _SCHEMA_MAPS and isinstance(value, dict) else [value]
-        for child in children:
-            found = unenforced_keyword(child)
-            if found:
-                return found
-    return None
+class InexactGrammarError(ValueError):
+    """xgrammar compiled the constraint only by loosening it (it said so on stderr)."""
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[list[str]]:
+    """Collect what native code writes to file descriptor 2 while the block runs.
+
+    xgrammar reports a constraint it cannot represent exactly only as a log line from C++,
+    so the descriptor itself is redirected; whatever was captured is written back afterwards.
+    """
+    lines: list[str] = []
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable stderr: compile without the check
+        yield lines
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
+    others = [line for line in lines if "Warning:" not in line]
+    if others:
+        sys.stderr.write("\n".join(others) + "\n")
+
+
+def exactly(build: Callable[[], Any], refuse: bool = True) -> Any:
+    """Run a grammar build; raise InexactGrammarError if xgrammar warned it loosened something
+    (``refuse`` False only collects the warnings: ``(result, warnings)``)."""
+    with _native_stderr() as lines:
+        result = build()
+    warnings = [line.split("Warning:", 1)[1].strip() for line in lines if "Warning:" in line]
+    if not refuse:
+        return result, warnings
+    if warnings:
+        raise InexactGrammarError(f"not enforced exactly: {warnings[0]}")
+    return result
 
 
 def _choice_regex(choices: list[str]) -> str:
     special = set(r"\.^$|?*+()[]{}/")
     escaped = ["".join("\\" + c if c in special else c for c in choice) for choice in choices]
     return "(" + "|".join(escaped) + ")"
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    reason = text.splitlines()[-1] if text else type(exc).__name__
+    # xgrammar prefixes messages with a timestamp and a C++ source location.
+    return reason.split(": ", 1)[-1] if reason.startswith("[") else reason
 
 
 class XGrammarBackend:
@@ -77,53 +122,149 @@ class XGrammarBackend:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         import xgrammar as xgr
-        from transformers import PreTrainedTokenizerFast
 
+        decoder = (json.loads(tokenizer.to_str()).get("decoder") or {}).get("type")
+        if decoder != "ByteLevel":
+            raise NotImplementedError(
+                f"structured outputs need a byte-level BPE tokenizer (DeepSeek's); this one "
+                f"decodes with {decoder!r}"
+            )
         self._xgr = xgr
-        hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
-        self.info = xgr.TokenizerInfo.from_huggingface(
-            hf, vocab_size=vocab_size, stop_token_ids=stop_token_ids
-        )
+        self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.compiler = xgr.GrammarCompiler(self.info)
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.stop_token_ids = list(stop_token_ids)
+        self.dsml_token_id = tokenizer.token_to_id(DSML_TOKEN)
+        encoded = [""] * vocab_size
+        for token, index in tokenizer.get_vocab(with_added_tokens=True).items():
+            if index < vocab_size:
+                encoded[index] = token
+        for index in tokenizer.get_added_tokens_decoder():
+            if index < vocab_size and index not in stop_token_ids:
+                encoded[index] = ""  # empty text: xgrammar treats the token as special
+        threads = max(1, min(8, os.cpu_count() or 1))
+
+        def compiler(vocab: list[str]) -> Any:
+            info = xgr.TokenizerInfo(
+                vocab,
+                xgr.VocabType.BYTE_LEVEL,
+                vocab_size=vocab_size,
+                stop_token_ids=stop_token_ids,
+            )
+            return xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+
+        #: The refusal policy (module docstring); an evaluation may loosen it to probe xgrammar.
+        self.refused_keywords: frozenset[str] = UNENFORCED_KEYWORDS
+        self.rewrite_schemas = True
+        self.refuse_inexact = True
+        self.compiler = compiler(encoded)
+        self.utf8 = Utf8Guard(tokenizer, vocab_size, self.stop_token_ids)
+        self._tool_vocab = encoded
+        self._tool_compiler: Any = None
+        self._cache: OrderedDict[tuple[str, str, frozenset[str], bool, bool], Any] = OrderedDict()
+        self._make_compiler = compiler
+
+    # -- compiling ----------------------------------------------------------------------------
+
+    def _tool_calls_compiler(self) -> Any:
+        """A compiler whose vocabulary gives the DSML token an impossible byte (0xFF, written
+        ``ÿ`` in byte-level form): no text rule can match it, only the grammar's token
+        references, so DSML tags come out as the control token the chat parser looks for."""
+        if self._tool_compiler is None:
+            if self.dsml_token_id is None:
+                raise InvalidRequestError(
+                    "tool_choice", f"the tokenizer has no {DSML_TOKEN} token for tool calls"
+                )
+            vocab = list(self._tool_vocab)
+            vocab[self.dsml_token_id] = "ÿ"
+            self._tool_compiler = self._make_compiler(vocab)
+        return self._tool_compiler
+
+    def json_value_grammar(self, schema: Any, where: str) -> str:
+        """EBNF of one JSON value under ``schema`` (a DSML argument), refused when inexact."""
+        try:
+            schema = prepare_schema(schema, self.refused_keywords, self.rewrite_schemas)
+            grammar = self._exactly(
+                lambda: self._xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+            )
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise InvalidRequestError(where, f"cannot be compiled: {_reason(exc)}") from exc
+        return str(grammar)
+
+    def _exactly(self, build: Callable[[], Any]) -> Any:
+        if self.refuse_inexact:
+            return exactly(build)
+        return build()
+
+    def _build(self, kind: str, value: Any, constraint: StructuredOutputsParams) -> Any:
+        if kind == "json":
+            parsed = json.loads(value) if isinstance(value, str) else value
+            schema = json.dumps(prepare_schema(parsed, self.refused_keywords, self.rewrite_schemas))
+            return self._exactly(
+                lambda: self.compiler.compile_json_schema(schema, any_whitespace=False)
+            )
+        if kind == "json_object":
+            return self.compiler.compile_builtin_json_grammar()
+        if kind == "regex":
+            return self._exactly(lambda: self.compiler.compile_regex(value))
+        if kind == "grammar":
+            return self._exactly(lambda: self.compiler.compile_grammar(value))
+        if kind == "choice":
+            return self.compiler.compile_regex(_choice_regex(value))
+        if kind == "tool_calls":
+            assert isinstance(constraint, ReplyConstraint)
+            compiler = self._tool_calls_compiler()
+            tag = tool_call_tag(value, constraint.dsml, self.dsml_token_id, self.json_value_grammar)
+            return self._exactly(lambda: compiler.compile_structural_tag(tag))
+        raise ValueError(f"unknown constraint kind {kind!r}")
 
     def compile(self, constraint: StructuredOutputsParams) -> Any:
         kind = constraint.kind
         value = getattr(constraint, kind)
-        key = (kind, json.dumps(value, sort_keys=True))
+        if kind == "tool_calls":
+            assert isinstance(constraint, ReplyConstraint)
+            text = json.dumps([constraint.dsml, [[t.name, t.parameters] for t in value]])
+        else:
+            text = json.dumps(value, sort_keys=True)
+        key = (kind, text, self.refused_keywords, self.rewrite_schemas, self.refuse_inexact)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
         try:
-            if kind == "json":
-                parsed = json.loads(value) if isinstance(value, str) else value
-                if (keyword := unenforced_keyword(parsed)) is not None:
-                    raise ValueError(f"keyword '{keyword}' is not supported by this backend")
-                schema = value if isinstance(value, str) else json.dumps(value)
-                compiled = self.compiler.compile_json_schema(schema, any_whitespace=False)
-            elif kind == "json_object":
-                compiled = self.compiler.compile_builtin_json_grammar()
-            elif kind == "regex":
-                compiled = self.compiler.compile_regex(value)
-            elif kind == "grammar":
-                compiled = self.compiler.compile_grammar(value)
-            else:
-                compiled = self.compiler.compile_regex(_choice_regex(value))
+            compiled = self._build(kind, value, constraint)
         except (RuntimeError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            # xgrammar prefixes messages with a timestamp and a C++ source location.
-            reason = reason.split(": ", 1)[-1] if reason.startswith("[") else reason
-            raise InvalidRequestError(
-                f"structured_outputs.{kind}", f"cannot be compiled: {reason}"
-            ) from exc
+            if isinstance(exc, InvalidRequestError):
+                raise
+            field = "tools" if kind == "tool_calls" else f"structured_outputs.{kind}"
+            raise InvalidRequestError(field, f"cannot be compiled: {_reason(exc)}") from exc
         self._cache[key] = compiled
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return compiled
 
-    def matcher(self, constraint: StructuredOutputsParams) -> XGrammarMatcher:
-        return XGrammarMatcher(self._xgr, self.compile(constraint), self.vocab_size)
+    # -- matchers -----------------------------------------------------------------------------
+
+    def matcher(self, constraint: StructuredOutputsParams) -> Matcher:
+        inner: Matcher | None = None
+        if constraint.kind != "reasoning":
+            compiled = self.compile(constraint)
+            inner = XGrammarMatcher(self._xgr, compiled, self.vocab_size, self.utf8)
+        end = constraint.reasoning_end if isinstance(constraint, ReplyConstraint) else None
+        if end is None:
+            assert inner is not None
+            return inner
+        assert isinstance(constraint, ReplyConstraint)
+        end_id = self.tokenizer.token_to_id(end)
+        if end_id is None or end_id >= self.vocab_size:
+            raise InvalidRequestError("thinking", f"the tokenizer has no {end!r} token")
+        return ReasoningMatcher(
+            inner, end_id, self.stop_token_ids, self.vocab_size, constraint.reasoning_budget
+        )
 
 
-__all__ = ["XGrammarBackend"]
+__all__ = [
+    "UNENFORCED_KEYWORDS",
+    "UnenforcedSchemaError",
+    "XGrammarBackend",
+    "prepare_schema",
+    "unenforced_keyword",
+]
