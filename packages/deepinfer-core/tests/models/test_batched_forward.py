@@ -14,30 +14,16 @@ import random
 
 import pytest
 import torch
+from _tiny_models import text_ids, tiny_models
 
-from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
 
 
-def _models() -> list[tuple[str, DeepseekV4ForCausalLM]]:
-    models = [("v4", random_tiny_model(torch.float32, seed=3))]
-    if (TINY_DIR / "model.safetensors").is_file():
-        models.append(("v41", tiny_model(torch.float32)))
-    return models
-
-
-@pytest.fixture(scope="module", params=_models(), ids=lambda m: m[0])
+@pytest.fixture(scope="module", params=tiny_models(seed=3), ids=lambda m: m[0])
 def model(request: pytest.FixtureRequest) -> DeepseekV4ForCausalLM:
     return request.param[1]
-
-
-def _text_ids(model: DeepseekV4ForCausalLM, gen: torch.Generator, n: int) -> torch.Tensor:
-    top = model.cfg.vocab_size
-    if model.cfg.image_token_id is not None:
-        top = min(top, model.cfg.image_token_id)
-    return torch.randint(3, top, (n,), generator=gen)
 
 
 def test_packed_and_decode_batches_equal_separate_forwards(model: DeepseekV4ForCausalLM) -> None:
@@ -50,7 +36,7 @@ def test_packed_and_decode_batches_equal_separate_forwards(model: DeepseekV4ForC
     for _ in range(6):
         # A packed round over a random subset (sequences advance unevenly)...
         rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
-        chunks = [_text_ids(model, gen, rnd.choice(CHUNK_LENGTHS)) for _ in rows]
+        chunks = [text_ids(model, gen, rnd.choice(CHUNK_LENGTHS)) for _ in rows]
         want = torch.stack(
             [model(c[None], separate[i])[0, -1] for i, c in zip(rows, chunks, strict=True)]
         )
@@ -59,7 +45,7 @@ def test_packed_and_decode_batches_equal_separate_forwards(model: DeepseekV4ForC
         # ... then a few decode steps of another subset.
         for _ in range(rnd.randint(1, 9)):
             rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
-            ids = _text_ids(model, gen, len(rows))
+            ids = text_ids(model, gen, len(rows))
             want = torch.stack(
                 [model(ids[j].view(1, 1), separate[i])[0, 0] for j, i in enumerate(rows)]
             )
