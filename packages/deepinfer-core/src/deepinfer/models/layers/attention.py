@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.layers.candidate_indexer import SharedKV
+from deepinfer.models.layers.candidate_indexer import SharedKV, picks_mask
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
@@ -111,8 +111,29 @@ class MQA(nn.Module):
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
     ) -> Tensor:
-        """Attention output [B, S, H, D] of one sequence chunk (or one decode batch)."""
-        raise NotImplementedError
+        """Attention output [B, S, H, D] of one sequence chunk (or one decode batch): the
+        sliding window plus whatever long-range entries the layer kind adds."""
+        keys, mask = window_keys(kv, positions, state, self.window)
+        extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
+        if extra is not None:
+            entries, visible = extra
+            keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
+            mask = torch.cat((mask, visible), dim=-1)
+        return ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
+
+    def long_range(  # noqa: PLR0917
+        self,
+        ops: Backend,
+        x: Tensor,
+        qr: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        state: LayerState | list[LayerState],
+        shared: SharedKV | None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """(compressed entries [B, T, D], visibility [B, S, T]), or None for a sliding-only
+        layer."""
+        return None
 
     def output(self, ops: Backend, o: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """De-rotate at the query position, grouped low-rank output projection."""
@@ -149,35 +170,24 @@ class Attention(MQA):
             state.indexer = self.indexer.compressor.new_state(batch, dtype, device, slack)
         return state
 
-    def attend(  # noqa: PLR0917
+    def long_range(  # noqa: PLR0917
         self,
         ops: Backend,
         x: Tensor,
-        q: Tensor,
         qr: Tensor,
-        kv: Tensor,
         positions: Tensor,
         rotary: Rotary,
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
-    ) -> Tensor:
-        b, s, _ = x.shape
-        keys, mask = window_keys(kv, positions, state, self.window)
-        if self.compressor is not None:
-            entries = self.compressor(ops, x, positions, rotary, compressor_states(state))
-            n = entries.shape[1]
-            if self.indexer is not None:
-                picks = self.indexer(
-                    ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
-                )
-                picks = torch.where(picks < 0, torch.full_like(picks, n), picks)
-                comp_mask = torch.zeros(b, s, n + 1, dtype=torch.bool, device=x.device)
-                comp_mask.scatter_(-1, picks, True)
-                comp_mask = comp_mask[..., :n]
-            else:
-                visible = (positions + 1) // self.ratio
-                comp_mask = torch.arange(n, device=x.device) < visible[..., None]
-                comp_mask = comp_mask.expand(b, s, n)
-            keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
-            mask = torch.cat((mask, comp_mask), dim=-1)
-        return ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
+    ) -> tuple[Tensor, Tensor] | None:
+        if self.compressor is None:
+            return None
+        entries = self.compressor(ops, x, positions, rotary, compressor_states(state))
+        n = entries.shape[1]
+        if self.indexer is not None:
+            picks = self.indexer(
+                ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
+            )
+            return entries, picks_mask(picks, n)
+        visible = torch.arange(n, device=x.device) < ((positions + 1) // self.ratio)[..., None]
+        return entries, visible.expand(x.shape[0], x.shape[1], n)

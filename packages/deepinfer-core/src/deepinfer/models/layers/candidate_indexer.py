@@ -48,6 +48,14 @@ def pick_topk(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
     return torch.where(ok, order, torch.full_like(order, -1))
 
 
+def picks_mask(picks: Tensor, n: int) -> Tensor:
+    """[B, S, k] picked entry ids (-1 = none) -> [B, S, n] bool visibility of the n entries."""
+    b, s = picks.shape[:2]
+    mask = torch.zeros(b, s, n + 1, dtype=torch.bool, device=picks.device)
+    mask.scatter_(-1, torch.where(picks < 0, torch.full_like(picks, n), picks), True)
+    return mask[..., :n]
+
+
 def candidate_blocks(scores: Tensor, visible: Tensor, block: int, topk_blocks: int) -> Tensor:
     """Entries inside the ``topk_blocks`` blocks with the highest max visible score.
 

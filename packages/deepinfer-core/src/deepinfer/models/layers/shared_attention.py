@@ -16,10 +16,9 @@ from torch import Tensor
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, init_mqa
-from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV
+from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV, picks_mask
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
-from deepinfer.models.layers.window import window_keys
 from deepinfer.models.state import (
     CompressorState,
     LayerState,
@@ -128,32 +127,21 @@ class SharedAttention(MQA):
             shared.picks[self.layer_id] = picks
             if candidates is not None:
                 shared.candidates = candidates
-        picks = shared.picks[self.index_source]
-        b, s, n = x.shape[0], x.shape[1], entries.shape[1]
-        mask = torch.zeros(b, s, n + 1, dtype=torch.bool, device=x.device)
-        mask.scatter_(-1, torch.where(picks < 0, torch.full_like(picks, n), picks), True)
-        return entries, mask[..., :n]
+        return entries, picks_mask(shared.picks[self.index_source], entries.shape[1])
 
-    def attend(  # noqa: PLR0917
+    def long_range(  # noqa: PLR0917
         self,
         ops: Backend,
         x: Tensor,
-        q: Tensor,
         qr: Tensor,
-        kv: Tensor,
         positions: Tensor,
         rotary: Rotary,
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor] | None:
+        if not self.ratio:
+            return None
         assert shared is not None
-        keys, mask = window_keys(kv, positions, state, self.window)
-        if self.ratio:
-            if self.is_kv_source:
-                self._update_sources(ops, x, rotary, state, shared)
-            entries, comp_mask = self._long_range(
-                ops, x, qr, positions, rotary=rotary, shared=shared
-            )
-            keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
-            mask = torch.cat((mask, comp_mask), dim=-1)
-        return ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
+        if self.is_kv_source:
+            self._update_sources(ops, x, rotary, state, shared)
+        return self._long_range(ops, x, qr, positions, rotary=rotary, shared=shared)
