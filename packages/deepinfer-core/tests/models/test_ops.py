@@ -127,6 +127,38 @@ def test_router_bias_selects_but_does_not_weight() -> None:
     torch.testing.assert_close(weights.double(), 1.5 * picked / picked.sum(-1, keepdim=True))
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped-mm", "per-expert"])
+def test_moe_experts_match_float64_per_token(
+    grouped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deepinfer.backends.torch_ref as ref
+
+    if not grouped:  # the path for devices/dtypes without a grouped matmul
+        monkeypatch.setitem(ref._GROUPED_MM, ("cpu", torch.float32), None)
+    n, d, inter, experts, k, limit = 13, 16, 8, 6, 2, 1.5
+    x = torch.randn(n, d, generator=g)
+    w1, w3 = torch.randn(2, experts, inter, d, generator=g)
+    w2 = torch.randn(experts, d, inter, generator=g)
+    indices = torch.rand(n, experts, generator=g).argsort(-1)[:, :k]
+    indices[3, 1] = -1  # an expert another rank owns
+    weights = torch.rand(n, k, generator=g)
+    got = ops.moe_experts(
+        x, weights, indices, w13=torch.cat([w1, w3], 1), w2=w2, swiglu_limit=limit
+    )
+    want = torch.zeros(n, d, dtype=torch.float64)
+    for t in range(n):
+        for slot in range(k):
+            e = int(indices[t, slot])
+            if e < 0:
+                continue
+            gate = (w1[e].double() @ x[t].double()).clamp(max=limit)
+            up = (w3[e].double() @ x[t].double()).clamp(-limit, limit)
+            h = torch.nn.functional.silu(gate) * up * weights[t, slot].double()
+            want[t] += w2[e].double() @ h
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     import deepinfer.backends.torch_ref as ref
 

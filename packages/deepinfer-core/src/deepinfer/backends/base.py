@@ -211,12 +211,16 @@ class Backend:
         weights: Tensor,
         indices: Tensor,
         *,
-        w1: list[Tensor],
-        w2: list[Tensor],
-        w3: list[Tensor],
+        w13: Tensor,
+        w2: Tensor,
         swiglu_limit: float,
     ) -> Tensor:
-        """Routed SwiGLU experts for ``x`` [N, d]; returns the fp32 weighted sum [N, d]."""
+        """Routed SwiGLU experts for ``x`` [N, d]; returns the fp32 weighted sum [N, d].
+
+        ``w13`` [E, 2I, d] stacks each expert's gate (w1) over its up projection (w3); ``w2``
+        is [E, d, I]. ``weights``/``indices`` [N, k] come from :meth:`moe_route`; an index < 0
+        means "no expert" (expert-parallel ranks mask the experts they do not own).
+        """
         raise NotImplementedError(f"{type(self).__name__} does not implement moe_experts")
 
     def swiglu_mlp(

@@ -8,6 +8,7 @@ do not accelerate.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -23,6 +24,33 @@ MAX_SCORE_ELEMENTS = 1 << 28
 
 def _rows_per_chunk(elements_per_row: int, rows: int) -> int:
     return max(1, min(rows, MAX_SCORE_ELEMENTS // max(1, elements_per_row)))
+
+
+GroupedMM = Callable[..., Tensor]
+_GROUPED_MM: dict[tuple[str, torch.dtype], GroupedMM | None] = {}
+
+
+def _grouped_mm_for(device: torch.device, dtype: torch.dtype) -> GroupedMM | None:
+    """torch's grouped matmul if it runs for this device and dtype here, else None.
+
+    It is new (public as ``F.grouped_mm`` from torch 2.10) and its kernels cover only some
+    device/dtype pairs (CUDA wants bf16 on Hopper), so one tiny call decides, once per pair;
+    without it the experts run one matmul each.
+    """
+    key = (device.type, dtype)
+    if key not in _GROUPED_MM:
+        fn = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+        if fn is not None:
+            try:
+                a = torch.ones(4, 16, dtype=dtype, device=device)
+                b = torch.ones(2, 16, 16, dtype=dtype, device=device)
+                ends = torch.tensor([1, 4], dtype=torch.int32, device=device)
+                got = fn(a, b.transpose(1, 2), offs=ends)
+                fn = fn if bool((got.float() == 16).all()) else None
+            except (RuntimeError, NotImplementedError, TypeError):
+                fn = None
+        _GROUPED_MM[key] = fn
+    return _GROUPED_MM[key]
 
 
 class TorchBackend(Backend):
@@ -271,9 +299,8 @@ class TorchBackend(Backend):
         return weights * routed_scaling_factor, indices
 
     @staticmethod
-    def _swiglu(x: Tensor, w1: Tensor, w3: Tensor, limit: float) -> Tensor:
-        gate = F.linear(x.to(w1.dtype), w1).float()
-        up = F.linear(x.to(w3.dtype), w3).float()
+    def _clamped_swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
+        gate, up = gate.float(), up.float()
         if limit > 0:
             gate = gate.clamp(max=limit)
             up = up.clamp(min=-limit, max=limit)
@@ -285,23 +312,41 @@ class TorchBackend(Backend):
         weights: Tensor,
         indices: Tensor,
         *,
-        w1: list[Tensor],
-        w2: list[Tensor],
-        w3: list[Tensor],
+        w13: Tensor,
+        w2: Tensor,
         swiglu_limit: float,
     ) -> Tensor:
+        # (token, slot) pairs sorted by expert: each expert's rows are one contiguous group.
+        flat = indices.reshape(-1)
+        order = flat.argsort(stable=True)
+        skipped = int((flat < 0).sum())  # "no expert" (-1) sorts first
+        order = order[skipped:]
+        rows = order // indices.shape[-1]
+        counts = torch.bincount(flat[order], minlength=w13.shape[0])
+        xs = x[rows].to(w13.dtype)
+        scale = weights.reshape(-1)[order, None].float()
+        grouped = _grouped_mm_for(x.device, w13.dtype)
+        if grouped is not None:
+            ends = counts.cumsum(0).to(torch.int32)
+            gate, up = grouped(xs, w13.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+            h = self._clamped_swiglu(gate, up, swiglu_limit) * scale  # scaled before w2
+            y = grouped(h.to(w2.dtype), w2.transpose(1, 2), offs=ends).float()
+        else:
+            y = torch.empty(len(rows), x.shape[-1], dtype=torch.float32, device=x.device)
+            start = 0
+            for e, n in enumerate(counts.tolist()):
+                if n:
+                    part = slice(start, start + n)
+                    gate, up = F.linear(xs[part], w13[e]).chunk(2, dim=-1)
+                    h = self._clamped_swiglu(gate, up, swiglu_limit) * scale[part]
+                    y[part] = F.linear(h.to(w2.dtype), w2[e]).float()
+                    start += n
         out = torch.zeros(x.shape[0], x.shape[-1], dtype=torch.float32, device=x.device)
-        for e in torch.unique(indices).tolist():
-            if e < 0:
-                continue
-            rows, slot = torch.where(indices == e)
-            h = self._swiglu(x[rows], w1[e], w3[e], swiglu_limit)
-            h = h * weights[rows, slot, None].float()  # the official code scales before w2
-            out.index_add_(0, rows, F.linear(h.to(w2[e].dtype), w2[e]).float())
-        return out
+        return out.index_add_(0, rows, y)
 
     def swiglu_mlp(
         self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
     ) -> Tensor:
-        h = self._swiglu(x, w1, w3, swiglu_limit)
+        x = x.to(w1.dtype)
+        h = self._clamped_swiglu(F.linear(x, w1), F.linear(x, w3), swiglu_limit)
         return F.linear(h.to(w2.dtype), w2).float()

@@ -4,9 +4,16 @@ The router's ``bias`` (auxiliary-loss-free balancing) only changes which experts
 weights come from the unbiased scores. The first ``num_hash_layers`` layers route by a frozen
 token-to-expert table (``tid2eid``) instead. Every expert clamps its SwiGLU inputs
 (``swiglu_limit``): the gate from above, the up projection on both sides.
+
+The routed experts' weights live stacked (vLLM's ``w13`` [E, 2I, d] and ``w2`` [E, d, I]) so a
+backend runs all experts of a layer as one grouped matmul instead of a Python loop over experts;
+the checkpoint's per-expert names map onto views of the stacks.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,14 +48,53 @@ class Expert(nn.Module):
         self.w3 = Linear(hidden, inter, dtype)
 
 
+class RoutedExperts(nn.Module):
+    """All routed experts of a layer, stacked; ``{e}.w1.weight`` etc. name views of the stacks.
+
+    The stacks are the only owners of the memory (so ``.to()`` and ``parameters()`` see each
+    byte once); the state-dict hook hands out per-expert views under the official names, in the
+    order separate ``Expert`` modules would have, and the loader's ``copy_`` into a view fills
+    the stack in place.
+    """
+
+    def __init__(self, experts: int, hidden: int, inter: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inter = inter
+        self.w13 = nn.Parameter(
+            torch.empty(experts, 2 * inter, hidden, dtype=dtype), requires_grad=False
+        )
+        self.w2 = nn.Parameter(
+            torch.empty(experts, hidden, inter, dtype=dtype), requires_grad=False
+        )
+        self._register_state_dict_hook(RoutedExperts._official_names)
+
+    def views(self, e: int) -> dict[str, Tensor]:
+        """Expert ``e``'s three weights under their checkpoint names (views, not copies)."""
+        i = self.inter
+        return {
+            "w1.weight": self.w13[e, :i],
+            "w2.weight": self.w2[e],
+            "w3.weight": self.w13[e, i:],
+        }
+
+    @staticmethod
+    def _official_names(
+        module: RoutedExperts, state: OrderedDict[str, Any], prefix: str, _meta: Any
+    ) -> None:
+        keep_vars = state.pop(prefix + "w13") is module.w13
+        state.pop(prefix + "w2")
+        for e in range(module.w13.shape[0]):
+            for name, view in module.views(e).items():
+                state[f"{prefix}{e}.{name}"] = view if keep_vars else view.detach()
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
         self.gate = Gate(cfg, cfg.is_hash_layer(layer_id), dtype)
-        self.experts = nn.ModuleList(
-            Expert(cfg.hidden_size, cfg.moe_intermediate_size, dtype)
-            for _ in range(cfg.n_routed_experts)
+        self.experts = RoutedExperts(
+            cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
         )
         self.shared_experts = Expert(
             cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, dtype
@@ -73,16 +119,9 @@ class MoE(nn.Module):
 
     def combine(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """Routed experts weighted by the router, plus the shared expert (fp32 sum)."""
-        experts = list(self.experts)
         limit = self.cfg.swiglu_limit
         routed = ops.moe_experts(
-            flat,
-            weights,
-            indices,
-            w1=[e.w1.weight for e in experts],
-            w2=[e.w2.weight for e in experts],
-            w3=[e.w3.weight for e in experts],
-            swiglu_limit=limit,
+            flat, weights, indices, w13=self.experts.w13, w2=self.experts.w2, swiglu_limit=limit
         )
         se = self.shared_experts
         return routed + ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, limit)
