@@ -14,6 +14,12 @@ Output tokens per second are ``batch * N / wall seconds``; each side is timed ``
 times and the median is reported, with the ratio. Both run in this process with the same torch
 thread count. Results go to ``benchmarks/results/offline_throughput_<device>.json``.
 
+Each row also times one decode step of either model after a ``prompt_len`` prefill, and the
+step's *matmul floor*: the matmuls DeepInfer's step dispatches (captured with their operands,
+then replayed back to back), i.e. what the step would cost if everything else were free. HF's
+step over that floor bounds the speedup any implementation doing the same fp32 arithmetic on
+this device could reach.
+
     python benchmarks/offline_throughput.py [--batches 1 32] [--prompt-len 64] [--output-len 64]
 """
 
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -133,6 +140,62 @@ def time_ours(llm: Any, prompts: torch.Tensor, n: int) -> float:
     return elapsed
 
 
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
+
+
+class _CaptureMatmuls(TorchDispatchMode):
+    """Records every matmul dispatched inside it, with copies of its operands."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, list[Any], dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in MATMULS:
+            operands = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            self.calls.append((func, operands, dict(kwargs)))
+        return func(*args, **kwargs)
+
+
+def _median_ms(fn: Any, device: str, repeats: int = 10) -> float:
+    times = []
+    for _ in range(repeats + 2):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:]) * 1e3
+
+
+@torch.no_grad()
+def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[str, float]:
+    """One decode step of each model after prefilling ``prompts``, and DeepInfer's matmul floor."""
+    model = llm.engine.model
+    states = [model.new_state(1) for _ in range(prompts.shape[0])]
+    model.forward_packed(list(prompts), states)
+    ids = prompts[:, -1]
+    # Each timed call advances the states by one token; the step's cost does not depend on it.
+    ours = _median_ms(lambda: model.forward_decode(ids, states), device)
+    capture = _CaptureMatmuls()
+    with capture:
+        model.forward_decode(ids, states)
+    floor = _median_ms(lambda: [f(*a, **k) for f, a, k in capture.calls], device)
+    cache = hf(prompts, use_cache=True).past_key_values
+    step = prompts[:, -1:]
+    theirs = _median_ms(lambda: hf(step, past_key_values=cache, use_cache=True), device)
+    return {
+        "hf_decode_step_ms": round(theirs, 2),
+        "deepinfer_decode_step_ms": round(ours, 2),
+        "deepinfer_matmul_floor_ms": round(floor, 2),
+        "matmuls_per_step": len(capture.calls),
+        "max_speedup_at_floor": round(theirs / floor, 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
@@ -169,6 +232,7 @@ def main() -> int:
             row["speedup"] = round(
                 row["deepinfer_output_tok_per_s"] / row["hf_output_tok_per_s"], 2
             )
+            row |= decode_steps(hf, llm, prompts, args.device)
             print(json.dumps(row))
             rows.append(row)
 

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--max-input-len", type=int, default=256)
     p_bench.add_argument("--min-output-len", type=int, default=16)
     p_bench.add_argument("--max-output-len", type=int, default=64)
-    p_bench.add_argument("--max-num-seqs", type=int, default=64)
+    p_bench.add_argument("--max-num-seqs", type=int, default=256)
     p_bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p_bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p_bench.set_defaults(func=_cmd_bench)

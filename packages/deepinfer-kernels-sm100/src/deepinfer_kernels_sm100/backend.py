@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 from typing import ClassVar
 
+from torch import Tensor
+
 from deepinfer.backends.base import Availability
 from deepinfer.backends.torch_ref import TorchBackend
 
@@ -40,3 +42,21 @@ class Sm100Backend(TorchBackend):
                 f"needs sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]} (Hopper) or newer",
             )
         return Availability(True)
+
+    def mhc_weights(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        from deepinfer_kernels_sm100.mhc import mhc_weights_from_mix
+
+        mix = self._hc_mix(x, fn, norm_eps)  # one RMS norm and one matmul stay in torch
+        return mhc_weights_from_mix(
+            mix, base, scale, hc=x.shape[-2], hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
+        )

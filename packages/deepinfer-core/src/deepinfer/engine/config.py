@@ -9,7 +9,8 @@ from deepinfer.errors import InvalidRequestError
 
 @dataclass
 class EngineConfig:
-    max_num_seqs: int = 64
+    #: Requests decoded together (vLLM's default); the state budget still bounds admission.
+    max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     #: Longest sequence (prompt + output); None = the model's max_position_embeddings.
     max_model_len: int | None = None

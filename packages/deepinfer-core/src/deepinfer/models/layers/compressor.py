@@ -138,17 +138,21 @@ def append_rows(states: list[CompressorState], kv: Tensor, score: Tensor, ratio:
     # level, not per row); each row then keeps a view of its slice.
     by_fill: dict[int, list[int]] = {}
     for i, st in enumerate(states):
-        st.remember(kv[i : i + 1], score[i : i + 1])
+        if st.keep:
+            st.remember(kv[i : i + 1], score[i : i + 1])
         by_fill.setdefault(st.buf_kv.shape[1], []).append(i)
     full = []
     for fill, rows in by_fill.items():
-        sel = torch.tensor(rows, device=kv.device)
-        new_kv, new_score = kv.index_select(0, sel), score.index_select(0, sel)
+        if len(rows) == len(states):  # every row equally full (lockstep decoding)
+            new_kv, new_score = kv, score
+        else:
+            sel = torch.tensor(rows, device=kv.device)
+            new_kv, new_score = kv.index_select(0, sel), score.index_select(0, sel)
         if fill:
             new_kv = torch.cat((torch.cat([states[i].buf_kv for i in rows]), new_kv), dim=1)
             new_score = torch.cat((torch.cat([states[i].buf_score for i in rows]), new_score), 1)
-        for i, row_kv, row_score in zip(rows, new_kv.unbind(0), new_score.unbind(0), strict=True):
-            states[i].buf_kv, states[i].buf_score = row_kv[None], row_score[None]
+        for i, row_kv, row_score in zip(rows, new_kv.split(1), new_score.split(1), strict=True):
+            states[i].buf_kv, states[i].buf_score = row_kv, row_score
         if fill + 1 == ratio:
             full.extend(rows)
     return sorted(full)
@@ -160,7 +164,7 @@ def padded_entries(states: list[CompressorState]) -> Tensor:
     first = states[0].entries
     out = first.new_zeros(len(states), max(counts), first.shape[-1])
     if max(counts):
-        flat = torch.cat([st.entries[0] for st in states])  # [sum T, D]
+        flat = torch.cat([st.entries for st in states], dim=1)[0]  # [sum T, D]
         rows = torch.repeat_interleave(torch.arange(len(states)), torch.tensor(counts))
         starts = torch.tensor([0, *counts]).cumsum(0)[:-1]
         cols = torch.arange(flat.shape[0]) - starts[rows]

@@ -55,8 +55,8 @@ def _decode_window_keys(
     keys = torch.cat((past.to(kv.dtype), kv), dim=1)
     mask = torch.cat((visible, torch.ones_like(visible[:, :1])), dim=1)[:, None, :]
     # Each ring's length is its row's position, known on the host: one fused copy writes all rows.
-    targets = [r.kv[0, r.length % r.capacity] for r in rings]
-    torch._foreach_copy_(targets, list(kv[:, 0].to(rings[0].kv.dtype).unbind(0)))
+    targets = [r.kv.select(1, r.length % r.capacity) for r in rings]  # [1, D] views
+    torch._foreach_copy_(targets, list(kv[:, 0].to(rings[0].kv.dtype).split(1)))
     for ring in rings:
         ring.length += 1
     return keys, mask

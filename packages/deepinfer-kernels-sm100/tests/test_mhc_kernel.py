@@ -1,0 +1,53 @@
+"""The fused mHC-weights kernel against the torch reference (Triton's interpreter off the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer_kernels_sm100.mhc import mhc_weights_from_mix
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("lead", [(1,), (3, 7), (37,)], ids=["one", "batch-seq", "odd-rows"])
+@pytest.mark.parametrize("iters", [1, 20])
+def test_matches_the_reference(lead: tuple[int, ...], iters: int) -> None:
+    g = torch.Generator().manual_seed(sum(lead) + iters)
+    hc, d = 4, 8
+    x = torch.randn(*lead, hc, d, generator=g)
+    fn = torch.randn((2 + hc) * hc, hc * d, generator=g) * 0.3
+    base = torch.randn((2 + hc) * hc, generator=g)
+    scale = torch.rand(3, generator=g) + 0.5
+    ref = TorchBackend("cpu")
+    want = ref.mhc_weights(x, fn, base, scale, norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=iters)
+    mix = ref._hc_mix(x, fn, 1e-6).to(DEVICE)
+    got = mhc_weights_from_mix(
+        mix, base.to(DEVICE), scale.to(DEVICE), hc=hc, hc_eps=1e-6, sinkhorn_iters=iters
+    )
+    for name, a, b in zip(("pre", "post", "comb"), got, want, strict=True):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a.cpu(), b, atol=2e-6, rtol=2e-5, msg=name)
+
+
+def test_matches_float64_on_peaked_logits() -> None:
+    g = torch.Generator().manual_seed(5)
+    hc, iters, eps = 4, 20, 1e-6
+    mix = torch.randn(9, (2 + hc) * hc, generator=g) * 3  # peaked softmax, slow convergence
+    base = torch.randn((2 + hc) * hc, generator=g)
+    scale = torch.rand(3, generator=g) + 0.5
+    pre, post, comb = mhc_weights_from_mix(
+        mix.to(DEVICE), base.to(DEVICE), scale.to(DEVICE), hc=hc, hc_eps=eps, sinkhorn_iters=iters
+    )
+    m, b, s = mix.double(), base.double(), scale.double()
+    want_pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + eps
+    want_post = 2 * torch.sigmoid(m[:, hc : 2 * hc] * s[1] + b[hc : 2 * hc])
+    c = (m[:, 2 * hc :] * s[2] + b[2 * hc :]).view(-1, hc, hc).softmax(-1) + eps
+    c = c / (c.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(-1, keepdim=True) + eps)
+        c = c / (c.sum(-2, keepdim=True) + eps)
+    torch.testing.assert_close(pre.cpu().double(), want_pre, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(post.cpu().double(), want_post, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(comb.cpu().double(), c, atol=1e-5, rtol=1e-5)
