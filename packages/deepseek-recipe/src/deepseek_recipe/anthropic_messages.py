@@ -4,6 +4,9 @@ Anthropic clients send `max_tokens` on every request, often larger than the
 model allows, so an oversized value is lowered to the configured bound instead
 of rejected (Chat Completions and Responses reject it).  Thinking follows
 `thinking.type`, then `output_config.effort`, then the configured default.
+On V4.1 a tool with `defer_loading` is offered but left out of the opening
+tools block until the history loads it (see `deferred_tools`); V4 has no
+deferred loading and offers it like any other tool.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 from deepseek_recipe.consumable_request import ConsumableRequest
 from deepseek_recipe.conversation import Conversation
+from deepseek_recipe.deferred_tools import ALL_DEFERRED, resolve_loaded_tools
 from deepseek_recipe.errors import ConversionError
 from deepseek_recipe.history_options import HistoryOptions
 from deepseek_recipe.messages import ToolDefinition
@@ -57,10 +61,15 @@ def _tools(
     version: ModelVersion,
     options: ConversionOptions,
 ) -> list[dict[str, Any]]:
-    """Client tools in declaration order; server tools are dropped or rejected."""
+    """Client tools in declaration order; server tools are dropped or rejected.
+
+    On V4.1 a tool keeps its `defer_loading`, and one tool at least must not be deferred:
+    the model would otherwise start without any tool to call.
+    """
     if not raw:
         return []
     drop = options.messages_web_search is WebSearchBehavior.Drop
+    v41 = version is ModelVersion.DeepseekV41Flash
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(raw):
         if not tool["server"]:
@@ -70,12 +79,9 @@ def _tools(
             if not (drop and tool["type"].startswith("web_search")):
                 raise ConversionError(f"tools[{i}]: server tools are not supported")
             continue
-        if tool["defer_loading"] and version is ModelVersion.DeepseekV41Flash:
-            raise NotImplementedError(
-                "Messages tools with defer_loading (deferred tool loading) are not implemented "
-                "by this deepseek-recipe for DeepSeek-V4.1"
-            )
-        out.append(tool)
+        out.append({**tool, "defer_loading": v41 and bool(tool["defer_loading"])})
+    if out and all(t["defer_loading"] for t in out):
+        raise ConversionError(ALL_DEFERRED)
     return out
 
 
@@ -94,7 +100,7 @@ def _build_tools(tools: list[dict[str, Any]]) -> list[ToolDefinition]:
                 '"object"'
             )
         check_parameters(t["name"], schema, require_object_type=True)
-        out.append(ToolDefinition(t["name"], t["description"], schema, None))
+        out.append(ToolDefinition(t["name"], t["description"], schema, None, t["defer_loading"]))
     return out
 
 
@@ -133,6 +139,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
     if not tools and raw_choice != "none":
         raw_choice = "auto"  # Nothing to call: forcing a call is impossible.
     choice, tools = resolve_tool_choice(raw_choice, tools, thinking)
+    messages = resolve_loaded_tools(messages, tools)
     check_sampling_ranges(d["temperature"], d["top_p"])
     stops = stop_sequences(d["stop_sequences"])
     bound = max_tokens_bound(options, thinking)

@@ -31,6 +31,7 @@ V4_FLAVOR = Flavor(
     float_format=format_float,
     reasoning_by_presence=True,
     sort_calls_by_id=True,
+    schema_lines_end_with_newline=True,
 )
 
 V41_FLAVOR = Flavor(

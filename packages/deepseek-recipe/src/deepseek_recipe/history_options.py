@@ -21,7 +21,7 @@ class HistoryOptions:
     has_tools: bool = False
     #: Messages: drop server-tool blocks (web search) instead of rejecting them.
     drop_server_blocks: bool = False
-    #: Messages: the declared tools that a `tool_reference` block may name.
+    #: Messages: the declared tools that a `tool_reference` or `tool_addition` block may name.
     tool_names: frozenset[str] = frozenset()
 
     @classmethod

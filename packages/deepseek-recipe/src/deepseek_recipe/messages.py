@@ -208,7 +208,7 @@ class _ImageMessage(Message):
 
 
 class SystemMessage(_ImageMessage):
-    """A system message."""
+    """A system message; `tools` are tools it loads mid-conversation (V4.1 shows their schemas)."""
 
     _role = "system"
 

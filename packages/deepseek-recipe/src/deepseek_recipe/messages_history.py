@@ -5,6 +5,12 @@ per user block, one assistant message per assistant turn (thinking, text and
 tool uses gathered), and one tool message per `tool_result`.  The checks are
 Anthropic's: every `tool_use` is answered by a `tool_result` at the start of the
 very next user message, and blocks appear only in the roles that may carry them.
+
+Tools can be loaded mid-conversation on V4.1 (deferred tool loading): a
+`tool_reference` in a tool result loads the named tool after the user message
+that carries it, a `tool_addition` block loads it with the system message that
+carries it.  Either must name a declared tool; V4 checks the name and shows a
+reference as its name only.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import binascii
 from typing import Any
 
 from deepseek_recipe.content_segments import PART_SEPARATOR, UNSUPPORTED_IMAGE, merge_text
+from deepseek_recipe.deferred_tools import loading_message
 from deepseek_recipe.errors import ConversionError
 from deepseek_recipe.history_options import HistoryOptions
 from deepseek_recipe.history_reasoning import settle_reasoning
@@ -34,6 +41,12 @@ from deepseek_recipe.options import ModelVersion
 from deepseek_recipe.pyjson import dumps_python
 
 _SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result")
+#: Blocks that only assistant messages carry, and the name the error gives them.
+_ASSISTANT_ONLY = {
+    "tool_use": "tool_use",
+    "server_tool_use": "tool_use",
+    "web_search_tool_result": "web_search_tool_result",
+}
 
 
 def _document(block: dict[str, Any]) -> str:
@@ -99,6 +112,8 @@ class _Builder:
         self.pending: list[str] = []
         self.pending_at = -1
         self.user_turns: list[int] = []
+        #: Tools referenced by the tool results of the user message being read (V4.1).
+        self.references: list[str] = []
 
     def _server_block(self) -> None:
         if not self.opts.drop_server_blocks:
@@ -123,17 +138,14 @@ class _Builder:
             elif kind == "document":
                 segments.append(_document(block))
             elif kind == "tool_reference":
-                if self.opts.version is ModelVersion.DeepseekV41Flash:
-                    raise NotImplementedError(
-                        "Messages tool_reference blocks (deferred tool loading) are not "
-                        "implemented by this deepseek-recipe for DeepSeek-V4.1"
-                    )
                 if block["tool_name"] not in self.opts.tool_names:
                     raise ConversionError(
                         f"{path.removesuffix('.tool_result')}: tool reference "
                         f"'{block['tool_name']}' not found in available tools"
                     )
                 segments.append(block["tool_name"])
+                if self.opts.version is ModelVersion.DeepseekV41Flash:
+                    self.references.append(block["tool_name"])
             elif self.opts.version is ModelVersion.DeepseekV41Flash:
                 source = _image_source(block["source"], f"{path}.content[{k}]")
                 sources.append(_with_path(source, path))
@@ -154,24 +166,41 @@ class _Builder:
         else:
             blocks = content
         kept = []
-        for block in blocks:
+        added: list[str] = []
+        for k, block in enumerate(blocks):
             kind = block["type"]
             if kind == "thinking":
                 raise ConversionError(
                     f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
                 )
-            if kind == "tool_addition":
-                raise NotImplementedError(
-                    "Messages tool_addition blocks (deferred tool loading) are not implemented "
-                    "by this deepseek-recipe"
+            if kind in _ASSISTANT_ONLY:
+                raise ConversionError(
+                    f"messages.{index}: `{_ASSISTANT_ONLY[kind]}` blocks can only be in "
+                    "`assistant` messages"
                 )
-            if kind in ("text", "image", "document"):
+            if kind == "tool_result":
+                raise ConversionError(
+                    f"messages.{index}: `tool_result` blocks can only be in `user` messages"
+                )
+            if kind == "tool_addition":
+                name = block["tool"]["name"]
+                if name not in self.opts.tool_names:
+                    raise ConversionError(
+                        f"messages.{index}.content.{k}: `tool_addition` references unknown tool "
+                        f"'{name}'"
+                    )
+                added.append(name)
+            else:
                 kept.append(block)
         segments, sources = self._segments(kept, f"messages.{index}")
         if self.opts.version is ModelVersion.DeepseekV41Flash:
-            self.out.append(SystemMessage(segments, sources))
-        elif kept:
-            text = "".join(s for s in segments if isinstance(s, str))
+            if added:
+                self.out.append(loading_message(added, segments, sources))
+            else:
+                self.out.append(SystemMessage(segments, sources))
+            return
+        text = "".join(s for s in segments if isinstance(s, str))
+        if text:
             self.out.append(UserMessage([f"<system-reminder>\n{text}\n</system-reminder>"]))
 
     def user(self, index: int, content: str | list[dict[str, Any]]) -> None:
@@ -220,6 +249,10 @@ class _Builder:
             if missing:
                 raise _missing_results(f"messages.{self.pending_at}:", missing)
             self.pending = []
+        if self.references:
+            # The referenced tools are loaded once the whole user message is read.
+            self.out.append(loading_message(self.references))
+            self.references = []
 
     def _user_block(self, index: int, k: int, block: dict[str, Any]) -> None:
         kind = block["type"]

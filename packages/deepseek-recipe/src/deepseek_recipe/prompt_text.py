@@ -66,19 +66,42 @@ def v41_effort_prefix(effort: str | None) -> str:
     )
 
 
+UPDATED_TOOLS_HEADER = "\n\n### Updated Tool Schemas\n\n"
+
+
+def tool_schema_line(tool: ToolDefinition, flavor: Any) -> str:
+    """One tool as the prompt lists it: name, description (empty when absent), parameters."""
+    return dumps_python(
+        {"name": tool.name, "description": tool.description or "", "parameters": tool.parameters},
+        flavor.float_format,
+    )
+
+
+def updated_tools_text(tools: Sequence[ToolDefinition], flavor: Any) -> str:
+    """The schemas a mid-conversation system message makes available, after its content.
+
+    Deferred tools stay out of the opening tools block; this is how the model
+    learns them once they are loaded.
+    """
+    return UPDATED_TOOLS_HEADER + "\n".join(tool_schema_line(t, flavor) for t in tools)
+
+
 def tools_block(tools: Sequence[ToolDefinition], tokens: SpecialTokens, flavor: Any) -> list[Piece]:
-    """The "## Tools" instructions followed by one JSON line per tool."""
+    """The "## Tools" instructions followed by one JSON line per tool that is not deferred.
+
+    The block stays even when every tool is deferred; its schema list is then
+    empty, which shows that V4 ends each schema line with a newline while V4.1
+    only separates them.
+    """
     block, invoke, parameter = flavor.block, flavor.invoke, flavor.parameter
     dsml = tokens.get("dsml")
     think = tokens.get("thinking_start")
     end_think = tokens.get("thinking_end")
-    schemas = "\n".join(
-        dumps_python(
-            {"name": t.name, "description": t.description or "", "parameters": t.parameters},
-            flavor.float_format,
-        )
-        for t in tools
-    )
+    lines = [tool_schema_line(t, flavor) for t in tools if not t.defer_loading]
+    if flavor.schema_lines_end_with_newline:
+        listed = "".join(f"{line}\n" for line in lines) + "\n"
+    else:
+        listed = "\n".join(lines) + "\n\n"
     d = special(dsml)
     return [
         text(
@@ -118,7 +141,7 @@ def tools_block(tools: Sequence[ToolDefinition], tokens: SpecialTokens, flavor: 
         special(end_think),
         text(
             " with tool calls or final response.\n\n### Available Tool Schemas\n\n"
-            f"{schemas}\n\nYou MUST strictly follow the above defined tool name and parameter "
+            f"{listed}You MUST strictly follow the above defined tool name and parameter "
             "schemas to invoke "
             "tool calls.\n"
         ),

@@ -10,6 +10,7 @@ as the shortest decimal that round-trips through `f32` (0.7, not
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from typing import Any
@@ -51,3 +52,35 @@ def _serde_float(value: float) -> str:
 def dumps(value: Any) -> str:
     """Serialize like serde_json's compact writer."""
     return dumps_compact(value, _serde_float)
+
+
+_I64_MIN = -(2**63)
+_U64_MAX = 2**64 - 1
+
+
+def loads(text: str) -> Any:
+    """Parse JSON into the value serde_json would read; `ValueError` where serde fails.
+
+    Integers outside the 64-bit range become floats, `-0` is the float -0.0, and
+    `NaN`, `Infinity` or a number too large for a float are errors.
+    """
+
+    def reject(_: str) -> Any:
+        raise ValueError("non-standard JSON constant")
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if math.isinf(value):
+            raise ValueError("number out of range")
+        return value
+
+    def integer(literal: str) -> int | float:
+        value = int(literal)
+        if literal == "-0" or not _I64_MIN <= value <= _U64_MAX:
+            return number(literal)
+        return value
+
+    try:
+        return json.loads(text, parse_constant=reject, parse_float=number, parse_int=integer)
+    except RecursionError:
+        raise ValueError("recursion limit exceeded") from None

@@ -28,6 +28,7 @@ from deepseek_recipe.pieces import Piece, special, text
 from deepseek_recipe.prompt_text import (
     SCHEMA_FORMAT_HEADER,
     tools_block,
+    updated_tools_text,
 )
 from deepseek_recipe.pyjson import dumps_python
 from deepseek_recipe.tokens import SpecialTokens
@@ -53,6 +54,8 @@ class Flavor:
     reasoning_by_presence: bool
     #: V4 lists an assistant's tool calls (and so their results) in call-id order.
     sort_calls_by_id: bool = False
+    #: V4 ends every line of the tools block's schema list with a newline; V4.1 joins them.
+    schema_lines_end_with_newline: bool = False
 
 
 def _join(parts: Sequence[Sequence[Segment]]) -> list[Segment]:
@@ -242,6 +245,10 @@ class Renderer:
                 out += _content(m.segments)
                 if i == 0:
                     out += additions
+                if m.tools:
+                    # Tools loaded mid-conversation are announced where they were loaded; V4
+                    # hoists system messages into one head without their tools.
+                    out.append(text(updated_tools_text(m.tools, f)))
             elif isinstance(m, UserMessage):
                 joins = isinstance(prev, (UserMessage, ToolMessage))
                 out.append(text(_SEP) if joins else self._tok("user"))

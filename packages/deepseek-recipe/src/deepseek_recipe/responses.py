@@ -2,7 +2,8 @@
 
 Checks run in the order the official converter uses (tool declarations,
 history, tool schemas and choice, text format, and sampling ranges last), so a
-request with several problems reports the same first one.
+request with several problems reports the same first one.  Tools that tool
+search outputs in the history load (V4.1) are offered after the declared ones.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from deepseek_recipe.consumable_request import ConsumableRequest
 from deepseek_recipe.conversation import Conversation
+from deepseek_recipe.deferred_tools import resolve_loaded_tools
 from deepseek_recipe.errors import ConversionError
 from deepseek_recipe.history_options import HistoryOptions
 from deepseek_recipe.messages import Message, ToolDefinition
@@ -32,6 +34,7 @@ from deepseek_recipe.request_checks import (
 from deepseek_recipe.responses_body import REQUEST_FIELDS, decode_responses_request
 from deepseek_recipe.responses_echo import ResponsesEcho
 from deepseek_recipe.responses_history import build_messages
+from deepseek_recipe.responses_tool_search import ToolSearchLoader
 from deepseek_recipe.responses_tools import (
     DeclaredTool,
     DeclaredTools,
@@ -50,6 +53,7 @@ class ResponsesConversationRequest(ConversationRequest):
         echo: ResponsesEcho,
         namespace_map: dict[str, tuple[str, str]],
         custom_names: set[str],
+        client_tool_search: bool = False,
     ) -> None:
         super().__init__(
             base.conversation,
@@ -61,6 +65,8 @@ class ResponsesConversationRequest(ConversationRequest):
         self.responses_echo = echo
         self.namespace_map = dict(namespace_map)
         self.custom_names = set(custom_names)
+        #: Calls of `tool_search` are reported as tool search calls, not function calls.
+        self.client_tool_search = client_tool_search
 
 
 class ResponsesRequest(ConsumableRequest):
@@ -100,7 +106,7 @@ def _build_tools(declared: list[DeclaredTool]) -> list[ToolDefinition]:
             params = normalize_strict(params or {"type": "object"}, for_tool=True)
         else:
             check_parameters(t.name, t.parameters, require_object_type=True)
-        tools.append(ToolDefinition(t.name, t.description, params, t.strict))
+        tools.append(ToolDefinition(t.name, t.description, params, t.strict, t.deferred))
     return tools
 
 
@@ -125,15 +131,21 @@ def _messages(
     version: ModelVersion,
     thinking: bool,
     options: ConversionOptions,
-    has_tools: bool,
-) -> list[Message]:
+    declared: DeclaredTools,
+) -> tuple[list[Message], DeclaredTools]:
+    """The history's messages and the tools its tool search outputs loaded."""
     items = d["input"]
     if items is None and not d["instructions"]:
         raise ConversionError("Either input or instructions must be provided")
     if isinstance(items, list) and not items:
         raise ConversionError("Input items array must not be empty")
-    opts = HistoryOptions.from_conversion(version, thinking, options, has_tools=has_tools)
-    return build_messages(d["instructions"], [] if items is None else items, opts)
+    opts = HistoryOptions.from_conversion(
+        version, thinking, options, has_tools=bool(declared.tools)
+    )
+    reject_web_search = options.responses_web_search is WebSearchBehavior.Reject
+    loader = ToolSearchLoader(declared, reject_web_search)
+    messages = build_messages(d["instructions"], [] if items is None else items, opts, loader)
+    return messages, loader.loaded
 
 
 def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversationRequest:
@@ -142,7 +154,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     reasoning = d["reasoning"] or {}
     requested_effort = reasoning.get("effort")
     thinking = thinking_enabled(options, requested_effort)
-    messages = _messages(d, version, thinking, options, bool(declared.tools))
+    messages, loaded = _messages(d, version, thinking, options, declared)
     choice_raw = d["tool_choice"]
     rejects_web_search = options.responses_web_search is WebSearchBehavior.Reject
     web_search_choice = isinstance(choice_raw, dict) and choice_raw["type"].startswith("web_search")
@@ -151,9 +163,10 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     text = d["text"] or {}
     fmt = text.get("format") or {"type": "text"}
     # With tool choice `none` the tools are not offered, so their schemas are not checked.
-    offered = [] if choice_raw == "none" else declared.tools
+    offered = [] if choice_raw == "none" else declared.tools + loaded.tools
     tools = _build_tools(offered)
     choice, tools = resolve_tool_choice(_named_choice(choice_raw, bool(tools)), tools, thinking)
+    messages = resolve_loaded_tools(messages, tools)
     strict_schema = fmt["type"] == "json_schema" and bool(fmt.get("strict"))
     if strict_schema:
         check_schema_kinds(fmt["schema"], for_tool=False)
@@ -204,6 +217,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     return ResponsesConversationRequest(
         base,
         ResponsesEcho.from_request(d),
-        declared.namespace_map,
-        declared.custom_names,
+        declared.namespace_map | loaded.namespace_map,
+        declared.custom_names | loaded.custom_names,
+        declared.client_tool_search,
     )

@@ -123,7 +123,7 @@ _TYPED_ITEMS: dict[str, list[s.Field]] = {
     ],
     "tool_search_call": [
         s.required("call_id", s.string),
-        s.required("arguments", s.any_json),
+        s.required("arguments", s.json_map),
         s.Field("execution", s.variant(["client", "server"])),
     ],
     "tool_search_output": [

@@ -5,7 +5,9 @@ function calls); the prompt needs them as one assistant message.  Items are
 gathered into a turn in that order; an item that would go back in the order
 (reasoning after text, text after a call) starts a new turn, as in the official
 converter.  Tool outputs must answer the calls of the turn right before them
-and are put in call order.
+and are put in call order.  On V4.1 a tool search call and its output are a
+call and a result like any other, and the tools the output loads are announced
+by a system message after the turn's results (see `responses_tool_search`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from deepseek_recipe.content_segments import (
     segments_text,
     url_image_source,
 )
+from deepseek_recipe.deferred_tools import loading_message
 from deepseek_recipe.errors import ConversionError
 from deepseek_recipe.history_options import HistoryOptions
 from deepseek_recipe.history_reasoning import settle_reasoning
@@ -37,6 +40,7 @@ from deepseek_recipe.messages import (
 )
 from deepseek_recipe.options import ModelVersion
 from deepseek_recipe.protocol_json import dumps
+from deepseek_recipe.responses_tool_search import ToolSearchLoader, search_call
 from deepseek_recipe.responses_tools import qualified_name
 
 UNSUPPORTED_DOCUMENT = "[Unsupported Document]"
@@ -102,12 +106,15 @@ def content_segments(
 class _Builder:
     """Walks the items once, keeping the open turn and the calls awaiting output."""
 
-    def __init__(self, opts: HistoryOptions) -> None:
+    def __init__(self, opts: HistoryOptions, loader: ToolSearchLoader) -> None:
         self.opts = opts
+        self.loader = loader
         self.messages: list[Message] = []
         self.turn: _Turn | None = None
         self.pending: list[str] = []
         self.answered: dict[str, ToolMessage] = {}
+        #: Messages announcing the tools that this turn's outputs loaded, in output order.
+        self.loading: list[Message] = []
         self.seen_calls: set[str] = set()
         self.user_indexes: list[int] = []
 
@@ -139,8 +146,10 @@ class _Builder:
             if call_id not in self.answered:
                 raise ConversionError(f"No tool output found for tool call {call_id}.")
         self.messages += [self.answered[c] for c in self.pending]
+        self.messages += self.loading
         self.pending = []
         self.answered = {}
+        self.loading = []
 
     def open_turn(self) -> _Turn:
         self.close_outputs()
@@ -168,13 +177,28 @@ class _Builder:
             segments, sources = content_segments(item["output"], index, self.opts)
             self.messages.append(ToolMessage(segments, None, sources))
             return
+        self.expect_output(call_id)
+        segments, sources = content_segments(item["output"], index, self.opts)
+        self.answered[call_id] = ToolMessage(segments, call_id, sources)
+
+    def expect_output(self, call_id: str) -> None:
+        """An output for `call_id` arrives: it must answer a call of the turn, once."""
         self.flush_turn()
         if call_id in self.answered:
             raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
         if call_id not in self.pending:
             raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
-        segments, sources = content_segments(item["output"], index, self.opts)
-        self.answered[call_id] = ToolMessage(segments, call_id, sources)
+
+    def add_search_output(self, index: int, item: dict[str, Any]) -> None:
+        """A tool search output: the found tools as the result, then offered as deferred."""
+        tools = item["tools"]
+        call_id = item["call_id"]
+        self.expect_output(call_id)
+        result = self.loader.result_text(index, tools)
+        self.answered[call_id] = ToolMessage([result], call_id)
+        names = self.loader.load(tools)
+        if names:
+            self.loading.append(loading_message(names))
 
     def add(self, index: int, item: Any) -> None:
         if item is s.UNSUPPORTED:
@@ -213,10 +237,10 @@ class _Builder:
         elif kind in ("tool_search_call", "tool_search_output"):
             if self.opts.version is not ModelVersion.DeepseekV41Flash:
                 return  # V4 has no deferred tool loading: the search exchange is left out.
-            raise NotImplementedError(
-                "Responses tool_search_call and tool_search_output items (deferred tool loading) "
-                "are not implemented by this deepseek-recipe"
-            )
+            if kind == "tool_search_call":
+                self.add_call(index, search_call(item))
+            else:
+                self.add_search_output(index, item)
         else:
             self.flush_turn()
             self.close_outputs()
@@ -236,10 +260,22 @@ class _Builder:
 
 
 def build_messages(
-    instructions: str | None, items: str | list[Any], opts: HistoryOptions
+    instructions: str | None,
+    items: str | list[Any],
+    opts: HistoryOptions,
+    loader: ToolSearchLoader,
 ) -> list[Message]:
-    """The conversation messages of a request, with the history checks."""
-    builder = _Builder(opts)
+    """The conversation messages of a request, with the history checks.
+
+    The tools that tool search outputs load are collected by `loader`; their
+    declarations are checked before the history is read, so a bad one is reported
+    before any problem of the history itself.
+    """
+    if opts.version is ModelVersion.DeepseekV41Flash and not isinstance(items, str):
+        for index, item in enumerate(items):
+            if item is not s.UNSUPPORTED and item["type"] == "tool_search_output":
+                loader.check(index, item["tools"])
+    builder = _Builder(opts, loader)
     if instructions:
         builder.messages.append(SystemMessage([instructions]))
     if isinstance(items, str):

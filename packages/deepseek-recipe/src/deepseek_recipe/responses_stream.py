@@ -4,7 +4,10 @@ The generator turns parser pieces into Responses output items: a reasoning
 item, a message item, and one item per tool call, each opened by its first
 text and closed (with its `done` events) when the next item starts or the
 response ends.  Delta boundaries come from the shared piece machinery, so they
-match the Chat Completions deltas of the same output.
+match the Chat Completions deltas of the same output.  When the request
+declares a client-executed tool search, a call of `tool_search` is a tool
+search call item instead: its arguments are a JSON object, reported whole when
+the item is done, so it has no delta events.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any
 from deepseek_recipe.custom_tool_input import CustomInputDecoder
 from deepseek_recipe.inference import InferenceFinishReason, PromptUsage
 from deepseek_recipe.protocol_chunk import ProtocolChunk, TypedEventFraming
-from deepseek_recipe.protocol_json import dumps
+from deepseek_recipe.protocol_json import dumps, loads
 from deepseek_recipe.request import ConversationRequest
 from deepseek_recipe.responses_echo import ResponsesEcho
+from deepseek_recipe.responses_tools import TOOL_SEARCH
 from deepseek_recipe.stream_pieces import (
     ANSWER_KINDS,
     PieceTranslator,
@@ -26,6 +30,7 @@ from deepseek_recipe.stream_pieces import (
     renders_nothing,
 )
 
+_CALL_KINDS = ("function_call", "custom_tool_call", "tool_search_call")
 _INCOMPLETE = {
     InferenceFinishReason.Length: "max_output_tokens",
     InferenceFinishReason.ContentFilter: "content_filter",
@@ -92,6 +97,8 @@ class _Item:
         self.name = ""
         self.namespace: str | None = None
         self.decoder: CustomInputDecoder | None = None
+        #: A tool search call's arguments, parsed when the call is done.
+        self.arguments: dict[str, Any] = {}
 
 
 class ResponsesChunkGenerator(PieceTranslator):
@@ -109,6 +116,7 @@ class ResponsesChunkGenerator(PieceTranslator):
             getattr(request, "namespace_map", {}) or {}
         )
         self._custom: set[str] = set(getattr(request, "custom_names", set()) or set())
+        self._tool_search = bool(getattr(request, "client_tool_search", False))
         self._created = int(time.time())
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
@@ -183,6 +191,15 @@ class ResponsesChunkGenerator(PieceTranslator):
                 "role": "assistant",
                 "phase": phase,
                 "content": content,
+            }
+        if item.kind == "tool_search_call":
+            return {
+                "type": item.kind,
+                "id": item.id,
+                "status": status,
+                "call_id": item.call_id,
+                "execution": "client",
+                "arguments": item.arguments,
             }
         obj: dict[str, Any] = {
             "type": item.kind,
@@ -265,6 +282,8 @@ class ResponsesChunkGenerator(PieceTranslator):
                 )
             )
             out.append(self._part_done(item, _output_text(item.text)))
+        elif item.kind == "tool_search_call":
+            status = self._settle_search(item, status)
         elif item.kind == "function_call":
             out.append(
                 self._event(
@@ -296,6 +315,24 @@ class ResponsesChunkGenerator(PieceTranslator):
             )
         )
         return out
+
+    @staticmethod
+    def _settle_search(item: _Item, status: str) -> str:
+        """A finished tool search call's arguments and status.
+
+        Only a call of a completed response reports its arguments; arguments that
+        are not a JSON object make the call incomplete.
+        """
+        if status != "completed":
+            return status
+        try:
+            value = loads(item.text)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            return "incomplete"
+        item.arguments = value
+        return status
 
     def _part_done(self, item: _Item, part: dict[str, Any]) -> ResponsesStreamEvent:
         return self._event(
@@ -335,9 +372,12 @@ class ResponsesChunkGenerator(PieceTranslator):
         if kind == "header":
             out += self._close(phase="commentary")
             return out + self._open_call(text, index)
-        if item is None or item.kind not in ("function_call", "custom_tool_call"):
+        if item is None or item.kind not in _CALL_KINDS:
             return out
         text = argument_json(kind, text)
+        if item.kind == "tool_search_call":
+            item.text += text
+            return []
         if item.decoder is not None:
             delta = item.decoder.feed(text)
             return [self._custom_delta(item, delta)] if delta else []
@@ -369,6 +409,11 @@ class ResponsesChunkGenerator(PieceTranslator):
 
     def _open_call(self, name: str, tool_index: int) -> list[ResponsesStreamEvent]:
         index = len(self._output)
+        if self._tool_search and name == TOOL_SEARCH:
+            item = _Item("tool_search_call", index, f"tsc_{self._id}_{index}")
+            item.call_id = self.call_id(tool_index)
+            self._item = item
+            return self._open_item(item)
         custom = name in self._custom
         kind = "custom_tool_call" if custom else "function_call"
         item = _Item(kind, index, f"{'ctc' if custom else 'fc'}_{self._id}_{index}")

@@ -85,6 +85,13 @@ def any_json(value: Any) -> Any:
     return value
 
 
+def json_map(value: Any) -> dict[str, Any]:
+    """Any JSON object (serde's `Map<String, Value>`)."""
+    if not isinstance(value, dict):
+        raise b.invalid_type(value, "a map")
+    return value
+
+
 def uint(bits: int) -> Decoder:
     kind = f"u{bits}"
 

@@ -156,6 +156,97 @@ def convert_cases() -> list[dict[str, Any]]:
     return cases
 
 
+def deferred_cases() -> list[dict[str, Any]]:
+    """Deferred tool loading: tool search on Responses, deferred tools on Messages."""
+    search = {"type": "tool_search", "execution": "client", "description": "Find tools"}
+    found = [
+        {"type": "function", "name": "late", "description": "L", "parameters": {"type": "object"}},
+        {
+            "type": "namespace",
+            "name": "crm",
+            "description": "CRM",
+            "tools": [{"type": "function", "name": "get"}],
+        },
+        {"type": "custom", "name": "apply_patch"},
+        {"type": "web_search"},
+    ]
+    history = [
+        {"role": "user", "content": "find a tool"},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "search"}]},
+        {"type": "tool_search_call", "call_id": "ts", "arguments": {"query": "crm"}},
+        {"type": "tool_search_output", "call_id": "ts", "tools": found},
+        {"type": "function_call", "call_id": "c", "name": "late", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "done"},
+    ]
+    responses: list[dict[str, Any]] = [
+        {"model": R41, "input": history, "tools": [FN, search]},
+        {"model": R, "input": history, "tools": [FN, search]},
+        {"model": R41, "input": history, "tools": [FN], "tool_choice": "none"},
+        {
+            "model": R41,
+            "input": [*history[:3], {**history[3], "tools": [{"type": "mcp"}]}],
+        },
+        {
+            "model": R41,
+            "input": [*history[:3], {**history[3], "tools": [FN]}],
+            "tools": [FN],
+        },
+    ]
+    deferred = {"name": "late", "input_schema": {"type": "object"}, "defer_loading": True}
+    shown = {"name": "get_w", "input_schema": {"type": "object"}}
+    addition = {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "late"}}
+    reference = {"type": "tool_reference", "tool_name": "late"}
+    conversation = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "get_w", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [reference]},
+                {"type": "text", "text": "go on"},
+            ],
+        },
+        {"role": "system", "content": [{"type": "text", "text": "Also:"}, addition]},
+    ]
+    messages: list[dict[str, Any]] = [
+        {"model": R41, "messages": conversation, "tools": [shown, deferred]},
+        {"model": R, "messages": conversation, "tools": [shown, deferred]},
+        {"model": R41, "messages": conversation[:1], "tools": [deferred]},
+        {
+            "model": R,
+            "messages": [
+                {
+                    "role": "system",
+                    "content": [{**addition, "tool": {**addition["tool"], "name": "zz"}}],
+                }
+            ],
+            "tools": [shown],
+        },
+    ]
+    cases = [{"kind": "convert", "protocol": "responses", "body": b} for b in responses]
+    cases += [{"kind": "convert", "protocol": "messages", "body": b} for b in messages]
+    search_call = _call("tool_search", [("query", "true", "crm"), ("limit", "false", "3")], True)
+    for text in (
+        "r</think>" + search_call,
+        "r</think>" + _call("tool_search", [("q", "false", "x")], True),
+    ):
+        cases.append(
+            {
+                "kind": "stream",
+                "protocol": "responses",
+                "body": {"model": R41, "input": history, "tools": [FN, search]},
+                "units": [{"text": text[i : i + 7], "count": 1} for i in range(0, len(text), 7)],
+                "finish": "Stop",
+                "ready": [30, 10, "fp"],
+                "modifiers": [],
+            }
+        )
+    return cases
+
+
 def stream_cases() -> list[dict[str, Any]]:
     patch = '*** Begin Patch\n*** Add File: a.txt\n+hé "q"\n*** End Patch'
     r_body = {
@@ -203,7 +294,7 @@ def main() -> None:
     import deepseek_recipe as dr
 
     load = runpy.run_path(str(HERE / "_oracle.py"))["load"]
-    cases = convert_cases() + stream_cases()
+    cases = convert_cases() + stream_cases() + deferred_cases()
     results = load("protocol_dump").run_all(dr, cases)
     OUT.write_text(
         json.dumps({"cases": cases, "results": results}, ensure_ascii=False, indent=1) + "\n",

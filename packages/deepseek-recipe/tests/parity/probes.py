@@ -144,6 +144,37 @@ def direct_tools(dr: Any, tok: Any) -> Any:
     ]
 
 
+def direct_deferred_tools(dr: Any, tok: Any) -> Any:
+    """Deferred tools stay out of the tools block; system messages announce loaded tools."""
+    shown = dr.ToolDefinition(
+        "f", "desc", {"type": "object", "properties": {"n": {"default": 1.5}}}
+    )
+    late = dr.ToolDefinition("late", "<｜DSML｜ x <think>", {"type": "object"}, None, True)
+    other = dr.ToolDefinition("other", None, None, False, True)
+    messages = [
+        dr.SystemMessage("sys", tools=[late]),
+        dr.UserMessage("q"),
+        dr.AssistantMessage("", "why", [dr.ToolCall("a", "tool_search", '{"q": "x"}')]),
+        dr.ToolMessage("found", "a"),
+        dr.SystemMessage("", tools=[late, other]),
+        dr.SystemMessage("see <｜image｜>", [dr.UrlImageSource("http://s")], [other]),
+        dr.SystemMessage("plain", tools=[]),
+        dr.UserMessage("go"),
+    ]
+    out = []
+    for tools in ([shown, late], [late, other], []):
+        for choice in ("auto", "required", "none"):
+            conversation = dr.Conversation(
+                messages, tools=tools, tool_choice=choice, thinking_mode=choice != "required"
+            )
+            out.append(_render(dr, conversation))
+    out.append(_render(dr, dr.Conversation([], tools=[late])))
+    out.append(_render(dr, dr.Conversation([dr.SystemMessage("", tools=[late])])))
+    out.append(_render(dr, dr.Conversation(messages[:2], response_format="json_object")))
+    out.append([[t.name, t.defer_loading] for t in messages[4].tools])
+    return out
+
+
 def direct_prefix(dr: Any, tok: Any) -> Any:
     out = []
     for thinking in (True, False):

@@ -6,9 +6,11 @@ server tools), tool choices, formats, effort and sampling rules, images,
 validation messages and their order; outputs cover reasoning, text, function
 and custom tool calls, finish reasons and stop sequences, split across chunks.
 
-Deferred tool loading (Responses client tool search on V4.1, Messages
-`defer_loading` on V4.1, `tool_addition`, V4.1 tool references) is left out: this
-package rejects it with `NotImplementedError`.
+Deferred tool loading is covered on both models: Responses tool search
+declarations (client and server), `tool_search_call` / `tool_search_output`
+items loading functions, namespaces, `apply_patch` and tools that cannot be
+loaded, Messages `defer_loading` tools, `tool_reference` results and
+`tool_addition` blocks, and their broken forms.
 """
 
 from __future__ import annotations
@@ -106,13 +108,15 @@ def _r_tools(rng: random.Random, model: str) -> list[dict[str, Any]]:
             tools.append(tool)
         elif roll < 0.9:
             tool = {"type": "tool_search"}
-            execution = rng.choice([None, "server", "client"])
-            if execution == "client" and model != "DeepSeek-V4-Pro":
-                execution = "server"
+            execution = rng.choice([None, "server", "client", "client"])
             if execution:
                 tool["execution"] = execution
             if rng.random() < 0.3:
                 tool["description"] = "search"
+            if rng.random() < 0.2:
+                tool["parameters"] = rng.choice(
+                    [{"type": "object", "properties": {"query": {"type": "string"}}}, {}, None]
+                )
             tools.append(tool)
         else:
             tools.append({"type": rng.choice(["file_search", "computer_use_preview", "mcp"])})
@@ -187,9 +191,56 @@ def _reasoning_item(rng: random.Random) -> dict[str, Any]:
     return item
 
 
+def _found_tools(rng: random.Random) -> list[Any]:
+    """What a tool search output lists: mostly loadable tools, sometimes ones that are not."""
+    found: list[Any] = []
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        roll = rng.random()
+        if roll < 0.45:
+            found.append(_r_function(rng, f"found_{rng.randint(0, 99)}", None))
+        elif roll < 0.65:
+            space: dict[str, Any] = {"type": "namespace", "name": rng.choice(["crm", "ns"])}
+            if rng.random() < 0.5:
+                space["description"] = rng.choice(["", _text(rng)])
+            space["tools"] = [
+                _r_function(rng, rng.choice(["get", "put", "g"]), None)
+                for _ in range(rng.randint(0, 2))
+            ]
+            found.append(space)
+        elif roll < 0.73:
+            found.append({"type": "custom", "name": "apply_patch"})
+        elif roll < 0.83:
+            tool: dict[str, Any] = {"type": rng.choice(["web_search", "web_search_2025_08_26"])}
+            if rng.random() < 0.4:
+                tool["user_location"] = {"type": "approximate", "city": "Paris"}
+            found.append(tool)
+        elif roll < 0.93:
+            search: dict[str, Any] = {"type": "tool_search"}
+            if rng.random() < 0.7:
+                search["execution"] = rng.choice(["client", "server"])
+            if rng.random() < 0.3:
+                search["description"] = "find"
+            found.append(search)
+        elif roll < 0.97:
+            found.append(_r_function(rng, "found_s", True))
+        else:
+            found.append({"type": rng.choice(["mcp", "file_search"])})
+    return found
+
+
+def _search_arguments(rng: random.Random) -> dict[str, Any]:
+    roll = rng.random()
+    if roll < 0.15:
+        return {}
+    if roll < 0.7:
+        return {"query": _text(rng, 2)}
+    return {f"a{i}": BASE._value(rng) for i in range(rng.randint(1, 3))}
+
+
 def _r_items(rng: random.Random, tools: list[dict[str, Any]], model: str) -> list[Any]:
     items: list[Any] = []
     names = _function_names(tools, model)
+    searches = rng.random() < (0.35 if model == "DeepSeek-V4.1-Flash" else 0.12)
     if rng.random() < 0.3:
         items.append({"role": rng.choice(["system", "developer"]), "content": _text(rng)})
     call_no = 0
@@ -210,6 +261,18 @@ def _r_items(rng: random.Random, tools: list[dict[str, Any]], model: str) -> lis
             elif roll < 0.6:
                 content = _r_content(rng, False, output_text=True)
                 items.append({"type": "message", "role": "assistant", "content": content})
+            elif roll < 0.9 and searches and rng.random() < 0.4:
+                cid = f"ts_{call_no}"
+                call_no += 1
+                ids.append(cid)
+                search_call: dict[str, Any] = {
+                    "type": "tool_search_call",
+                    "call_id": cid,
+                    "arguments": _search_arguments(rng),
+                }
+                if rng.random() < 0.3:
+                    search_call["execution"] = rng.choice(["client", "server"])
+                items.append(search_call)
             elif roll < 0.9:
                 cid = f"call_{call_no}"
                 call_no += 1
@@ -238,20 +301,15 @@ def _r_items(rng: random.Random, tools: list[dict[str, Any]], model: str) -> lis
                 )
         if rng.random() < 0.1:
             items.append(rng.choice([{"type": "web_search_call", "id": "ws"}, {"type": "item_x"}]))
-        if model == "DeepSeek-V4-Pro" and rng.random() < 0.08:
-            # V4 has no deferred tool loading; the search exchange is left out of the prompt.
-            items.append({"type": "tool_search_call", "call_id": "ts", "arguments": {"q": "x"}})
-            items.append(
-                {
-                    "type": "tool_search_output",
-                    "call_id": "ts",
-                    "tools": [{"type": "function", "name": "late"}],
-                }
-            )
         order = ids[:]
         if rng.random() < 0.5:
             rng.shuffle(order)
         for cid in order:
+            if cid.startswith("ts_"):
+                items.append(
+                    {"type": "tool_search_output", "call_id": cid, "tools": _found_tools(rng)}
+                )
+                continue
             kind = "custom_tool_call_output" if cid.startswith("ctc") else "function_call_output"
             items.append({"type": kind, "call_id": cid, "output": _r_output(rng)})
     return items
@@ -328,6 +386,24 @@ def responses_body(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.1:
         body.update({"store": True, "metadata": {"k": "v"}, "parallel_tool_calls": False})
     return body
+
+
+def _search_call(call_id: str, arguments: Any = "default") -> dict[str, Any]:
+    args = {"query": "x"} if arguments == "default" else arguments
+    return {"type": "tool_search_call", "call_id": call_id, "arguments": args}
+
+
+def _search_output(call_id: str, tools: list[Any]) -> dict[str, Any]:
+    return {"type": "tool_search_output", "call_id": call_id, "tools": tools}
+
+
+def _search_exchange(*found: Any, call_id: str = "t") -> list[Any]:
+    """A user turn, a tool search call and its output listing `found`."""
+    return [
+        {"role": "user", "content": "q"},
+        _search_call(call_id),
+        _search_output(call_id, list(found)),
+    ]
 
 
 R_PROBLEMS: list[dict[str, Any]] = [
@@ -508,6 +584,60 @@ R_PROBLEMS: list[dict[str, Any]] = [
     {"tools": [{"type": "web_search", "search_context_size": "huge"}]},
     {"tools": [{"type": "web_search", "user_location": 5}]},
     {"tools": [{"type": "tool_search", "execution": "x"}]},
+    {"tools": [{"type": "tool_search", "execution": "client", "parameters": {"type": "string"}}]},
+    {"tools": [{"type": "tool_search", "execution": "client"}] * 2},
+    {
+        "tools": [{"type": "tool_search", "execution": "client"}],
+        "tool_choice": {"type": "function", "name": "tool_search"},
+        "reasoning": {"effort": "none"},
+    },
+    {"tools": [{"type": "tool_search", "execution": "client"}], "tool_choice": "none"},
+    {"input": [{"role": "user", "content": "q"}, _search_call("t", "{}")]},
+    {"input": [{"role": "user", "content": "q"}, _search_call("t", None)]},
+    {"input": [{"role": "user", "content": "q"}, {"type": "tool_search_call", "arguments": {}}]},
+    {"input": [{"role": "user", "content": "q"}, _search_call("t")]},
+    {"input": [{"role": "user", "content": "q"}, _search_output("t", [])]},
+    {"input": [*_search_exchange({"type": "function", "name": "f"}), _search_output("t", [])]},
+    {"input": _search_exchange({"type": "function", "name": "f"}, call_id="")},
+    {"input": _search_exchange({"type": "mcp"})},
+    {"input": _search_exchange({"type": "mcp"}, {"type": "function", "name": "bad name"})},
+    {"input": _search_exchange({"type": "custom", "name": "other"})},
+    {"input": _search_exchange({"type": "web_search", "search_context_size": "low"})},
+    {
+        "input": _search_exchange(
+            {
+                "type": "namespace",
+                "name": "ns",
+                "tools": [{"type": "custom", "name": "apply_patch"}],
+            }
+        )
+    },
+    {
+        "input": _search_exchange(
+            {"type": "function", "name": "f"}, {"type": "function", "name": "f"}
+        )
+    },
+    {
+        "input": _search_exchange(
+            {"type": "function", "name": "x", "parameters": {"type": "string"}}
+        )
+    },
+    {
+        "input": _search_exchange(
+            {"type": "function", "name": "s", "strict": True, "parameters": BASE.STRICT_SCHEMAS[0]}
+        )
+    },
+    {
+        "input": _search_exchange({"type": "function", "name": "late"}),
+        "tool_choice": {"type": "function", "name": "late"},
+        "reasoning": {"effort": "none"},
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"type": "tool_search_output", "call_id": "t", "tools": 5},
+        ]
+    },
     {
         "tools": [
             {
@@ -587,6 +717,8 @@ def _m_tools(rng: random.Random) -> list[dict[str, Any]]:
                 tool["input_schema"] = schema if schema is not None else {"type": "object"}
             if rng.random() < 0.1:
                 tool["strict"] = True
+            if rng.random() < 0.3:
+                tool["defer_loading"] = rng.choice([True, True, False, None])
             tools.append(tool)
         else:
             kind = rng.choice(["web_search_20250305", "web_search_20260209", "web_fetch_20250910"])
@@ -625,7 +757,7 @@ def _m_user_blocks(rng: random.Random) -> Any:
     return blocks
 
 
-def _m_result_content(rng: random.Random, model: str) -> Any:
+def _m_result_content(rng: random.Random, names: list[str]) -> Any:
     roll = rng.random()
     if roll < 0.5:
         return _text(rng)
@@ -634,15 +766,40 @@ def _m_result_content(rng: random.Random, model: str) -> Any:
     blocks: list[Any] = []
     for _ in range(rng.randint(0, 3)):
         kind = rng.random()
-        if kind < 0.6:
+        if kind < 0.5:
             blocks.append({"type": "text", "text": _text(rng)})
-        elif kind < 0.8:
+        elif kind < 0.7:
             blocks.append(_image_block(rng))
-        elif kind < 0.9 or model != "DeepSeek-V4-Pro":
+        elif kind < 0.8:
             blocks.append({"type": "document", "source": {"media_type": "application/pdf"}})
         else:
-            blocks.append({"type": "tool_reference", "tool_name": "lookup"})
+            blocks.append({"type": "tool_reference", "tool_name": rng.choice(names)})
     return blocks
+
+
+def _tool_addition(name: str) -> dict[str, Any]:
+    return {"type": "tool_addition", "tool": {"type": "tool_reference", "name": name}}
+
+
+def _m_system(rng: random.Random, names: list[str]) -> dict[str, Any]:
+    """A mid-conversation system message; some load tools with `tool_addition` blocks."""
+    roll = rng.random()
+    if roll < 0.4:
+        return {"role": "system", "content": _text(rng)}
+    if roll < 0.55:
+        return {"role": "system", "content": [{"type": "text", "text": "s"}]}
+    blocks: list[Any] = []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.random()
+        if kind < 0.55:
+            blocks.append(_tool_addition(rng.choice(names)))
+        elif kind < 0.85:
+            blocks.append({"type": "text", "text": rng.choice(["", _text(rng)])})
+        elif kind < 0.95:
+            blocks.append(_image_block(rng))
+        else:
+            blocks.append(_tool_addition("unknown_tool"))
+    return {"role": "system", "content": blocks}
 
 
 def _m_messages(rng: random.Random, tools: list[dict[str, Any]], model: str) -> list[Any]:
@@ -650,9 +807,8 @@ def _m_messages(rng: random.Random, tools: list[dict[str, Any]], model: str) -> 
     msgs: list[Any] = []
     call_no = 0
     for _ in range(rng.randint(1, 4)):
-        if rng.random() < 0.12:
-            content: Any = _text(rng) if rng.random() < 0.6 else [{"type": "text", "text": "s"}]
-            msgs.append({"role": "system", "content": content})
+        if rng.random() < 0.15:
+            msgs.append(_m_system(rng, names))
         msgs.append({"role": "user", "content": _m_user_blocks(rng)})
         if rng.random() < 0.3:
             break
@@ -691,7 +847,7 @@ def _m_messages(rng: random.Random, tools: list[dict[str, Any]], model: str) -> 
             results: list[Any] = []
             for cid in order:
                 result: dict[str, Any] = {"type": "tool_result", "tool_use_id": cid}
-                content = _m_result_content(rng, model)
+                content = _m_result_content(rng, names)
                 if content is not None or rng.random() < 0.5:
                     result["content"] = content
                 if rng.random() < 0.2:
@@ -903,6 +1059,61 @@ M_PROBLEMS: list[dict[str, Any]] = [
             {"role": "system", "content": [{"type": "thinking", "thinking": "x"}]},
         ]
     },
+    {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": [_tool_addition("zz")]},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": [{"type": "tool_addition", "tool": {"type": "x"}}]},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": [{"type": "tool_addition"}]},
+        ]
+    },
+    {"messages": _m_tail([_tool_addition("lookup")])},
+    {
+        "messages": [
+            *_m_tail([{"type": "text", "text": "a"}]),
+            {
+                "role": "system",
+                "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}],
+            },
+        ]
+    },
+    {
+        "messages": [
+            {"role": "system", "content": [{"type": "tool_result", "tool_use_id": "x"}]},
+            {"role": "user", "content": "q"},
+        ]
+    },
+    {"system": [_tool_addition("lookup")]},
+    {"tools": [{"name": "d1", "input_schema": {"type": "object"}, "defer_loading": True}]},
+    {
+        "tools": [
+            {"name": "d1", "input_schema": {"type": "object"}, "defer_loading": True},
+            {"name": "d2", "input_schema": {"type": "string"}, "defer_loading": True},
+        ],
+        "tool_choice": {"type": "none"},
+    },
+    {
+        "tools": [
+            {"name": "d0", "input_schema": {"type": "object"}},
+            {"name": "d1", "input_schema": {"type": "object"}, "defer_loading": True},
+        ],
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": [_tool_addition("d1"), {"type": "text", "text": "t"}]},
+        ],
+        "tool_choice": {"type": "tool", "name": "d0"},
+        "thinking": {"type": "disabled"},
+    },
     {"system": 5},
     {"system": [5]},
     {"system": [{"type": "image"}]},
@@ -1027,6 +1238,23 @@ def _stream_body(rng: random.Random, protocol: str) -> tuple[dict[str, Any], lis
         if rng.random() < 0.4:
             tools.append({"type": "custom", "name": "apply_patch"})
             names.append("apply_patch")
+        if rng.random() < 0.3:
+            tools.append({"type": "tool_search", "execution": "client"})
+            names.append("tool_search")
+        if v41 and rng.random() < 0.3:
+            # Tools loaded by an earlier tool search are called and split like declared ones.
+            found: list[dict[str, Any]] = [
+                {"type": "namespace", "name": "crm", "tools": [{"type": "function", "name": "get"}]}
+            ]
+            names.append("crm::get")
+            if "apply_patch" not in names:
+                found.append({"type": "custom", "name": "apply_patch"})
+                names.append("apply_patch")
+            body["input"] = [
+                {"role": "user", "content": "Give json please"},
+                {"type": "tool_search_call", "call_id": "ts", "arguments": {"query": "crm"}},
+                {"type": "tool_search_output", "call_id": "ts", "tools": found},
+            ]
         if tools:
             body["tools"] = tools
         if not thinking:
@@ -1046,6 +1274,10 @@ def _stream_body(rng: random.Random, protocol: str) -> tuple[dict[str, Any], lis
         if rng.random() < 0.6:
             body["tools"] = [{"name": "get_w", "input_schema": {"type": "object"}}]
             names.append("get_w")
+            if rng.random() < 0.25:
+                body["tools"][0]["defer_loading"] = True
+                body["tools"].append({"name": "aux", "input_schema": {"type": "object"}})
+                names.append("aux")
         if not thinking:
             body["thinking"] = {"type": "disabled"}
         if names and not thinking and rng.random() < 0.2:
