@@ -56,7 +56,27 @@ class Sm100Backend(TorchBackend):
     ) -> tuple[Tensor, Tensor, Tensor]:
         from deepinfer_kernels_sm100.mhc import mhc_weights_from_mix
 
-        mix = self._hc_mix(x, fn, norm_eps)  # one RMS norm and one matmul stay in torch
+        mix = self._hc_mix(x, fn, norm_eps)
         return mhc_weights_from_mix(
             mix, base, scale, hc=x.shape[-2], hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
         )
+
+    def _hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+        from deepinfer_kernels_sm100.mhc import hc_mix
+
+        return hc_mix(x, fn, norm_eps)
+
+    def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+        from deepinfer_kernels_sm100.mhc import mhc_post
+
+        return mhc_post(y, x, post, comb)
+
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        from deepinfer_kernels_sm100.elementwise import rms_norm
+
+        return rms_norm(x, weight, eps)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+        from deepinfer_kernels_sm100.elementwise import rope
+
+        return rope(x, cos, sin, inverse)

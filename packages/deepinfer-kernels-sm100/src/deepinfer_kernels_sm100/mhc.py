@@ -101,3 +101,119 @@ def mhc_weights_from_mix(
             BLOCK=BLOCK_ROWS,
         )
     return pre.view(*lead, hc), post.view(*lead, hc), comb.view(*lead, hc, hc)
+
+
+@triton.jit
+def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    x_ptr,
+    fn_ptr,
+    out_ptr,
+    rows,
+    k_dim,
+    width,
+    norm_eps,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    w = tl.arange(0, BLOCK_W)
+    acc = tl.zeros((BLOCK_R, BLOCK_W), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_ptr + r[:, None] * k_dim + k[None, :],
+            mask=(r[:, None] < rows) & (k[None, :] < k_dim),
+            other=0.0,
+        ).to(tl.float32)
+        f = tl.load(
+            fn_ptr + w[None, :] * k_dim + k[:, None],
+            mask=(w[None, :] < width) & (k[:, None] < k_dim),
+            other=0.0,
+        )
+        squares += tl.sum(x * x, axis=1)
+        acc += tl.dot(x, f, input_precision="ieee")
+    # RMSNorm of the flattened streams is a per-row scale, so it can follow the projection.
+    acc = acc * tl.rsqrt(squares / k_dim + norm_eps)[:, None]
+    tl.store(
+        out_ptr + r[:, None] * width + w[None, :],
+        acc,
+        mask=(r[:, None] < rows) & (w[None, :] < width),
+    )
+
+
+def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+    """``rms_norm(flatten(x)) @ fn.T`` in fp32: the mixer logits [..., W] of streams [..., n, d]."""
+    lead = x.shape[:-2]
+    flat = x.reshape(-1, x.shape[-2] * x.shape[-1]).contiguous()
+    rows, k_dim = flat.shape
+    width = fn.shape[0]
+    out = torch.empty(rows, width, dtype=torch.float32, device=x.device)
+    if rows:
+        _hc_mix_kernel[(triton.cdiv(rows, 16),)](
+            flat,
+            fn.float().contiguous(),
+            out,
+            rows,
+            k_dim,
+            width,
+            norm_eps,
+            BLOCK_R=16,
+            BLOCK_W=max(16, triton.next_power_of_2(width)),
+            BLOCK_K=64,
+        )
+    return out.view(*lead, width)
+
+
+@triton.jit
+def _mhc_post_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    y_ptr,
+    x_ptr,
+    post_ptr,
+    comb_ptr,
+    out_ptr,
+    dim,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, NP)
+    dmask = d < dim
+    smask = (j[:, None] < N) & dmask[None, :]
+    x = tl.load(x_ptr + row * N * dim + j[:, None] * dim + d[None, :], mask=smask, other=0.0)
+    out_ty = x.dtype
+    # The reference rounds the weights and the sublayer output to the residual dtype first.
+    y = tl.load(y_ptr + row * dim + d, mask=dmask, other=0.0).to(out_ty).to(tl.float32)
+    post = tl.load(post_ptr + row * N + j, mask=j < N, other=0.0).to(out_ty).to(tl.float32)
+    cmask = (j[:, None] < N) & (j[None, :] < N)
+    comb = tl.load(comb_ptr + row * N * N + j[:, None] * N + j[None, :], mask=cmask, other=0.0)
+    comb = comb.to(out_ty).to(tl.float32)
+    # out[k] = post[k] * y + sum_j comb[j, k] * x[j]
+    mixed = tl.sum(comb[:, :, None] * x.to(tl.float32)[:, None, :], axis=0)
+    out = post[:, None] * y[None, :] + mixed
+    tl.store(out_ptr + row * N * dim + j[:, None] * dim + d[None, :], out.to(out_ty), mask=smask)
+
+
+def mhc_post(y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    """mHC exit ``X'[k] = post[k] * y + sum_j comb[j, k] * X[j]`` for streams ``x`` [..., n, d]."""
+    n, dim = x.shape[-2:]
+    flat_x = x.reshape(-1, n, dim).contiguous()
+    rows = flat_x.shape[0]
+    out = torch.empty_like(flat_x)
+    if rows:
+        block_d = min(triton.next_power_of_2(dim), 256)
+        _mhc_post_kernel[(rows, triton.cdiv(dim, block_d))](
+            y.reshape(rows, dim).contiguous(),
+            flat_x,
+            post.reshape(rows, n).contiguous(),
+            comb.reshape(rows, n, n).contiguous(),
+            out,
+            dim,
+            N=n,
+            NP=triton.next_power_of_2(n),
+            BLOCK_D=block_d,
+        )
+    return out.view(x.shape)

@@ -1,0 +1,79 @@
+"""RMSNorm, RoPE, the mHC mixer and the mHC exit kernels against the torch reference (and
+float64 where the reference itself rounds), through Triton's interpreter off the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer_kernels_sm100 import elementwise, mhc
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ref = TorchBackend("cpu")
+
+
+def _rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm(dtype: torch.dtype, weighted: bool) -> None:
+    x = _rand(3, 5, 40, seed=1, dtype=dtype) * 3  # 40: not a power of two
+    w = _rand(40, seed=2) if weighted else None
+    got = elementwise.rms_norm(x.to(DEVICE), None if w is None else w.to(DEVICE), 1e-6).cpu()
+    want = ref.rms_norm(x, w, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize(
+    ("x_shape", "cos_shape"),
+    [((2, 5, 3, 24), (5, 4)), ((4, 1, 1, 24), (4, 1, 4)), ((6, 1, 17, 24), (6, 1, 4))],
+    ids=["chunk", "kv-rows", "decode-heads"],
+)
+def test_rope(x_shape: tuple[int, ...], cos_shape: tuple[int, ...], inverse: bool) -> None:
+    x = _rand(*x_shape, seed=3)
+    angle = _rand(*cos_shape, seed=4)
+    cos, sin = angle.cos(), angle.sin()
+    got = elementwise.rope(x.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), inverse).cpu()
+    want = ref.rope(x, cos, sin, inverse)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert torch.equal(got[..., :16], x[..., :16])  # the channels before the rotated tail
+
+
+def test_rope_then_inverse_is_identity_in_bf16_range() -> None:
+    x = _rand(2, 3, 4, 32, seed=5, dtype=torch.bfloat16)
+    angle = _rand(3, 8, seed=6)
+    c, s = angle.cos().to(DEVICE), angle.sin().to(DEVICE)
+    back = elementwise.rope(elementwise.rope(x.to(DEVICE), c, s), c, s, inverse=True).cpu()
+    torch.testing.assert_close(back.float(), x.float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 19])
+def test_hc_mix_matches_float64(rows: int) -> None:
+    hc, d = 4, 72  # n*d = 288: several K blocks, the last one partial
+    x = _rand(rows, hc, d, seed=7) * 2
+    fn = _rand((2 + hc) * hc, hc * d, seed=8) * 0.1
+    got = mhc.hc_mix(x.to(DEVICE), fn.to(DEVICE), 1e-6).cpu()
+    flat = x.reshape(rows, -1).double()
+    want = (flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + 1e-6)) @ fn.double().T
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, ref._hc_mix(x, fn, 1e-6), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mhc_post(dtype: torch.dtype) -> None:
+    hc, d = 4, 300  # two D blocks, the last partial
+    x = _rand(2, 3, hc, d, seed=9, dtype=dtype)
+    y = _rand(2, 3, d, seed=10, dtype=dtype)
+    post = _rand(2, 3, hc, seed=11).sigmoid() * 2
+    comb = _rand(2, 3, hc, hc, seed=12).softmax(-1)
+    got = mhc.mhc_post(*(t.to(DEVICE) for t in (y, x, post, comb))).cpu()
+    want = ref.mhc_post(y, x, post, comb)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
