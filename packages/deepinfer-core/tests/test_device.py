@@ -65,6 +65,13 @@ def test_gpu_without_plugin_explains_the_fallback(registry_with: Callable[..., R
     assert "deepinfer[sm100] is not installed" in choice.reason
 
 
+def test_pre_hopper_gpu_keeps_the_torch_reference(registry_with: Callable[..., Registry]) -> None:
+    ampere = DeviceInfo("cuda", "NVIDIA A100", (8, 0))
+    choice = select_backend("auto", probe=lambda: ampere, registry=registry_with("torch", "sm100"))
+    assert (choice.backend, choice.device) == ("torch", "cuda:0")
+    assert "older than Hopper" in choice.reason
+
+
 def _no_probe() -> DeviceInfo:
     raise AssertionError("an explicit device must not probe the hardware")
 

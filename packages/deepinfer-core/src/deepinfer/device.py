@@ -60,6 +60,9 @@ def probe_device() -> DeviceInfo:
     return DeviceInfo("cpu", "cpu")
 
 
+#: The oldest NVIDIA architecture the sm100 package's kernels are built for (Hopper).
+SM100_MIN_CAPABILITY: tuple[int, int] = (9, 0)
+
 _DEVICE_BACKENDS: dict[str, tuple[str, ...]] = {
     # preferred first; the torch reference also runs on CUDA when no kernel package is installed
     "cuda": ("sm100", "torch"),
@@ -77,12 +80,18 @@ def select_backend(
     """Pick the backend for ``device`` ("auto", "cpu", "cuda[:i]", "npu[:i]")."""
     if device == "auto":
         info = probe()
-        if info.kind == "cuda" and "sm100" in registry:
+        pre_hopper = info.capability is not None and info.capability < SM100_MIN_CAPABILITY
+        if info.kind == "cuda" and "sm100" in registry and not pre_hopper:
             return BackendChoice("sm100", "cuda:0", f"NVIDIA GPU {info.name}; sm100 installed")
         if info.kind == "npu" and "ascend" in registry:
             return BackendChoice("ascend", "npu:0", f"Ascend NPU {info.name}; ascend installed")
+        cuda_why = (
+            f"NVIDIA GPU {info.name} is older than Hopper (sm_90), which the sm100 kernels need"
+            if pre_hopper
+            else f"NVIDIA GPU {info.name} but deepinfer[sm100] is not installed"
+        )
         why = {
-            "cuda": f"NVIDIA GPU {info.name} but deepinfer[sm100] is not installed; using torch",
+            "cuda": f"{cuda_why}; using torch",
             "npu": f"Ascend NPU {info.name} but deepinfer[ascend] is not installed",
             "cpu": "no NVIDIA GPU or Ascend NPU found" + (f" ({info.note})" if info.note else ""),
         }[info.kind]

@@ -11,6 +11,8 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from deepinfer import plugins
+from deepinfer.backends.base import Backend
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter
 from deepinfer.device import select_backend
 from deepinfer.engine.config import EngineConfig
@@ -35,7 +37,9 @@ def _resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def load(model: str, dtype: str | torch.dtype, device: str) -> tuple[DeepseekV4ForCausalLM, Path]:
+def load(
+    model: str, dtype: str | torch.dtype, device: str, backend: Backend | None = None
+) -> tuple[DeepseekV4ForCausalLM, Path]:
     """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``."""
     from deepinfer import assets
 
@@ -47,9 +51,8 @@ def load(model: str, dtype: str | torch.dtype, device: str) -> tuple[DeepseekV4F
         )
     if not (path / "tokenizer.json").is_file():
         raise DeepInferError(f"model {model!r} has no tokenizer.json")
-    return assets.load_checkpoint(path, _resolve_dtype(dtype, device), device), path / (
-        "tokenizer.json"
-    )
+    net = assets.load_checkpoint(path, _resolve_dtype(dtype, device), device, backend)
+    return net, path / "tokenizer.json"
 
 
 class LLM:
@@ -79,7 +82,9 @@ class LLM:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = choice.device
-        net, self.tokenizer_path = load(model, dtype, choice.device)
+        #: The op table the model runs on (``deepinfer info`` explains the choice).
+        self.backend: Backend = plugins.backends.load(choice.backend)(choice.device)
+        net, self.tokenizer_path = load(model, dtype, choice.device, self.backend)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         self._chat: ChatFormatter | None = None
         self.engine = LLMEngine(net, tokenizer, EngineConfig(**engine_options))  # type: ignore[arg-type]

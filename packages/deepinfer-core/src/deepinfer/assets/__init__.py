@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
@@ -87,20 +88,23 @@ def tiny_tokenizer() -> Tokenizer:
 
 
 def tiny_model(
-    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    backend: Backend | None = None,
 ) -> DeepseekV4ForCausalLM:
     """The trained tiny model, read by the public loader like any checkpoint."""
-    return load_checkpoint(TINY_DIR, dtype, device)
+    return load_checkpoint(TINY_DIR, dtype, device, backend)
 
 
 def load_checkpoint(
-    path: Path, dtype: torch.dtype, device: str | torch.device
+    path: Path, dtype: torch.dtype, device: str | torch.device, backend: Backend | None = None
 ) -> DeepseekV4ForCausalLM:
     """``load_model`` plus what V4.1 needs beside the weights: Engram's token map, which is a
-    function of the tokenizer and therefore not stored in the checkpoint."""
+    function of the tokenizer and therefore not stored in the checkpoint. ``backend``: the op
+    table (default: the torch reference on ``device``)."""
     from deepinfer.models import load_model
 
-    model = load_model(path, dtype=dtype, device=device)
+    model = load_model(path, dtype=dtype, device=device, backend=backend)
     if getattr(model.cfg, "engram_layer_ids", None):
         from deepinfer.models.layers.engram_hash import build_compressed_token_map
 

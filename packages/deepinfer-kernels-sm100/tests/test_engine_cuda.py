@@ -1,0 +1,23 @@
+"""The engine on an NVIDIA GPU runs on the sm100 kernels and decodes as the CPU reference does."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer_kernels_sm100.backend import Sm100Backend
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed", "KING HENRY"]
+
+
+def test_auto_device_uses_the_kernels_and_matches_the_cpu() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    gpu = LLM("tiny", device="auto", dtype="float32")
+    assert isinstance(gpu.backend, Sm100Backend)
+    assert gpu.engine.model.ops is gpu.backend
+    cpu = LLM("tiny", device="cpu", dtype="float32")
+    got = [o.outputs[0].token_ids for o in gpu.generate(PROMPTS, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == want
