@@ -80,3 +80,8 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.elementwise import rope
 
         return rope(x, cos, sin, inverse)
+
+    def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+        from deepinfer_kernels_sm100.attention import mqa_sink_attention
+
+        return mqa_sink_attention(q, kv, mask, sinks, scale)

@@ -1,0 +1,100 @@
+"""Shared-KV (MQA) attention with a per-head sink logit, as one kernel.
+
+The reference builds the [B, H, S, L] score tensor, masks it, appends the sink column, runs a
+softmax and a second einsum: a dozen launches per layer call and an S x L buffer. Here one program
+takes a query row's block of heads through the keys block by block with an online softmax whose
+running maximum and denominator start at the sink (``exp(sink - sink) = 1``), so the sink joins
+the denominator only, as in the reference, and a row whose keys are all masked comes out zero.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    q_ptr,
+    kv_ptr,
+    mask_ptr,
+    sink_ptr,
+    out_ptr,
+    seq,
+    heads,
+    keys,
+    dim,
+    scale,
+    BLOCK_H: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)  # b * seq + s
+    b = row // seq
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hmask = h < heads
+    dmask = d < dim
+    q = tl.load(
+        q_ptr + row * heads * dim + h[:, None] * dim + d[None, :],
+        mask=hmask[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    top = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
+    denom = tl.full((BLOCK_H,), 1.0, dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+    for l0 in range(0, keys, BLOCK_L):
+        lk = l0 + tl.arange(0, BLOCK_L)
+        lmask = lk < keys
+        kv = tl.load(
+            kv_ptr + b * keys * dim + lk[:, None] * dim + d[None, :],
+            mask=lmask[:, None] & dmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        visible = tl.load(mask_ptr + row * keys + lk, mask=lmask, other=0) != 0
+        logits = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
+        logits = tl.where(visible[None, :], logits, float("-inf"))
+        new_top = tl.maximum(top, tl.max(logits, axis=1))
+        p = tl.exp(logits - new_top[:, None])
+        keep = tl.exp(top - new_top)
+        denom = denom * keep + tl.sum(p, axis=1)
+        acc = acc * keep[:, None] + tl.dot(p, kv, input_precision="ieee")
+        top = new_top
+    out = acc / denom[:, None]
+    tl.store(
+        out_ptr + row * heads * dim + h[:, None] * dim + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=hmask[:, None] & dmask[None, :],
+    )
+
+
+def mqa_sink_attention(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+    """Attention output [B, S, H, D] for ``q`` [B, S, H, D], ``kv`` [B, L, D] (keys and values),
+    ``mask`` [B, S, L] bool (True = visible) and ``sinks`` [H]."""
+    b, s, h, dim = q.shape
+    keys = kv.shape[1]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if b * s * h == 0:
+        return out
+    q_c = q.contiguous()
+    kv_c = kv.contiguous()
+    mask_c = mask.expand(b, s, keys).contiguous().view(torch.uint8)
+    block_h = 16  # tl.dot needs 16 rows; fewer heads are masked
+    _mqa_sink_kernel[(b * s, triton.cdiv(h, block_h))](
+        q_c,
+        kv_c,
+        mask_c,
+        sinks.float().contiguous(),
+        out,
+        s,
+        h,
+        keys,
+        dim,
+        scale,
+        BLOCK_H=block_h,
+        BLOCK_L=32,
+        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+    )
+    return out

@@ -1,0 +1,43 @@
+"""The MQA-with-sinks kernel against the torch reference and a float64 recomputation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer_kernels_sm100.attention import mqa_sink_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 1, 8, 45, 64), (2, 7, 20, 33, 24), (1, 5, 16, 70, 32)],
+    ids=["decode", "chunk-odd-heads", "prefill"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    b, s, h, keys, dim = shape  # batch, queries, heads, keys, head dim
+    g = torch.Generator().manual_seed(b * 100 + s)
+    q = (torch.randn(b, s, h, dim, generator=g) * 2).to(dtype)
+    kv = torch.randn(b, keys, dim, generator=g).to(dtype)
+    mask = torch.rand(b, s, keys, generator=g) > 0.4
+    mask[0, 0] = False  # a row that sees nothing: only the sink, so the output is zero
+    sinks = torch.randn(h, generator=g)
+    scale = dim**-0.5
+    got = mqa_sink_attention(
+        q.to(DEVICE), kv.to(DEVICE), mask.to(DEVICE), sinks.to(DEVICE), scale
+    ).cpu()
+    assert got.dtype == dtype and got.shape == q.shape
+    want = TorchBackend("cpu").attention(q, kv, mask, sinks, scale)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+    logits = torch.einsum("bshd,bld->bhsl", q.double(), kv.double()) * scale
+    logits = logits.masked_fill(~mask[:, None], float("-inf"))
+    sink = sinks.double().view(1, h, 1, 1).expand(b, h, s, 1)
+    probs = torch.cat((logits, sink), -1).softmax(-1)[..., :-1]
+    exact = torch.einsum("bhsl,bld->bshd", probs, kv.double())
+    torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
+    assert torch.equal(got[0, 0], torch.zeros_like(got[0, 0]))
