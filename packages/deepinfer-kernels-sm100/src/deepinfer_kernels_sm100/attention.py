@@ -5,6 +5,9 @@ softmax and a second einsum: a dozen launches per layer call and an S x L buffer
 takes a query row's block of heads through the keys block by block with an online softmax whose
 running maximum and denominator start at the sink (``exp(sink - sink) = 1``), so the sink joins
 the denominator only, as in the reference, and a row whose keys are all masked comes out zero.
+
+The query and key counts change every step, and Triton would compile a variant for each
+divisibility class of them (mid-run compiles of a second or more): they are not specialised.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seq", "keys"])
 def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     q_ptr,
     kv_ptr,

@@ -18,7 +18,7 @@ from torch import Tensor
 BLOCK_ROWS = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "iters"])
 def _mhc_weights_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     mix_ptr,
     base_ptr,
@@ -103,7 +103,7 @@ def mhc_weights_from_mix(
     return pre.view(*lead, hc), post.view(*lead, hc), comb.view(*lead, hc, hc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
     fn_ptr,
