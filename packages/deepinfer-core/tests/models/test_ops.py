@@ -159,6 +159,29 @@ def test_moe_experts_match_float64_per_token(
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+def test_moe_experts_fall_back_when_the_grouped_matmul_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import deepinfer.backends.torch_ref as ref
+
+    def refuse(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("grouped gemm: dims must be multiples of 8")
+
+    key = ("cpu", torch.float32)
+    x = torch.randn(5, 16, generator=g)
+    w13, w2 = torch.randn(3, 16, 16, generator=g), torch.randn(3, 16, 8, generator=g)
+    indices = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 0]])
+    weights = torch.rand(5, 2, generator=g)
+    kwargs = {"w13": w13, "w2": w2, "swiglu_limit": 0.0}
+    monkeypatch.setitem(ref._GROUPED_MM, key, None)
+    want = ops.moe_experts(x, weights, indices, **kwargs)
+    monkeypatch.setitem(ref._GROUPED_MM, key, refuse)
+    with pytest.warns(RuntimeWarning, match="one matmul per expert"):
+        got = ops.moe_experts(x, weights, indices, **kwargs)
+    assert torch.equal(got, want)
+    assert ref._GROUPED_MM[key] is None  # decided once, not retried every call
+
+
 def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     import deepinfer.backends.torch_ref as ref
 

@@ -8,6 +8,7 @@ do not accelerate.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -325,13 +326,23 @@ class TorchBackend(Backend):
         counts = torch.bincount(flat[order], minlength=w13.shape[0])
         xs = x[rows].to(w13.dtype)
         scale = weights.reshape(-1)[order, None].float()
+        y = None
         grouped = _grouped_mm_for(x.device, w13.dtype)
         if grouped is not None:
             ends = counts.cumsum(0).to(torch.int32)
-            gate, up = grouped(xs, w13.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-            h = self._clamped_swiglu(gate, up, swiglu_limit) * scale  # scaled before w2
-            y = grouped(h.to(w2.dtype), w2.transpose(1, 2), offs=ends).float()
-        else:
+            try:
+                gate, up = grouped(xs, w13.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+                h = self._clamped_swiglu(gate, up, swiglu_limit) * scale  # scaled before w2
+                y = grouped(h.to(w2.dtype), w2.transpose(1, 2), offs=ends).float()
+            except RuntimeError as exc:  # e.g. a CUDA kernel's alignment rule on these dims
+                _GROUPED_MM[(x.device.type, w13.dtype)] = None
+                warnings.warn(
+                    f"grouped matmul failed for experts {tuple(w13.shape)} on {x.device} "
+                    f"({exc}); running one matmul per expert from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if y is None:
             y = torch.empty(len(rows), x.shape[-1], dtype=torch.float32, device=x.device)
             start = 0
             for e, n in enumerate(counts.tolist()):
