@@ -115,9 +115,10 @@ class Compressor(nn.Module):
             prev_kv = prev_score = None
             if self.overlap:
                 prev_kv, prev_score = _previous_halves(rows, win_kv, win_score, self.dim)
-                for j, st in enumerate(rows):
-                    st.prev_kv = win_kv[j : j + 1, 0, :, : self.dim].clone()
-                    st.prev_score = win_score[j : j + 1, 0, :, : self.dim].clone()
+                halves_kv = win_kv[:, 0, :, : self.dim].clone().split(1)
+                halves_score = win_score[:, 0, :, : self.dim].clone().split(1)
+                for st, half_kv, half_score in zip(rows, halves_kv, halves_score, strict=True):
+                    st.prev_kv, st.prev_score = half_kv, half_score
             pooled = ops.compress(win_kv, win_score, prev_kv, prev_score, self.overlap)
             entries = self.norm(ops, pooled.to(rows[0].entries.dtype))  # [F, 1, D]
             entry_pos = torch.tensor(
@@ -125,9 +126,10 @@ class Compressor(nn.Module):
             )
             cos, sin = rotary.cos_sin(entry_pos)
             entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
-            for j, st in enumerate(rows):
-                st.entries = torch.cat((st.entries, entries[j : j + 1]), dim=1)
-                st.buf_kv, st.buf_score = st.buf_kv[:, self.ratio :], st.buf_score[:, self.ratio :]
+            append_entries_to(rows, entries)
+            closed = win_kv.new_zeros(1, 0, win_kv.shape[-1])  # every full window was pooled
+            for st in rows:
+                st.buf_kv, st.buf_score = closed, closed
         return padded_entries(states)
 
 
@@ -156,6 +158,12 @@ def append_rows(states: list[CompressorState], kv: Tensor, score: Tensor, ratio:
         if fill + 1 == ratio:
             full.extend(rows)
     return sorted(full)
+
+
+def append_entries_to(rows: list[CompressorState], entries: Tensor) -> None:
+    """Append one new entry per row: ``entries`` [F, 1, D] to the F states ``rows``."""
+    for st, entry in zip(rows, entries.split(1), strict=True):
+        st.entries = torch.cat((st.entries, entry), dim=1)
 
 
 def padded_entries(states: list[CompressorState]) -> Tensor:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.models.layers.compressor import append_rows, padded_entries
+from deepinfer.models.layers.compressor import append_entries_to, append_rows, padded_entries
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.state import CompressorState, CompressorStates
 
@@ -91,8 +91,9 @@ class SharedCompressor(nn.Module):
             return kv.new_zeros(0, 1, self.dim).to(states[0].entries.dtype), first, full
         win_kv = torch.cat([st.buf_kv for st in rows])[:, None]  # [F, 1, ratio, D]
         win_score = torch.cat([st.buf_score for st in rows])[:, None]
+        closed = kv.new_zeros(1, 0, kv.shape[-1])  # every full pair was pooled
         for st in rows:
-            st.buf_kv, st.buf_score = st.buf_kv[:, self.ratio :], st.buf_score[:, self.ratio :]
+            st.buf_kv, st.buf_score = closed, closed
         pooled = ops.compress(win_kv, win_score, None, None, False)
         return self.norm(ops, pooled.to(rows[0].entries.dtype)), first, full
 
@@ -101,8 +102,7 @@ def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None)
     """Append new entries: [B, n, D] to a lockstep state, or [F, 1, D] to the listed rows."""
     if isinstance(state, list):
         assert rows is not None
-        for j, i in enumerate(rows):
-            state[i].entries = torch.cat((state[i].entries, new[j : j + 1]), dim=1)
+        append_entries_to([state[i] for i in rows], new)
     else:
         state.entries = torch.cat((state.entries, new), dim=1)
 
