@@ -16,18 +16,16 @@ row. Results go to ``benchmarks/results/decode_step_<device>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _results import write_result
 
 from deepinfer.assets import random_tiny_model, tiny_model
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def agreement(m: DeepseekV4ForCausalLM, top: int, g: torch.Generator, dev: str) -> float:
@@ -103,10 +101,7 @@ def main() -> int:
             for b in args.batches:
                 result[f"{key}_decode_step_ms_B{b}"] = step_ms(m, top, g, dev, b)
             print(key, {k: v for k, v in result.items() if k.startswith(key)}, flush=True)
-    out = args.out or REPO / "benchmarks" / "results" / f"decode_step_{dev.split(':')[0]}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(result, args.out, f"decode_step_{dev.split(':')[0]}")
     return 0
 
 

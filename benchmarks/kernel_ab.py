@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _results import write_result
 
 from deepinfer.assets import random_tiny_model, tiny_model
 from deepinfer.backends.base import Backend
@@ -33,8 +34,6 @@ from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.state import ModelState
 from deepinfer_kernels_sm100.backend import Sm100Backend
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class MhcOnly(TorchBackend):
@@ -100,10 +99,7 @@ def main() -> int:
         "rows": rows,
     }
     gpu = torch.cuda.get_device_name(0).split()[-1].lower()
-    out = args.out or REPO / "benchmarks" / "results" / f"kernel_ab_{gpu}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(result, args.out, f"kernel_ab_{gpu}")
     return 0
 
 

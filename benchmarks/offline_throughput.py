@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _results import write_result
 from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,10 +251,7 @@ def main() -> int:
         "config": {k: CONFIG[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
         "rows": rows,
     }
-    out = args.out or REPO / "benchmarks" / "results" / f"offline_throughput_{args.device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(result, args.out, f"offline_throughput_{args.device}")
     return 0
 
 
