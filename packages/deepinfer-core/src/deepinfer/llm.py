@@ -110,8 +110,13 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Outputs in the order of ``prompts``. Invalid prompts raise before anything runs."""
+        """Outputs in the order of ``prompts``. Invalid prompts raise before anything runs.
+
+        ``priority`` (one int per prompt, as in vLLM): lower values are admitted first and
+        preempted last; equal priorities go first come, first served.
+        """
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
@@ -125,10 +130,15 @@ class LLM:
                 raise InvalidRequestError(
                     "sampling_params", f"got {len(params)} for {len(prompts)} prompts"
                 )
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in priorities
+        ):
+            raise InvalidRequestError("priority", f"must be {len(prompts)} ints, one per prompt")
         encoded = [self.encode(p) for p in prompts]  # validate everything before adding any
         ids = [
-            self.engine.add_request(tokens, sp, prompt=text)
-            for (tokens, text), sp in zip(encoded, params, strict=True)
+            self.engine.add_request(tokens, sp, prompt=text, priority=rank)
+            for (tokens, text), sp, rank in zip(encoded, params, priorities, strict=True)
         ]
         bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
         done: dict[str, RequestOutput] = {}

@@ -1,0 +1,58 @@
+"""Priorities: lower values are admitted first and preempted last; ties go by arrival."""
+
+from __future__ import annotations
+
+import pytest
+from reference import greedy_reference, random_prompts
+
+from deepinfer import LLM
+from deepinfer.cache.pools import state_bytes
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.errors import InvalidRequestError
+from deepinfer.sampling_params import SamplingParams
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    engine = LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=1))
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    ranks = [1, 0, 0, -2]
+    ids = [
+        engine.add_request(p, params, priority=r)
+        for p, r in zip(random_prompts(4, 5, 9, seed=2), ranks, strict=True)
+    ]
+    final = engine.run()
+    started = [final[i].metrics.first_scheduled_time for i in ids]
+    assert sorted(range(4), key=lambda i: started[i]) == [3, 1, 2, 0]
+
+
+def test_preemption_takes_the_lowest_priority_request(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompts = random_prompts(3, 20, 20, seed=3)
+    cfg, dtype = model.cfg, model.dtype
+    # All three fit at admission; growing to 60 tokens, only two do.
+    budget = max(3 * state_bytes(cfg, dtype, 20), 2 * state_bytes(cfg, dtype, 60))
+    assert 3 * state_bytes(cfg, dtype, 60) > budget
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        EngineConfig(max_num_seqs=3, max_num_batched_tokens=64, state_memory_bytes=budget),
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    # The worst priority arrives first, so arrival order alone would spare it.
+    ranks = [5, 0, 0]
+    ids = [engine.add_request(p, params, priority=r) for p, r in zip(prompts, ranks, strict=True)]
+    final = engine.run()
+    preemptions = [final[i].metrics.num_preemptions for i in ids]
+    assert preemptions[0] > 0 and preemptions[1:] == [0, 0]
+    want = [greedy_reference(model, p, 40, eos=None) for p in prompts]
+    assert [final[i].outputs[0].token_ids for i in ids] == want
+
+
+def test_llm_generate_takes_one_priority_per_prompt() -> None:
+    llm = LLM("tiny", device="cpu", max_num_seqs=1)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    outs = llm.generate(["ROMEO:", "JULIET:"], params, priority=[3, -1], use_tqdm=False)
+    assert outs[1].metrics.first_scheduled_time < outs[0].metrics.first_scheduled_time
+    for bad in ([0], [0, "1"], [0, True]):
+        with pytest.raises(InvalidRequestError, match="priority"):
+            llm.generate(["a", "b"], params, priority=bad, use_tqdm=False)  # type: ignore[arg-type]
