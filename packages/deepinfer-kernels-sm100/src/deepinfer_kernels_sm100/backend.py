@@ -19,7 +19,11 @@ MIN_CAPABILITY: tuple[int, int] = (9, 0)
 
 
 class Sm100Backend(TorchBackend):
-    """Triton kernels on NVIDIA Hopper and Blackwell GPUs; torch reference for the rest."""
+    """Triton kernels on NVIDIA Hopper and Blackwell GPUs; torch reference for the rest.
+
+    The kernel modules are imported inside the ops: this module must import (for the plugin
+    registry and the availability check) on machines where Triton is missing.
+    """
 
     name: ClassVar[str] = "sm100"
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)

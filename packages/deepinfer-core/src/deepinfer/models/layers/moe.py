@@ -66,7 +66,7 @@ class RoutedExperts(nn.Module):
         self.w2 = nn.Parameter(
             torch.empty(experts, hidden, inter, dtype=dtype), requires_grad=False
         )
-        self._register_state_dict_hook(RoutedExperts._official_names)
+        self.register_state_dict_post_hook(RoutedExperts._official_names)
 
     def views(self, e: int) -> dict[str, Tensor]:
         """Expert ``e``'s three weights under their checkpoint names (views, not copies)."""
