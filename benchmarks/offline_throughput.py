@@ -174,13 +174,22 @@ def _median_ms(fn: Any, device: str, repeats: int = 10) -> float:
 
 @torch.no_grad()
 def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[str, float]:
-    """One decode step of each model after prefilling ``prompts``, and DeepInfer's matmul floor."""
+    """One decode step of each model after prefilling ``prompts``, and DeepInfer's matmul floor.
+
+    Each side runs as its ``generate`` does: DeepInfer's engine steps in inference mode,
+    transformers' ``generate`` under no_grad.
+    """
     model = llm.engine.model
+    ids = prompts[:, -1]
+    with torch.inference_mode():
+        states = [model.new_state(1) for _ in range(prompts.shape[0])]
+        model.forward_packed(list(prompts), states)
+        # Each timed call advances the states by one token; the step's cost does not depend on it.
+        ours = _median_ms(lambda: model.forward_decode(ids, states), device)
+    # The floor is captured outside inference mode, where composite ops (linear, einsum) reach
+    # the dispatch mode already lowered to the matmuls it records.
     states = [model.new_state(1) for _ in range(prompts.shape[0])]
     model.forward_packed(list(prompts), states)
-    ids = prompts[:, -1]
-    # Each timed call advances the states by one token; the step's cost does not depend on it.
-    ours = _median_ms(lambda: model.forward_decode(ids, states), device)
     capture = _CaptureMatmuls()
     with capture:
         model.forward_decode(ids, states)

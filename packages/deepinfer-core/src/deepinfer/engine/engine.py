@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Iterable
 
+import torch
 from tokenizers import Tokenizer
 
 from deepinfer.cache.pools import StatePool
@@ -164,8 +165,14 @@ class LLMEngine:
 
     # -- the step -----------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return the outputs of the groups that changed."""
+        """Run one scheduling step; return the outputs of the groups that changed.
+
+        Inference mode (cheaper per op than no_grad: no version counters or view tracking; about
+        12% of a CPU decode step on the tiny model) covers every tensor the engine makes: states
+        are created, forked, cached, restored and advanced only inside ``step``.
+        """
         out = self.scheduler.schedule()
         if not (out.scheduled or out.preempted or out.out_of_memory) and self.groups:
             raise RuntimeError("scheduler made no progress with requests pending")
