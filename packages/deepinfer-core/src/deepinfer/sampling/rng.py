@@ -8,6 +8,8 @@ below 2**63), so CPU and GPU produce identical bits.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -53,9 +55,15 @@ def uniform(keys: Tensor, width: int) -> Tensor:
     23 bits, not 24: ``2**24 - 0.5`` is not a float32 and would round the top value to exactly
     1.0, whose Gumbel noise is +inf.
     """
-    cols = torch.arange(width, device=keys.device, dtype=torch.int64)
-    bits = hash32(keys[:, None] ^ hash32(cols * 0x9E3779B1 & _M32)[None, :])
+    bits = hash32(keys[:, None] ^ _column_keys(width, keys.device)[None, :])
     return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+@functools.lru_cache(maxsize=16)
+def _column_keys(width: int, device: torch.device) -> Tensor:
+    """Each column's (token's) hashed key: the same every step, so computed once per vocab."""
+    cols = torch.arange(width, device=device, dtype=torch.int64)
+    return hash32(cols * 0x9E3779B1 & _M32)
 
 
 def gumbel(keys: Tensor, width: int) -> Tensor:
