@@ -2,8 +2,9 @@
 
 Two layouts reach a layer. A sequence chunk ([B, S] in lockstep, one :class:`LayerState`) reads
 the ring rows its first query can still see, in position order. A decode batch ([B, 1], one
-state per row, rows at different positions) reads every ring slot of every row and masks by the
-position each slot holds, so the whole batch is one gather and one mask whatever the positions.
+state per row, rows at different positions) writes its new rows into the rings first, then reads
+every ring slot of every row and masks by the position each slot holds, so the whole batch is
+one gather and one mask whatever the positions.
 Both give each query its own token plus the ``window - 1`` before it.
 """
 
@@ -41,22 +42,23 @@ def _decode_window_keys(
     kv: Tensor, positions: Tensor, states: list[LayerState], window: int
 ) -> tuple[Tensor, Tensor]:
     rings = [s.swa for s in states]
-    sizes = [r.capacity for r in rings]  # window + each state's rollback slack
-    if len(set(sizes)) == 1:
-        past = torch.cat([r.kv for r in rings])  # [B, capacity, D]
-    else:
-        past = torch.nn.utils.rnn.pad_sequence([r.kv[0] for r in rings], batch_first=True)
-    p = positions  # [B, 1]
-    capacity = torch.tensor(sizes, device=kv.device)[:, None]
-    slot = torch.arange(past.shape[1], device=kv.device)
-    # Slot j holds the latest position before p that is j mod capacity (negative: never written).
-    held = p - 1 - torch.remainder(p - 1 - slot, capacity)  # [B, max capacity]
-    visible = (held >= 0) & (p - held < window) & (slot < capacity)
-    keys = torch.cat((past.to(kv.dtype), kv), dim=1)
-    mask = torch.cat((visible, torch.ones_like(visible[:, :1])), dim=1)[:, None, :]
-    # Each ring's length is its row's position, known on the host: one fused copy writes all rows.
+    # The new rows go into the rings first: the slot they take held position p - capacity, which
+    # no query at p can see (capacity >= window), so the rings alone are the keys, with no
+    # second copy to append the new rows. Each ring's length is its row's position, known on
+    # the host: one fused copy writes all rows.
     targets = [r.kv.select(1, r.length % r.capacity) for r in rings]  # [1, D] views
     torch._foreach_copy_(targets, list(kv[:, 0].to(rings[0].kv.dtype).split(1)))
     for ring in rings:
         ring.length += 1
-    return keys, mask
+    sizes = [r.capacity for r in rings]  # window + each state's rollback slack
+    if len(set(sizes)) == 1:
+        keys = torch.cat([r.kv for r in rings])  # [B, capacity, D]
+    else:
+        keys = torch.nn.utils.rnn.pad_sequence([r.kv[0] for r in rings], batch_first=True)
+    p = positions  # [B, 1]
+    capacity = torch.tensor(sizes, device=kv.device)[:, None]
+    slot = torch.arange(keys.shape[1], device=kv.device)
+    # Slot j holds the latest position up to p that is j mod capacity (negative: never written).
+    held = p - torch.remainder(p - slot, capacity)  # [B, max capacity]
+    visible = (held >= 0) & (p - held < window) & (slot < capacity)
+    return keys.to(kv.dtype), visible[:, None, :]
