@@ -13,7 +13,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["as_bytes", "as_sequence", "as_str", "as_u32", "as_u64", "type_name"]
+__all__ = ["as_bytes", "as_sequence", "as_str", "as_u32", "as_u64", "expect_instance", "type_name"]
 
 _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
@@ -24,6 +24,14 @@ U64_MAX = 2**64 - 1
 def type_name(value: object) -> str:
     """Return the bare class name PyO3 puts in its conversion errors."""
     return type(value).__name__
+
+
+def expect_instance(value: object, cls: type, name: str) -> None:
+    """Refuse anything but a ``cls`` instance, as PyO3 does for an argument of a Rust class."""
+    if not isinstance(value, cls):
+        raise TypeError(
+            f"argument '{name}': '{type_name(value)}' object cannot be cast as '{cls.__name__}'"
+        )
 
 
 def _index(value: object, name: str) -> int:
@@ -61,8 +69,7 @@ def as_str(value: object, name: str) -> str:
     A string with a lone surrogate is not valid UTF-8 and fails the same way,
     with `UnicodeEncodeError`.
     """
-    if not isinstance(value, str):
-        raise TypeError(f"argument '{name}': '{type_name(value)}' object cannot be cast as 'str'")
+    expect_instance(value, str, name)
     if not value.isascii():
         value.encode("utf-8")
     return value
@@ -78,10 +85,7 @@ def as_bytes(value: object, name: str) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         raise TypeError(f"argument '{name}': Can't extract `str` to `Vec`")
-    if not isinstance(value, Sequence):
-        raise TypeError(
-            f"argument '{name}': '{type_name(value)}' object cannot be cast as 'Sequence'"
-        )
+    expect_instance(value, Sequence, name)
     out = bytearray()
     for item in value:
         number = _index(item, name)
@@ -97,8 +101,5 @@ def as_sequence(value: Any, name: str) -> Sequence[Any]:
     """Accept a sequence (never a `str`), as PyO3 does for a `Vec<T>` argument."""
     if isinstance(value, str):
         raise TypeError(f"argument '{name}': Can't extract `str` to `Vec`")
-    if not isinstance(value, Sequence):
-        raise TypeError(
-            f"argument '{name}': '{type_name(value)}' object cannot be cast as 'Sequence'"
-        )
+    expect_instance(value, Sequence, name)
     return value

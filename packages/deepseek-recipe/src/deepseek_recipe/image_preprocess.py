@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from deepseek_recipe._image_args import as_bytes, as_str, as_u32, type_name
+from deepseek_recipe._image_args import as_bytes, as_str, as_u32, expect_instance
 from deepseek_recipe._image_errors import ImageFailure
 from deepseek_recipe.errors import CalcResizeError
 from deepseek_recipe.image_formats import (
@@ -226,11 +226,7 @@ def plan_image_size(width: int, height: int, options: PreprocessOptions) -> tupl
     """
     width = as_u32(width, "width")
     height = as_u32(height, "height")
-    if not isinstance(options, PreprocessOptions):
-        raise TypeError(
-            f"argument 'options': '{type_name(options)}' object cannot be cast as "
-            "'PreprocessOptions'"
-        )
+    expect_instance(options, PreprocessOptions, "options")
     try:
         _check_header(width, height, options)
         return _plan(width, height, options).target
@@ -342,11 +338,7 @@ class OpenCvImagePreprocessor:
     def preprocess(self, data: bytes, options: PreprocessOptions) -> ImageInfo:
         """Preprocess one encoded image; raises `ImageError` (location ``image[0]``)."""
         payload = as_bytes(data, "data")
-        if not isinstance(options, PreprocessOptions):
-            raise TypeError(
-                f"argument 'options': '{type_name(options)}' object cannot be cast as "
-                "'PreprocessOptions'"
-            )
+        expect_instance(options, PreprocessOptions, "options")
         try:
             return preprocess_image(payload, options)
         except ImageFailure as failure:

@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from deepseek_recipe._image_args import as_bytes, as_sequence, as_str, as_u64, type_name
+from deepseek_recipe._image_args import (
+    as_bytes,
+    as_sequence,
+    as_str,
+    as_u64,
+    expect_instance,
+)
 from deepseek_recipe._image_errors import ImageFailure
 from deepseek_recipe.data_urls import InvalidDataUrl, parse_data_url
 from deepseek_recipe.errors import ImageError
@@ -285,16 +291,8 @@ class ImageResolver:
     __slots__ = ("_fetcher", "_preprocessor")
 
     def __init__(self, fetcher: ReqwestImageFetcher, preprocessor: OpenCvImagePreprocessor) -> None:
-        if not isinstance(fetcher, ReqwestImageFetcher):
-            raise TypeError(
-                f"argument 'fetcher': '{type_name(fetcher)}' object cannot be cast as "
-                "'ReqwestImageFetcher'"
-            )
-        if not isinstance(preprocessor, OpenCvImagePreprocessor):
-            raise TypeError(
-                f"argument 'preprocessor': '{type_name(preprocessor)}' object cannot be cast as "
-                "'OpenCvImagePreprocessor'"
-            )
+        expect_instance(fetcher, ReqwestImageFetcher, "fetcher")
+        expect_instance(preprocessor, OpenCvImagePreprocessor, "preprocessor")
         self._fetcher = fetcher
         self._preprocessor = preprocessor
 
@@ -311,15 +309,8 @@ class ImageResolver:
         """
         items: list[Any] = list(as_sequence(sources, "sources"))
         for item in items:
-            if not isinstance(item, ImageSource):
-                raise TypeError(
-                    f"argument 'sources': '{type_name(item)}' object cannot be cast as "
-                    "'ImageSource'"
-                )
-        if not isinstance(quota, ImageQuota):
-            raise TypeError(
-                f"argument 'quota': '{type_name(quota)}' object cannot be cast as 'ImageQuota'"
-            )
+            expect_instance(item, ImageSource, "sources")
+        expect_instance(quota, ImageQuota, "quota")
         count = quota.image_count() + len(items)
         if count > MAX_IMAGES_PER_REQUEST:
             raise ImageError(

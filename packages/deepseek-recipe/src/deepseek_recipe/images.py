@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deepseek_recipe._image_args import as_bytes, as_sequence, as_u32, type_name
+from deepseek_recipe._image_args import as_bytes, as_sequence, as_u32, expect_instance
 from deepseek_recipe.errors import CalcResizeError
 from deepseek_recipe.image_tokens import V41_IMAGE_TOKEN_SPEC
 
@@ -57,10 +57,7 @@ class MultiModalData:
     def __init__(self, images: Sequence[ImageInfo] | None = None) -> None:
         items = [] if images is None else list(as_sequence(images, "images"))
         for item in items:
-            if not isinstance(item, ImageInfo):
-                raise TypeError(
-                    f"argument 'images': '{type_name(item)}' object cannot be cast as 'ImageInfo'"
-                )
+            expect_instance(item, ImageInfo, "images")
         # Copies, so later changes to the caller's objects cannot alter the counts.
         self._images = [ImageInfo(i.data, i.width, i.height) for i in items]
 
