@@ -2,8 +2,9 @@
 
 States are per-request objects. Requests that decode one token go through the model together
 (``forward_decode``: one pass over the layers for the whole batch, each row at its own position);
-prefill chunks run as one forward per request. The sampler then draws for every request that
-reached the end of its known tokens in one batched call. With the prefix cache on, spans are cut
+prefill chunks of all other requests are packed into one forward (``forward_packed``). The
+sampler then draws for every request that reached the end of its known tokens in one batched
+call. With the prefix cache on, spans are cut
 at 128-token boundaries so the state at each boundary can be recorded; the model is
 chunking-invariant, so the cut does not change any logits.
 
@@ -188,16 +189,19 @@ class ModelRunner:
         tensors = self._sampling_tensors(reqs, logits.device)
         k = max((r.params.logprobs or 0) for r in reqs)
         result = sample(logits, tensors, num_logprobs=k)
+        # One device-to-host copy per result tensor, not one per request and value.
+        tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
+        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
+        top_logprobs = result.top_logprobs.tolist() if result.top_logprobs is not None else None
         out: list[SampledToken] = []
         for i, req in enumerate(reqs):
-            token = int(result.token_ids[i])
             top: Logprobs | None = None
             if req.params.logprobs is not None:
-                top = {token: float(result.logprobs[i])}
-                assert result.top_ids is not None and result.top_logprobs is not None
+                top = {tokens[i]: logprobs[i]}
+                assert top_ids is not None and top_logprobs is not None
                 for j in range(req.params.logprobs):
-                    top.setdefault(int(result.top_ids[i, j]), float(result.top_logprobs[i, j]))
-            out.append(SampledToken(req, token, float(result.logprobs[i]), top))
+                    top.setdefault(top_ids[i][j], top_logprobs[i][j])
+            out.append(SampledToken(req, tokens[i], logprobs[i], top))
         return out
 
     def _sampling_tensors(self, reqs: list[Request], device: torch.device) -> SamplingTensors:
