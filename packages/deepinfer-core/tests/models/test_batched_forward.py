@@ -11,12 +11,15 @@ compressor phase, so ring wrap-around, per-row visibility and top-k selection al
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
 from _tiny_models import text_ids, tiny_models
 
+from deepinfer.cache.slots import StateSlots
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.state import ModelState, clone_state
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
 
@@ -27,13 +30,50 @@ def model(request: pytest.FixtureRequest) -> DeepseekV4ForCausalLM:
 
 
 def test_packed_and_decode_batches_equal_separate_forwards(model: DeepseekV4ForCausalLM) -> None:
+    _check_against_separate(model, model.new_state, release=None, clone=None, rounds=6)
+
+
+def test_slotted_states_equal_separate_forwards(model: DeepseekV4ForCausalLM) -> None:
+    """States whose rings and compressor buffers are rows of shared tensors (the engine's
+    slots) give the same logits, through slot growth, release and reuse of a slot (whose rows
+    held another sequence), and cloning (``n`` > 1 samples)."""
+    slots = StateSlots(lambda: model.new_state(1), max_slots=8, initial_slots=2)
+    _check_against_separate(
+        model,
+        lambda _: slots.new_state(),
+        release=slots.release,
+        clone=slots.clone,
+        rounds=10,
+    )
+    assert slots.num_slots == 8 and slots.num_used == 7
+    slots.new_state()
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        slots.new_state()
+    with pytest.raises(ValueError, match="layout differs"):
+        StateSlots(lambda: model.new_state(1, slack=2), max_slots=2).clone(model.new_state(1))
+
+
+def _check_against_separate(
+    model: DeepseekV4ForCausalLM,
+    new_state: Callable[[int], ModelState],
+    release: Callable[[ModelState], None] | None,
+    clone: Callable[[ModelState], ModelState] | None,
+    rounds: int,
+) -> None:
     gen = torch.Generator().manual_seed(0)
     rnd = random.Random(0)
     n_seq = 7
     separate = [model.new_state(1) for _ in range(n_seq)]
-    batched = [model.new_state(1) for _ in range(n_seq)]
+    batched = [new_state(1) for _ in range(n_seq)]
     worst = 0.0
-    for _ in range(6):
+    for round_ in range(rounds):
+        if release is not None and clone is not None and round_ in (2, 4):
+            # Restart one sequence in a recycled slot, and fork another into a third.
+            i, j, k = rnd.sample(range(n_seq), 3)
+            release(batched[i])
+            separate[i], batched[i] = model.new_state(1), new_state(1)
+            release(batched[k])
+            separate[k], batched[k] = clone_state(separate[j]), clone(batched[j])
         # A packed round over a random subset (sequences advance unevenly)...
         rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
         chunks = [text_ids(model, gen, rnd.choice(CHUNK_LENGTHS)) for _ in rows]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.config import CSA_RATIO, ModelConfig
-from deepinfer.models.state import ModelState
+from deepinfer.models.state import BUFFERS, ModelState
 
 
 def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:
@@ -25,6 +25,7 @@ def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:
             ratio = cfg.compress_ratios[layer]
             total += (num_tokens // ratio) * (cfg.head_dim + cfg.index_head_dim) * el
             total += 2 * ratio * cfg.head_dim * f32  # the open group's projections and scores
+            total += 2 * ratio * cfg.index_head_dim * f32  # the index keys' (unused) buffers
         return total + 8 * max(cfg.engram_max_ngram_size, 1)  # Engram's token history
     total = 0
     for layer in range(cfg.num_hidden_layers):
@@ -89,7 +90,8 @@ def state_nbytes(state: ModelState) -> int:
         for comp in (layer.compressor, layer.indexer):
             if comp is None:
                 continue
-            for t in (comp.entries, comp.buf_kv, comp.buf_score, comp.prev_kv, comp.prev_score):
+            for name in ("entries", *BUFFERS):
+                t = getattr(comp, name)
                 if t is not None:
                     total += t.numel() * t.element_size()
     return total

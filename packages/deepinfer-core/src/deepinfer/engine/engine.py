@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from deepinfer.cache.pools import StatePool
 from deepinfer.cache.prefix import PrefixCache
+from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.detokenizer import Detokenizer, find_stop
 from deepinfer.engine.request import Request, RequestStatus
@@ -24,7 +25,6 @@ from deepinfer.engine.runner import ModelRunner, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
-from deepinfer.models.state import clone_state
 from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
@@ -55,9 +55,11 @@ class LLMEngine:
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
+        self.slots = StateSlots(lambda: model.new_state(1), max_slots=config.max_num_seqs)
         self.scheduler = Scheduler(
             self.pool,
-            lambda: model.new_state(1),
+            self.slots.new_state,
+            release_state=self.slots.release,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
@@ -206,7 +208,7 @@ class LLMEngine:
                         continue
                     if self.scheduler.try_fork(req, child):
                         assert req.state is not None
-                        child.state = clone_state(req.state)
+                        child.state = self.slots.clone(req.state)
                         child.num_computed_tokens = req.num_computed_tokens
                         child.metrics.first_scheduled_time = time.monotonic()
                         extra.append((child, logits))

@@ -37,12 +37,14 @@ class Scheduler:
         pool: StatePool,
         new_state: Callable[[], ModelState],
         *,
+        release_state: Callable[[ModelState], None] | None = None,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.pool = pool
         self.new_state = new_state
+        self.release_state = release_state
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefix_cache = prefix_cache
@@ -66,14 +68,12 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         self.awaiting_fork.discard(req)
-        self.pool.free(req.request_id)
-        req.state = None
+        self._drop_state(req)
         req.status = RequestStatus.FINISHED
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.pool.free(req.request_id)
-        req.state = None
+        self._drop_state(req)
         req.num_computed_tokens = 0
         req.cache_block = None
         if req.prompt_logprobs is not None:
@@ -81,6 +81,12 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.metrics.num_preemptions += 1
         self.add(req)
+
+    def _drop_state(self, req: Request) -> None:
+        self.pool.free(req.request_id)
+        if req.state is not None and self.release_state is not None:
+            self.release_state(req.state)
+        req.state = None
 
     def try_fork(self, parent: Request, child: Request) -> bool:
         """Give ``child`` a copy of ``parent``'s just-finished prompt state, if it fits."""

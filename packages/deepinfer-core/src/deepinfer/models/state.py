@@ -39,6 +39,11 @@ class SWARing:
     kv: Tensor  # [B, capacity, D]
     length: int = 0  # tokens written so far
     window: int = 0  # attention window; 0 = the whole capacity
+    #: Set when ``kv`` is row ``slot`` of a shared [slots, capacity, D] tensor (the engine's
+    #: :class:`~deepinfer.cache.slots.StateSlots`): a decode batch then writes and reads every
+    #: row's ring with one indexed op instead of one per row.
+    pool: Tensor | None = None
+    slot: int = -1
 
     def __post_init__(self) -> None:
         if not self.window:
@@ -61,26 +66,99 @@ class SWARing:
         self.length = start + kv.shape[1]
 
 
+#: The fixed-size buffers of a :class:`CompressorState`, which :class:`CompressorPool` shares.
+BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf")
+
+
+@dataclass
+class CompressorPool:
+    """One layer's compressor buffers for every running sequence: row ``slot`` is one
+    sequence's (the engine's :class:`~deepinfer.cache.slots.StateSlots` owns the tensors), so a
+    decode batch appends and pools every row's window with one indexed op each."""
+
+    kv_buf: Tensor  # [slots, ratio, c*D]
+    score_buf: Tensor
+    prev_kv_buf: Tensor | None  # [slots, ratio, D], overlapping compressors only
+    prev_score_buf: Tensor | None
+
+
 @dataclass
 class CompressorState:
-    """One compressor's running state (main KV compressor or indexer-key compressor)."""
+    """One compressor's running state (main KV compressor or indexer-key compressor).
+
+    The open window and, with overlap, the previous window's first half live in fixed-size
+    buffers (so they can be rows of a shared :class:`CompressorPool`); ``buf_kv``/``buf_score``
+    and ``prev_kv``/``prev_score`` read and assign them as variable-length tensors.
+    """
 
     ratio: int
     overlap: bool
-    buf_kv: Tensor  # [B, < ratio, c*D] fp32 projections of the open window
-    buf_score: Tensor  # [B, < ratio, c*D] fp32 gate scores, position bias added
+    kv_buf: Tensor  # [B, ratio, c*D] fp32: rows :fill are the open window's projections
+    score_buf: Tensor  # [B, ratio, c*D] fp32 gate scores, position bias added
     entries: Tensor  # [B, T, D] finished entries (normalised, rotated), model dtype
-    prev_kv: Tensor | None = None  # [B, ratio, D] overlap: first half of the last full window
-    prev_score: Tensor | None = None
+    fill: int = 0
+    #: Overlap only: [B, ratio, D] first half of the last full window. Before the first window
+    #: the scores are -inf (zero weight), so pooling never needs a special case.
+    prev_kv_buf: Tensor | None = None
+    prev_score_buf: Tensor | None = None
+    has_prev: bool = False
     #: Rollback support: the raw projections of the last ``keep`` tokens (fp32, like the
     #: buffers), from which the buffers of an earlier length are rebuilt. keep = 0: none kept.
     keep: int = 0
     hist_kv: Tensor | None = None  # [B, <= keep, c*D]
     hist_score: Tensor | None = None
+    #: Set when the buffers are row ``slot`` of a shared pool.
+    pool: CompressorPool | None = None
+    slot: int = -1
 
     @property
     def num_entries(self) -> int:
         return self.entries.shape[1]
+
+    @property
+    def buf_kv(self) -> Tensor:
+        """[B, fill, c*D] the open window's projections."""
+        return self.kv_buf[:, : self.fill]
+
+    @buf_kv.setter
+    def buf_kv(self, value: Tensor) -> None:
+        self.kv_buf[:, : value.shape[1]] = value
+        self.fill = value.shape[1]
+
+    @property
+    def buf_score(self) -> Tensor:
+        return self.score_buf[:, : self.fill]
+
+    @buf_score.setter
+    def buf_score(self, value: Tensor) -> None:
+        self.score_buf[:, : value.shape[1]] = value
+        self.fill = value.shape[1]
+
+    @property
+    def prev_kv(self) -> Tensor | None:
+        return self.prev_kv_buf if self.has_prev else None
+
+    @prev_kv.setter
+    def prev_kv(self, value: Tensor | None) -> None:
+        self._set_prev(self.prev_kv_buf, value, 0.0)
+
+    @property
+    def prev_score(self) -> Tensor | None:
+        return self.prev_score_buf if self.has_prev else None
+
+    @prev_score.setter
+    def prev_score(self, value: Tensor | None) -> None:
+        self._set_prev(self.prev_score_buf, value, float("-inf"))
+
+    def _set_prev(self, buf: Tensor | None, value: Tensor | None, empty: float) -> None:
+        if buf is None:
+            assert value is None, "only overlapping compressors keep a previous window"
+            return
+        if value is None:
+            buf.fill_(empty)
+        else:
+            buf.copy_(value)
+        self.has_prev = value is not None
 
     @classmethod
     def empty(
@@ -97,12 +175,18 @@ class CompressorState:
         """An empty state; ``slack`` > 0 keeps enough history to roll back that many tokens."""
         width = 2 * dim if overlap else dim
         empty = torch.zeros(batch, 0, width, dtype=torch.float32, device=device)
+
+        def buf(d: int, value: float = 0.0) -> Tensor:
+            return torch.full((batch, ratio, d), value, dtype=torch.float32, device=device)
+
         return cls(
             ratio=ratio,
             overlap=overlap,
-            buf_kv=empty,
-            buf_score=empty,
+            kv_buf=buf(width),
+            score_buf=buf(width),
             entries=torch.zeros(batch, 0, dim, dtype=dtype, device=device),
+            prev_kv_buf=buf(dim) if overlap else None,
+            prev_score_buf=buf(dim, float("-inf")) if overlap else None,
             keep=slack + 2 * ratio if slack else 0,
             hist_kv=empty if slack else None,
             hist_score=empty if slack else None,

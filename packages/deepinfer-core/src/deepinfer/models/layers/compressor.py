@@ -84,8 +84,8 @@ class Compressor(nn.Module):
         win_score = score[:, :used].view(b, n, self.ratio, width)
         pooled = ops.compress(win_kv, win_score, state.prev_kv, state.prev_score, self.overlap)
         if self.overlap:
-            state.prev_kv = win_kv[:, -1, :, : self.dim].clone()
-            state.prev_score = win_score[:, -1, :, : self.dim].clone()
+            state.prev_kv = win_kv[:, -1, :, : self.dim]  # copied into the state's buffer
+            state.prev_score = win_score[:, -1, :, : self.dim]
 
         entries = self.norm(ops, pooled.to(state.entries.dtype))
         first = state.num_entries
@@ -107,19 +107,21 @@ class Compressor(nn.Module):
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight.float())
         score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
-        full = append_rows(states, kv, score, self.ratio)
-        if full:
-            rows = [states[i] for i in full]
-            win_kv = torch.cat([st.buf_kv for st in rows])[:, None]  # [F, 1, ratio, width]
-            win_score = torch.cat([st.buf_score for st in rows])[:, None]
+        _, full, win_kv, win_score = fill_windows(states, kv, score)
+        if full.states:
             prev_kv = prev_score = None
             if self.overlap:
-                prev_kv, prev_score = _previous_halves(rows, win_kv, win_score, self.dim)
-                halves_kv = win_kv[:, 0, :, : self.dim].clone().split(1)
-                halves_score = win_score[:, 0, :, : self.dim].clone().split(1)
-                for st, half_kv, half_score in zip(rows, halves_kv, halves_score, strict=True):
-                    st.prev_kv, st.prev_score = half_kv, half_score
-            pooled = ops.compress(win_kv, win_score, prev_kv, prev_score, self.overlap)
+                # Window -1 of each row: its stored first half (-inf scores before the first
+                # window); this window's first half then takes its place.
+                prev_kv, prev_score = full.gather("prev_kv_buf"), full.gather("prev_score_buf")
+                full.scatter("prev_kv_buf", win_kv[..., : self.dim])
+                full.scatter("prev_score_buf", win_score[..., : self.dim])
+                for st in full.states:
+                    st.has_prev = True
+            pooled = ops.compress(
+                win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
+            )
+            rows = full.states
             entries = self.norm(ops, pooled.to(rows[0].entries.dtype))  # [F, 1, D]
             entry_pos = torch.tensor(
                 [[st.num_entries * self.ratio] for st in rows], device=x.device
@@ -127,37 +129,75 @@ class Compressor(nn.Module):
             cos, sin = rotary.cos_sin(entry_pos)
             entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
             append_entries_to(rows, entries)
-            closed = win_kv.new_zeros(1, 0, win_kv.shape[-1])  # every full window was pooled
-            for st in rows:
-                st.buf_kv, st.buf_score = closed, closed
         return padded_entries(states)
 
 
-def append_rows(states: list[CompressorState], kv: Tensor, score: Tensor, ratio: int) -> list[int]:
-    """Append row i's new projections [B, 1, width] to its open window; returns the rows whose
-    window is now complete (their buffers hold exactly ``ratio`` rows)."""
-    # Rows whose open windows are equally full are appended together (a few ops per fill
-    # level, not per row); each row then keeps a view of its slice.
-    by_fill: dict[int, list[int]] = {}
+class RowBuffers:
+    """The fixed-size buffers of several states (one per decode row), read and written
+    together: as rows of one shared :class:`CompressorPool` (one indexed op per buffer), or,
+    for states that own their buffers, with one concatenation or one fused copy."""
+
+    def __init__(self, states: list[CompressorState], device: torch.device) -> None:
+        self.states = states
+        pool = states[0].pool if states else None
+        self.pool = pool if pool is not None and all(st.pool is pool for st in states) else None
+        self.index = torch.tensor([st.slot for st in states], device=device) if self.pool else None
+
+    def gather(self, name: str) -> Tensor:
+        """Buffer ``name`` of every state, [R, ratio, width] (a copy)."""
+        if self.pool is not None:
+            assert self.index is not None
+            return getattr(self.pool, name).index_select(0, self.index)
+        return torch.cat([getattr(st, name) for st in self.states])
+
+    def scatter(self, name: str, values: Tensor) -> None:
+        """Overwrite buffer ``name`` of every state with ``values`` [R, ratio, width]."""
+        if self.pool is not None:
+            getattr(self.pool, name)[self.index] = values
+        else:
+            torch._foreach_copy_([getattr(st, name) for st in self.states], list(values.split(1)))
+
+    def write_open(self, kv: Tensor, score: Tensor) -> None:
+        """Put row i's new projections [R, 1, width] at its open window's next position."""
+        if self.pool is not None:
+            col = torch.tensor([st.fill for st in self.states], device=kv.device)
+            self.pool.kv_buf[self.index, col] = kv[:, 0]
+            self.pool.score_buf[self.index, col] = score[:, 0]
+            return
+        for name, new in (("kv_buf", kv), ("score_buf", score)):
+            targets = [getattr(st, name)[:, st.fill] for st in self.states]  # [1, width] views
+            torch._foreach_copy_(targets, list(new[:, 0].split(1)))
+
+
+def fill_windows(
+    states: list[CompressorState], kv: Tensor, score: Tensor
+) -> tuple[list[int], RowBuffers, Tensor, Tensor]:
+    """Append row i's new projections [B, 1, width] to its open window.
+
+    Returns the indices of the rows whose window is now complete, their states (as
+    :class:`RowBuffers`, for the caller to read and write their other buffers) and those
+    windows [F, ratio, width]; the windows are closed. Rows of one shared pool cost a handful
+    of indexed ops whatever the batch.
+    """
     for i, st in enumerate(states):
         if st.keep:
             st.remember(kv[i : i + 1], score[i : i + 1])
-        by_fill.setdefault(st.buf_kv.shape[1], []).append(i)
-    full = []
-    for fill, rows in by_fill.items():
-        if len(rows) == len(states):  # every row equally full (lockstep decoding)
-            new_kv, new_score = kv, score
-        else:
-            sel = torch.tensor(rows, device=kv.device)
-            new_kv, new_score = kv.index_select(0, sel), score.index_select(0, sel)
-        if fill:
-            new_kv = torch.cat((torch.cat([states[i].buf_kv for i in rows]), new_kv), dim=1)
-            new_score = torch.cat((torch.cat([states[i].buf_score for i in rows]), new_score), 1)
-        for i, row_kv, row_score in zip(rows, new_kv.split(1), new_score.split(1), strict=True):
-            states[i].buf_kv, states[i].buf_score = row_kv, row_score
-        if fill + 1 == ratio:
-            full.extend(rows)
-    return sorted(full)
+    ratio = states[0].ratio
+    if ratio == 1:  # every token is a whole window: nothing to buffer
+        return list(range(len(states))), RowBuffers(states, kv.device), kv, score
+    RowBuffers(states, kv.device).write_open(kv, score)
+    rows = []
+    for i, st in enumerate(states):
+        st.fill += 1
+        if st.fill == ratio:
+            rows.append(i)
+    full = RowBuffers([states[i] for i in rows], kv.device)
+    if not rows:
+        return rows, full, kv[:0].expand(0, ratio, -1), score[:0].expand(0, ratio, -1)
+    win_kv, win_score = full.gather("kv_buf"), full.gather("score_buf")
+    for st in full.states:
+        st.fill = 0
+    return rows, full, win_kv, win_score
 
 
 def append_entries_to(rows: list[CompressorState], entries: Tensor) -> None:
@@ -178,18 +218,3 @@ def padded_entries(states: list[CompressorState]) -> Tensor:
         cols = torch.arange(flat.shape[0]) - starts[rows]
         out[rows.to(out.device), cols.to(out.device)] = flat
     return out
-
-
-def _previous_halves(
-    rows: list[CompressorState], win_kv: Tensor, win_score: Tensor, dim: int
-) -> tuple[Tensor, Tensor]:
-    """Window -1 for each row: its stored first half, or zero weight before the first window."""
-    ratio = win_kv.shape[2]
-    kv = [st.prev_kv if st.prev_kv is not None else win_kv.new_zeros(1, ratio, dim) for st in rows]
-    score = [
-        st.prev_score
-        if st.prev_score is not None
-        else win_score.new_full((1, ratio, dim), float("-inf"))
-        for st in rows
-    ]
-    return torch.cat(kv), torch.cat(score)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.models.layers.compressor import append_entries_to, append_rows, padded_entries
+from deepinfer.models.layers.compressor import append_entries_to, fill_windows, padded_entries
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.state import CompressorState, CompressorStates
 
@@ -84,17 +84,12 @@ class SharedCompressor(nn.Module):
         self, ops: Backend, x: Tensor, states: list[CompressorState]
     ) -> tuple[Tensor, Tensor, list[int] | None]:
         kv, score = self._project(ops, x)
-        full = append_rows(states, kv, score, self.ratio)
-        rows = [states[i] for i in full]
+        full, buffers, win_kv, win_score = fill_windows(states, kv, score)
+        rows = buffers.states
         first = torch.tensor([[st.num_entries] for st in rows], device=x.device).view(-1, 1)
         if not rows:
             return kv.new_zeros(0, 1, self.dim).to(states[0].entries.dtype), first, full
-        win_kv = torch.cat([st.buf_kv for st in rows])[:, None]  # [F, 1, ratio, D]
-        win_score = torch.cat([st.buf_score for st in rows])[:, None]
-        closed = kv.new_zeros(1, 0, kv.shape[-1])  # every full pair was pooled
-        for st in rows:
-            st.buf_kv, st.buf_score = closed, closed
-        pooled = ops.compress(win_kv, win_score, None, None, False)
+        pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         return self.norm(ops, pooled.to(rows[0].entries.dtype)), first, full
 
 

@@ -1,0 +1,161 @@
+"""Shared storage for the fixed-size part of every running sequence's state.
+
+Each running sequence owns one *slot*: row ``slot`` of a [slots, ...] tensor per layer holds its
+SWA ring, and per compressor its open window and previous half-window buffers. Rows of one
+tensor let a decode batch write every sequence's new rows with one scatter and read them with
+one gather per buffer, instead of one copy per sequence; they are also the fixed addresses
+that graph capture needs. The append-only compressed entries stay per sequence.
+
+Slots are handed out as sequences are admitted and taken back when they finish or are
+preempted. The tensors grow (doubling, up to ``max_slots``) as more sequences run at once, so
+memory follows the peak number of running sequences, which the engine's ``max_num_seqs``
+bounds. A slot's rows are initialised from a fresh state when handed out, so nothing of an
+earlier sequence remains visible even to a masked read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from deepinfer.models.state import BUFFERS, CompressorPool, ModelState
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One slotted tensor of a state: ``state.layers[layer].<part>.<name>``."""
+
+    layer: int
+    part: str  # "swa", "compressor" or "indexer"
+    name: str
+
+    def owner(self, state: ModelState) -> object:
+        return getattr(state.layers[self.layer], self.part)
+
+
+def _fields(state: ModelState) -> list[_Field]:
+    out: list[_Field] = []
+    for i, layer in enumerate(state.layers):
+        out.append(_Field(i, "swa", "kv"))
+        for part in ("compressor", "indexer"):
+            comp = getattr(layer, part)
+            if comp is not None:
+                out.extend(_Field(i, part, n) for n in BUFFERS if getattr(comp, n) is not None)
+    return out
+
+
+class StateSlots:
+    def __init__(
+        self, new_state: Callable[[], ModelState], max_slots: int, initial_slots: int = 8
+    ) -> None:
+        if max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+        self._new_state = new_state
+        self.max_slots = max_slots
+        template = new_state()
+        if template.batch_size != 1:
+            raise ValueError("StateSlots holds single-sequence states (batch_size 1)")
+        n = min(initial_slots, max_slots)
+        self.fields = _fields(template)
+        self.tensors: list[Tensor] = []
+        for f in self.fields:
+            t = getattr(f.owner(template), f.name)
+            self.tensors.append(t.new_zeros((n, *t.shape[1:])))
+        # One CompressorPool per compressor, shared by every state and updated when tensors grow.
+        self._pools = {
+            (f.layer, f.part): CompressorPool(None, None, None, None)  # type: ignore[arg-type]
+            for f in self.fields
+            if f.part != "swa"
+        }
+        self._sync_pools()
+        self._free = list(range(n - 1, -1, -1))  # popped from the end: lowest slot first
+        self._live: dict[int, ModelState] = {}
+
+    @property
+    def num_slots(self) -> int:
+        return self.tensors[0].shape[0]
+
+    @property
+    def num_used(self) -> int:
+        return len(self._live)
+
+    def new_state(self) -> ModelState:
+        """A fresh single-sequence state whose fixed-size tensors live in a free slot."""
+        return self._adopt(self._new_state())
+
+    def clone(self, state: ModelState) -> ModelState:
+        """A deep copy of ``state`` in a slot of its own (the samples of an ``n`` > 1 group)."""
+        # Deep-copy all but the slotted tensors (a plain deepcopy would copy each shared tensor
+        # whole): the copy first shares the original's rows, then _adopt moves it to its own.
+        memo: dict[int, object] = {id(t): t for t in self.tensors}
+        memo.update({id(pool): pool for pool in self._pools.values()})
+        for f in self.fields:
+            t = getattr(f.owner(state), f.name)
+            memo[id(t)] = t
+        return self._adopt(copy.deepcopy(state, memo))
+
+    def release(self, state: ModelState) -> None:
+        """Hand ``state``'s slot back; the state must not be used afterwards."""
+        slot = state.layers[0].swa.slot
+        if self._live.get(slot) is not state:
+            raise ValueError("this state does not hold a slot of this pool")
+        del self._live[slot]
+        self._free.append(slot)
+        for layer in state.layers:
+            layer.swa.pool, layer.swa.slot = None, -1
+            for comp in (layer.compressor, layer.indexer):
+                if comp is not None:
+                    comp.pool, comp.slot = None, -1
+
+    def _adopt(self, state: ModelState) -> ModelState:
+        """Copy ``state``'s slotted tensors into a free slot and point the state at it."""
+        if _fields(state) != self.fields:
+            raise ValueError("state layout differs from the pool's (model or slack)")
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        for t, f in zip(self.tensors, self.fields, strict=True):
+            current = getattr(f.owner(state), f.name)
+            if current.shape[1:] != t.shape[1:]:
+                raise ValueError("state layout differs from the pool's (model or slack)")
+            t[slot].copy_(current[0])
+        self._live[slot] = state
+        self._point(state, slot)
+        return state
+
+    def _grow(self) -> None:
+        old = self.num_slots
+        if old >= self.max_slots:
+            raise RuntimeError(
+                f"all {self.max_slots} state slots are in use (more running sequences than "
+                "max_num_seqs)"
+            )
+        new = min(2 * old, self.max_slots)
+        grown = []
+        for t in self.tensors:
+            bigger = t.new_zeros((new, *t.shape[1:]))
+            bigger[:old] = t
+            grown.append(bigger)
+        self.tensors = grown
+        self._sync_pools()
+        self._free = list(range(new - 1, old - 1, -1))
+        for slot, state in self._live.items():
+            self._point(state, slot)
+
+    def _sync_pools(self) -> None:
+        for t, f in zip(self.tensors, self.fields, strict=True):
+            if f.part != "swa":
+                setattr(self._pools[f.layer, f.part], f.name, t)
+
+    def _point(self, state: ModelState, slot: int) -> None:
+        for t, f in zip(self.tensors, self.fields, strict=True):
+            owner = f.owner(state)
+            setattr(owner, f.name, t[slot : slot + 1])
+            if f.part == "swa":
+                owner.pool, owner.slot = t, slot  # type: ignore[attr-defined]
+        for (layer, part), pool in self._pools.items():
+            comp = getattr(state.layers[layer], part)
+            comp.pool, comp.slot = pool, slot
