@@ -54,6 +54,41 @@ def _grouped_mm_for(device: torch.device, dtype: torch.dtype) -> GroupedMM | Non
     return _GROUPED_MM[key]
 
 
+def sort_by_expert(
+    x: Tensor, weights: Tensor, indices: Tensor, w13: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Group the (token, slot) pairs of a routing by expert, without a host sync.
+
+    Returns (token row of each sorted pair [P], the sort order [P], each expert's end offset
+    in the sorted pairs [E] int32, the gathered inputs [P, d] in the weights' dtype, the
+    router weights [P, 1] fp32, which sorted pairs have an expert [P]). "No expert" (-1)
+    pairs sort after every expert's group, outside every offset, so grouped matmuls skip them.
+    """
+    num_experts, k = w13.shape[0], indices.shape[-1]
+    flat = indices.reshape(-1)
+    key = torch.where(flat >= 0, flat, num_experts)
+    order = key.argsort(stable=True)
+    ordered = key[order]
+    # Group ends by binary search in the sorted keys: unlike bincount, no host sync.
+    experts = torch.arange(num_experts, device=x.device, dtype=ordered.dtype)
+    ends = torch.searchsorted(ordered, experts, right=True).to(torch.int32)
+    rows = order // k
+    xs = x[rows].to(w13.dtype)
+    scale = weights.reshape(-1)[order, None].float()
+    return rows, order, ends, xs, scale, ordered < num_experts
+
+
+def combine_slots(y: Tensor, order: Tensor, live: Tensor, k: int) -> Tensor:
+    """Sum the expert outputs of each token [P, d] (sorted pairs) -> [N, d], in slot order.
+
+    Pairs without an expert contribute zero (their rows were never computed). The sum runs
+    over each token's k slots in a fixed order, so it is deterministic on any device.
+    """
+    y = torch.where(live[:, None], y, 0.0)
+    per_slot = torch.empty_like(y).index_copy_(0, order, y)
+    return per_slot.view(-1, k, y.shape[-1]).sum(dim=1)
+
+
 class TorchBackend(Backend):
     """Plain-torch ops on any device torch itself supports."""
 
@@ -193,6 +228,10 @@ class TorchBackend(Backend):
 
     # -- mHC ------------------------------------------------------------------------------------
 
+    def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
+        # The experts loop over experts on the host where torch has no grouped matmul.
+        return self.device.type == "cuda" and _grouped_mm_for(self.device, dtype) is not None
+
     def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
         comb = torch.softmax(logits.float(), dim=-1) + eps
         comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
@@ -317,19 +356,10 @@ class TorchBackend(Backend):
         w2: Tensor,
         swiglu_limit: float,
     ) -> Tensor:
-        # (token, slot) pairs sorted by expert: each expert's rows are one contiguous group.
-        flat = indices.reshape(-1)
-        order = flat.argsort(stable=True)
-        skipped = int((flat < 0).sum())  # "no expert" (-1) sorts first
-        order = order[skipped:]
-        rows = order // indices.shape[-1]
-        counts = torch.bincount(flat[order], minlength=w13.shape[0])
-        xs = x[rows].to(w13.dtype)
-        scale = weights.reshape(-1)[order, None].float()
+        rows, order, ends, xs, scale, live = sort_by_expert(x, weights, indices, w13)
         y = None
         grouped = _grouped_mm_for(x.device, w13.dtype)
         if grouped is not None:
-            ends = counts.cumsum(0).to(torch.int32)
             try:
                 gate, up = grouped(xs, w13.transpose(1, 2), offs=ends).chunk(2, dim=-1)
                 h = self._clamped_swiglu(gate, up, swiglu_limit) * scale  # scaled before w2
@@ -343,17 +373,16 @@ class TorchBackend(Backend):
                     stacklevel=2,
                 )
         if y is None:
-            y = torch.empty(len(rows), x.shape[-1], dtype=torch.float32, device=x.device)
+            y = torch.zeros(len(rows), x.shape[-1], dtype=torch.float32, device=x.device)
             start = 0
-            for e, n in enumerate(counts.tolist()):
-                if n:
-                    part = slice(start, start + n)
+            for e, stop in enumerate(ends.tolist()):
+                if stop > start:
+                    part = slice(start, stop)
                     gate, up = F.linear(xs[part], w13[e]).chunk(2, dim=-1)
                     h = self._clamped_swiglu(gate, up, swiglu_limit) * scale[part]
                     y[part] = F.linear(h.to(w2.dtype), w2[e]).float()
-                    start += n
-        out = torch.zeros(x.shape[0], x.shape[-1], dtype=torch.float32, device=x.device)
-        return out.index_add_(0, rows, y)
+                start = stop
+        return combine_slots(y, order, live, indices.shape[-1])
 
     def swiglu_mlp(
         self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float

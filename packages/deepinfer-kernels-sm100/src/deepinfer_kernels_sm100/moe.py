@@ -1,0 +1,186 @@
+"""Routed SwiGLU experts as two grouped-matmul kernels, in any float dtype, without host syncs.
+
+The (token, slot) pairs are sorted by expert (the reference's own prologue), so each expert's
+rows are one contiguous range of the sorted inputs, ending at ``ends[e]``. One program per
+(expert, column tile) walks its expert's rows in tiles of ``BLOCK_M``: the first kernel
+computes the gate and up projections of a tile together and applies the clamped SwiGLU and the
+router weight in its epilogue (the reference's ``silu(min(gate, l)) * clamp(up, -l, l) *
+weight``), the second multiplies by ``w2``. Row ranges are read on the device, so nothing waits
+on the host: where torch's grouped matmul lacks a kernel (fp32 on Hopper), the reference loops
+over experts with one host sync per layer and two launches per expert; this is two launches.
+fp32 operands multiply in IEEE fp32 (no TF32), as torch's matmul does by default.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from deepinfer.backends.torch_ref import combine_slots, sort_by_expert
+
+#: Triton's interpreter (CI, no GPU) multiplies bf16 tiles wrongly, so there the tiles are
+#: widened to fp32 first; on a GPU bf16 tiles go to the tensor cores as they are.
+_WIDEN = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr, WIDEN: tl.constexpr):
+    """acc + a @ b.T"""
+    if WIDEN:
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+    if IEEE:
+        return tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(b), acc)
+
+
+@triton.jit
+def _expert_range(ends_ptr, e):
+    start = tl.load(ends_ptr + e - 1, mask=e > 0, other=0)
+    return start, tl.load(ends_ptr + e)
+
+
+@triton.jit
+def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    x_ptr,  # [P, K] sorted inputs
+    w_ptr,  # [E, 2I, K] gate rows over up rows
+    scale_ptr,  # [P] router weights (fp32)
+    ends_ptr,  # [E] int32
+    h_ptr,  # [P, I] out
+    inter,
+    k_dim,
+    limit,
+    CLAMP: tl.constexpr,
+    IEEE: tl.constexpr,
+    WIDEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    e = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    start, end = _expert_range(ends_ptr, e)
+    w_gate = w_ptr + e * 2 * inter * k_dim + cols[:, None] * k_dim
+    w_up = w_gate + inter * k_dim
+    kk = tl.arange(0, BLOCK_K)
+    for m0 in range(start, end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < end
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            k_ok = (k0 + kk) < k_dim
+            x = tl.load(
+                x_ptr + rows[:, None] * k_dim + k0 + kk[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            w_mask = (cols[:, None] < inter) & k_ok[None, :]
+            wg = tl.load(w_gate + k0 + kk[None, :], mask=w_mask, other=0.0)
+            wu = tl.load(w_up + k0 + kk[None, :], mask=w_mask, other=0.0)
+            gate = _mma(x, wg, gate, IEEE, WIDEN)
+            up = _mma(x, wu, up, IEEE, WIDEN)
+        if CLAMP:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+        scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+        h = gate * tl.sigmoid(gate) * up * scale[:, None]
+        tl.store(
+            h_ptr + rows[:, None] * inter + cols[None, :],
+            h.to(h_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (cols[None, :] < inter),
+        )
+
+
+@triton.jit
+def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    h_ptr,  # [P, I]
+    w_ptr,  # [E, D, I]
+    ends_ptr,
+    y_ptr,  # [P, D] fp32 out
+    d_out,
+    inter,
+    IEEE: tl.constexpr,
+    WIDEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    e = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    start, end = _expert_range(ends_ptr, e)
+    w = w_ptr + e * d_out * inter + cols[:, None] * inter
+    kk = tl.arange(0, BLOCK_K)
+    for m0 in range(start, end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < end
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            k_ok = (k0 + kk) < inter
+            h = tl.load(
+                h_ptr + rows[:, None] * inter + k0 + kk[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            wt = tl.load(w + k0 + kk[None, :], mask=(cols[:, None] < d_out) & k_ok[None, :])
+            acc = _mma(h, wt, acc, IEEE, WIDEN)
+        tl.store(
+            y_ptr + rows[:, None] * d_out + cols[None, :],
+            acc,
+            mask=row_ok[:, None] & (cols[None, :] < d_out),
+        )
+
+
+def _tile(n: int, most: int) -> int:
+    return max(16, min(most, triton.next_power_of_2(n)))
+
+
+def moe_experts(
+    x: Tensor, weights: Tensor, indices: Tensor, *, w13: Tensor, w2: Tensor, swiglu_limit: float
+) -> Tensor:
+    """The backend's ``moe_experts``: fp32 [N, d] weighted sum of each token's experts."""
+    rows, order, ends, xs, scale, live = sort_by_expert(x, weights, indices, w13)
+    num_experts, two_inter, d_in = w13.shape
+    inter, d_out = two_inter // 2, w2.shape[1]
+    pairs = rows.shape[0]
+    ieee = w13.dtype == torch.float32
+    # The hidden activation is rounded to the weights' dtype before w2, as in the reference.
+    h = torch.empty(pairs, inter, dtype=w2.dtype, device=x.device)
+    y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
+    if pairs:
+        block_m = 16 if pairs <= 64 * num_experts else 64
+        bn, bk = _tile(inter, 64), _tile(d_in, 64)
+        _gate_up_kernel[(num_experts, triton.cdiv(inter, bn))](
+            xs.contiguous(),
+            w13.contiguous(),
+            scale.reshape(-1).contiguous(),
+            ends,
+            h,
+            inter,
+            d_in,
+            float(swiglu_limit),
+            CLAMP=swiglu_limit > 0,
+            IEEE=ieee,
+            WIDEN=_WIDEN,
+            BLOCK_M=block_m,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+        )
+        bn, bk = _tile(d_out, 64), _tile(inter, 64)
+        _down_kernel[(num_experts, triton.cdiv(d_out, bn))](
+            h,
+            w2.contiguous(),
+            ends,
+            y,
+            d_out,
+            inter,
+            IEEE=ieee,
+            WIDEN=_WIDEN,
+            BLOCK_M=block_m,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+        )
+    return combine_slots(y, order, live, indices.shape[-1])
