@@ -185,7 +185,8 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
         states = [model.new_state(1) for _ in range(prompts.shape[0])]
         model.forward_packed(list(prompts), states)
         # Each timed call advances the states by one token; the step's cost does not depend on it.
-        ours = _median_ms(lambda: model.forward_decode(ids, states), device)
+        graphs = llm.engine.runner.graphs  # as the engine runs it (CUDA graphs on a GPU)
+        ours = _median_ms(lambda: model.forward_decode(ids, states, graphs), device)
     # The floor is captured outside inference mode, where composite ops (linear, einsum) reach
     # the dispatch mode already lowered to the matmuls it records.
     states = [model.new_state(1) for _ in range(prompts.shape[0])]

@@ -21,3 +21,16 @@ def test_auto_device_uses_the_kernels_and_matches_the_cpu() -> None:
     got = [o.outputs[0].token_ids for o in gpu.generate(PROMPTS, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, params, use_tqdm=False)]
     assert got == want
+
+
+def test_cuda_graphs_change_no_token() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = PROMPTS * 5  # 20 rows: padded to the 24-row bucket
+    eager = LLM("tiny", device="cuda", dtype="float32", enforce_eager=True)
+    graphed = LLM("tiny", device="cuda", dtype="float32")
+    assert eager.engine.runner.graphs is None
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert graphed.engine.runner.graphs is not None
+    assert graphed.engine.runner.graphs.num_captured > 0

@@ -26,6 +26,7 @@ def run_bench(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
+        enforce_eager=args.enforce_eager,
     )
     rnd = random.Random(args.seed)
     cfg = llm.engine.model.cfg
@@ -48,6 +49,7 @@ def run_bench(args: argparse.Namespace) -> int:
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    graphs = llm.engine.runner.graphs
     in_tokens = sum(len(p) for p in prompts)
     result = {
         "model": args.model,
@@ -59,6 +61,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "output_tok_per_s": round(out_tokens / elapsed, 2),
         "total_tok_per_s": round((in_tokens + out_tokens) / elapsed, 2),
         "engine_steps": llm.engine.num_steps,
+        # Captured lazily during the timed run (one per layer and batch bucket met).
+        "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }
     width = max(len(k) for k in result)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in result.items()))

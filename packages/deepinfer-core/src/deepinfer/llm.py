@@ -62,8 +62,8 @@ class LLM:
     the CPU, whose tiny ops are dominated by thread hand-off).
 
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
-    ``state_memory_bytes``, ``enable_prefix_caching``, ``prefix_cache_bytes``, ``seed``) are
-    those of :class:`EngineConfig`.
+    ``state_memory_bytes``, ``enable_prefix_caching``, ``prefix_cache_bytes``, ``seed``,
+    ``batch_invariant``, ``enforce_eager``) are those of :class:`EngineConfig`.
     """
 
     def __init__(

@@ -8,7 +8,7 @@ for Blackwell (sm_100a) and Hopper (sm_90), so both are accepted.
 from __future__ import annotations
 
 import importlib.util
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -46,6 +46,9 @@ class Sm100Backend(TorchBackend):
                 f"needs sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]} (Hopper) or newer",
             )
         return Availability(True)
+
+    def supports_cuda_graphs(self, dtype: Any) -> bool:
+        return True  # every token-wise op is a kernel or a sync-free torch op
 
     def mhc_weights(
         self,
@@ -89,3 +92,17 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.attention import mqa_sink_attention
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
+
+    def moe_experts(
+        self,
+        x: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        w13: Tensor,
+        w2: Tensor,
+        swiglu_limit: float,
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.moe import moe_experts
+
+        return moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit)

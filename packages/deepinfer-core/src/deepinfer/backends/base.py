@@ -51,6 +51,11 @@ class Backend:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={str(self.device)!r})"
 
+    def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
+        """Whether the token-wise ops (mHC, norms, router, experts) run in ``dtype`` without a
+        host sync or data-dependent shapes, so a decode step's FFN half can be captured."""
+        return False
+
     # -- the op table ------------------------------------------------------------------------
     # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,
     # n mHC streams, E experts, k routed experts per token. A kernel backend overrides a subset;

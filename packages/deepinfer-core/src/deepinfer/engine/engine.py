@@ -25,6 +25,7 @@ from deepinfer.engine.runner import ModelRunner, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
@@ -64,8 +65,15 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
         )
+        graphs = None
+        if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
+            graphs = DecodeGraphs(config.max_num_seqs)
         self.runner = ModelRunner(
-            model, self.eos_token_ids, self.prefix_cache, batch_invariant=config.batch_invariant
+            model,
+            self.eos_token_ids,
+            self.prefix_cache,
+            batch_invariant=config.batch_invariant,
+            graphs=graphs,
         )
         self.detokenizer = Detokenizer(tokenizer)
         self._seeds = random.Random(config.seed)

@@ -23,6 +23,7 @@ from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.outputs import Logprobs
 from deepinfer.sampling import SamplingTensors, sample
 
@@ -42,9 +43,11 @@ class ModelRunner:
         eos_token_ids: set[int],
         prefix_cache: PrefixCache | None = None,
         batch_invariant: bool = False,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
         self.batch_invariant = batch_invariant
+        self.graphs = graphs
         self.vocab_size = model.cfg.vocab_size
         self.eos_token_ids = eos_token_ids
         self.prefix_cache = prefix_cache
@@ -96,7 +99,7 @@ class ModelRunner:
         ids = torch.tensor(
             [r.output_token_ids[r.num_computed_tokens - r.num_prompt_tokens] for r in reqs]
         )
-        logits = self.model.forward_decode(ids, states)  # type: ignore[arg-type]
+        logits = self.model.forward_decode(ids, states, self.graphs)  # type: ignore[arg-type]
         for req in reqs:
             req.num_computed_tokens += 1
             self._maybe_record(req)

@@ -24,6 +24,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
 from deepinfer.models.errors import CheckpointError
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.block import Block, ForwardContext
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
@@ -138,15 +139,21 @@ class DeepseekV4ForCausalLM(nn.Module):
         return logits, x
 
     @torch.no_grad()
-    def forward_decode(self, input_ids: Tensor, states: Sequence[ModelState]) -> Tensor:
+    def forward_decode(
+        self,
+        input_ids: Tensor,
+        states: Sequence[ModelState],
+        graphs: DecodeGraphs | None = None,
+    ) -> Tensor:
         """One new token for each of several sequences at their own positions.
 
         ``input_ids`` [B] (or [B, 1]), ``states`` B single-sequence states. Returns fp32 logits
         [B, V] and advances every state by one token, as B separate ``forward`` calls would,
-        but with one batched pass through the layers (continuous-batching decode).
+        but with one batched pass through the layers (continuous-batching decode). ``graphs``:
+        replay each layer's FFN half from CUDA graphs (on a GPU; see :mod:`.graphs`).
         """
         ids, positions = decode_inputs(input_ids, states, self.device)
-        ctx = ForwardContext(self.ops, positions, ids, self.rotary)
+        ctx = ForwardContext(self.ops, positions, ids, self.rotary, graphs)
         logits, _ = self._run_layers(ids, ctx, per_layer_states(states))
         for s in states:
             s.pos += 1

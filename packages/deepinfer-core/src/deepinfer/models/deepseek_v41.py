@@ -38,6 +38,7 @@ from deepinfer.models.deepseek_v4 import (
     pack_chunks,
     per_layer_states,
 )
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
@@ -214,15 +215,25 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         return out
 
     @torch.no_grad()
-    def forward_decode(self, input_ids: Tensor, states: Sequence[ModelState]) -> Tensor:
+    def forward_decode(
+        self,
+        input_ids: Tensor,
+        states: Sequence[ModelState],
+        graphs: DecodeGraphs | None = None,
+    ) -> Tensor:
         """One new (text) token per sequence at its own position; see the V4 method."""
         self._check_engram()
+        image_id = self.cfg.image_token_id
+        if image_id is not None and bool((input_ids == image_id).any()):
+            raise ValueError("forward_decode takes text tokens; images go through forward")
         ids, positions = decode_inputs(input_ids, states, self.device)
         history = None
         if self.engram_history:
             history = torch.cat([s.token_history for s in states])  # type: ignore[misc]
         engram_ids, new_history = self._engram_ids(ids, history)
-        logits, _ = self._run_v41(ids, positions, engram_ids, per_layer_states(states), None)
+        logits, _ = self._run_v41(
+            ids, positions, engram_ids, per_layer_states(states), None, graphs=graphs, text=True
+        )
         for i, s in enumerate(states):
             s.pos += 1
             if new_history is not None:
@@ -269,18 +280,26 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         *,
         shared: list[SharedKV] | None = None,
         rows: Tensor | None = None,
+        graphs: DecodeGraphs | None = None,
+        text: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        """(logits, final streams); ``rows`` [R] limits the logits to those sequence rows."""
-        e, is_image = self._embed(input_ids, image_embeds)
+        """(logits, final streams); ``rows`` [R] limits the logits to those sequence rows.
+        ``text``: the caller checked that no id is an image token (no device-side check)."""
+        if text:
+            e, image_mask = self.embed(input_ids), None
+        else:
+            e, is_image = self._embed(input_ids, image_embeds)
+            image_mask = is_image if bool(is_image.any()) else None
         ctx = V41Context(
             ops=self.ops,
             positions=positions,
             input_ids=input_ids,
             rotary=self.rotary,
             shared=SharedKV() if shared is None else shared,
-            image_mask=is_image if bool(is_image.any()) else None,
+            image_mask=image_mask,
             engram_ids=engram_ids,
             engram_history=self.engram_history,
+            graphs=graphs,
         )
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         pre: Tensor | None = None

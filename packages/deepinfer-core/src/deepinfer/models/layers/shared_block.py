@@ -7,6 +7,7 @@ mixing weights stay the unbiased scores, as for ``bias``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.engram import Engram
 from deepinfer.models.layers.lagged_mhc import LaggedHyperConnection
@@ -38,6 +40,8 @@ class V41Context:
     #: [B, history + S] compressed ids with the look-back in front (one per span when packed)
     engram_ids: Tensor | list[Tensor] | None
     engram_history: int
+    #: Decode steps on a GPU: CUDA graphs of each layer's FFN half (None: run it eagerly).
+    graphs: DecodeGraphs | None = None
 
 
 class ImageBiasMoE(MoE):
@@ -105,11 +109,40 @@ class SharedBlock(nn.Module):
                 ops, self.attn_norm(ops, u), ctx.positions, rotary, state, shared=ctx.shared
             )
 
-        def ffn(u: Tensor) -> Tensor:
-            return self.ffn(ops, self.ffn_norm(ops, u), ctx.input_ids, ctx.image_mask)
-
         if not self.cfg.hc_pre_from_prev_sublayer:
             x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
+        else:
+            x, pre = LaggedHyperConnection(self, "hc_attn", self.cfg)(ops, x, pre, attn)
+        if ctx.graphs is None or ctx.image_mask is not None:
+            return self.ffn_half(ops, x, pre, ctx.input_ids, ctx.image_mask)
+        if pre is None:
+            out = ctx.graphs.run(self.layer_id, self._ffn_graph_fn(ops), x, ctx.input_ids)
+            return out[0], None
+        out = ctx.graphs.run(self.layer_id, self._ffn_graph_fn(ops), x, ctx.input_ids, pre)
+        return out[0], out[1]
+
+    def ffn_half(
+        self,
+        ops: Backend,
+        x: Tensor,
+        pre: Tensor | None,
+        input_ids: Tensor,
+        image_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """mHC(MoE) -> (streams, ``pre`` to carry on): a pure function of its inputs."""
+
+        def ffn(u: Tensor) -> Tensor:
+            return self.ffn(ops, self.ffn_norm(ops, u), input_ids, image_mask)
+
+        if not self.cfg.hc_pre_from_prev_sublayer:
             return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn), None
-        x, pre = LaggedHyperConnection(self, "hc_attn", self.cfg)(ops, x, pre, attn)
         return LaggedHyperConnection(self, "hc_ffn", self.cfg)(ops, x, pre, ffn)
+
+    def _ffn_graph_fn(self, ops: Backend) -> Callable[..., tuple[Tensor, ...]]:
+        """The text-only FFN half as a graph function of (streams, ids[, carried pre])."""
+
+        def fn(x: Tensor, ids: Tensor, pre: Tensor | None = None) -> tuple[Tensor, ...]:
+            out, carried = self.ffn_half(ops, x, pre, ids, None)
+            return (out,) if carried is None else (out, carried)
+
+        return fn

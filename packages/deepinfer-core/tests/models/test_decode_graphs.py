@@ -1,0 +1,73 @@
+"""CUDA graphs of the FFN half of decode steps: replays give the eager step's logits.
+
+The eager decode step is itself checked against per-sequence forwards (test_batched_forward)
+and those against transformers / float64; here the graphed step must match it while batches
+are padded to buckets, graphs are reused across steps and batch sizes change.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny_models import text_ids
+
+from deepinfer import plugins
+from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
+from deepinfer.models.graphs import DecodeGraphs, decode_buckets
+
+
+def test_buckets_cover_every_batch_up_to_the_maximum() -> None:
+    assert decode_buckets(1) == [1]
+    assert decode_buckets(10) == [1, 2, 4, 8, 10]
+    sizes = decode_buckets(256)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256
+    assert all(b % 8 == 0 for b in sizes[3:])
+    with pytest.raises(ValueError, match="max_batch"):
+        DecodeGraphs(0)
+
+
+def test_cpu_tensors_run_eagerly() -> None:
+    graphs = DecodeGraphs(8)
+    x = torch.ones(3, 2)
+    out = graphs.run("layer", lambda t: (t * 2,), x)
+    assert torch.equal(out[0], x * 2) and graphs.num_captured == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "sm100"])
+@pytest.mark.parametrize("name", ["v4", "v41"])
+def test_graphed_decode_equals_eager_decode(name: str, backend: str) -> None:
+    if name == "v41" and not (TINY_DIR / "model.safetensors").is_file():
+        pytest.skip("the trained tiny model is not embedded")
+    if backend not in plugins.backends.names():
+        pytest.skip(f"the {backend} backend is not installed")
+    ops = plugins.backends.load(backend)("cuda")
+    # torch's grouped matmul (which keeps the reference's experts sync-free) wants bf16 on
+    # Hopper; the kernels take fp32 too.
+    dtype = torch.float32 if ops.supports_cuda_graphs(torch.float32) else torch.bfloat16
+    assert ops.supports_cuda_graphs(dtype)
+    if name == "v41" and dtype == torch.bfloat16:
+        pytest.skip("V4.1 in bf16: rounding already flips index top-k picks between batchings")
+    if name == "v4":
+        model = random_tiny_model(dtype, device="cuda", seed=3)
+    else:
+        model = tiny_model(dtype, device="cuda")
+    model.ops = ops
+    gen = torch.Generator().manual_seed(0)
+    n = 13  # pads to the 16-row bucket
+    eager = [model.new_state(1) for _ in range(n)]
+    graphed = [model.new_state(1) for _ in range(n)]
+    prompts = [text_ids(model, gen, 20 + 7 * i).cuda() for i in range(n)]
+    model.forward_packed(prompts, eager)
+    model.forward_packed(prompts, graphed)
+    graphs = DecodeGraphs(max_batch=16)
+    worst = 0.0
+    for step in range(12):
+        rows = list(range(n)) if step < 8 else list(range(3))  # a smaller bucket later
+        ids = text_ids(model, gen, len(rows))
+        want = model.forward_decode(ids, [eager[i] for i in rows])
+        got = model.forward_decode(ids, [graphed[i] for i in rows], graphs)
+        worst = max(worst, float((want - got).abs().max()))
+    # bf16: padding changes the matmul shapes, and with them cuBLAS's summation order.
+    assert worst < (1e-5 if dtype == torch.float32 else 0.1), worst
+    assert graphs.num_captured == 2 * model.cfg.num_hidden_layers  # buckets 16 and 4
