@@ -62,5 +62,10 @@ def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer) -> None:  # 
             if out.finished:
                 outputs[out.request_id] = out
         assert engine.pool.used_bytes <= budget
+        # The running total is the sum of what each running request is charged for its length.
+        assert engine.pool.used_bytes == sum(
+            state_bytes(model.cfg, model.dtype, r.num_computed_tokens)
+            for r in engine.scheduler.running
+        )
     assert [outputs[i].outputs[0].token_ids for i in ids] == expected
     assert sum(o.metrics.num_preemptions for o in outputs.values()) > 0

@@ -228,10 +228,6 @@ class TorchBackend(Backend):
 
     # -- mHC ------------------------------------------------------------------------------------
 
-    def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
-        # The experts loop over experts on the host where torch has no grouped matmul.
-        return self.device.type == "cuda" and _grouped_mm_for(self.device, dtype) is not None
-
     def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
         comb = torch.softmax(logits.float(), dim=-1) + eps
         comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)

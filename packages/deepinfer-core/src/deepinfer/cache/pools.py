@@ -45,20 +45,30 @@ def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:
 
 
 class StatePool:
-    """Charges requests for their state bytes against ``budget_bytes``."""
+    """Charges requests for their state bytes against ``budget_bytes``.
+
+    The scheduler asks several times per request and step, so the charge is kept as a running
+    total and :func:`state_bytes` as its per-ratio coefficients (it is exact: the entries of
+    each ratio grow by one every ``ratio`` tokens)."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int) -> None:
         self.cfg = cfg
         self.dtype = dtype
         self.budget_bytes = budget_bytes
         self._charged: dict[str, int] = {}
+        self.used_bytes = 0
+        self._fixed = state_bytes(cfg, dtype, 0)
+        self._per_entry: dict[int, int] = {}  # ratio -> bytes per entry, over all layers
+        for ratio in sorted({r for r in cfg.compress_ratios if r}):
+            # num_tokens = ratio adds exactly one entry to every layer of this ratio (and to
+            # layers of a divisor ratio, which the smaller ratios' coefficients already hold).
+            grown = state_bytes(cfg, dtype, ratio) - self._fixed
+            self._per_entry[ratio] = grown - sum(
+                b * (ratio // r) for r, b in self._per_entry.items()
+            )
 
     def bytes_for(self, num_tokens: int) -> int:
-        return state_bytes(self.cfg, self.dtype, num_tokens)
-
-    @property
-    def used_bytes(self) -> int:
-        return sum(self._charged.values())
+        return self._fixed + sum(b * (num_tokens // r) for r, b in self._per_entry.items())
 
     def fits_alone(self, num_tokens: int) -> bool:
         return self.bytes_for(num_tokens) <= self.budget_bytes
@@ -70,13 +80,15 @@ class StatePool:
     def reserve(self, request_id: str, num_tokens: int) -> None:
         """Charge ``request_id`` for a state of ``num_tokens`` tokens (grow only)."""
         want = self.bytes_for(num_tokens)
-        if want > self._charged.get(request_id, 0):
+        current = self._charged.get(request_id, 0)
+        if want > current:
             if not self.can_reserve(request_id, num_tokens):
                 raise MemoryError(f"state pool exhausted reserving {want} bytes for {request_id}")
             self._charged[request_id] = want
+            self.used_bytes += want - current
 
     def free(self, request_id: str) -> None:
-        self._charged.pop(request_id, None)
+        self.used_bytes -= self._charged.pop(request_id, 0)
 
     def is_charged(self, request_id: str) -> bool:
         return request_id in self._charged
