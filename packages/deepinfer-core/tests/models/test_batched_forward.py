@@ -37,7 +37,7 @@ def test_slotted_states_equal_separate_forwards(model: DeepseekV4ForCausalLM) ->
     """States whose rings and compressor buffers are rows of shared tensors (the engine's
     slots) give the same logits, through slot growth, release and reuse of a slot (whose rows
     held another sequence), and cloning (``n`` > 1 samples)."""
-    slots = StateSlots(lambda: model.new_state(1), max_slots=8, initial_slots=2)
+    slots = StateSlots(lambda: model.new_state(1), max_slots=8, max_len=4096, initial_slots=2)
     _check_against_separate(
         model,
         lambda _: slots.new_state(),
@@ -51,6 +51,11 @@ def test_slotted_states_equal_separate_forwards(model: DeepseekV4ForCausalLM) ->
         slots.new_state()
     with pytest.raises(ValueError, match="layout differs"):
         StateSlots(lambda: model.new_state(1, slack=2), max_slots=2).clone(model.new_state(1))
+    # Without max_len the entries stay per sequence (grown as they come).
+    own = StateSlots(lambda: model.new_state(1), max_slots=8)
+    _check_against_separate(
+        model, lambda _: own.new_state(), release=own.release, clone=own.clone, rounds=10
+    )
 
 
 def _check_against_separate(

@@ -102,7 +102,7 @@ def state_nbytes(state: ModelState) -> int:
         for comp in (layer.compressor, layer.indexer):
             if comp is None:
                 continue
-            for name in ("entries", *BUFFERS):
+            for name in (*BUFFERS[:-1], "entries"):  # the entries in use, not the capacity
                 t = getattr(comp, name)
                 if t is not None:
                     total += t.numel() * t.element_size()

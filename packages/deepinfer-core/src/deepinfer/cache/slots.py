@@ -1,15 +1,19 @@
 """Shared storage for the fixed-size part of every running sequence's state.
 
-Each running sequence owns one *slot*: row ``slot`` of a [slots, ...] tensor per layer holds its
-SWA ring, and per compressor its open window and previous half-window buffers. Rows of one
-tensor let a decode batch write every sequence's new rows with one scatter and read them with
-one gather per buffer, instead of one copy per sequence; they are also the fixed addresses
-that graph capture needs. The append-only compressed entries stay per sequence.
+Each running sequence owns one *slot*: row ``slot`` of a [rows, ...] tensor per layer holds its
+SWA ring, per compressor its open window and previous half-window buffers and, given
+``max_len``, its compressed entries (``max_len // ratio + 1`` rows each). Rows of one tensor let
+a decode batch write every sequence's new rows with one scatter and read them with one gather
+per buffer, instead of one copy per sequence; they are also the fixed addresses that graph
+capture needs. Without ``max_len`` the entries stay per sequence (for models whose full-length
+entries per slot would not fit).
 
 Slots are handed out as sequences are admitted and taken back when they finish or are
-preempted. The tensors grow (doubling, up to ``max_slots``) as more sequences run at once, so
+preempted. Row 0 is never handed out: padding rows of a captured batch write there. The
+tensors grow (doubling, up to ``max_slots`` sequences) as more sequences run at once, so
 memory follows the peak number of running sequences, which the engine's ``max_num_seqs``
-bounds. A slot's rows are initialised from a fresh state when handed out, so nothing of an
+bounds; growing moves the tensors, which ``generation`` counts (graphs captured over the old
+ones are stale). A slot's rows are initialised from the state handed in, so nothing of an
 earlier sequence remains visible even to a masked read.
 """
 
@@ -36,47 +40,61 @@ class _Field:
         return getattr(state.layers[self.layer], self.part)
 
 
-def _fields(state: ModelState) -> list[_Field]:
+def _fields(state: ModelState, entries: bool) -> list[_Field]:
     out: list[_Field] = []
+    names = BUFFERS if entries else BUFFERS[:-1]
     for i, layer in enumerate(state.layers):
         out.append(_Field(i, "swa", "kv"))
         for part in ("compressor", "indexer"):
             comp = getattr(layer, part)
             if comp is not None:
-                out.extend(_Field(i, part, n) for n in BUFFERS if getattr(comp, n) is not None)
+                out.extend(_Field(i, part, n) for n in names if getattr(comp, n) is not None)
     return out
 
 
 class StateSlots:
     def __init__(
-        self, new_state: Callable[[], ModelState], max_slots: int, initial_slots: int = 8
+        self,
+        new_state: Callable[[], ModelState],
+        max_slots: int,
+        max_len: int | None = None,
+        initial_slots: int = 8,
     ) -> None:
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self._new_state = new_state
         self.max_slots = max_slots
+        self.pools_entries = max_len is not None
         template = new_state()
         if template.batch_size != 1:
             raise ValueError("StateSlots holds single-sequence states (batch_size 1)")
-        n = min(initial_slots, max_slots)
-        self.fields = _fields(template)
+        rows = min(initial_slots, max_slots) + 1  # + the padding row
+        self.fields = _fields(template, self.pools_entries)
         self.tensors: list[Tensor] = []
         for f in self.fields:
             t = getattr(f.owner(template), f.name)
-            self.tensors.append(t.new_zeros((n, *t.shape[1:])))
+            shape = list(t.shape)
+            if f.name == "entries_buf":
+                assert max_len is not None
+                shape[1] = max_len // f.owner(template).ratio + 1  # type: ignore[attr-defined]
+            self.tensors.append(t.new_zeros((rows, *shape[1:])))
         # One CompressorPool per compressor, shared by every state and updated when tensors grow.
         self._pools = {
-            (f.layer, f.part): CompressorPool(None, None, None, None)  # type: ignore[arg-type]
+            (f.layer, f.part): CompressorPool(*(None,) * len(BUFFERS))  # type: ignore[arg-type]
             for f in self.fields
             if f.part != "swa"
         }
         self._sync_pools()
-        self._free = list(range(n - 1, -1, -1))  # popped from the end: lowest slot first
+        self._free = list(range(rows - 1, 0, -1))  # popped from the end: lowest slot first
         self._live: dict[int, ModelState] = {}
+        self.generation = 0
 
     @property
     def num_slots(self) -> int:
-        return self.tensors[0].shape[0]
+        return self.tensors[0].shape[0] - 1
+
+    #: The row padding rows of a captured batch use (never a sequence's).
+    padding_slot = 0
 
     @property
     def num_used(self) -> int:
@@ -112,13 +130,20 @@ class StateSlots:
 
     def _adopt(self, state: ModelState) -> ModelState:
         """Copy ``state``'s slotted tensors into a free slot and point the state at it."""
-        if _fields(state) != self.fields:
+        if _fields(state, self.pools_entries) != self.fields:
             raise ValueError("state layout differs from the pool's (model or slack)")
         if not self._free:
             self._grow()
         slot = self._free.pop()
         for t, f in zip(self.tensors, self.fields, strict=True):
-            current = getattr(f.owner(state), f.name)
+            owner = f.owner(state)
+            if f.name == "entries_buf":
+                count = owner.count  # type: ignore[attr-defined]
+                if count >= t.shape[1]:
+                    raise ValueError(f"{count} entries exceed the pool's {t.shape[1] - 1}")
+                t[slot, :count] = owner.entries[0]  # type: ignore[attr-defined]
+                continue
+            current = getattr(owner, f.name)
             if current.shape[1:] != t.shape[1:]:
                 raise ValueError("state layout differs from the pool's (model or slack)")
             t[slot].copy_(current[0])
@@ -136,12 +161,13 @@ class StateSlots:
         new = min(2 * old, self.max_slots)
         grown = []
         for t in self.tensors:
-            bigger = t.new_zeros((new, *t.shape[1:]))
-            bigger[:old] = t
+            bigger = t.new_zeros((new + 1, *t.shape[1:]))
+            bigger[: old + 1] = t
             grown.append(bigger)
         self.tensors = grown
+        self.generation += 1
         self._sync_pools()
-        self._free = list(range(new - 1, old - 1, -1))
+        self._free = list(range(new, old, -1))
         for slot, state in self._live.items():
             self._point(state, slot)
 

@@ -56,7 +56,11 @@ class LLMEngine:
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
-        self.slots = StateSlots(lambda: model.new_state(1), max_slots=config.max_num_seqs)
+        self.slots = StateSlots(
+            lambda: model.new_state(1),
+            max_slots=config.max_num_seqs,
+            max_len=self.max_model_len if self._entries_fit(config) else None,
+        )
         self.scheduler = Scheduler(
             self.pool,
             self.slots.new_state,
@@ -81,6 +85,12 @@ class LLMEngine:
         self.groups: dict[str, list[Request]] = {}
         self.num_steps = 0
         self._grammar_backend: GrammarBackend | None = None
+
+    def _entries_fit(self, config: EngineConfig) -> bool:
+        """Whether every slot can hold full-length compressed entries within the state budget
+        (then they are pooled too, and a whole decode step can be captured)."""
+        full = self.pool.bytes_for(self.max_model_len) - self.pool.bytes_for(0)
+        return full * config.max_num_seqs <= config.state_memory_bytes
 
     def grammar_backend(self) -> GrammarBackend:
         """The ``xgrammar`` plugin, built on first use; names the extra when it is missing."""

@@ -67,7 +67,7 @@ def _rollback_compressor(comp: CompressorState, length: int, fed: int) -> None:
             )
         start, stop = n * r - first, length - first
         if comp.overlap:
-            dim = comp.entries.shape[-1]
+            dim = comp.entries_buf.shape[-1]
             comp.prev_kv = comp.hist_kv[:, start - r : start, :dim].clone() if n else None
             comp.prev_score = comp.hist_score[:, start - r : start, :dim].clone() if n else None
         comp.buf_kv = comp.hist_kv[:, start:stop]
@@ -77,4 +77,4 @@ def _rollback_compressor(comp: CompressorState, length: int, fed: int) -> None:
     elif comp.buf_kv.shape[1]:
         # Only entry-only states (V4.1 index keys: no buffers) roll back without history.
         raise ValueError("this compressor state kept no history to roll back with")
-    comp.entries = comp.entries[:, :n]
+    comp.count = min(comp.count, n)

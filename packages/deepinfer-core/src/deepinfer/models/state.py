@@ -66,8 +66,8 @@ class SWARing:
         self.length = start + kv.shape[1]
 
 
-#: The fixed-size buffers of a :class:`CompressorState`, which :class:`CompressorPool` shares.
-BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf")
+#: The buffers of a :class:`CompressorState` that a :class:`CompressorPool` can hold.
+BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf", "entries_buf")
 
 
 @dataclass
@@ -80,6 +80,7 @@ class CompressorPool:
     score_buf: Tensor
     prev_kv_buf: Tensor | None  # [slots, ratio, D], overlapping compressors only
     prev_score_buf: Tensor | None
+    entries_buf: Tensor | None  # [slots, capacity, D]; None: entries stay per sequence
 
 
 @dataclass
@@ -87,15 +88,19 @@ class CompressorState:
     """One compressor's running state (main KV compressor or indexer-key compressor).
 
     The open window and, with overlap, the previous window's first half live in fixed-size
-    buffers (so they can be rows of a shared :class:`CompressorPool`); ``buf_kv``/``buf_score``
-    and ``prev_kv``/``prev_score`` read and assign them as variable-length tensors.
+    buffers, and the entries in a buffer of some capacity (so all can be rows of a shared
+    :class:`CompressorPool`); ``buf_kv``/``buf_score``, ``prev_kv``/``prev_score`` and
+    ``entries`` read and assign them as variable-length tensors. A state of its own grows its
+    entry buffer as needed; a pooled one has the pool's fixed capacity.
     """
 
     ratio: int
     overlap: bool
     kv_buf: Tensor  # [B, ratio, c*D] fp32: rows :fill are the open window's projections
     score_buf: Tensor  # [B, ratio, c*D] fp32 gate scores, position bias added
-    entries: Tensor  # [B, T, D] finished entries (normalised, rotated), model dtype
+    entries_buf: Tensor  # [B, capacity, D]: rows :count are the finished entries (normalised,
+    #: rotated, model dtype), indexed by absolute window number
+    count: int = 0
     fill: int = 0
     #: Overlap only: [B, ratio, D] first half of the last full window. Before the first window
     #: the scores are -inf (zero weight), so pooling never needs a special case.
@@ -113,7 +118,38 @@ class CompressorState:
 
     @property
     def num_entries(self) -> int:
-        return self.entries.shape[1]
+        return self.count
+
+    @property
+    def entries(self) -> Tensor:
+        """[B, count, D] the finished entries."""
+        return self.entries_buf[:, : self.count]
+
+    @entries.setter
+    def entries(self, value: Tensor) -> None:
+        self._reserve(value.shape[1])
+        self.entries_buf[:, : value.shape[1]] = value
+        self.count = value.shape[1]
+
+    def append_entries(self, new: Tensor) -> None:
+        """Append ``new`` [B, n, D] after the existing entries."""
+        end = self.count + new.shape[1]
+        self._reserve(end)
+        self.entries_buf[:, self.count : end] = new
+        self.count = end
+
+    def _reserve(self, n: int) -> None:
+        buf = self.entries_buf
+        if n <= buf.shape[1]:
+            return
+        if self.pool is not None and self.pool.entries_buf is not None:
+            raise RuntimeError(
+                f"{n} compressed entries exceed the state pool's capacity of {buf.shape[1]} "
+                "(the sequence is longer than the engine's max_model_len)"
+            )
+        grown = buf.new_empty(buf.shape[0], n, buf.shape[2])  # exact: the pool charges T rows
+        grown[:, : self.count] = buf[:, : self.count]
+        self.entries_buf = grown
 
     @property
     def buf_kv(self) -> Tensor:
@@ -171,8 +207,10 @@ class CompressorState:
         dtype: torch.dtype,
         device: torch.device,
         slack: int = 0,
+        capacity: int = 0,
     ) -> CompressorState:
-        """An empty state; ``slack`` > 0 keeps enough history to roll back that many tokens."""
+        """An empty state; ``slack`` > 0 keeps enough history to roll back that many tokens;
+        ``capacity``: entries to allocate up front."""
         width = 2 * dim if overlap else dim
         empty = torch.zeros(batch, 0, width, dtype=torch.float32, device=device)
 
@@ -184,7 +222,7 @@ class CompressorState:
             overlap=overlap,
             kv_buf=buf(width),
             score_buf=buf(width),
-            entries=torch.zeros(batch, 0, dim, dtype=dtype, device=device),
+            entries_buf=torch.zeros(batch, capacity, dim, dtype=dtype, device=device),
             prev_kv_buf=buf(dim) if overlap else None,
             prev_score_buf=buf(dim, float("-inf")) if overlap else None,
             keep=slack + 2 * ratio if slack else 0,

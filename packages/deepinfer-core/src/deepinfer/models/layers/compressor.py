@@ -92,7 +92,7 @@ class Compressor(nn.Module):
         entry_pos = torch.arange(first, first + n, device=x.device) * self.ratio
         cos, sin = rotary.cos_sin(entry_pos)
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
-        state.entries = torch.cat((state.entries, entries), dim=1)
+        state.append_entries(entries)
         return state.entries
 
     def _forward_rows(
@@ -203,12 +203,12 @@ def fill_windows(
 def append_entries_to(rows: list[CompressorState], entries: Tensor) -> None:
     """Append one new entry per row: ``entries`` [F, 1, D] to the F states ``rows``."""
     for st, entry in zip(rows, entries.split(1), strict=True):
-        st.entries = torch.cat((st.entries, entry), dim=1)
+        st.append_entries(entry)
 
 
 def padded_entries(states: list[CompressorState]) -> Tensor:
     """Every row's entries [B, T_max, D], zero past each row's own count (one gather)."""
-    counts = [st.entries.shape[1] for st in states]
+    counts = [st.count for st in states]
     first = states[0].entries
     out = first.new_zeros(len(states), max(counts), first.shape[-1])
     if max(counts):

@@ -99,7 +99,7 @@ def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None)
         assert rows is not None
         append_entries_to([state[i] for i in rows], new)
     else:
-        state.entries = torch.cat((state.entries, new), dim=1)
+        state.append_entries(new)
 
 
 def all_entries(state: CompressorStates) -> Tensor:
