@@ -38,6 +38,8 @@ import torch
 from _results import write_result
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from deepinfer.cache.slots import StateSlots
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
@@ -182,7 +184,14 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
     model = llm.engine.model
     ids = prompts[:, -1]
     with torch.inference_mode():
-        states = [model.new_state(1) for _ in range(prompts.shape[0])]
+        # States as the engine keeps them: rows of shared slot tensors.
+        slots = StateSlots(
+            lambda: model.new_state(1),
+            max_slots=prompts.shape[0],
+            max_len=llm.engine.max_model_len,
+            initial_slots=prompts.shape[0],
+        )
+        states = [slots.new_state() for _ in range(prompts.shape[0])]
         model.forward_packed(list(prompts), states)
         # Each timed call advances the states by one token; the step's cost does not depend on it.
         graphs = llm.engine.runner.graphs  # as the engine runs it (CUDA graphs on a GPU)

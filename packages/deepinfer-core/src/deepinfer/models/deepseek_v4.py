@@ -31,7 +31,15 @@ from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.rollback import rollback_layers
-from deepinfer.models.state import LayerState, LayerStates, ModelState, Packed
+from deepinfer.models.state import (
+    CompressorRows,
+    CompressorState,
+    LayerState,
+    LayerStates,
+    ModelState,
+    Packed,
+    SlotRows,
+)
 
 
 class DeepseekV4ForCausalLM(nn.Module):
@@ -153,11 +161,43 @@ class DeepseekV4ForCausalLM(nn.Module):
         replay each layer's FFN half from CUDA graphs (on a GPU; see :mod:`.graphs`).
         """
         ids, positions = decode_inputs(input_ids, states, self.device)
+        if all_slotted(states):
+            return self._decode_slots(ids, positions, states, graphs)
         ctx = ForwardContext(self.ops, positions, ids, self.rotary, graphs)
         logits, _ = self._run_layers(ids, ctx, per_layer_states(states))
         for s in states:
             s.pos += 1
         return logits[:, 0]
+
+    def _decode_slots(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        states: Sequence[ModelState],
+        graphs: DecodeGraphs | None,
+    ) -> Tensor:
+        """Decode rows whose whole state lives in shared slot tensors: the step is a fixed
+        sequence of device ops, so on a GPU it is captured whole, once per batch bucket."""
+        slots = torch.tensor([s.layers[0].swa.slot for s in states], device=self.device)
+        template = states[0].layers
+        longest = max(s.pos for s in states)
+
+        def step(ids: Tensor, positions: Tensor, slots: Tensor, captured: bool) -> Tensor:
+            rows = [slot_rows(layer, slots, None if captured else longest) for layer in template]
+            ctx = ForwardContext(self.ops, positions, ids, self.rotary)
+            return self._run_layers(ids, ctx, rows)[0][:, 0]
+
+        if graphs is not None and self.ops.supports_cuda_graphs(self.dtype):
+            # The graph bakes in the shared tensors' addresses, which change if they grow.
+            key = ("step", *(t.data_ptr() for t in slot_tensors(template)))
+            logits = graphs.run(key, lambda *a: (step(*a, captured=True),), ids, positions, slots)
+            logits = logits[0]
+        else:
+            logits = step(ids, positions, slots, captured=False)
+        for s in states:
+            s.pos += 1
+            advance_slotted(s)
+        return logits
 
     @torch.no_grad()
     def forward_packed(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
@@ -352,3 +392,56 @@ def pack_chunks(
     packed = [Packed(rows, lengths) for rows in per_layer_states(states)]
     last = torch.tensor(lengths, device=device).cumsum(0) - 1
     return ids, positions, packed, last
+
+
+def all_slotted(states: Sequence[ModelState]) -> bool:
+    """Whether every state lives in the same shared slot tensors, entries included, with no
+    rollback history (the shared-rows decode path keeps none)."""
+    ring = states[0].layers[0].swa.pool
+    if ring is None or any(s.layers[0].swa.pool is not ring or s.slack for s in states):
+        return False
+    return all(
+        comp.pool is not None and comp.pool.entries_buf is not None
+        for layer in states[0].layers
+        for comp in (layer.compressor, layer.indexer)
+        if comp is not None
+    )
+
+
+def slot_rows(layer: LayerState, slots: Tensor, longest: int | None) -> SlotRows:
+    """One layer's shared tensors for decode rows ``slots``; entries are read up to what a
+    sequence of ``longest`` + 1 tokens has (None: the whole capacity, for a captured step)."""
+
+    def rows(comp: CompressorState | None) -> CompressorRows | None:
+        if comp is None:
+            return None
+        assert comp.pool is not None and comp.pool.entries_buf is not None
+        limit = comp.pool.entries_buf.shape[1] if longest is None else (longest + 1) // comp.ratio
+        return CompressorRows(comp.pool, slots, comp.ratio, comp.overlap, limit)
+
+    assert layer.swa.pool is not None
+    return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer))
+
+
+def slot_tensors(layers: Sequence[LayerState]) -> list[Tensor]:
+    """Every shared tensor a slotted decode step reads or writes."""
+    out: list[Tensor] = []
+    for layer in layers:
+        assert layer.swa.pool is not None
+        out.append(layer.swa.pool)
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None and comp.pool is not None:
+                out += [t for t in vars(comp.pool).values() if t is not None]
+    return out
+
+
+def advance_slotted(state: ModelState) -> None:
+    """The host-side counters of a state whose shared rows a decode step advanced to
+    ``state.pos`` tokens."""
+    pos = state.pos
+    for layer in state.layers:
+        layer.swa.length = pos
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None:
+                comp.fill, comp.count = pos % comp.ratio, pos // comp.ratio
+                comp.has_prev = comp.overlap and comp.count > 0

@@ -62,6 +62,7 @@ class DecodeGraphs:
             entry = self._capture(key, bucket, fn, inputs)
         for static, t in zip(entry.inputs, inputs, strict=True):
             static[:b].copy_(t)
+            static[b:].zero_()  # padding rows: zeros (slot 0 is the slot tensors' padding row)
         entry.graph.replay()
         return tuple(out[:b] for out in entry.outputs)
 

@@ -287,10 +287,35 @@ class Packed:
         return out
 
 
+@dataclass
+class CompressorRows:
+    """One compressor's shared buffers for a decode batch of slotted states (all on the
+    device): row ``slots[i]`` of each buffer is decode row i's. ``entry_limit``: how many entry
+    rows to read (the batch's most, or the capacity when the step is captured)."""
+
+    pool: CompressorPool
+    slots: Tensor  # [B] long
+    ratio: int
+    overlap: bool
+    entry_limit: int
+
+
+@dataclass
+class SlotRows:
+    """One layer's state for a decode batch of slotted states: the shared tensors and the rows
+    the batch uses, so the whole batch reads and writes with a few indexed ops and no per-row
+    host work (a captured step replays them unchanged)."""
+
+    ring: Tensor  # [rows, capacity, D]
+    slots: Tensor  # [B] long
+    compressor: CompressorRows | None = None
+    indexer: CompressorRows | None = None
+
+
 #: What a layer's forward receives: the state of a lockstep chunk, one state per decode row
-#: ([B, 1] layout), or packed spans ([1, N] layout).
-LayerStates = LayerState | list[LayerState] | Packed
-CompressorStates = CompressorState | list[CompressorState]
+#: ([B, 1] layout), the shared rows of slotted decode rows, or packed spans ([1, N] layout).
+LayerStates = LayerState | list[LayerState] | SlotRows | Packed
+CompressorStates = CompressorState | list[CompressorState] | CompressorRows
 
 
 def compressor_states(state: LayerStates, which: str = "compressor") -> CompressorStates:

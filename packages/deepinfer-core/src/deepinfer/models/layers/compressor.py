@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import CompressorState, CompressorStates
+from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
 
 
 class Compressor(nn.Module):
@@ -65,6 +65,8 @@ class Compressor(nn.Module):
         With one state per row (a decode batch, ``positions`` [B, 1]) the rows' entries are
         zero-padded to the longest; callers mask by each row's visible count.
         """
+        if isinstance(state, CompressorRows):
+            return self._forward_slots(ops, x, positions, rotary, state)
         if isinstance(state, list):
             return self._forward_rows(ops, x, positions, rotary, state)
         xf = x.float()
@@ -130,6 +132,49 @@ class Compressor(nn.Module):
             entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
             append_entries_to(rows, entries)
         return padded_entries(states)
+
+    def _forward_slots(
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        rows: CompressorRows,
+    ) -> Tensor:
+        """One new token per row, rows of shared buffers, no host work (capturable).
+
+        Every row's window is pooled, complete or not: a row whose window is still open writes
+        its provisional entry at its next entry index, which no query can see yet and which
+        the real entry overwrites when the window completes. Only complete windows replace the
+        stored previous half. Returns entries [B, entry_limit, D].
+        """
+        pool, slots, r = rows.pool, rows.slots, self.ratio
+        xf = x.float()
+        kv = ops.linear(xf, self.wkv.weight.float())
+        score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % r]
+        p = positions[:, 0]
+        pool.kv_buf[slots, p % r] = kv[:, 0]
+        pool.score_buf[slots, p % r] = score[:, 0]
+        win_kv = pool.kv_buf.index_select(0, slots)  # [B, ratio, width]
+        win_score = pool.score_buf.index_select(0, slots)
+        prev_kv = prev_score = None
+        if self.overlap:
+            assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
+            prev_kv = pool.prev_kv_buf.index_select(0, slots)
+            prev_score = pool.prev_score_buf.index_select(0, slots)
+            done = (p % r == r - 1)[:, None, None]
+            pool.prev_kv_buf[slots] = torch.where(done, win_kv[..., : self.dim], prev_kv)
+            pool.prev_score_buf[slots] = torch.where(done, win_score[..., : self.dim], prev_score)
+        pooled = ops.compress(
+            win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
+        )
+        assert pool.entries_buf is not None
+        entries = self.norm(ops, pooled.to(pool.entries_buf.dtype))  # [B, 1, D]
+        index = p // r
+        cos, sin = rotary.cos_sin((index * r)[:, None])
+        entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+        pool.entries_buf[slots, index] = entries[:, 0]
+        return pool.entries_buf[:, : rows.entry_limit].index_select(0, slots)
 
 
 class RowBuffers:

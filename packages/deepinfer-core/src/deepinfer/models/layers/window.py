@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deepinfer.models.state import LayerState, LayerStates
+from deepinfer.models.state import LayerState, LayerStates, SlotRows
 
 
 def window_keys(
@@ -23,6 +23,8 @@ def window_keys(
 
     ``positions`` is [S] for a chunk and [B, 1] for a decode batch (``state`` then a list).
     """
+    if isinstance(state, SlotRows):
+        return _slot_window_keys(kv, positions, state, window)
     if isinstance(state, list):
         return _decode_window_keys(kv, positions, state, window)
     assert isinstance(state, LayerState)
@@ -68,4 +70,18 @@ def _decode_window_keys(
     # Slot j holds the latest position up to p that is j mod capacity (negative: never written).
     held = p - torch.remainder(p - slot, capacity)  # [B, max capacity]
     visible = (held >= 0) & (p - held < window) & (slot < capacity)
+    return keys.to(kv.dtype), visible[:, None, :]
+
+
+def _slot_window_keys(
+    kv: Tensor, positions: Tensor, rows: SlotRows, window: int
+) -> tuple[Tensor, Tensor]:
+    """The decode path for rows of one shared ring tensor, all on the device (capturable)."""
+    ring, p = rows.ring, positions  # [B, 1]
+    capacity = ring.shape[1]
+    ring[rows.slots, p[:, 0] % capacity] = kv[:, 0].to(ring.dtype)
+    keys = ring.index_select(0, rows.slots)  # [B, capacity, D]
+    slot = torch.arange(capacity, device=kv.device)
+    held = p - torch.remainder(p - slot, capacity)  # latest position <= p in each ring slot
+    visible = (held >= 0) & (p - held < window)
     return keys.to(kv.dtype), visible[:, None, :]
