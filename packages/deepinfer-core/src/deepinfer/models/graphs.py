@@ -1,17 +1,20 @@
-"""CUDA graphs for the token-wise half of every layer in a decode step.
+"""CUDA graphs for decode steps.
 
 A decode step on a GPU is bound by the host: a tiny-model step at batch 128 keeps the GPU busy
-for about 6 ms of its 41, the rest is Python and kernel launches. The second half of each layer
-(the FFN's mHC, RMSNorm, router, routed and shared experts) is a pure function of the streams
-and the token ids with shapes fixed by the batch size, so it is captured once per (layer, batch
-bucket) and replayed with one launch. The attention half reads and writes per-sequence state
-with data-dependent shapes and stays eager.
+for a few ms of its 40-80, the rest is Python and kernel launches. Two kinds of function are
+captured, once per batch bucket, and replayed with one launch:
 
-Batches are padded up to the next bucket (1, 2, 4, then multiples of 8, vLLM's sizes): padding
-rows compute on stale but finite inputs and their outputs are never read. The graphs share one
-memory pool; each keeps its outputs alive, so no later capture can reuse their memory. A replay
-overwrites the previous replay's outputs of the same graph, which the caller has consumed by then
-(each layer's output feeds the next layer within the step).
+* a whole step, when every state of the batch lives in the shared slot tensors (V4): the step
+  is then a fixed sequence of device ops over those tensors (``DeepseekV4ForCausalLM``);
+* otherwise each layer's FFN half (mHC, RMSNorm, router, routed and shared experts), a pure
+  function of the streams and token ids; attention, whose per-row state handling has
+  data-dependent shapes, stays eager.
+
+Batches are padded up to the next bucket (1, 2, 4, then multiples of 8, vLLM's sizes) with
+all-zero rows, whose outputs are never read (a whole captured step sends their state writes to
+the slot tensors' padding row 0). The graphs share one memory pool; each keeps its outputs
+alive, so no later capture can reuse their memory. A replay overwrites the previous replay's
+outputs of the same graph, which the caller has consumed by then.
 """
 
 from __future__ import annotations
@@ -70,9 +73,9 @@ class DecodeGraphs:
         self, key: Hashable, bucket: int, fn: GraphFn, inputs: tuple[Tensor, ...]
     ) -> _Captured:
         static = tuple(t.new_zeros((bucket, *t.shape[1:])) for t in inputs)
-        for st, t in zip(static, inputs, strict=True):
-            st[: t.shape[0]].copy_(t)
-        # Warm up off the capture: kernels compile, lazy probes and workspaces settle.
+        # Warm up off the capture (kernels compile, lazy probes and workspaces settle) on
+        # all-padding inputs: a step that writes state then writes only the padding row, never
+        # a sequence's (running a real step more than once would advance it twice).
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
