@@ -211,3 +211,27 @@ def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None
     blocked = ops.attention(q, kv, mask, sinks, 0.3), ops.indexer_topk(qi, keys, w, vis, 5)
     torch.testing.assert_close(blocked[0], whole[0], atol=1e-6, rtol=0)
     assert torch.equal(blocked[1], whole[1])
+
+
+def test_indexer_picks_do_not_depend_on_masked_entries() -> None:
+    """Tied scores (ReLU zeros) resolve to the lowest entries, however many masked entries
+    follow: a captured decode step reads a full-capacity entry buffer, an eager one does not."""
+    gen = torch.Generator().manual_seed(5)
+    b, heads, c, t, k = 3, 4, 8, 40, 16
+    q = torch.randn(b, 1, heads, c, generator=gen)
+    keys = torch.randn(b, t, c, generator=gen)
+    keys[:, ::3] = 0.0  # every third entry scores exactly 0: a tie among many
+    weights = torch.rand(b, 1, heads, generator=gen)
+    n_visible = torch.tensor([[t], [t - 5], [12]])
+    want = ops.indexer_topk(q, keys, weights, n_visible, k)
+    padded = torch.cat((keys, torch.randn(b, 1000, c, generator=gen)), dim=1)
+    got = ops.indexer_topk(q, padded, weights, n_visible, k)
+    assert torch.equal(got, want)
+    # Among the tied zeros the lowest entries win: each row's picks are its k best scores,
+    # with equal scores ordered by entry id.
+    for row in range(b):
+        scores = torch.einsum("hc,tc->ht", q[row, 0], keys[row]).relu()
+        scores = (scores * weights[row, 0, :, None]).sum(0)[: int(n_visible[row, 0])]
+        order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:k]
+        picked = [i for i in want[row, 0].tolist() if i >= 0]
+        assert picked == order

@@ -199,7 +199,11 @@ class TorchBackend(Backend):
         entry = torch.arange(t, device=q.device)
         n_visible = n_visible.to(q.device)[..., None]  # [S, 1] or [B, S, 1]
         scores = scores.masked_fill(entry >= n_visible, float("-inf"))
-        idx = scores.topk(k, dim=-1).indices
+        # ReLU scores tie often (exact zeros). A stable sort resolves ties to the lowest entry,
+        # so the picks never depend on how many masked entries follow (topk's choice among
+        # equal values changes with the length, e.g. when a captured step reads a full-capacity
+        # entry buffer).
+        idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
         invalid = idx >= n_visible
         return torch.where(invalid, torch.full_like(idx, -1), idx)
 
