@@ -144,7 +144,7 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         wanted = set(ids)
         while len(done) < len(ids):
-            for out in self.engine.step():
+            for out in self.engine.step(final_only=True):
                 if out.finished and out.request_id in wanted:
                     done[out.request_id] = out
                     bar.update(1)
