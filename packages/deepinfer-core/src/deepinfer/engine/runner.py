@@ -65,10 +65,12 @@ class ModelRunner:
                     due.append((req, logits))
             return due
         decode = [r for r, n in out.scheduled.items() if self._is_decode(r, n)]
-        if len(decode) < 2:  # a lone decode token is just a one-token chunk
-            decode = []
-        else:
+        # A lone decode token runs as a one-token chunk, except with graphs (where the decode
+        # step of even one row is captured).
+        if len(decode) >= 2 or (decode and self.graphs is not None):
             due.extend(self._decode(decode))
+        else:
+            decode = []
         batched = set(decode)
         chunks = {r: n for r, n in out.scheduled.items() if r not in batched}
         for req, n in chunks.items():
