@@ -32,6 +32,12 @@ def _case(
     return x, weights, indices, w13, w2
 
 
+def _on_device(case: tuple[torch.Tensor, ...], limit: float) -> torch.Tensor:
+    """The kernel's result on the test device for a CPU case (x, weights, indices, w13, w2)."""
+    x, weights, indices, w13, w2 = (t.to(DEVICE) for t in case)
+    return moe.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=limit).cpu()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("limit", [0.0, 1.5])
 @pytest.mark.parametrize(
@@ -43,14 +49,7 @@ def test_moe_experts_kernel_matches_reference(
     n, d = shape[:2]
     x, weights, indices, w13, w2 = _case(shape, seed=n + d, dtype=dtype)
     want = ref.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=limit)
-    got = moe.moe_experts(
-        x.to(DEVICE),
-        weights.to(DEVICE),
-        indices.to(DEVICE),
-        w13=w13.to(DEVICE),
-        w2=w2.to(DEVICE),
-        swiglu_limit=limit,
-    ).cpu()
+    got = _on_device((x, weights, indices, w13, w2), limit)
     assert got.dtype == torch.float32 and got.shape == (n, d)
     # bf16: the reference rounds the gate/up projections to bf16, the kernel keeps them fp32.
     tol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -60,13 +59,6 @@ def test_moe_experts_kernel_matches_reference(
 def test_tokens_without_any_expert_get_zero() -> None:
     x, weights, indices, w13, w2 = _case((5, 32, 16, 4, 2), seed=0, dtype=torch.float32)
     indices[2] = -1
-    got = moe.moe_experts(
-        x.to(DEVICE),
-        weights.to(DEVICE),
-        indices.to(DEVICE),
-        w13=w13.to(DEVICE),
-        w2=w2.to(DEVICE),
-        swiglu_limit=0.0,
-    ).cpu()
+    got = _on_device((x, weights, indices, w13, w2), 0.0)
     assert torch.equal(got[2], torch.zeros(32))
     assert got.isfinite().all()
