@@ -157,8 +157,10 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         ``input_ids`` [B] (or [B, 1]), ``states`` B single-sequence states. Returns fp32 logits
         [B, V] and advances every state by one token, as B separate ``forward`` calls would,
-        but with one batched pass through the layers (continuous-batching decode). ``graphs``:
-        replay each layer's FFN half from CUDA graphs (on a GPU; see :mod:`.graphs`).
+        but with one batched pass through the layers (continuous-batching decode). States in
+        shared slot tensors (:class:`~deepinfer.cache.slots.StateSlots` with entries) decode
+        with a few indexed ops per layer and no per-row host work. ``graphs`` (on a GPU; see
+        :mod:`.graphs`): replay such a step whole, otherwise each layer's FFN half.
         """
         ids, positions = decode_inputs(input_ids, states, self.device)
         if all_slotted(states):

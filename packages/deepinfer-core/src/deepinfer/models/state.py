@@ -331,5 +331,6 @@ def compressor_states(state: LayerStates, which: str = "compressor") -> Compress
 
 
 def clone_state(state: ModelState) -> ModelState:
-    """A deep copy (for branching a sequence, e.g. before a speculative draft)."""
+    """A deep copy (for branching a sequence, e.g. before a speculative draft). A state in
+    shared slot tensors is copied with :meth:`~deepinfer.cache.slots.StateSlots.clone`."""
     return copy.deepcopy(state)
