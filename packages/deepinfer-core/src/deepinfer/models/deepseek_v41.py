@@ -33,10 +33,13 @@ from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import (
     DeepseekV4ForCausalLM,
+    advance_slotted,
+    all_slotted,
     check_ids,
     decode_inputs,
     pack_chunks,
     per_layer_states,
+    slot_rows,
 )
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.candidate_indexer import SharedKV
@@ -231,13 +234,24 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         if self.engram_history:
             history = torch.cat([s.token_history for s in states])  # type: ignore[misc]
         engram_ids, new_history = self._engram_ids(ids, history)
+        slotted = all_slotted(states)
+        if slotted:  # shared slot rows: a few indexed ops per layer, no per-row host work
+            slots = torch.tensor([s.layers[0].swa.slot for s in states], device=self.device)
+            longest = max(s.pos for s in states)
+            layer_states: list[LayerStates] = [
+                slot_rows(layer, slots, longest) for layer in states[0].layers
+            ]
+        else:
+            layer_states = list(per_layer_states(states))
         logits, _ = self._run_v41(
-            ids, positions, engram_ids, per_layer_states(states), None, graphs=graphs, text=True
+            ids, positions, engram_ids, layer_states, None, graphs=graphs, text=True
         )
         for i, s in enumerate(states):
             s.pos += 1
             if new_history is not None:
                 s.token_history = new_history[i : i + 1]
+            if slotted:
+                advance_slotted(s)
         return logits[:, 0]
 
     @torch.no_grad()

@@ -143,20 +143,15 @@ class Compressor(nn.Module):
     ) -> Tensor:
         """One new token per row, rows of shared buffers, no host work (capturable).
 
-        Every row's window is pooled, complete or not: a row whose window is still open writes
-        its provisional entry at its next entry index, which no query can see yet and which
-        the real entry overwrites when the window completes. Only complete windows replace the
-        stored previous half. Returns entries [B, entry_limit, D].
+        Every row's window is pooled, complete or not (see :func:`write_slot_entries`); only
+        complete windows replace the stored previous half. Returns entries [B, entry_limit, D].
         """
         pool, slots, r = rows.pool, rows.slots, self.ratio
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight.float())
         score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % r]
         p = positions[:, 0]
-        pool.kv_buf[slots, p % r] = kv[:, 0]
-        pool.score_buf[slots, p % r] = score[:, 0]
-        win_kv = pool.kv_buf.index_select(0, slots)  # [B, ratio, width]
-        win_score = pool.score_buf.index_select(0, slots)
+        win_kv, win_score = slot_windows(rows, p, kv, score)
         prev_kv = prev_score = None
         if self.overlap:
             assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
@@ -173,8 +168,30 @@ class Compressor(nn.Module):
         index = p // r
         cos, sin = rotary.cos_sin((index * r)[:, None])
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
-        pool.entries_buf[slots, index] = entries[:, 0]
-        return pool.entries_buf[:, : rows.entry_limit].index_select(0, slots)
+        return write_slot_entries(rows, index, entries)
+
+
+def slot_windows(
+    rows: CompressorRows, p: Tensor, kv: Tensor, score: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Put each row's new projections [B, 1, width] (position ``p`` [B]) into its open window
+    and return every row's window [B, ratio, width], complete or not."""
+    pool, slots, r = rows.pool, rows.slots, rows.ratio
+    if r == 1:  # every token is a whole window: nothing to buffer
+        return kv, score
+    pool.kv_buf[slots, p % r] = kv[:, 0]
+    pool.score_buf[slots, p % r] = score[:, 0]
+    return pool.kv_buf.index_select(0, rows.slots), pool.score_buf.index_select(0, rows.slots)
+
+
+def write_slot_entries(rows: CompressorRows, index: Tensor, new: Tensor) -> Tensor:
+    """Write row i's entry ``new`` [B, 1, D] at entry ``index[i]``; returns every row's
+    entries [B, entry_limit, D]. A row whose window is still open writes a provisional entry
+    at an index no query can see yet; the real one overwrites it when the window completes."""
+    buf = rows.pool.entries_buf
+    assert buf is not None
+    buf[rows.slots, index] = new[:, 0].to(buf.dtype)
+    return buf[:, : rows.entry_limit].index_select(0, rows.slots)
 
 
 class RowBuffers:

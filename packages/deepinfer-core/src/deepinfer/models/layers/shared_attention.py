@@ -17,11 +17,13 @@ from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, init_mqa
 from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV, picks_mask
+from deepinfer.models.layers.compressor import write_slot_entries
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
 from deepinfer.models.state import (
     CompressorState,
     LayerState,
+    SlotRows,
     SWARing,
     compressor_states,
 )
@@ -97,6 +99,26 @@ class SharedAttention(MQA):
         shared.entries[self.layer_id] = all_entries(entry_states)
         shared.keys[self.layer_id] = all_entries(key_states)
 
+    def _update_slot_sources(  # noqa: PLR0917
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        rows: SlotRows,
+        shared: SharedKV,
+    ) -> None:
+        """KV source over shared slot rows: every row's entry and index key (provisional where
+        its pair is open) written by index, both published for all rows."""
+        assert self.compressor is not None and self.indexer is not None
+        assert rows.compressor is not None and rows.indexer is not None
+        latents, index = self.compressor.forward_slots(ops, x, positions, rows.compressor)
+        cos, sin = rotary.cos_sin((index * self.ratio)[:, None])
+        keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
+        entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
+        shared.entries[self.layer_id] = write_slot_entries(rows.compressor, index, entries)
+        shared.keys[self.layer_id] = write_slot_entries(rows.indexer, index, keys)
+
     def _long_range(
         self,
         ops: Backend,
@@ -142,6 +164,8 @@ class SharedAttention(MQA):
         if not self.ratio:
             return None
         assert shared is not None
-        if self.is_kv_source:
+        if self.is_kv_source and isinstance(state, SlotRows):
+            self._update_slot_sources(ops, x, positions, rotary, state, shared)
+        elif self.is_kv_source:
             self._update_sources(ops, x, rotary, state, shared)
         return self._long_range(ops, x, qr, positions, rotary=rotary, shared=shared)

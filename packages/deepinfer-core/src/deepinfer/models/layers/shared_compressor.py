@@ -12,9 +12,14 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.models.layers.compressor import append_entries_to, fill_windows, padded_entries
+from deepinfer.models.layers.compressor import (
+    append_entries_to,
+    fill_windows,
+    padded_entries,
+    slot_windows,
+)
 from deepinfer.models.layers.norm import Linear, RMSNorm
-from deepinfer.models.state import CompressorState, CompressorStates
+from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
 
 
 class SharedCompressor(nn.Module):
@@ -91,6 +96,18 @@ class SharedCompressor(nn.Module):
             return kv.new_zeros(0, 1, self.dim).to(states[0].entries.dtype), first, full
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         return self.norm(ops, pooled.to(rows[0].entries.dtype)), first, full
+
+    def forward_slots(
+        self, ops: Backend, x: Tensor, positions: Tensor, rows: CompressorRows
+    ) -> tuple[Tensor, Tensor]:
+        """One new token per decode row, rows of shared buffers: (every row's normalised latent
+        [B, 1, D], complete pair or not, and its entry index [B]); no host work."""
+        kv, score = self._project(ops, x)
+        p = positions[:, 0]
+        win_kv, win_score = slot_windows(rows, p, kv, score)
+        pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
+        assert rows.pool.entries_buf is not None
+        return self.norm(ops, pooled.to(rows.pool.entries_buf.dtype)), p // self.ratio
 
 
 def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None) -> None:
