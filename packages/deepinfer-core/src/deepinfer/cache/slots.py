@@ -12,9 +12,9 @@ Slots are handed out as sequences are admitted and taken back when they finish o
 preempted. Row 0 is never handed out: padding rows of a captured batch write there. The
 tensors grow (doubling, up to ``max_slots`` sequences) as more sequences run at once, so
 memory follows the peak number of running sequences, which the engine's ``max_num_seqs``
-bounds; growing moves the tensors, which ``generation`` counts (graphs captured over the old
-ones are stale). A slot's rows are initialised from the state handed in, so nothing of an
-earlier sequence remains visible even to a masked read.
+bounds; growing moves the tensors (a captured step is keyed by their addresses). A slot's
+rows are initialised from the state handed in, so nothing of an earlier sequence remains
+visible even to a masked read.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def _fields(state: ModelState, entries: bool) -> list[_Field]:
 
 
 class StateSlots:
+    """Hands out slots of shared state tensors to single-sequence states (see the module)."""
+
     def __init__(
         self,
         new_state: Callable[[], ModelState],
@@ -87,7 +89,6 @@ class StateSlots:
         self._sync_pools()
         self._free = list(range(rows - 1, 0, -1))  # popped from the end: lowest slot first
         self._live: dict[int, ModelState] = {}
-        self.generation = 0
 
     @property
     def num_slots(self) -> int:
@@ -165,7 +166,6 @@ class StateSlots:
             bigger[: old + 1] = t
             grown.append(bigger)
         self.tensors = grown
-        self.generation += 1
         self._sync_pools()
         self._free = list(range(new, old, -1))
         for slot, state in self._live.items():
