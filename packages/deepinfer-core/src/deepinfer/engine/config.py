@@ -24,8 +24,9 @@ class EngineConfig:
     #: runner gets there by running every token through the model on its own (fixed shapes,
     #: fixed reduction order), which makes prefill as slow as decode.
     batch_invariant: bool = False
-    #: Run decode steps eagerly, without CUDA graphs (vLLM's name). On a GPU each layer's FFN
-    #: half is otherwise captured once per batch bucket and replayed with one launch.
+    #: Run decode steps eagerly, without CUDA graphs (vLLM's name). Otherwise, on a GPU whose
+    #: backend allows it, the decode step (whole for V4 in state slots, else each layer's FFN
+    #: half) is captured once per batch bucket and replayed with one launch.
     enforce_eager: bool = False
 
     def __post_init__(self) -> None:
