@@ -2,7 +2,8 @@
 
 Each running sequence owns one *slot*: row ``slot`` of a [rows, ...] tensor per layer holds its
 SWA ring, per compressor its open window and previous half-window buffers and, given
-``max_len``, its compressed entries (``max_len // ratio + 1`` rows each). Rows of one tensor let
+``max_len``, its compressed entries (``max_len // ratio + 1`` rows each); one more holds V4.1
+Engram's token history. Rows of one tensor let
 a decode batch write every sequence's new rows with one scatter and read them with one gather
 per buffer, instead of one copy per sequence; they are also the fixed addresses that graph
 capture needs. Without ``max_len`` the entries stay per sequence (for models whose full-length
@@ -32,11 +33,13 @@ from deepinfer.models.state import BUFFERS, CompressorPool, ModelState
 class _Field:
     """One slotted tensor of a state: ``state.layers[layer].<part>.<name>``."""
 
-    layer: int
-    part: str  # "swa", "compressor" or "indexer"
+    layer: int  # -1: the state itself
+    part: str  # "swa", "compressor", "indexer" or "state"
     name: str
 
     def owner(self, state: ModelState) -> object:
+        if self.layer < 0:
+            return state
         return getattr(state.layers[self.layer], self.part)
 
 
@@ -49,6 +52,8 @@ def _fields(state: ModelState, entries: bool) -> list[_Field]:
             comp = getattr(layer, part)
             if comp is not None:
                 out.extend(_Field(i, part, n) for n in names if getattr(comp, n) is not None)
+    if state.history_buf is not None:  # V4.1 Engram's token history
+        out.append(_Field(-1, "state", "history_buf"))
     return out
 
 
@@ -84,7 +89,7 @@ class StateSlots:
         self._pools = {
             (f.layer, f.part): CompressorPool(*(None,) * len(BUFFERS))  # type: ignore[arg-type]
             for f in self.fields
-            if f.part != "swa"
+            if f.part in ("compressor", "indexer")
         }
         self._sync_pools()
         self._free = list(range(rows - 1, 0, -1))  # popped from the end: lowest slot first
@@ -123,6 +128,7 @@ class StateSlots:
             raise ValueError("this state does not hold a slot of this pool")
         del self._live[slot]
         self._free.append(slot)
+        state.history_pool = None
         for layer in state.layers:
             layer.swa.pool, layer.swa.slot = None, -1
             for comp in (layer.compressor, layer.indexer):
@@ -173,7 +179,7 @@ class StateSlots:
 
     def _sync_pools(self) -> None:
         for t, f in zip(self.tensors, self.fields, strict=True):
-            if f.part != "swa":
+            if f.part in ("compressor", "indexer"):
                 setattr(self._pools[f.layer, f.part], f.name, t)
 
     def _point(self, state: ModelState, slot: int) -> None:
@@ -182,6 +188,8 @@ class StateSlots:
             setattr(owner, f.name, t[slot : slot + 1])
             if f.part == "swa":
                 owner.pool, owner.slot = t, slot  # type: ignore[attr-defined]
+            elif f.part == "state":
+                state.history_pool = t
         for (layer, part), pool in self._pools.items():
             comp = getattr(state.layers[layer], part)
             comp.pool, comp.slot = pool, slot

@@ -230,28 +230,34 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         if image_id is not None and bool((input_ids == image_id).any()):
             raise ValueError("forward_decode takes text tokens; images go through forward")
         ids, positions = decode_inputs(input_ids, states, self.device)
+        pool = states[0].history_pool
+        if all_slotted(states) and (not self.engram_history or pool is not None):
+            # Shared slot rows: a few indexed ops per layer, no per-row host work.
+            slots = torch.tensor([s.layers[0].swa.slot for s in states], device=self.device)
+            history = pool.index_select(0, slots) if pool is not None else None
+            engram_ids, new_history = self._engram_ids(ids, history)
+            if pool is not None and new_history is not None:
+                pool[slots] = new_history
+            longest = max(s.pos for s in states)
+            layer_states = [slot_rows(layer, slots, longest) for layer in states[0].layers]
+            logits, _ = self._run_v41(
+                ids, positions, engram_ids, layer_states, None, graphs=graphs, text=True
+            )
+            for s in states:
+                s.pos += 1
+                advance_slotted(s)
+            return logits[:, 0]
         history = None
         if self.engram_history:
             history = torch.cat([s.token_history for s in states])  # type: ignore[misc]
         engram_ids, new_history = self._engram_ids(ids, history)
-        slotted = all_slotted(states)
-        if slotted:  # shared slot rows: a few indexed ops per layer, no per-row host work
-            slots = torch.tensor([s.layers[0].swa.slot for s in states], device=self.device)
-            longest = max(s.pos for s in states)
-            layer_states: list[LayerStates] = [
-                slot_rows(layer, slots, longest) for layer in states[0].layers
-            ]
-        else:
-            layer_states = list(per_layer_states(states))
         logits, _ = self._run_v41(
-            ids, positions, engram_ids, layer_states, None, graphs=graphs, text=True
+            ids, positions, engram_ids, per_layer_states(states), None, graphs=graphs, text=True
         )
         for i, s in enumerate(states):
             s.pos += 1
             if new_history is not None:
                 s.token_history = new_history[i : i + 1]
-            if slotted:
-                advance_slotted(s)
         return logits[:, 0]
 
     @torch.no_grad()

@@ -259,13 +259,28 @@ class ModelState:
     committed: int = 0
     mtp_pos: int = 0  # positions consumed by the MTP layers
     #: V4.1 Engram only: [B, engram_max_ngram_size - 1] raw token ids before ``pos`` (oldest
-    #: first), the pad id where the sequence is shorter. A state restored from a prefix cache
-    #: must set it to the prefix's last ids. None for models without Engram.
-    token_history: Tensor | None = None
+    #: first), the pad id where the sequence is shorter; read and assigned as
+    #: :attr:`token_history` (assignment copies into it, so it can be a row of a shared tensor,
+    #: ``history_pool``). None for models without Engram.
+    history_buf: Tensor | None = None
+    history_pool: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
         return self.layers[0].swa.kv.shape[0]
+
+    @property
+    def token_history(self) -> Tensor | None:
+        """The Engram history. A state restored from a prefix cache must set it to the
+        prefix's last ids."""
+        return self.history_buf
+
+    @token_history.setter
+    def token_history(self, value: Tensor | None) -> None:
+        if value is None or self.history_buf is None or self.history_pool is None:
+            self.history_buf = value
+        else:
+            self.history_buf.copy_(value)
 
 
 @dataclass
