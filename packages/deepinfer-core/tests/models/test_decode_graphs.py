@@ -13,7 +13,6 @@ from _tiny_models import text_ids
 
 from deepinfer import plugins
 from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
-from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.cache.slots import StateSlots
 from deepinfer.models.graphs import DecodeGraphs, decode_buckets
 from deepinfer.models.state import ModelState
@@ -27,12 +26,6 @@ def test_buckets_cover_every_batch_up_to_the_maximum() -> None:
     assert all(b % 8 == 0 for b in sizes[3:])
     with pytest.raises(ValueError, match="max_batch"):
         DecodeGraphs(0)
-
-
-def test_the_torch_reference_is_never_captured() -> None:
-    ops = TorchBackend("cpu")
-    assert not ops.supports_cuda_graphs(torch.float32)
-    assert not ops.supports_cuda_graphs(torch.bfloat16)
 
 
 def test_cpu_tensors_run_eagerly() -> None:

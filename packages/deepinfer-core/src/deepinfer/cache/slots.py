@@ -99,9 +99,6 @@ class StateSlots:
     def num_slots(self) -> int:
         return self.tensors[0].shape[0] - 1
 
-    #: The row padding rows of a captured batch use (never a sequence's).
-    padding_slot = 0
-
     @property
     def num_used(self) -> int:
         return len(self._live)

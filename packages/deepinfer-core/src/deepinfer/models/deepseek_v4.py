@@ -180,7 +180,7 @@ class DeepseekV4ForCausalLM(nn.Module):
     ) -> Tensor:
         """Decode rows whose whole state lives in shared slot tensors: the step is a fixed
         sequence of device ops, so on a GPU it is captured whole, once per batch bucket."""
-        slots = torch.tensor([s.layers[0].swa.slot for s in states], device=self.device)
+        slots = slot_ids(states, self.device)
         template = states[0].layers
         longest = max(s.pos for s in states)
 
@@ -410,6 +410,11 @@ def all_slotted(states: Sequence[ModelState]) -> bool:
     )
 
 
+def slot_ids(states: Sequence[ModelState], device: torch.device) -> Tensor:
+    """[B] the slot of each slotted state."""
+    return torch.tensor([s.layers[0].swa.slot for s in states], device=device)
+
+
 def slot_rows(layer: LayerState, slots: Tensor, longest: int | None) -> SlotRows:
     """One layer's shared tensors for decode rows ``slots``; entries are read up to what a
     sequence of ``longest`` + 1 tokens has (None: the whole capacity, for a captured step)."""
@@ -419,7 +424,7 @@ def slot_rows(layer: LayerState, slots: Tensor, longest: int | None) -> SlotRows
             return None
         assert comp.pool is not None and comp.pool.entries_buf is not None
         limit = comp.pool.entries_buf.shape[1] if longest is None else (longest + 1) // comp.ratio
-        return CompressorRows(comp.pool, slots, comp.ratio, comp.overlap, limit)
+        return CompressorRows(comp.pool, slots, comp.ratio, limit)
 
     assert layer.swa.pool is not None
     return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer))
@@ -446,4 +451,3 @@ def advance_slotted(state: ModelState) -> None:
         for comp in (layer.compressor, layer.indexer):
             if comp is not None:
                 comp.fill, comp.count = pos % comp.ratio, pos // comp.ratio
-                comp.has_prev = comp.overlap and comp.count > 0

@@ -39,6 +39,7 @@ from deepinfer.models.deepseek_v4 import (
     decode_inputs,
     pack_chunks,
     per_layer_states,
+    slot_ids,
     slot_rows,
 )
 from deepinfer.models.graphs import DecodeGraphs
@@ -233,7 +234,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         pool = states[0].history_pool
         if all_slotted(states) and (not self.engram_history or pool is not None):
             # Shared slot rows: a few indexed ops per layer, no per-row host work.
-            slots = torch.tensor([s.layers[0].swa.slot for s in states], device=self.device)
+            slots = slot_ids(states, self.device)
             history = pool.index_select(0, slots) if pool is not None else None
             engram_ids, new_history = self._engram_ids(ids, history)
             if pool is not None and new_history is not None:

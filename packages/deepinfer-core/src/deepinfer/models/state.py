@@ -102,11 +102,11 @@ class CompressorState:
     #: rotated, model dtype), indexed by absolute window number
     count: int = 0
     fill: int = 0
-    #: Overlap only: [B, ratio, D] first half of the last full window. Before the first window
-    #: the scores are -inf (zero weight), so pooling never needs a special case.
+    #: Overlap only: [B, ratio, D] first half of the last full window (there is one once an
+    #: entry exists). Before the first window the scores are -inf (zero weight), so pooling
+    #: never needs a special case.
     prev_kv_buf: Tensor | None = None
     prev_score_buf: Tensor | None = None
-    has_prev: bool = False
     #: Rollback support: the raw projections of the last ``keep`` tokens (fp32, like the
     #: buffers), from which the buffers of an earlier length are rebuilt. keep = 0: none kept.
     keep: int = 0
@@ -171,6 +171,10 @@ class CompressorState:
         self.fill = value.shape[1]
 
     @property
+    def has_prev(self) -> bool:
+        return self.overlap and self.count > 0
+
+    @property
     def prev_kv(self) -> Tensor | None:
         return self.prev_kv_buf if self.has_prev else None
 
@@ -194,7 +198,6 @@ class CompressorState:
             buf.fill_(empty)
         else:
             buf.copy_(value)
-        self.has_prev = value is not None
 
     @classmethod
     def empty(
@@ -311,7 +314,6 @@ class CompressorRows:
     pool: CompressorPool
     slots: Tensor  # [B] long
     ratio: int
-    overlap: bool
     entry_limit: int
 
 

@@ -118,8 +118,6 @@ class Compressor(nn.Module):
                 prev_kv, prev_score = full.gather("prev_kv_buf"), full.gather("prev_score_buf")
                 full.scatter("prev_kv_buf", win_kv[..., : self.dim])
                 full.scatter("prev_score_buf", win_score[..., : self.dim])
-                for st in full.states:
-                    st.has_prev = True
             pooled = ops.compress(
                 win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
             )

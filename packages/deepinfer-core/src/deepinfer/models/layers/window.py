@@ -44,25 +44,25 @@ def _decode_window_keys(
     kv: Tensor, positions: Tensor, states: list[LayerState], window: int
 ) -> tuple[Tensor, Tensor]:
     rings = [s.swa for s in states]
-    # The new rows go into the rings first: the slot they take held position p - capacity, which
-    # no query at p can see (capacity >= window), so the rings alone are the keys, with no
-    # second copy to append the new rows.
-    p = positions  # [B, 1]
     pool = rings[0].pool
-    sizes = [r.capacity for r in rings]  # window + each state's rollback slack
     if pool is not None and all(r.pool is pool for r in rings):
         # Rows of one shared ring tensor: one scatter writes every row, one gather reads them.
-        seq_slots = torch.tensor([r.slot for r in rings], device=kv.device)
-        pool[seq_slots, p[:, 0] % pool.shape[1]] = kv[:, 0].to(pool.dtype)
-        keys = pool.index_select(0, seq_slots)  # [B, capacity, D]
+        slots = torch.tensor([r.slot for r in rings], device=kv.device)
+        for ring in rings:
+            ring.length += 1
+        return _slot_window_keys(kv, positions, SlotRows(pool, slots), window)
+    # The new rows go into the rings first: the slot they take held position p - capacity, which
+    # no query at p can see (capacity >= window), so the rings alone are the keys, with no
+    # second copy to append the new rows. Each ring's length is its row's position, known on
+    # the host: one fused copy writes all rows.
+    p = positions  # [B, 1]
+    sizes = [r.capacity for r in rings]  # window + each state's rollback slack
+    targets = [r.kv.select(1, r.length % r.capacity) for r in rings]  # [1, D] views
+    torch._foreach_copy_(targets, list(kv[:, 0].to(rings[0].kv.dtype).split(1)))
+    if len(set(sizes)) == 1:
+        keys = torch.cat([r.kv for r in rings])  # [B, capacity, D]
     else:
-        # Each ring's length is its row's position, known on the host: one fused copy.
-        targets = [r.kv.select(1, r.length % r.capacity) for r in rings]  # [1, D] views
-        torch._foreach_copy_(targets, list(kv[:, 0].to(rings[0].kv.dtype).split(1)))
-        if len(set(sizes)) == 1:
-            keys = torch.cat([r.kv for r in rings])  # [B, capacity, D]
-        else:
-            keys = torch.nn.utils.rnn.pad_sequence([r.kv[0] for r in rings], batch_first=True)
+        keys = torch.nn.utils.rnn.pad_sequence([r.kv[0] for r in rings], batch_first=True)
     for ring in rings:
         ring.length += 1
     capacity = torch.tensor(sizes, device=kv.device)[:, None]
