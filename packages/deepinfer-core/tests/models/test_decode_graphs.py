@@ -13,6 +13,7 @@ from _tiny_models import text_ids
 
 from deepinfer import plugins
 from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
+from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.cache.slots import StateSlots
 from deepinfer.models.graphs import DecodeGraphs, decode_buckets
 from deepinfer.models.state import ModelState
@@ -40,7 +41,7 @@ def test_cpu_tensors_run_eagerly() -> None:
 @pytest.mark.parametrize("name", ["v4", "v41"])
 def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
     """``own``: states of their own (the FFN halves are graphed); ``slotted``: states in shared
-    slot tensors (V4: the whole step is graphed), which grow between captures."""
+    slot tensors (the whole step is graphed), which grow between captures."""
     if name == "v41" and not (TINY_DIR / "model.safetensors").is_file():
         pytest.skip("the trained tiny model is not embedded")
     if "sm100" not in plugins.backends.names():
@@ -76,6 +77,39 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
             worst = max(worst, float((want - got).abs().max()))
     # V4.1 fp32 on CUDA differs by ~1e-5 between batchings already (index top-k near-ties).
     assert worst < 5e-5, worst
-    whole_step = name == "v4" and layout == "slotted"
+    whole_step = layout == "slotted"
     # Buckets 4 and 16, and bucket 4 again for the grown slot tensors (whole steps only).
     assert graphs.num_captured == (3 if whole_step else 2 * model.cfg.num_hidden_layers)
+
+
+class _CapturingTorch(TorchBackend):
+    """The torch reference, claiming graph support: on the CPU ``DecodeGraphs.run`` then calls
+    the step function that a GPU would capture (entries read over their whole capacity)."""
+
+    def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("name", ["v4", "v41"])
+def test_capturable_step_equals_per_row_decode(name: str) -> None:
+    """The whole-step function a graph records (every slot row, every entry slot of the
+    capacity, Engram history included) gives the per-request decode's logits on the CPU."""
+    if name == "v41" and not (TINY_DIR / "model.safetensors").is_file():
+        pytest.skip("the trained tiny model is not embedded")
+    model = random_tiny_model(torch.float32, seed=3) if name == "v4" else tiny_model(torch.float32)
+    model.ops = _CapturingTorch()
+    slots = StateSlots(lambda: model.new_state(1), max_slots=8, max_len=512)
+    gen = torch.Generator().manual_seed(1)
+    own = [model.new_state(1) for _ in range(5)]
+    slotted = [slots.new_state() for _ in range(5)]
+    for i, (a, b) in enumerate(zip(own, slotted, strict=True)):
+        prompt = text_ids(model, gen, 9 + 13 * i)  # lengths around the compress boundaries
+        model.forward_packed([prompt], [a])
+        model.forward_packed([prompt], [b])
+    graphs = DecodeGraphs(max_batch=8)
+    for _ in range(6):
+        ids = text_ids(model, gen, 5)
+        want = model.forward_decode(ids, own)
+        got = model.forward_decode(ids, slotted, graphs)
+        # Reading the whole capacity changes matmul shapes, so fp32 rounding may differ.
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)

@@ -15,7 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,10 @@ from deepinfer.models.state import (
     Packed,
     SlotRows,
 )
+
+#: A decode step over slot rows: (ids [B, 1], positions [B, 1], slots [B], longest position or
+#: None for the entries' whole capacity) -> logits [B, V].
+SlotStep = Callable[[Tensor, Tensor, Tensor, "int | None"], Tensor]
 
 
 class DeepseekV4ForCausalLM(nn.Module):
@@ -178,24 +182,39 @@ class DeepseekV4ForCausalLM(nn.Module):
         states: Sequence[ModelState],
         graphs: DecodeGraphs | None,
     ) -> Tensor:
-        """Decode rows whose whole state lives in shared slot tensors: the step is a fixed
-        sequence of device ops, so on a GPU it is captured whole, once per batch bucket."""
-        slots = slot_ids(states, self.device)
+        """Decode rows whose whole state lives in shared slot tensors."""
         template = states[0].layers
-        longest = max(s.pos for s in states)
 
-        def step(ids: Tensor, positions: Tensor, slots: Tensor, captured: bool) -> Tensor:
-            rows = [slot_rows(layer, slots, None if captured else longest) for layer in template]
+        def step(ids: Tensor, positions: Tensor, slots: Tensor, longest: int | None) -> Tensor:
+            rows = [slot_rows(layer, slots, longest) for layer in template]
             ctx = ForwardContext(self.ops, positions, ids, self.rotary)
             return self._run_layers(ids, ctx, rows)[0][:, 0]
 
+        return self._slot_step(step, ids, positions, states, graphs)
+
+    def _slot_step(  # noqa: PLR0917
+        self,
+        step: SlotStep,
+        ids: Tensor,
+        positions: Tensor,
+        states: Sequence[ModelState],
+        graphs: DecodeGraphs | None,
+        extra: Sequence[Tensor] = (),
+    ) -> Tensor:
+        """Run a decode ``step`` over slot rows and advance the states' host counters.
+
+        The step is a fixed sequence of device ops over the slot tensors (and ``extra``,
+        further shared tensors it reads or writes), so on a GPU it is captured whole, once per
+        batch bucket; a captured step reads the entries' whole capacity (``longest`` None).
+        """
+        slots = slot_ids(states, self.device)
         if graphs is not None and self.ops.supports_cuda_graphs(self.dtype):
             # The graph bakes in the shared tensors' addresses, which change if they grow.
-            key = ("step", *(t.data_ptr() for t in slot_tensors(template)))
-            logits = graphs.run(key, lambda *a: (step(*a, captured=True),), ids, positions, slots)
-            logits = logits[0]
+            shared = (*slot_tensors(states[0].layers), *extra)
+            key = ("step", *(t.data_ptr() for t in shared))
+            logits = graphs.run(key, lambda *a: (step(*a, None),), ids, positions, slots)[0]
         else:
-            logits = step(ids, positions, slots, captured=False)
+            logits = step(ids, positions, slots, max(s.pos for s in states))
         for s in states:
             s.pos += 1
             advance_slotted(s)

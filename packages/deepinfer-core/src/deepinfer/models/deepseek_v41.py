@@ -33,13 +33,11 @@ from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import (
     DeepseekV4ForCausalLM,
-    advance_slotted,
     all_slotted,
     check_ids,
     decode_inputs,
     pack_chunks,
     per_layer_states,
-    slot_ids,
     slot_rows,
 )
 from deepinfer.models.graphs import DecodeGraphs
@@ -233,21 +231,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         ids, positions = decode_inputs(input_ids, states, self.device)
         pool = states[0].history_pool
         if all_slotted(states) and (not self.engram_history or pool is not None):
-            # Shared slot rows: a few indexed ops per layer, no per-row host work.
-            slots = slot_ids(states, self.device)
-            history = pool.index_select(0, slots) if pool is not None else None
-            engram_ids, new_history = self._engram_ids(ids, history)
-            if pool is not None and new_history is not None:
-                pool[slots] = new_history
-            longest = max(s.pos for s in states)
-            layer_states = [slot_rows(layer, slots, longest) for layer in states[0].layers]
-            logits, _ = self._run_v41(
-                ids, positions, engram_ids, layer_states, None, graphs=graphs, text=True
-            )
-            for s in states:
-                s.pos += 1
-                advance_slotted(s)
-            return logits[:, 0]
+            return self._decode_slots(ids, positions, states, graphs)
         history = None
         if self.engram_history:
             history = torch.cat([s.token_history for s in states])  # type: ignore[misc]
@@ -260,6 +244,29 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             if new_history is not None:
                 s.token_history = new_history[i : i + 1]
         return logits[:, 0]
+
+    def _decode_slots(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        states: Sequence[ModelState],
+        graphs: DecodeGraphs | None,
+    ) -> Tensor:
+        """Decode rows whose whole state, Engram history included, lives in shared slots."""
+        template = states[0].layers
+        pool = states[0].history_pool
+
+        def step(ids: Tensor, positions: Tensor, slots: Tensor, longest: int | None) -> Tensor:
+            history = pool.index_select(0, slots) if pool is not None else None
+            engram_ids, new_history = self._engram_ids(ids, history)
+            if pool is not None and new_history is not None:
+                pool[slots] = new_history
+            rows = [slot_rows(layer, slots, longest) for layer in template]
+            logits, _ = self._run_v41(ids, positions, engram_ids, rows, None, text=True)
+            return logits[:, 0]
+
+        extra = () if pool is None else (pool,)
+        return self._slot_step(step, ids, positions, states, graphs, extra)
 
     @torch.no_grad()
     def forward_packed(  # type: ignore[override]

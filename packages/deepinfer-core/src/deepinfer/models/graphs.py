@@ -4,17 +4,23 @@ A decode step on a GPU is bound by the host: a tiny-model step at batch 128 keep
 for a few ms of its 40-80, the rest is Python and kernel launches. Two kinds of function are
 captured, once per batch bucket, and replayed with one launch:
 
-* a whole step, when every state of the batch lives in the shared slot tensors (V4): the step
-  is then a fixed sequence of device ops over those tensors (``DeepseekV4ForCausalLM``);
+* a whole step, when every state of the batch lives in the shared slot tensors (V4 and V4.1,
+  Engram history included): the step is then a fixed sequence of device ops over those
+  tensors (``DeepseekV4ForCausalLM._slot_step``);
 * otherwise each layer's FFN half (mHC, RMSNorm, router, routed and shared experts), a pure
   function of the streams and token ids; attention, whose per-row state handling has
   data-dependent shapes, stays eager.
 
 Batches are padded up to the next bucket (1, 2, 4, then multiples of 8, vLLM's sizes) with
 all-zero rows, whose outputs are never read (a whole captured step sends their state writes to
-the slot tensors' padding row 0). The graphs share one memory pool; each keeps its outputs
-alive, so no later capture can reuse their memory. A replay overwrites the previous replay's
-outputs of the same graph, which the caller has consumed by then.
+the slot tensors' padding row 0).
+
+Memory: the graphs share one memory pool for their intermediates, and their static inputs and
+outputs live in buffers of ``max_batch`` rows shared by every graph whose i-th input (output)
+has the same row shape and dtype; a graph uses the first ``bucket`` rows. Without that each
+(layer, bucket) graph would hold its own, gigabytes for a 43-layer model with 35 buckets. The
+cost is the rule every caller already follows: a replay's outputs are consumed before the next
+replay (of any graph) overwrites them.
 """
 
 from __future__ import annotations
@@ -46,8 +52,10 @@ class DecodeGraphs:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.buckets = decode_buckets(max_batch)
+        self.max_batch = max_batch
         self._pool: tuple[int, int] | None = None
         self._captured: dict[tuple[Hashable, int], _Captured] = {}
+        self._shared: dict[tuple[str, int, tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
 
     @property
     def num_captured(self) -> int:
@@ -69,10 +77,20 @@ class DecodeGraphs:
         entry.graph.replay()
         return tuple(out[:b] for out in entry.outputs)
 
+    def _buffer(self, kind: str, index: int, like: Tensor, bucket: int) -> Tensor:
+        """The first ``bucket`` rows of the shared buffer for ``like``'s row shape and dtype."""
+        k = (kind, index, tuple(like.shape[1:]), like.dtype, like.device)
+        buf = self._shared.get(k)
+        if buf is None:
+            buf = self._shared[k] = like.new_zeros((self.max_batch, *like.shape[1:]))
+        return buf[:bucket]
+
     def _capture(
         self, key: Hashable, bucket: int, fn: GraphFn, inputs: tuple[Tensor, ...]
     ) -> _Captured:
-        static = tuple(t.new_zeros((bucket, *t.shape[1:])) for t in inputs)
+        static = tuple(self._buffer("in", i, t, bucket) for i, t in enumerate(inputs))
+        for t in static:
+            t.zero_()
         # Warm up off the capture (kernels compile, lazy probes and workspaces settle) on
         # all-padding inputs: a step that writes state then writes only the padding row, never
         # a sequence's (running a real step more than once would advance it twice).
@@ -80,13 +98,16 @@ class DecodeGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                fn(*static)
+                warm = fn(*static)
         torch.cuda.current_stream().wait_stream(side)
+        outputs = tuple(self._buffer("out", i, t, bucket) for i, t in enumerate(warm))
+        del warm
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            outputs = fn(*static)
-        entry = _Captured(graph, static, tuple(outputs))
+            for out, t in zip(outputs, fn(*static), strict=True):
+                out.copy_(t)  # the graph's own result is freed: later captures reuse it
+        entry = _Captured(graph, static, outputs)
         self._captured[key, bucket] = entry
         return entry
