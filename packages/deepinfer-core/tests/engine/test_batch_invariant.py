@@ -32,7 +32,12 @@ def run_with_noise(model, tokenizer, target, params, *, n_others, budget, seed):
     sample = engine.runner.sample
 
     def capture(due):  # type: ignore[no-untyped-def]
-        rows.extend(row.clone() for req, row in due if req.group_id == target_id)
+        rows.extend(
+            logits[i].clone()
+            for batch, logits in due
+            for i, req in enumerate(batch)
+            if req.group_id == target_id
+        )
         return sample(due)
 
     engine.runner.sample = capture  # type: ignore[method-assign]

@@ -68,7 +68,10 @@ class StatePool:
             )
 
     def bytes_for(self, num_tokens: int) -> int:
-        return self._fixed + sum(b * (num_tokens // r) for r, b in self._per_entry.items())
+        total = self._fixed
+        for ratio, size in self._per_entry.items():
+            total += size * (num_tokens // ratio)
+        return total
 
     def fits_alone(self, num_tokens: int) -> bool:
         return self.bytes_for(num_tokens) <= self.budget_bytes
@@ -76,6 +79,18 @@ class StatePool:
     def can_reserve(self, request_id: str, num_tokens: int) -> bool:
         current = self._charged.get(request_id, 0)
         return self.used_bytes - current + self.bytes_for(num_tokens) <= self.budget_bytes
+
+    def try_reserve(self, request_id: str, num_tokens: int) -> bool:
+        """:meth:`reserve` if it fits (the scheduler's per-step call, one pass); whether it did."""
+        want = self.bytes_for(num_tokens)
+        current = self._charged.get(request_id, 0)
+        if want <= current:
+            return True
+        if self.used_bytes - current + want > self.budget_bytes:
+            return False
+        self._charged[request_id] = want
+        self.used_bytes += want - current
+        return True
 
     def reserve(self, request_id: str, num_tokens: int) -> None:
         """Charge ``request_id`` for a state of ``num_tokens`` tokens (grow only)."""

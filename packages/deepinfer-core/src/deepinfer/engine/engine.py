@@ -21,7 +21,7 @@ from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.detokenizer import Detokenizer, find_stop
 from deepinfer.engine.request import Request, RequestStatus
-from deepinfer.engine.runner import ModelRunner, SampledToken
+from deepinfer.engine.runner import Due, ModelRunner, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -220,11 +220,13 @@ class LLMEngine:
             return [self.output(g) for g in changed if all(r.finished for r in self.groups[g])]
         return [self.output(g) for g in changed]
 
-    def _fork(self, due: list) -> list:
+    def _fork(self, due: Due) -> Due:
         """Share a finished prompt prefill with the group's other samples (n > 1)."""
-        extra = []
-        for req, logits in due:
-            if not req.output_token_ids and req.fork_children:
+        extra: Due = []
+        for batch, rows in due:
+            for i, req in enumerate(batch):
+                if req.output_token_ids or not req.fork_children:
+                    continue
                 for child in req.fork_children:
                     if child.finished or child.status is not RequestStatus.WAITING:
                         continue
@@ -233,7 +235,7 @@ class LLMEngine:
                         child.state = self.slots.clone(req.state)
                         child.num_computed_tokens = req.num_computed_tokens
                         child.metrics.first_scheduled_time = time.monotonic()
-                        extra.append((child, logits))
+                        extra.append(([child], rows[i : i + 1]))
                 req.fork_children = []
         return extra
 

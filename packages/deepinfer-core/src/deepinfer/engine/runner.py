@@ -27,6 +27,10 @@ from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.outputs import Logprobs
 from deepinfer.sampling import SamplingTensors, sample
 
+#: Requests due a token and their last-position logits [n, V], in the batches the model made
+#: them (one stack of rows per decode step, so sampling needs no per-row gather).
+Due = list[tuple[list[Request], Tensor]]
+
 
 @dataclass
 class SampledToken:
@@ -55,20 +59,20 @@ class ModelRunner:
         #: a generated one could not be fed back (its embedding would be missing).
         self.image_token_id = model.cfg.image_token_id
 
-    def execute(self, out: SchedulerOutput) -> list[tuple[Request, Tensor]]:
-        """Run the model; return (request, last-position logits) for requests due a token."""
-        due: list[tuple[Request, Tensor]] = []
+    def execute(self, out: SchedulerOutput) -> Due:
+        """Run the model; return the last-position logits of the requests due a token."""
+        due: Due = []
         if self.batch_invariant:
             for req, n in out.scheduled.items():
                 logits = self._advance(req, n)
                 if req.num_computed_tokens == req.num_tokens:
-                    due.append((req, logits))
+                    due.append(([req], logits[None]))
             return due
         decode = [r for r, n in out.scheduled.items() if self._is_decode(r, n)]
         # A lone decode token runs as a one-token chunk, except with graphs (where the decode
         # step of even one row is captured).
         if len(decode) >= 2 or (decode and self.graphs is not None):
-            due.extend(self._decode(decode))
+            due.append(self._decode(decode))
         else:
             decode = []
         batched = set(decode)
@@ -77,7 +81,7 @@ class ModelRunner:
             if req.prompt_logprobs is not None:  # needs every position's logits
                 logits = self._advance(req, n)
                 if req.num_computed_tokens == req.num_tokens:
-                    due.append((req, logits))
+                    due.append(([req], logits[None]))
         packed = {
             r: r.num_computed_tokens + n for r, n in chunks.items() if r.prompt_logprobs is None
         }
@@ -94,7 +98,7 @@ class ModelRunner:
             and req.num_computed_tokens + 1 == req.num_tokens
         )
 
-    def _decode(self, reqs: list[Request]) -> list[tuple[Request, Tensor]]:
+    def _decode(self, reqs: list[Request]) -> tuple[list[Request], Tensor]:
         """All single-token rows in one batched pass, each at its own position."""
         states = [r.state for r in reqs]
         assert all(s is not None for s in states)
@@ -105,15 +109,15 @@ class ModelRunner:
         for req in reqs:
             req.num_computed_tokens += 1
             self._maybe_record(req)
-        return list(zip(reqs, logits, strict=True))
+        return reqs, logits
 
-    def _prefill(self, ends: dict[Request, int]) -> list[tuple[Request, Tensor]]:
+    def _prefill(self, ends: dict[Request, int]) -> Due:
         """Advance every request to its scheduled end with packed forwards.
 
         With the prefix cache on, each round stops every request at its next 128-token
         boundary so the state there can be recorded.
         """
-        due: list[tuple[Request, Tensor]] = []
+        due: Due = []
         pending = dict(ends)
         while pending:
             reqs = list(pending)
@@ -130,7 +134,7 @@ class ModelRunner:
                 if stop == pending[req]:
                     del pending[req]
                     if stop == req.num_tokens:
-                        due.append((req, logits[i]))
+                        due.append(([req], logits[i : i + 1]))
         return due
 
     def _piece_end(self, req: Request, end: int) -> int:
@@ -184,13 +188,15 @@ class ModelRunner:
                 break
             req.prompt_logprobs.append(_logprob_entry(logp[row], prompt[target], k))
 
-    def sample(self, due: list[tuple[Request, Tensor]]) -> list[SampledToken]:
+    def sample(self, due: Due) -> list[SampledToken]:
         if not due:
             return []
-        reqs = [r for r, _ in due]
-        logits = torch.stack([row for _, row in due]).float()
+        reqs = [r for batch, _ in due for r in batch]
+        logits = due[0][1] if len(due) == 1 else torch.cat([rows for _, rows in due])
+        logits = logits.float()
         if self.image_token_id is not None and self.image_token_id < logits.shape[-1]:
-            logits[:, self.image_token_id] = float("-inf")
+            # Out of place: the rows may be a captured graph's output buffer.
+            logits = logits.index_fill(-1, torch.tensor(self.image_token_id), float("-inf"))
         tensors = self._sampling_tensors(reqs, logits.device)
         k = max((r.params.logprobs or 0) for r in reqs)
         result = sample(logits, tensors, num_logprobs=k)

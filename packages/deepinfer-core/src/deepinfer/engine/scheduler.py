@@ -109,10 +109,10 @@ class Scheduler:
         for req in list(self.running):
             if budget == 0:
                 break
-            if req not in self.running:  # preempted below to make room for an earlier one
+            if req.status is not RequestStatus.RUNNING:  # preempted to make room for another
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.pool.can_reserve(req.request_id, req.num_computed_tokens + n):
+            while not self.pool.try_reserve(req.request_id, req.num_computed_tokens + n):
                 if self.running == [req]:
                     out.out_of_memory.append(req)
                     break
@@ -121,11 +121,9 @@ class Scheduler:
                 out.preempted.append(victim)
                 if victim is req:
                     break
-            if req.status is not RequestStatus.RUNNING or req in out.out_of_memory:
-                continue
-            self.pool.reserve(req.request_id, req.num_computed_tokens + n)
-            out.scheduled[req] = n
-            budget -= n
+            else:
+                out.scheduled[req] = n
+                budget -= n
 
         if out.preempted:  # the pool is full: admitting now would only thrash
             return out
@@ -137,11 +135,10 @@ class Scheduler:
             block = self._cached_prefix(req)
             cached = block.end if block is not None else 0
             n = min(req.num_tokens - cached, budget)
-            if not self.pool.can_reserve(req.request_id, cached + n):
+            if not self.pool.try_reserve(req.request_id, cached + n):
                 if not self.running and not out.scheduled:
                     out.out_of_memory.append(req)
                 break
-            self.pool.reserve(req.request_id, cached + n)
             if block is not None and self.prefix_cache is not None:
                 req.state = self.prefix_cache.restore(block, self.new_state)
             else:
