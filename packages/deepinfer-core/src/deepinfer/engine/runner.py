@@ -58,6 +58,7 @@ class ModelRunner:
         #: The image placeholder is never sampled: the vision tower runs outside the engine, so
         #: a generated one could not be fed back (its embedding would be missing).
         self.image_token_id = model.cfg.image_token_id
+        self._image_index: Tensor | None = None
 
     def execute(self, out: SchedulerOutput) -> Due:
         """Run the model; return the last-position logits of the requests due a token."""
@@ -196,7 +197,9 @@ class ModelRunner:
         logits = logits.float()
         if self.image_token_id is not None and self.image_token_id < logits.shape[-1]:
             # Out of place: the rows may be a captured graph's output buffer.
-            logits = logits.index_fill(-1, torch.tensor(self.image_token_id), float("-inf"))
+            if self._image_index is None or self._image_index.device != logits.device:
+                self._image_index = torch.tensor([self.image_token_id], device=logits.device)
+            logits = logits.index_fill(-1, self._image_index, float("-inf"))
         tensors = self._sampling_tensors(reqs, logits.device)
         k = max((r.params.logprobs or 0) for r in reqs)
         result = sample(logits, tensors, num_logprobs=k)
