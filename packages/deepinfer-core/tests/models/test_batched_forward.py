@@ -113,3 +113,37 @@ def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM)
         model.forward_packed([torch.tensor([5]), torch.tensor([], dtype=torch.long)], states)
     with pytest.raises(ValueError, match="batch_size 1"):
         model.forward_decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)])
+
+
+@pytest.mark.parametrize("layout", ["own", "slots", "slots_own_entries"])
+def test_fresh_prompts_of_one_length_equal_separate_forwards(
+    model: DeepseekV4ForCausalLM, layout: str
+) -> None:
+    """Fresh prompts of equal length run as one lockstep chunk and are scattered into their
+    states (here beside a continuing sequence and a fresh one of another length); the logits
+    and every later decode step equal separate forwards."""
+    gen = torch.Generator().manual_seed(5)
+    if layout == "own":
+        new_state: Callable[[], ModelState] = lambda: model.new_state(1)  # noqa: E731
+    else:
+        max_len = 4096 if layout == "slots" else None
+        slots = StateSlots(lambda: model.new_state(1), max_slots=8, max_len=max_len)
+        new_state = slots.new_state
+    n = 6
+    separate = [model.new_state(1) for _ in range(n)]
+    batched = [new_state() for _ in range(n)]
+    warm = text_ids(model, gen, 9)  # sequence 0 is under way before the others start
+    model(warm[None], separate[0])
+    model.forward_packed([warm], batched[:1])
+    length = model.cfg.sliding_window + 3  # the ring wraps inside the prompt
+    chunks = [text_ids(model, gen, 5)] + [text_ids(model, gen, length) for _ in range(n - 2)]
+    chunks.append(text_ids(model, gen, 11))
+    want = torch.stack([model(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)])
+    got = model.forward_packed(chunks, batched)
+    torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
+    assert [s.pos for s in batched] == [s.pos for s in separate]
+    for _ in range(9):  # past the next CSA entries and the ring rows written by the prompt
+        ids = text_ids(model, gen, n)
+        want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
+        got = model.forward_decode(ids, batched)
+        torch.testing.assert_close(got, want, rtol=0, atol=5e-5)

@@ -2,11 +2,11 @@
 
 States are per-request objects. Requests that decode one token go through the model together
 (``forward_decode``: one pass over the layers for the whole batch, each row at its own position);
-prefill chunks of all other requests are packed into one forward (``forward_packed``). The
-sampler then draws for every request that reached the end of its known tokens in one batched
-call. With the prefix cache on, spans are cut
-at 128-token boundaries so the state at each boundary can be recorded; the model is
-chunking-invariant, so the cut does not change any logits.
+prefill chunks of all other requests are packed into one forward (``forward_packed``, which
+runs fresh prompts of equal length as one lockstep batch). The sampler then draws for every
+request that reached the end of its known tokens in one batched call. With the prefix cache
+on, spans are cut at 128-token boundaries so the state at each boundary can be recorded; the
+model is chunking-invariant, so the cut does not change any logits.
 
 In batch-invariant mode every token runs through the model on its own, so a request's logits
 never depend on its batch neighbours (a batched decode sums in a batch-dependent order).

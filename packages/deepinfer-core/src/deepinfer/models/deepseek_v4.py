@@ -39,6 +39,7 @@ from deepinfer.models.state import (
     ModelState,
     Packed,
     SlotRows,
+    scatter_rows,
 )
 
 #: A decode step over slot rows: (ids [B, 1], positions [B, 1], slots [B], longest position or
@@ -227,7 +228,37 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         Token-wise work runs once over all tokens, attention per chunk with its own state, so
         prefill of many requests costs about one long forward, not one forward per request.
+        Fresh prompts of equal length (the common offline batch) go further: they run as one
+        lockstep chunk, whose attention is batched too (:func:`fresh_groups`).
         """
+        if not chunks or len(chunks) != len(states):
+            raise ValueError(f"forward_packed got {len(chunks)} chunks for {len(states)} states")
+        groups = fresh_groups(chunks, states)
+        if not groups:
+            return self._forward_spans(chunks, states)
+        out = torch.empty(len(chunks), self.cfg.vocab_size, device=self.device)
+        for group in groups:
+            batch = self.new_state(len(group))
+            ids = torch.stack([chunks[i].reshape(-1) for i in group]).to(self.device)
+            out[group] = self._forward_last(ids, batch)
+            scatter_rows(batch, [states[i] for i in group])
+        grouped = {i for g in groups for i in g}
+        rest = [i for i in range(len(chunks)) if i not in grouped]
+        if rest:
+            out[rest] = self._forward_spans([chunks[i] for i in rest], [states[i] for i in rest])
+        return out
+
+    def _forward_last(self, input_ids: Tensor, state: ModelState) -> Tensor:
+        """Lockstep chunk [B, S] -> the last position's fp32 logits [B, V]."""
+        check_ids(input_ids, state)
+        ctx = self._context(input_ids, state.pos)
+        last = torch.tensor([input_ids.shape[1] - 1], device=self.device)
+        logits, _ = self._run_layers(input_ids, ctx, state.layers, rows=last)
+        state.pos += input_ids.shape[1]
+        return logits[:, 0]
+
+    def _forward_spans(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
+        """The packed pass: one [1, N] row of spans, attention span by span."""
         ids, positions, packed, last = pack_chunks(chunks, states, self.device)
         ctx = ForwardContext(self.ops, positions, ids, self.rotary)
         logits, _ = self._run_layers(ids, ctx, packed, rows=last)
@@ -413,6 +444,21 @@ def pack_chunks(
     packed = [Packed(rows, lengths) for rows in per_layer_states(states)]
     last = torch.tensor(lengths, device=device).cumsum(0) - 1
     return ids, positions, packed, last
+
+
+#: Fewest fresh prompts of one length worth a lockstep chunk of their own.
+MIN_GROUP = 2
+
+
+def fresh_groups(chunks: Sequence[Tensor], states: Sequence[ModelState]) -> list[list[int]]:
+    """Indices of prompts that start fresh sequences (position 0, no rollback history), grouped
+    by length, in groups of at least :data:`MIN_GROUP`: each group runs as one lockstep chunk
+    (its sequences see identical positions, so the state of a [G, S] batch is theirs)."""
+    by_len: dict[int, list[int]] = {}
+    for i, (chunk, s) in enumerate(zip(chunks, states, strict=True)):
+        if s.pos == 0 and not s.slack and s.batch_size == 1 and chunk.numel():
+            by_len.setdefault(int(chunk.numel()), []).append(i)
+    return [g for g in by_len.values() if len(g) >= MIN_GROUP]
 
 
 def all_slotted(states: Sequence[ModelState]) -> bool:

@@ -274,6 +274,19 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
     ) -> Tensor:
         """Text chunks of several sequences in one packed pass; see the V4 method."""
         self._check_engram()
+        return super().forward_packed(chunks, states)
+
+    def _forward_last(self, input_ids: Tensor, state: ModelState) -> Tensor:
+        check_ids(input_ids, state)
+        s = input_ids.shape[1]
+        positions = torch.arange(state.pos, state.pos + s, device=self.device)
+        engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
+        last = torch.tensor([s - 1], device=self.device)
+        logits, _ = self._run_v41(input_ids, positions, engram_ids, state.layers, None, rows=last)
+        state.pos += s
+        return logits[:, 0]
+
+    def _forward_spans(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
         ids, positions, packed, last = pack_chunks(chunks, states, self.device)
         engram_ids: list[Tensor] | None = None
         if self.engram_history:

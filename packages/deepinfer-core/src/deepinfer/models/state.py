@@ -22,6 +22,7 @@ layers, so it needs no state.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -351,3 +352,63 @@ def clone_state(state: ModelState) -> ModelState:
     """A deep copy (for branching a sequence, e.g. before a speculative draft). A state in
     shared slot tensors is copied with :meth:`~deepinfer.cache.slots.StateSlots.clone`."""
     return copy.deepcopy(state)
+
+
+def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
+    """Make ``dst[i]`` (single-sequence states) equal row i of the lockstep state ``src``.
+
+    A batch of fresh prompts of one length runs as one lockstep chunk, then lands in the
+    sequences' own states here. States in the same shared slot tensors take one indexed write
+    per tensor for the whole batch; any other state is copied row by row.
+    """
+    if len(dst) != src.batch_size:
+        raise ValueError(f"{len(dst)} states for a batch of {src.batch_size}")
+    ring = dst[0].layers[0].swa.pool
+    slotted = ring is not None and all(
+        s.layers[0].swa.pool is ring and s.history_pool is dst[0].history_pool for s in dst
+    )
+    slots = torch.tensor([s.layers[0].swa.slot for s in dst], device=src.layers[0].swa.kv.device)
+    for i, layer in enumerate(src.layers):
+        rings = [s.layers[i].swa for s in dst]
+        if slotted:
+            assert rings[0].pool is not None
+            rings[0].pool[slots] = layer.swa.kv
+        else:
+            for j, r in enumerate(rings):
+                r.kv.copy_(layer.swa.kv[j : j + 1])
+        for r in rings:
+            r.length = layer.swa.length
+        for part in ("compressor", "indexer"):
+            comp: CompressorState | None = getattr(layer, part)
+            if comp is not None:
+                _scatter_compressor(comp, [getattr(s.layers[i], part) for s in dst], slots, slotted)
+    if src.history_buf is not None:
+        if slotted and dst[0].history_pool is not None:
+            dst[0].history_pool[slots] = src.history_buf
+        else:
+            for j, s in enumerate(dst):
+                s.token_history = src.history_buf[j : j + 1]
+    for s in dst:
+        s.pos = src.pos
+
+
+def _scatter_compressor(
+    src: CompressorState, dst: list[CompressorState], slots: Tensor, slotted: bool
+) -> None:
+    pool = dst[0].pool
+    names = [n for n in BUFFERS[:-1] if getattr(src, n) is not None]
+    if slotted and pool is not None:
+        for name in names:
+            getattr(pool, name)[slots] = getattr(src, name)
+        if pool.entries_buf is not None:
+            if src.count >= pool.entries_buf.shape[1]:
+                raise RuntimeError("the prompt's compressed entries exceed the slot capacity")
+            pool.entries_buf[slots, : src.count] = src.entries
+    else:
+        for j, d in enumerate(dst):
+            for name in names:
+                getattr(d, name).copy_(getattr(src, name)[j : j + 1])
+    for j, d in enumerate(dst):
+        if not (slotted and pool is not None and pool.entries_buf is not None):
+            d.entries = src.entries[j : j + 1]
+        d.count, d.fill = src.count, src.fill
