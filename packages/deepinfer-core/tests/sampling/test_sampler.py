@@ -179,7 +179,9 @@ def test_cuda_draws_equal_cpu_draws() -> None:
         temperature=0.8,
     )
     cpu = sample(logits, t)
-    moved = SamplingTensors(**{k: v.cuda() for k, v in vars(t).items() if v is not None})
+    moved = SamplingTensors(
+        **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in vars(t).items()}
+    )
     cuda = sample(logits.cuda(), moved)
     keys_cpu = rng.position_keys(t.seeds, t.positions)
     assert torch.equal(rng.position_keys(moved.seeds, moved.positions).cpu(), keys_cpu)

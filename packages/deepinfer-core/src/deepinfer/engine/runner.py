@@ -230,6 +230,7 @@ class ModelRunner:
             min_p=col([p.min_p for p in ps], torch.float32),
             seeds=col([r.seed for r in reqs], torch.int64),
             positions=col([r.num_tokens for r in reqs], torch.int64),
+            all_greedy=all(p.temperature == 0 for p in ps),
         )
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in ps):
             counts = torch.zeros(len(reqs), self.vocab_size, dtype=torch.int64, device=device)

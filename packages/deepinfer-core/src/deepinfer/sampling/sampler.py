@@ -37,6 +37,8 @@ class SamplingTensors:
     output_counts: Tensor | None = None  # [B, V] how often each token was generated so far
     prompt_mask: Tensor | None = None  # [B, V] bool, token occurs in the prompt
     allowed: Tensor | None = None  # [B, V] bool; False bans a token (grammar, min_tokens)
+    #: Every row is greedy (known on the host): skips finding the sampled rows, a device sync.
+    all_greedy: bool = False
 
 
 @dataclass
@@ -94,8 +96,8 @@ def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> Sampler
     if t.allowed is not None:
         x = x.masked_fill(~t.allowed, float("-inf"))
     token_ids = torch.argmax(x, dim=-1)
-    rows = torch.nonzero(t.temperature > 0).squeeze(-1)
-    if rows.numel():  # greedy rows need neither filters nor noise
+    rows = None if t.all_greedy else torch.nonzero(t.temperature > 0).squeeze(-1)
+    if rows is not None and rows.numel():  # greedy rows need neither filters nor noise
         scaled = x[rows] / t.temperature[rows, None]
         keep = filter_mask(
             torch.softmax(scaled, dim=-1), t.top_k[rows], t.top_p[rows], t.min_p[rows]
