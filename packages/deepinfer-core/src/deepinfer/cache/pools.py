@@ -76,12 +76,9 @@ class StatePool:
     def fits_alone(self, num_tokens: int) -> bool:
         return self.bytes_for(num_tokens) <= self.budget_bytes
 
-    def can_reserve(self, request_id: str, num_tokens: int) -> bool:
-        current = self._charged.get(request_id, 0)
-        return self.used_bytes - current + self.bytes_for(num_tokens) <= self.budget_bytes
-
     def try_reserve(self, request_id: str, num_tokens: int) -> bool:
-        """:meth:`reserve` if it fits (the scheduler's per-step call, one pass); whether it did."""
+        """Charge ``request_id`` for a state of ``num_tokens`` tokens (grow only) if the budget
+        allows; whether the charge now covers that length."""
         want = self.bytes_for(num_tokens)
         current = self._charged.get(request_id, 0)
         if want <= current:
@@ -91,16 +88,6 @@ class StatePool:
         self._charged[request_id] = want
         self.used_bytes += want - current
         return True
-
-    def reserve(self, request_id: str, num_tokens: int) -> None:
-        """Charge ``request_id`` for a state of ``num_tokens`` tokens (grow only)."""
-        want = self.bytes_for(num_tokens)
-        current = self._charged.get(request_id, 0)
-        if want > current:
-            if not self.can_reserve(request_id, num_tokens):
-                raise MemoryError(f"state pool exhausted reserving {want} bytes for {request_id}")
-            self._charged[request_id] = want
-            self.used_bytes += want - current
 
     def free(self, request_id: str) -> None:
         self.used_bytes -= self._charged.pop(request_id, 0)

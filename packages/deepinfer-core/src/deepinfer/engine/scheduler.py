@@ -91,11 +91,10 @@ class Scheduler:
     def try_fork(self, parent: Request, child: Request) -> bool:
         """Give ``child`` a copy of ``parent``'s just-finished prompt state, if it fits."""
         self.awaiting_fork.discard(child)
-        if len(self.running) >= self.max_num_seqs or not self.pool.can_reserve(
+        if len(self.running) >= self.max_num_seqs or not self.pool.try_reserve(
             child.request_id, parent.num_computed_tokens
         ):
             return False
-        self.pool.reserve(child.request_id, parent.num_computed_tokens)
         self.waiting.remove(child)
         self.running.append(child)
         child.status = RequestStatus.RUNNING

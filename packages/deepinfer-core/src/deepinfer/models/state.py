@@ -364,15 +364,17 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
     if len(dst) != src.batch_size:
         raise ValueError(f"{len(dst)} states for a batch of {src.batch_size}")
     ring = dst[0].layers[0].swa.pool
-    slotted = ring is not None and all(
+    slots: Tensor | None = None  # set when every state is a row of the same slot tensors
+    if ring is not None and all(
         s.layers[0].swa.pool is ring and s.history_pool is dst[0].history_pool for s in dst
-    )
-    slots = torch.tensor([s.layers[0].swa.slot for s in dst], device=src.layers[0].swa.kv.device)
+    ):
+        slots = torch.tensor([s.layers[0].swa.slot for s in dst], device=ring.device)
     for i, layer in enumerate(src.layers):
         rings = [s.layers[i].swa for s in dst]
-        if slotted:
-            assert rings[0].pool is not None
-            rings[0].pool[slots] = layer.swa.kv
+        if slots is not None:
+            pool = rings[0].pool  # this layer's shared ring tensor
+            assert pool is not None
+            pool[slots] = layer.swa.kv
         else:
             for j, r in enumerate(rings):
                 r.kv.copy_(layer.swa.kv[j : j + 1])
@@ -381,9 +383,9 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
         for part in ("compressor", "indexer"):
             comp: CompressorState | None = getattr(layer, part)
             if comp is not None:
-                _scatter_compressor(comp, [getattr(s.layers[i], part) for s in dst], slots, slotted)
+                _scatter_compressor(comp, [getattr(s.layers[i], part) for s in dst], slots)
     if src.history_buf is not None:
-        if slotted and dst[0].history_pool is not None:
+        if slots is not None and dst[0].history_pool is not None:
             dst[0].history_pool[slots] = src.history_buf
         else:
             for j, s in enumerate(dst):
@@ -393,22 +395,21 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
 
 
 def _scatter_compressor(
-    src: CompressorState, dst: list[CompressorState], slots: Tensor, slotted: bool
+    src: CompressorState, dst: list[CompressorState], slots: Tensor | None
 ) -> None:
-    pool = dst[0].pool
+    pool = dst[0].pool if slots is not None else None
     names = [n for n in BUFFERS[:-1] if getattr(src, n) is not None]
-    if slotted and pool is not None:
-        for name in names:
+    for name in names:
+        if pool is not None:
             getattr(pool, name)[slots] = getattr(src, name)
-        if pool.entries_buf is not None:
-            if src.count >= pool.entries_buf.shape[1]:
-                raise RuntimeError("the prompt's compressed entries exceed the slot capacity")
-            pool.entries_buf[slots, : src.count] = src.entries
+        else:
+            for j, d in enumerate(dst):
+                getattr(d, name).copy_(getattr(src, name)[j : j + 1])
+    if pool is not None and pool.entries_buf is not None:
+        dst[0]._reserve(src.count)  # raises past the slots' fixed capacity
+        pool.entries_buf[slots, : src.count] = src.entries
     else:
         for j, d in enumerate(dst):
-            for name in names:
-                getattr(d, name).copy_(getattr(src, name)[j : j + 1])
-    for j, d in enumerate(dst):
-        if not (slotted and pool is not None and pool.entries_buf is not None):
             d.entries = src.entries[j : j + 1]
+    for d in dst:
         d.count, d.fill = src.count, src.fill
