@@ -4,9 +4,11 @@ For the embedded tiny model (V4.1) and the random tiny V4 of ``offline_throughpu
 ``LLM.generate`` of B equal-length random prompts (greedy, fixed output length) once plainly
 and once with each phase timed (on a GPU, synchronised before and after the model and the
 sampler, so the GPU time lands in the phase that queued it). Reported per engine step:
-``plain_ms_per_step`` (unsynchronised), and ``schedule``, ``execute`` (model calls, prefill
-included), ``forward_decode`` (the decode part of it), ``sample`` and ``append`` (detokenising,
-stop checks). ``execute - forward_decode`` is the prefill's share.
+``plain_ms_per_step`` (unsynchronised, with the engine's default scheduling: asynchronous on a
+GPU), ``sync_plain_ms_per_step`` (the same with ``async_scheduling`` off), and, timed on the
+synchronous engine, ``schedule``, ``execute`` (model calls, prefill included),
+``forward_decode`` (the decode part of it), ``sample`` and ``append`` (detokenising, stop
+checks). ``execute - forward_decode`` is the prefill's share.
 
     python benchmarks/engine_phases.py [--device cuda] [--batches 1 32 128]
 """
@@ -39,30 +41,38 @@ def profile(llm: LLM, batch: int, vocab_top: int, output_len: int) -> dict[str, 
     prompts = [torch.randint(3, vocab_top, (64,), generator=g).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up (graph capture)
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    plain = time.perf_counter() - start
+    default = eng.async_scheduling
+    plain = {}
+    for overlap in (default, False):
+        eng.async_scheduling = overlap
+        start = time.perf_counter()
+        steps0 = eng.num_steps
+        llm.generate(prompts, params, use_tqdm=False)
+        plain[overlap] = (time.perf_counter() - start) / (eng.num_steps - steps0)
     phases = [
         (eng.scheduler, "schedule", False),
         (eng.runner, "execute", True),
-        (eng.runner, "sample", True),
+        (eng.runner, "launch_sample", True),
         (eng, "_append", False),
         (eng.model, "forward_decode", True),
     ]
     for obj, name, synced in phases:
-        setattr(obj, name, _timed(getattr(obj, name), name.strip("_"), spent, sync, synced))
+        label = {"launch_sample": "sample"}.get(name, name.strip("_"))
+        setattr(obj, name, _timed(getattr(obj, name), label, spent, sync, synced))
     steps0 = eng.num_steps
     try:
         llm.generate(prompts, params, use_tqdm=False)
     finally:
         for obj, name, _ in phases:
             delattr(obj, name)  # back to the class's method
+        eng.async_scheduling = default
     steps = eng.num_steps - steps0
     return {
         "batch": batch,
         "steps": steps,
-        "plain_output_tok_per_s": round(batch * output_len / plain, 1),
-        "plain_ms_per_step": round(plain / steps * 1e3, 3),
+        "async_scheduling": default,
+        "plain_ms_per_step": round(plain[default] * 1e3, 3),
+        "sync_plain_ms_per_step": round(plain[False] * 1e3, 3),
         **{f"{k}_ms_per_step": round(v / steps * 1e3, 3) for k, v in spent.items()},
     }
 

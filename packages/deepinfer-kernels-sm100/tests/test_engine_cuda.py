@@ -34,3 +34,25 @@ def test_cuda_graphs_change_no_token() -> None:
     assert got == want
     assert graphed.engine.runner.graphs is not None
     assert graphed.engine.runner.graphs.num_captured > 0
+
+
+def test_async_scheduling_changes_no_token() -> None:
+    """On a GPU the engine queues step n+1 before reading step n's tokens (the default); the
+    outputs are the synchronous engine's, greedy, seeded and with stops seen a step late."""
+    prompts = PROMPTS * 6
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[30, 31, 32, 33]),
+    ] * 8
+    sync = LLM("tiny", device="cuda", dtype="float32", async_scheduling=False)
+    overlapped = LLM("tiny", device="cuda", dtype="float32")
+    assert overlapped.engine.async_scheduling and not sync.engine.async_scheduling
+    want = sync.generate(prompts, params, use_tqdm=False)
+    got = overlapped.generate(prompts, params, use_tqdm=False)
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in got] == [
+        (o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in want
+    ]
+    assert (
+        overlapped.engine.pool.used_bytes == 0 and not overlapped.engine.has_unfinished_requests()
+    )

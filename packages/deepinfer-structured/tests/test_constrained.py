@@ -159,3 +159,26 @@ def test_draft_masks_truncate_at_the_first_violation(make_engine) -> None:  # ty
     assert accepted == 2 and masks.shape[0] == 3
     assert not masks[2][letter] and masks[2][digit[2]]
     assert bad is not None and not masks[0][bad]
+
+
+def test_async_scheduling_reads_tokens_before_masking(make_engine) -> None:  # type: ignore[no-untyped-def]
+    """A mask for step n+1 needs step n's token: an asynchronous engine reads it first, so
+    constrained outputs equal the synchronous engine's, free requests beside them too."""
+    outputs = []
+    for async_scheduling in (False, True):
+        engine = make_engine(max_num_batched_tokens=64, async_scheduling=async_scheduling)
+        ids = []
+        for seed in range(3):
+            p = [9 + seed, 400 + seed, 77]
+            ids.append(engine.add_request(p, constrained("regex", REGEX, seed)))
+            ids.append(engine.add_request(p, constrained("json", SCHEMA, seed)))
+            ids.append(engine.add_request(p, SamplingParams(max_tokens=12, seed=seed)))
+        final = engine.run()
+        outputs.append([final[i].outputs[0] for i in ids])
+    sync, overlapped = outputs
+    assert [o.token_ids for o in overlapped] == [o.token_ids for o in sync]
+    for i, out in enumerate(overlapped):
+        if i % 3 == 0:
+            assert re.fullmatch(REGEX, out.text), out.text
+        elif i % 3 == 1:
+            jsonschema.validate(json.loads(out.text), SCHEMA)

@@ -27,6 +27,7 @@ def run_bench(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
     )
     rnd = random.Random(args.seed)
     cfg = llm.engine.model.cfg
@@ -61,6 +62,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "output_tok_per_s": round(out_tokens / elapsed, 2),
         "total_tok_per_s": round((in_tokens + out_tokens) / elapsed, 2),
         "engine_steps": llm.engine.num_steps,
+        "async_scheduling": llm.engine.async_scheduling,
         # Captured lazily during the timed run (one per layer and batch bucket met).
         "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }

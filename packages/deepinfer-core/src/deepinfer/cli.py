@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (GPU)"
     )
+    p_bench.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_false",
+        default=None,
+        help="read each step's tokens before queueing the next (GPU; vLLM's flag)",
+    )
     p_bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p_bench.set_defaults(func=_cmd_bench)
     return parser

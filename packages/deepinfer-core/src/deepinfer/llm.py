@@ -63,7 +63,8 @@ class LLM:
 
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
     ``state_memory_bytes``, ``enable_prefix_caching``, ``prefix_cache_bytes``, ``seed``,
-    ``batch_invariant``, ``enforce_eager``) are those of :class:`EngineConfig`.
+    ``batch_invariant``, ``enforce_eager``, ``async_scheduling``) are those of
+    :class:`EngineConfig`.
     """
 
     def __init__(

@@ -29,7 +29,7 @@ def run_with_noise(model, tokenizer, target, params, *, n_others, budget, seed):
     target_id = engine.add_request(target, params)
     ids += [engine.add_request(p, noise) for p in others[split:]]
     rows: list[torch.Tensor] = []
-    sample = engine.runner.sample
+    launch = engine.runner.launch_sample
 
     def capture(due):  # type: ignore[no-untyped-def]
         rows.extend(
@@ -38,9 +38,9 @@ def run_with_noise(model, tokenizer, target, params, *, n_others, budget, seed):
             for i, req in enumerate(batch)
             if req.group_id == target_id
         )
-        return sample(due)
+        return launch(due)
 
-    engine.runner.sample = capture  # type: ignore[method-assign]
+    engine.runner.launch_sample = capture  # type: ignore[method-assign]
     final = engine.run([target_id, *ids])
     return rows, final[target_id].outputs[0].token_ids
 

@@ -187,3 +187,32 @@ def test_cuda_draws_equal_cpu_draws() -> None:
     assert torch.equal(rng.position_keys(moved.seeds, moved.positions).cpu(), keys_cpu)
     assert torch.equal(rng.uniform(keys_cpu.cuda(), vocab).cpu(), rng.uniform(keys_cpu, vocab))
     assert torch.equal(cuda.token_ids.cpu(), cpu.token_ids)
+
+
+def test_host_known_rows_give_the_same_draws() -> None:
+    """The engine passes which rows sample and whether any filters by rank (so the sampler need
+    not find out on the device); the draws are those found without the hints."""
+    g = torch.Generator().manual_seed(4)
+    b, vocab = 12, 512
+    logits = torch.randn(b, vocab, generator=g) * 3
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3, 1.0, 0.0, 0.9, 1.0, 0.0, 0.5, 1.0])
+    top_k = torch.tensor([0, 0, 5, 0, 0, 40, 0, 0, 0, 7, 0, 0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 1.0, 0.8, 0.95, 1.0, 1.0, 1.0, 1.0])
+    t = _tensors(
+        b,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seeds=torch.randint(0, 2**62, (b,), generator=g),
+    )
+    plain = sample(logits, t)
+    t.sampled_rows = torch.nonzero(temperature > 0).squeeze(-1)
+    t.any_top_k_top_p = True
+    hinted = sample(logits, t)
+    assert torch.equal(hinted.token_ids, plain.token_ids)
+    assert torch.equal(hinted.token_ids[temperature == 0], logits.argmax(-1)[temperature == 0])
+    # No sampled row filters by rank: the sort is skipped, and the draws do not change.
+    t = _tensors(b, temperature=temperature, seeds=t.seeds)
+    plain = sample(logits, t)
+    t.sampled_rows, t.any_top_k_top_p = torch.nonzero(temperature > 0).squeeze(-1), False
+    assert torch.equal(sample(logits, t).token_ids, plain.token_ids)

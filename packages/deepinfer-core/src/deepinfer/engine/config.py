@@ -28,6 +28,10 @@ class EngineConfig:
     #: backend allows it, the decode step (whole for V4 in state slots, else each layer's FFN
     #: half) is captured once per batch bucket and replayed with one launch.
     enforce_eager: bool = False
+    #: Queue step n+1 before reading step n's tokens (vLLM's name), so the host's scheduling
+    #: and output work overlaps the device's. None: on where it can overlap anything (a CUDA
+    #: device) and batch_invariant is off; a CPU runs every op in the calling thread anyway.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "state_memory_bytes"):

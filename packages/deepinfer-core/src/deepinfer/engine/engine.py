@@ -3,6 +3,15 @@
 Each step schedules one token budget, runs the model, samples, and turns the new tokens into
 text and stop decisions. Requests are validated when added, so a bad one fails alone with an
 InvalidRequestError and never reaches a batch.
+
+With asynchronous scheduling (on by default on a GPU) a step queues its forward and draws on the
+device and, while they run, reads the previous step's tokens: detokenisation, stop checks and
+the next schedule overlap the device's work instead of following it. Decode rows take their
+input ids from the device, so nothing waits for a step before the next is queued. The cost is
+one step of lag: a request that stops on a token (EOS, a stop string) has already been
+scheduled once more, and that extra token is dropped. A step reads the previous tokens first
+when the next one needs them on the host: a structured-output mask or a penalty depends on
+them, and a prefix-cache block that ends with one is keyed by it.
 """
 
 from __future__ import annotations
@@ -16,12 +25,12 @@ import torch
 from tokenizers import Tokenizer
 
 from deepinfer.cache.pools import StatePool
-from deepinfer.cache.prefix import PrefixCache
+from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache
 from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.detokenizer import Detokenizer, find_stop
 from deepinfer.engine.request import Request, RequestStatus
-from deepinfer.engine.runner import Due, ModelRunner, SampledToken
+from deepinfer.engine.runner import Due, ModelRunner, PendingSample, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -79,6 +88,19 @@ class LLMEngine:
             batch_invariant=config.batch_invariant,
             graphs=graphs,
         )
+        self.async_scheduling = (
+            config.async_scheduling
+            if config.async_scheduling is not None
+            else model.device.type == "cuda" and not config.batch_invariant
+        )
+        if self.async_scheduling and config.batch_invariant:
+            raise InvalidRequestError(
+                "async_scheduling",
+                "cannot be combined with batch_invariant (its token-by-token forwards read "
+                "every token on the host)",
+            )
+        #: The last step's draws while the host has not read them (asynchronous scheduling).
+        self._pending: PendingSample | None = None
         self.detokenizer = Detokenizer(tokenizer)
         self._seeds = random.Random(config.seed)
         self._ids = itertools.count()
@@ -121,6 +143,9 @@ class LLMEngine:
         self._validate(prompt_token_ids, params)
         base_seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         now = time.monotonic()
+        limit = self.max_model_len
+        if params.max_tokens is not None:
+            limit = min(limit, len(prompt_token_ids) + params.max_tokens)
         members = [
             Request(
                 request_id=group_id if params.n == 1 else f"{group_id}#{i}",
@@ -130,6 +155,7 @@ class LLMEngine:
                 params=params,
                 seed=sample_seed(base_seed, i),
                 metrics=RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids)),
+                max_total_tokens=limit,
                 priority=priority,
                 prompt=prompt,
                 prompt_logprobs=[] if params.prompt_logprobs is not None and i == 0 else None,
@@ -181,7 +207,7 @@ class LLMEngine:
         return self.output(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._pending is not None
 
     # -- the step -----------------------------------------------------------------------------
 
@@ -195,8 +221,14 @@ class LLMEngine:
         12% of a CPU decode step on the tiny model) covers every tensor the engine makes: states
         are created, forked, cached, restored and advanced only inside ``step``.
         """
+        changed: dict[str, None] = {}
+        pending, self._pending = self._pending, None
+        if pending is not None and self._needs_tokens(pending):
+            self._read(pending, changed)
+            pending = None
         out = self.scheduler.schedule()
-        if not (out.scheduled or out.preempted or out.out_of_memory) and self.groups:
+        progress = out.scheduled or out.preempted or out.out_of_memory or pending or changed
+        if not progress and self.groups:
             raise RuntimeError("scheduler made no progress with requests pending")
         now = time.monotonic()
         for req in out.scheduled:
@@ -209,10 +241,12 @@ class LLMEngine:
             self.scheduler.finish(req)
         due = self.runner.execute(out)
         due += self._fork(due)
-        changed: dict[str, None] = {}
-        for tok in self.runner.sample(due):
-            self._append(tok)
-            changed[tok.request.group_id] = None
+        launched = self.runner.launch_sample(due)
+        if self.async_scheduling:  # read the previous step's tokens while this one runs
+            self._pending = launched
+            launched = pending
+        if launched is not None:
+            self._read(launched, changed)
         for req in (*out.preempted, *out.out_of_memory):
             changed[req.group_id] = None
         self.num_steps += 1
@@ -239,6 +273,31 @@ class LLMEngine:
                 req.fork_children = []
         return extra
 
+    def _needs_tokens(self, pending: PendingSample) -> bool:
+        """Whether the next step needs ``pending``'s tokens on the host before it is scheduled:
+        their masks or penalties depend on them, or feeding them completes a cache block."""
+        cache = self.prefix_cache is not None
+        for req in pending.requests:
+            p = req.params
+            if req.finished:
+                continue
+            if req.grammar is not None or p.presence_penalty or p.frequency_penalty:
+                return True
+            if p.repetition_penalty != 1:
+                return True
+            if cache and (req.num_computed_tokens + 1) % BLOCK_SIZE == 0:
+                return True
+        return False
+
+    def _read(self, pending: PendingSample, changed: dict[str, None]) -> None:
+        """Take in a step's tokens; those of requests that ended meanwhile are dropped."""
+        for tok in pending.resolve():
+            req = tok.request
+            req.num_inflight -= 1
+            if not req.finished:
+                self._append(tok)
+                changed[req.group_id] = None
+
     def _append(self, tok: SampledToken) -> None:
         req, params = tok.request, tok.request.params
         req.output_token_ids.append(tok.token_id)
@@ -263,9 +322,7 @@ class LLMEngine:
             reason, req.stop_reason = "stop", stop
             keep = idx + len(stop) if params.include_stop_str_in_output else idx
             req.text = req.text[:keep]
-        elif (params.max_tokens is not None and n_out >= params.max_tokens) or (
-            req.num_tokens >= self.max_model_len
-        ):
+        elif req.num_prompt_tokens + n_out >= req.max_total_tokens:
             reason = "length"
         if reason is not None:
             req.finish_reason = reason

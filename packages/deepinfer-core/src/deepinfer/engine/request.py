@@ -28,6 +28,10 @@ class Request:
     to ``num_tokens`` still have to run through the model. After a preemption the state is
     dropped and everything (prompt and generated tokens) is recomputed, which the
     position-keyed sampler makes invisible in the output.
+
+    With asynchronous scheduling a token may be sampled on the device before the host has read
+    it (``num_inflight``): it counts in ``num_tokens`` (the next decode step feeds it from the
+    device) but is not yet in ``output_token_ids`` or ``all_token_ids``.
     """
 
     request_id: str
@@ -37,11 +41,15 @@ class Request:
     params: SamplingParams
     seed: int
     metrics: RequestMetrics
+    #: Prompt plus the most output tokens it may have (max_tokens, capped by max_model_len).
+    max_total_tokens: int
     priority: int = 0
     prompt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    #: Tokens sampled on the device that the host has not read yet (0, or 1 between steps).
+    num_inflight: int = 0
     state: ModelState | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -67,7 +75,11 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_inflight
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids) + self.num_inflight
 
     @property
     def num_prompt_tokens(self) -> int:

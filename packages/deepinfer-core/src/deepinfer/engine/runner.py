@@ -10,6 +10,11 @@ model is chunking-invariant, so the cut does not change any logits.
 
 In batch-invariant mode every token runs through the model on its own, so a request's logits
 never depend on its batch neighbours (a batched decode sums in a batch-dependent order).
+
+Sampling is split in two for asynchronous scheduling: :meth:`ModelRunner.launch_sample` queues
+the draw and the copy of its results to the host and returns a :class:`PendingSample` at once;
+its :meth:`~PendingSample.resolve` waits for the copy. Until then the sampled tokens exist only
+on the device, and the next decode step takes its input ids from there.
 """
 
 from __future__ import annotations
@@ -40,6 +45,48 @@ class SampledToken:
     top: Logprobs | None  # sampled token and the requested top alternatives
 
 
+@dataclass
+class PendingSample:
+    """One step's draws, on their way to the host."""
+
+    requests: list[Request]
+    #: [n] on the model's device: the next decode step gathers its input ids from here.
+    token_ids: Tensor
+    #: Host copies of (token ids, logprobs, top ids, top logprobs), filled asynchronously.
+    host: list[Tensor | None]
+    done: torch.cuda.Event | None
+    rows: dict[Request, int]
+
+    def resolve(self) -> list[SampledToken]:
+        """Wait for the copies; the requests' tokens as the host sees them."""
+        if self.done is not None:
+            self.done.synchronize()
+        tokens, logprobs, top_ids, top_lps = (
+            t.tolist() if t is not None else None for t in self.host
+        )
+        assert tokens is not None and logprobs is not None
+        out: list[SampledToken] = []
+        for i, req in enumerate(self.requests):
+            top: Logprobs | None = None
+            if req.params.logprobs is not None:
+                top = {tokens[i]: logprobs[i]}
+                assert top_ids is not None and top_lps is not None
+                for j in range(req.params.logprobs):
+                    top.setdefault(top_ids[i][j], top_lps[i][j])
+            out.append(SampledToken(req, tokens[i], logprobs[i], top))
+        return out
+
+
+def _to_host(t: Tensor | None) -> Tensor | None:
+    """A copy of ``t`` on the host; from a GPU, into pinned memory without waiting for it."""
+    if t is None or t.device.type == "cpu":
+        return t
+    if t.device.type != "cuda":
+        return t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -59,6 +106,8 @@ class ModelRunner:
         #: a generated one could not be fed back (its embedding would be missing).
         self.image_token_id = model.cfg.image_token_id
         self._image_index: Tensor | None = None
+        #: The latest draws; decode rows whose input token is still in flight read it here.
+        self.last_sample: PendingSample | None = None
 
     def execute(self, out: SchedulerOutput) -> Due:
         """Run the model; return the last-position logits of the requests due a token."""
@@ -71,8 +120,8 @@ class ModelRunner:
             return due
         decode = [r for r, n in out.scheduled.items() if self._is_decode(r, n)]
         # A lone decode token runs as a one-token chunk, except with graphs (where the decode
-        # step of even one row is captured).
-        if len(decode) >= 2 or (decode and self.graphs is not None):
+        # step of even one row is captured) or while the token is still on the device.
+        if len(decode) >= 2 or (decode and (self.graphs is not None or decode[0].num_inflight)):
             due.append(self._decode(decode))
         else:
             decode = []
@@ -103,14 +152,31 @@ class ModelRunner:
         """All single-token rows in one batched pass, each at its own position."""
         states = [r.state for r in reqs]
         assert all(s is not None for s in states)
-        ids = torch.tensor(
-            [r.output_token_ids[r.num_computed_tokens - r.num_prompt_tokens] for r in reqs]
-        )
-        logits = self.model.forward_decode(ids, states, self.graphs)  # type: ignore[arg-type]
+        logits = self.model.forward_decode(self._decode_ids(reqs), states, self.graphs)  # type: ignore[arg-type]
         for req in reqs:
             req.num_computed_tokens += 1
             self._maybe_record(req)
         return reqs, logits
+
+    def _decode_ids(self, reqs: list[Request]) -> Tensor:
+        """The token each decode row feeds: from the host, or, while it is in flight, from the
+        last sample's device tensor (no wait for the step that drew it)."""
+        host = [0] * len(reqs)
+        rows = [-1] * len(reqs)
+        for i, r in enumerate(reqs):
+            if r.num_inflight:
+                assert self.last_sample is not None
+                rows[i] = self.last_sample.rows[r]
+            else:
+                host[i] = r.output_token_ids[r.num_computed_tokens - r.num_prompt_tokens]
+        if self.last_sample is None or max(rows) < 0:
+            return torch.tensor(host)
+        drawn = self.last_sample.token_ids
+        index = torch.tensor(rows, device=drawn.device)
+        gathered = drawn[index.clamp(min=0)]
+        if min(rows) >= 0:
+            return gathered
+        return torch.where(index >= 0, gathered, torch.tensor(host, device=drawn.device))
 
     def _prefill(self, ends: dict[Request, int]) -> Due:
         """Advance every request to its scheduled end with packed forwards.
@@ -127,6 +193,11 @@ class ModelRunner:
                 torch.tensor(r.all_token_ids[r.num_computed_tokens : stop])
                 for r, stop in zip(reqs, stops, strict=True)
             ]
+            # A prefill never reaches a token still in flight (the scheduler waits for it).
+            assert all(
+                c.numel() == stop - r.num_computed_tokens
+                for c, r, stop in zip(chunks, reqs, stops, strict=True)
+            )
             states = [r.state for r in reqs]
             logits = self.model.forward_packed(chunks, states)  # type: ignore[arg-type]
             for i, (req, stop) in enumerate(zip(reqs, stops, strict=True)):
@@ -173,6 +244,8 @@ class ModelRunner:
         if parent is not None and parent not in cache:
             return  # the chain was evicted under us; this request stops contributing
         end = req.num_computed_tokens
+        # The engine reads in-flight tokens before a step that completes a block.
+        assert len(tokens) >= end, "a prefix-cache block ends at a token still in flight"
         req.cache_block = cache.insert(parent, tokens[end - BLOCK_SIZE : end], req.state)
 
     def _prompt_logprobs(self, req: Request, start: int, logits: Tensor) -> None:
@@ -190,8 +263,18 @@ class ModelRunner:
             req.prompt_logprobs.append(_logprob_entry(logp[row], prompt[target], k))
 
     def sample(self, due: Due) -> list[SampledToken]:
+        """Draw a token for every request in ``due`` and wait for them."""
+        pending = self.launch_sample(due)
+        return pending.resolve() if pending is not None else []
+
+    def launch_sample(self, due: Due) -> PendingSample | None:
+        """Queue the draws for ``due`` and their copy to the host; returns without waiting.
+
+        The requests' tokens count as in flight until the engine reads them; the next decode
+        step takes them from this sample's device tensor.
+        """
         if not due:
-            return []
+            return None
         reqs = [r for batch, _ in due for r in batch]
         logits = due[0][1] if len(due) == 1 else torch.cat([rows for _, rows in due])
         logits = logits.float()
@@ -204,19 +287,19 @@ class ModelRunner:
         k = max((r.params.logprobs or 0) for r in reqs)
         result = sample(logits, tensors, num_logprobs=k)
         # One device-to-host copy per result tensor, not one per request and value.
-        tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
-        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
-        top_logprobs = result.top_logprobs.tolist() if result.top_logprobs is not None else None
-        out: list[SampledToken] = []
-        for i, req in enumerate(reqs):
-            top: Logprobs | None = None
-            if req.params.logprobs is not None:
-                top = {tokens[i]: logprobs[i]}
-                assert top_ids is not None and top_logprobs is not None
-                for j in range(req.params.logprobs):
-                    top.setdefault(top_ids[i][j], top_logprobs[i][j])
-            out.append(SampledToken(req, tokens[i], logprobs[i], top))
-        return out
+        host = [
+            _to_host(t)
+            for t in (result.token_ids, result.logprobs, result.top_ids, result.top_logprobs)
+        ]
+        done = None
+        if logits.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        for req in reqs:
+            req.num_inflight += 1
+        rows = {r: i for i, r in enumerate(reqs)}
+        self.last_sample = PendingSample(reqs, result.token_ids, host, done, rows)
+        return self.last_sample
 
     def _sampling_tensors(self, reqs: list[Request], device: torch.device) -> SamplingTensors:
         def col(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
@@ -230,7 +313,8 @@ class ModelRunner:
             min_p=col([p.min_p for p in ps], torch.float32),
             seeds=col([r.seed for r in reqs], torch.int64),
             positions=col([r.num_tokens for r in reqs], torch.int64),
-            all_greedy=all(p.temperature == 0 for p in ps),
+            sampled_rows=col([i for i, p in enumerate(ps) if p.temperature > 0], torch.int64),
+            any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
         )
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in ps):
             counts = torch.zeros(len(reqs), self.vocab_size, dtype=torch.int64, device=device)
@@ -261,7 +345,7 @@ class ModelRunner:
 
     def _banned(self, req: Request) -> set[int]:
         """Stop tokens are banned until ``min_tokens`` tokens have been generated."""
-        if len(req.output_token_ids) >= req.params.min_tokens:
+        if req.num_output_tokens >= req.params.min_tokens:
             return set()
         banned = set(req.params.stop_token_ids)
         if not req.params.ignore_eos:

@@ -5,6 +5,11 @@ next chunk), then waiting requests are admitted in priority/arrival order while 
 budget, ``max_num_seqs`` and the state pool allow. When the pool cannot pay for a running
 request's growth, the lowest-priority running request is preempted: its state is dropped and it
 goes back to the front of the queue to be recomputed, never losing its generated tokens.
+
+With asynchronous scheduling the previous step's tokens may still be on the device: they count
+as tokens to feed (the runner takes them from the device), a request whose in-flight tokens
+already reach its length limit is not scheduled again, and a request waits to be (re)admitted
+until the host has read them, since a prefill needs its tokens on the host.
 """
 
 from __future__ import annotations
@@ -110,6 +115,8 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted to make room for another
                 continue
+            if req.num_inflight and req.num_tokens >= req.max_total_tokens:
+                continue  # finishes by length once the host reads its last token
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.pool.try_reserve(req.request_id, req.num_computed_tokens + n):
                 if self.running == [req]:
@@ -129,7 +136,7 @@ class Scheduler:
         for req in list(self.waiting):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if req in self.awaiting_fork:
+            if req in self.awaiting_fork or req.num_inflight:
                 continue
             block = self._cached_prefix(req)
             cached = block.end if block is not None else 0

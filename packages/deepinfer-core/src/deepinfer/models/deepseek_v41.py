@@ -226,7 +226,10 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         """One new (text) token per sequence at its own position; see the V4 method."""
         self._check_engram()
         image_id = self.cfg.image_token_id
-        if image_id is not None and bool((input_ids == image_id).any()):
+        # Ids already on an accelerator come from the engine's sampler, which never draws the
+        # image token; checking them would wait for the step that drew them.
+        on_host = input_ids.device.type == "cpu"
+        if image_id is not None and on_host and bool((input_ids == image_id).any()):
             raise ValueError("forward_decode takes text tokens; images go through forward")
         ids, positions = decode_inputs(input_ids, states, self.device)
         pool = states[0].history_pool

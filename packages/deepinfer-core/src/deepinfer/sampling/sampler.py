@@ -37,8 +37,11 @@ class SamplingTensors:
     output_counts: Tensor | None = None  # [B, V] how often each token was generated so far
     prompt_mask: Tensor | None = None  # [B, V] bool, token occurs in the prompt
     allowed: Tensor | None = None  # [B, V] bool; False bans a token (grammar, min_tokens)
-    #: Every row is greedy (known on the host): skips finding the sampled rows, a device sync.
-    all_greedy: bool = False
+    #: Rows with temperature > 0 and whether any of them has top-k or top-p on, when the host
+    #: knows them (the engine's runner does): finding them on the device would be a sync, which
+    #: stalls an asynchronous engine until the step's forward has finished. None: found here.
+    sampled_rows: Tensor | None = None
+    any_top_k_top_p: bool | None = None
 
 
 @dataclass
@@ -68,10 +71,15 @@ def apply_penalties(logits: Tensor, t: SamplingTensors) -> Tensor:
     return logits
 
 
-def filter_mask(probs: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
-    """Boolean keep-mask ``[B, V]`` for min-p, then top-k, then top-p (see module docstring)."""
+def filter_mask(
+    probs: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, sort: bool | None = None
+) -> Tensor:
+    """Boolean keep-mask ``[B, V]`` for min-p, then top-k, then top-p (see module docstring).
+    ``sort``: whether any row has top-k or top-p on (None: checked here, a device sync)."""
     keep = probs >= min_p[:, None] * probs.max(dim=-1, keepdim=True).values
-    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+    if sort is None:
+        sort = bool((top_k > 0).any()) or bool((top_p < 1).any())
+    if sort:
         # Stable sort on descending probability: equal values keep token-id order.
         order = torch.sort(-probs, dim=-1, stable=True).indices
         sorted_p = torch.gather(probs * keep, -1, order)
@@ -96,11 +104,17 @@ def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> Sampler
     if t.allowed is not None:
         x = x.masked_fill(~t.allowed, float("-inf"))
     token_ids = torch.argmax(x, dim=-1)
-    rows = None if t.all_greedy else torch.nonzero(t.temperature > 0).squeeze(-1)
-    if rows is not None and rows.numel():  # greedy rows need neither filters nor noise
+    rows = t.sampled_rows
+    if rows is None:
+        rows = torch.nonzero(t.temperature > 0).squeeze(-1)
+    if rows.numel():  # greedy rows need neither filters nor noise
         scaled = x[rows] / t.temperature[rows, None]
         keep = filter_mask(
-            torch.softmax(scaled, dim=-1), t.top_k[rows], t.top_p[rows], t.min_p[rows]
+            torch.softmax(scaled, dim=-1),
+            t.top_k[rows],
+            t.top_p[rows],
+            t.min_p[rows],
+            t.any_top_k_top_p,
         )
         if t.allowed is not None:
             keep &= t.allowed[rows]
