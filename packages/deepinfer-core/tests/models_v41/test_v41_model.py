@@ -78,6 +78,13 @@ def test_images_replace_embeddings_at_image_tokens(model) -> None:
         model.forward_logits(ids)
     with pytest.raises(ValueError, match=r"\[4, 64\]"):
         model.forward_logits(ids, image_embeds=images[:3])
+    # The batched engine paths take text only, and say so before touching any state.
+    state = model.new_state(1)
+    with pytest.raises(ValueError, match="text chunks"):
+        model.forward_packed([ids[0, :3], ids[0]], [model.new_state(1), state])
+    with pytest.raises(ValueError, match="text tokens"):
+        model.forward_decode(ids[0, 4:5], [state])
+    assert state.pos == 0
 
 
 def test_every_v41_path_changes_the_logits(model) -> None:

@@ -31,6 +31,7 @@ from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.outputs import Logprobs
 from deepinfer.sampling import SamplingTensors, sample
+from deepinfer.transfer import to_device
 
 #: Requests due a token and their last-position logits [n, V], in the batches the model made
 #: them (one stack of rows per decode step, so sampling needs no per-row gather).
@@ -172,11 +173,11 @@ class ModelRunner:
         if self.last_sample is None or max(rows) < 0:
             return torch.tensor(host)
         drawn = self.last_sample.token_ids
-        index = torch.tensor(rows, device=drawn.device)
+        index = to_device(torch.tensor(rows), drawn.device)
         gathered = drawn[index.clamp(min=0)]
         if min(rows) >= 0:
             return gathered
-        return torch.where(index >= 0, gathered, torch.tensor(host, device=drawn.device))
+        return torch.where(index >= 0, gathered, to_device(torch.tensor(host), drawn.device))
 
     def _prefill(self, ends: dict[Request, int]) -> Due:
         """Advance every request to its scheduled end with packed forwards.
@@ -303,7 +304,7 @@ class ModelRunner:
 
     def _sampling_tensors(self, reqs: list[Request], device: torch.device) -> SamplingTensors:
         def col(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(torch.tensor(values, dtype=dtype), device)
 
         ps = [r.params for r in reqs]
         t = SamplingTensors(

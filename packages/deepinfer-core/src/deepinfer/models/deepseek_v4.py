@@ -41,6 +41,7 @@ from deepinfer.models.state import (
     SlotRows,
     scatter_rows,
 )
+from deepinfer.transfer import to_device
 
 #: A decode step over slot rows: (ids [B, 1], positions [B, 1], slots [B], longest position or
 #: None for the entries' whole capacity) -> logits [B, V].
@@ -239,20 +240,21 @@ class DeepseekV4ForCausalLM(nn.Module):
         out = torch.empty(len(chunks), self.cfg.vocab_size, device=self.device)
         for group in groups:
             batch = self.new_state(len(group))
-            ids = torch.stack([chunks[i].reshape(-1) for i in group]).to(self.device)
-            out[group] = self._forward_last(ids, batch)
+            ids = to_device(torch.stack([chunks[i].reshape(-1) for i in group]), self.device)
+            out[to_device(torch.tensor(group), self.device)] = self._forward_last(ids, batch)
             scatter_rows(batch, [states[i] for i in group])
         grouped = {i for g in groups for i in g}
         rest = [i for i in range(len(chunks)) if i not in grouped]
         if rest:
-            out[rest] = self._forward_spans([chunks[i] for i in rest], [states[i] for i in rest])
+            logits = self._forward_spans([chunks[i] for i in rest], [states[i] for i in rest])
+            out[to_device(torch.tensor(rest), self.device)] = logits
         return out
 
     def _forward_last(self, input_ids: Tensor, state: ModelState) -> Tensor:
         """Lockstep chunk [B, S] -> the last position's fp32 logits [B, V]."""
         check_ids(input_ids, state)
         ctx = self._context(input_ids, state.pos)
-        last = torch.tensor([input_ids.shape[1] - 1], device=self.device)
+        last = to_device(torch.tensor([input_ids.shape[1] - 1]), self.device)
         logits, _ = self._run_layers(input_ids, ctx, state.layers, rows=last)
         state.pos += input_ids.shape[1]
         return logits[:, 0]
@@ -412,12 +414,12 @@ def decode_inputs(
     input_ids: Tensor, states: Sequence[ModelState], device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """(ids [B, 1], positions [B, 1]) for a decode batch, checked against the states."""
-    ids = input_ids.reshape(-1, 1).to(device)
+    ids = to_device(input_ids.reshape(-1, 1), device)
     if ids.shape[0] != len(states) or not states:
         raise ValueError(f"forward_decode got {ids.shape[0]} ids for {len(states)} states")
     if any(s.batch_size != 1 for s in states):
         raise ValueError("forward_decode takes single-sequence states (batch_size 1)")
-    positions = torch.tensor([[s.pos] for s in states], device=device)
+    positions = to_device(torch.tensor([[s.pos] for s in states]), device)
     return ids, positions
 
 
@@ -437,12 +439,13 @@ def pack_chunks(
     lengths = [int(c.numel()) for c in chunks]
     if min(lengths) < 1:
         raise ValueError("every packed chunk needs at least one token")
-    ids = torch.cat([c.reshape(-1) for c in chunks]).to(device)[None]
-    positions = torch.cat(
-        [torch.arange(s.pos, s.pos + n) for s, n in zip(states, lengths, strict=True)]
-    ).to(device)
+    ids = to_device(torch.cat([c.reshape(-1) for c in chunks]), device)[None]
+    positions = to_device(
+        torch.cat([torch.arange(s.pos, s.pos + n) for s, n in zip(states, lengths, strict=True)]),
+        device,
+    )
     packed = [Packed(rows, lengths) for rows in per_layer_states(states)]
-    last = torch.tensor(lengths, device=device).cumsum(0) - 1
+    last = to_device(torch.tensor(lengths), device).cumsum(0) - 1
     return ids, positions, packed, last
 
 
@@ -477,7 +480,7 @@ def all_slotted(states: Sequence[ModelState]) -> bool:
 
 def slot_ids(states: Sequence[ModelState], device: torch.device) -> Tensor:
     """[B] the slot of each slotted state."""
-    return torch.tensor([s.layers[0].swa.slot for s in states], device=device)
+    return to_device(torch.tensor([s.layers[0].swa.slot for s in states]), device)
 
 
 def slot_rows(layer: LayerState, slots: Tensor, longest: int | None) -> SlotRows:

@@ -48,6 +48,7 @@ from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_block import SharedBlock, V41Context
 from deepinfer.models.state import LayerStates, ModelState
+from deepinfer.transfer import to_device
 
 #: Checkpoint tensors of the DSpark draft head that sit next to the MTP layers. Their names are
 #: not published; they are kept verbatim in ``model.draft_tensors`` instead of failing the load.
@@ -209,7 +210,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         """The undecorated body (see :meth:`DeepseekV4ForCausalLM.forward_train`)."""
         check_ids(input_ids, state)
         self._check_engram()
-        input_ids = input_ids.to(self.device)
+        input_ids = to_device(input_ids, self.device)
         positions = torch.arange(state.pos, state.pos + input_ids.shape[1], device=self.device)
         engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
         out = self._run_v41(input_ids, positions, engram_ids, state.layers, image_embeds)
@@ -277,6 +278,11 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
     ) -> Tensor:
         """Text chunks of several sequences in one packed pass; see the V4 method."""
         self._check_engram()
+        image_id = self.cfg.image_token_id
+        # Checked where the chunks are (the engine's are on the host: no device sync), so the
+        # forward itself skips the image mask.
+        if image_id is not None and any(bool((c == image_id).any()) for c in chunks):
+            raise ValueError("forward_packed takes text chunks; images go through forward")
         return super().forward_packed(chunks, states)
 
     def _forward_last(self, input_ids: Tensor, state: ModelState) -> Tensor:
@@ -284,8 +290,10 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         s = input_ids.shape[1]
         positions = torch.arange(state.pos, state.pos + s, device=self.device)
         engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
-        last = torch.tensor([s - 1], device=self.device)
-        logits, _ = self._run_v41(input_ids, positions, engram_ids, state.layers, None, rows=last)
+        last = to_device(torch.tensor([s - 1]), self.device)
+        logits, _ = self._run_v41(
+            input_ids, positions, engram_ids, state.layers, None, rows=last, text=True
+        )
         state.pos += s
         return logits[:, 0]
 
@@ -296,12 +304,19 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             engram_ids = []
             for chunk, s in zip(chunks, states, strict=True):
                 span_ids, s.token_history = self._engram_ids(
-                    chunk.reshape(1, -1).to(self.device), s.token_history
+                    to_device(chunk.reshape(1, -1), self.device), s.token_history
                 )
                 assert span_ids is not None
                 engram_ids.append(span_ids)
         logits, _ = self._run_v41(
-            ids, positions, engram_ids, packed, None, shared=[SharedKV() for _ in states], rows=last
+            ids,
+            positions,
+            engram_ids,
+            packed,
+            None,
+            shared=[SharedKV() for _ in states],
+            rows=last,
+            text=True,
         )
         for chunk, s in zip(chunks, states, strict=True):
             s.pos += chunk.numel()

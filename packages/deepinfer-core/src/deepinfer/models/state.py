@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from deepinfer.transfer import to_device
+
 
 @dataclass
 class SWARing:
@@ -368,7 +370,7 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
     if ring is not None and all(
         s.layers[0].swa.pool is ring and s.history_pool is dst[0].history_pool for s in dst
     ):
-        slots = torch.tensor([s.layers[0].swa.slot for s in dst], device=ring.device)
+        slots = to_device(torch.tensor([s.layers[0].swa.slot for s in dst]), ring.device)
     for i, layer in enumerate(src.layers):
         rings = [s.layers[i].swa for s in dst]
         if slots is not None:

@@ -93,7 +93,7 @@ def filter_mask(
         sorted_keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1)
         sorted_keep[:, 0] = True
         keep = torch.zeros_like(keep).scatter_(-1, order, sorted_keep)
-    keep[torch.arange(probs.shape[0]), probs.argmax(dim=-1)] = True
+    keep.scatter_(-1, probs.argmax(dim=-1, keepdim=True), True)  # a scalar fill: no upload
     return keep
 
 

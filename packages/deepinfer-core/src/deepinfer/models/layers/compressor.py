@@ -16,6 +16,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
+from deepinfer.transfer import to_device
 
 
 class Compressor(nn.Module):
@@ -201,7 +202,8 @@ class RowBuffers:
         self.states = states
         pool = states[0].pool if states else None
         self.pool = pool if pool is not None and all(st.pool is pool for st in states) else None
-        self.index = torch.tensor([st.slot for st in states], device=device) if self.pool else None
+        slots = torch.tensor([st.slot for st in states])
+        self.index = to_device(slots, device) if self.pool else None
 
     def gather(self, name: str) -> Tensor:
         """Buffer ``name`` of every state, [R, ratio, width] (a copy)."""
@@ -220,7 +222,7 @@ class RowBuffers:
     def write_open(self, kv: Tensor, score: Tensor) -> None:
         """Put row i's new projections [R, 1, width] at its open window's next position."""
         if self.pool is not None:
-            col = torch.tensor([st.fill for st in self.states], device=kv.device)
+            col = to_device(torch.tensor([st.fill for st in self.states]), kv.device)
             self.pool.kv_buf[self.index, col] = kv[:, 0]
             self.pool.score_buf[self.index, col] = score[:, 0]
             return

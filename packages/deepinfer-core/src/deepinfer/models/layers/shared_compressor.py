@@ -20,6 +20,7 @@ from deepinfer.models.layers.compressor import (
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
+from deepinfer.transfer import to_device
 
 
 class SharedCompressor(nn.Module):
@@ -70,7 +71,7 @@ class SharedCompressor(nn.Module):
         n = total // self.ratio
         used = n * self.ratio
         state.buf_kv, state.buf_score = kv[:, used:], score[:, used:]
-        first = torch.tensor(state.num_entries, device=x.device)
+        first = to_device(torch.tensor(state.num_entries), x.device)
         if n == 0:
             return kv.new_zeros(b, 0, self.dim).to(state.entries.dtype), first, None
         win_kv = kv[:, :used].view(b, n, self.ratio, width)
@@ -91,7 +92,7 @@ class SharedCompressor(nn.Module):
         kv, score = self._project(ops, x)
         full, buffers, win_kv, win_score = fill_windows(states, kv, score)
         rows = buffers.states
-        first = torch.tensor([[st.num_entries] for st in rows], device=x.device).view(-1, 1)
+        first = to_device(torch.tensor([[st.num_entries] for st in rows]), x.device).view(-1, 1)
         if not rows:
             return kv.new_zeros(0, 1, self.dim).to(states[0].entries.dtype), first, full
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)

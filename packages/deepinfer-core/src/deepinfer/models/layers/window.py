@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from deepinfer.models.state import LayerState, LayerStates, SlotRows
+from deepinfer.transfer import to_device
 
 
 def window_keys(
@@ -47,7 +48,7 @@ def _decode_window_keys(
     pool = rings[0].pool
     if pool is not None and all(r.pool is pool for r in rings):
         # Rows of one shared ring tensor: one scatter writes every row, one gather reads them.
-        slots = torch.tensor([r.slot for r in rings], device=kv.device)
+        slots = to_device(torch.tensor([r.slot for r in rings]), kv.device)
         for ring in rings:
             ring.length += 1
         return _slot_window_keys(kv, positions, SlotRows(pool, slots), window)
@@ -65,7 +66,7 @@ def _decode_window_keys(
         keys = torch.nn.utils.rnn.pad_sequence([r.kv[0] for r in rings], batch_first=True)
     for ring in rings:
         ring.length += 1
-    capacity = torch.tensor(sizes, device=kv.device)[:, None]
+    capacity = to_device(torch.tensor(sizes), kv.device)[:, None]
     slot = torch.arange(keys.shape[1], device=kv.device)
     # Slot j holds the latest position up to p that is j mod capacity (negative: never written).
     held = p - torch.remainder(p - slot, capacity)  # [B, max capacity]

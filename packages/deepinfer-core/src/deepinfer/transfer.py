@@ -1,0 +1,23 @@
+"""Host-to-device copies that do not make the host wait for the device.
+
+A plain copy from pageable host memory (``torch.tensor(values, device="cuda")``,
+``t.to("cuda")``) synchronises the stream: the host waits until every kernel queued so far has
+run. A synchronous engine waits for each step anyway, but an asynchronous one must schedule
+step n+1 while step n runs, so the small index and position tensors a step uploads go through
+pinned memory with a non-blocking copy, ordered on the stream like any kernel (torch's pinned
+allocator keeps the buffer until the copy has been made).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``, copied without waiting for the device's queued work."""
+    if t.device.type != "cpu" or device.type == "cpu":
+        return t.to(device)
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
