@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from deepinfer import LLM, SamplingParams
@@ -56,3 +58,18 @@ def test_async_scheduling_changes_no_token() -> None:
     assert (
         overlapped.engine.pool.used_bytes == 0 and not overlapped.engine.has_unfinished_requests()
     )
+
+
+def test_padded_prefill_groups_change_no_token() -> None:
+    """On a GPU fresh prompts of different lengths prefill as padded lockstep groups, rolled
+    back row by row (the CPU runs them span by span); greedy outputs agree."""
+    gpu = LLM("tiny", device="cuda", dtype="float32", enable_prefix_caching=False)
+    cpu = LLM("tiny", device="cpu", dtype="float32", enable_prefix_caching=False)
+    cfg = gpu.engine.model.cfg
+    top = min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
+    rnd = random.Random(0)
+    prompts = [[rnd.randrange(3, top) for _ in range(rnd.randint(20, 200))] for _ in range(24)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False)]
+    assert got == want

@@ -18,7 +18,7 @@ import torch
 from _tiny_models import text_ids, tiny_models
 
 from deepinfer.cache.slots import StateSlots
-from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.deepseek_v4 import MAX_PADDING, DeepseekV4ForCausalLM, fresh_groups
 from deepinfer.models.state import ModelState, clone_state
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
@@ -115,13 +115,15 @@ def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM)
         model.forward_decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)])
 
 
+@pytest.mark.parametrize("lengths", ["equal", "padded"])
 @pytest.mark.parametrize("layout", ["own", "slots", "slots_own_entries"])
-def test_fresh_prompts_of_one_length_equal_separate_forwards(
-    model: DeepseekV4ForCausalLM, layout: str
+def test_fresh_prompts_in_lockstep_equal_separate_forwards(
+    model: DeepseekV4ForCausalLM, layout: str, lengths: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Fresh prompts of equal length run as one lockstep chunk and are scattered into their
-    states (here beside a continuing sequence and a fresh one of another length); the logits
-    and every later decode step equal separate forwards."""
+    """Fresh prompts of similar length run as one lockstep chunk (padded to the longest and
+    rolled back row by row, or of one length) and are scattered into their states, here beside
+    a continuing sequence and a fresh prompt too long to join them; the logits and every later
+    decode step equal separate forwards."""
     gen = torch.Generator().manual_seed(5)
     if layout == "own":
         new_state: Callable[[], ModelState] = lambda: model.new_state(1)  # noqa: E731
@@ -136,8 +138,15 @@ def test_fresh_prompts_of_one_length_equal_separate_forwards(
     model(warm[None], separate[0])
     model.forward_packed([warm], batched[:1])
     length = model.cfg.sliding_window + 3  # the ring wraps inside the prompt
-    chunks = [text_ids(model, gen, 5)] + [text_ids(model, gen, length) for _ in range(n - 2)]
-    chunks.append(text_ids(model, gen, 11))
+    # Padded: 13 to 10 tokens short of the longest, past a compressor window (CSA ratio 4,
+    # HCA 16), so the rollback rebuilds entries, open windows and ring rows.
+    sizes = [length] * (n - 2) if lengths == "equal" else [length - 13, length - 10, length, 60]
+    chunks = [text_ids(model, gen, 5)] + [text_ids(model, gen, k) for k in sizes]
+    chunks.append(text_ids(model, gen, 4 * length))  # alone: it would pad the others too much
+    monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)  # on the CPU too
+    groups = fresh_groups(chunks, batched)
+    assert groups == [[1, 2, 3, 4]]
+    assert (len({chunks[i].numel() for i in groups[0]}) == 1) == (lengths == "equal")
     want = torch.stack([model(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)])
     got = model.forward_packed(chunks, batched)
     torch.testing.assert_close(got, want, rtol=0, atol=5e-5)

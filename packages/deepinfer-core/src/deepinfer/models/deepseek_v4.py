@@ -40,6 +40,7 @@ from deepinfer.models.state import (
     Packed,
     SlotRows,
     scatter_rows,
+    select_row,
 )
 from deepinfer.transfer import to_device
 
@@ -49,6 +50,11 @@ SlotStep = Callable[[Tensor, Tensor, Tensor, "int | None"], Tensor]
 
 
 class DeepseekV4ForCausalLM(nn.Module):
+    #: How much padding :meth:`forward_packed` may add to run fresh prompts of different
+    #: lengths as one lockstep batch (see :data:`MAX_PADDING`); None: that on an accelerator,
+    #: none on the CPU.
+    prefill_padding: float | None = None
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -143,12 +149,13 @@ class DeepseekV4ForCausalLM(nn.Module):
         layer_states: Sequence[LayerStates],
         rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(logits, final streams); ``rows`` [R] limits the logits to those sequence rows."""
+        """(logits, final streams); ``rows`` limits the logits to those positions (see
+        :func:`take_rows`)."""
         e = self.embed(input_ids)
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         for layer, layer_state in zip(self.layers, layer_states, strict=True):
             x = layer(x, ctx, layer_state)
-        last = x if rows is None else x[:, rows]
+        last = take_rows(x, rows)
         logits = self._logits(HyperConnection(self, "hc_head", self.cfg).head(self.ops, last))
         return logits, x
 
@@ -234,15 +241,16 @@ class DeepseekV4ForCausalLM(nn.Module):
         """
         if not chunks or len(chunks) != len(states):
             raise ValueError(f"forward_packed got {len(chunks)} chunks for {len(states)} states")
-        groups = fresh_groups(chunks, states)
+        padding = self.prefill_padding
+        if padding is None:
+            padding = MAX_PADDING if self.device.type != "cpu" else 0.0
+        groups = fresh_groups(chunks, states, padding)
         if not groups:
             return self._forward_spans(chunks, states)
         out = torch.empty(len(chunks), self.cfg.vocab_size, device=self.device)
         for group in groups:
-            batch = self.new_state(len(group))
-            ids = to_device(torch.stack([chunks[i].reshape(-1) for i in group]), self.device)
-            out[to_device(torch.tensor(group), self.device)] = self._forward_last(ids, batch)
-            scatter_rows(batch, [states[i] for i in group])
+            index = to_device(torch.tensor(group), self.device)
+            out[index] = self._forward_group([chunks[i] for i in group], [states[i] for i in group])
         grouped = {i for g in groups for i in g}
         rest = [i for i in range(len(chunks)) if i not in grouped]
         if rest:
@@ -250,11 +258,42 @@ class DeepseekV4ForCausalLM(nn.Module):
             out[to_device(torch.tensor(rest), self.device)] = logits
         return out
 
-    def _forward_last(self, input_ids: Tensor, state: ModelState) -> Tensor:
-        """Lockstep chunk [B, S] -> the last position's fp32 logits [B, V]."""
+    def _forward_group(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
+        """Fresh prompts as one lockstep batch: the logits of each one's last token [G, V].
+
+        Shorter prompts are padded at the end to the longest. Padding changes no real token
+        (attention is causal), only the batch state past each prompt's end, so the state is
+        built with that much rollback slack and each row is rolled back to its own length
+        before it lands in its sequence's state.
+        """
+        lengths = [int(c.numel()) for c in chunks]
+        longest = max(lengths)
+        rows = [
+            torch.cat((c.reshape(-1), c.reshape(-1)[-1:].expand(longest - n)))
+            for c, n in zip(chunks, lengths, strict=True)
+        ]
+        ids = to_device(torch.stack(rows), self.device)
+        batch = self.new_state(len(chunks), slack=longest - min(lengths))
+        last = to_device(torch.tensor(lengths) - 1, self.device)[:, None]
+        logits = self._forward_last(ids, batch, last)
+        if batch.slack == 0:
+            scatter_rows(batch, states)
+            return logits
+        for j, (chunk, n, dst) in enumerate(zip(chunks, lengths, states, strict=True)):
+            row = select_row(batch, j)
+            self.rollback(row, n, chunk.tolist())
+            scatter_rows(row, [dst])
+        return logits
+
+    def _forward_last(
+        self, input_ids: Tensor, state: ModelState, last: Tensor | None = None
+    ) -> Tensor:
+        """Lockstep chunk [B, S] -> fp32 logits [B, V] at the last position, or at each row's
+        position ``last`` [B, 1]."""
         check_ids(input_ids, state)
         ctx = self._context(input_ids, state.pos)
-        last = to_device(torch.tensor([input_ids.shape[1] - 1]), self.device)
+        if last is None:
+            last = to_device(torch.tensor([input_ids.shape[1] - 1]), self.device)
         logits, _ = self._run_layers(input_ids, ctx, state.layers, rows=last)
         state.pos += input_ids.shape[1]
         return logits[:, 0]
@@ -449,19 +488,51 @@ def pack_chunks(
     return ids, positions, packed, last
 
 
-#: Fewest fresh prompts of one length worth a lockstep chunk of their own.
+#: Fewest fresh prompts worth a lockstep chunk of their own.
 MIN_GROUP = 2
+#: Most padding a lockstep group may add on an accelerator, as a fraction of its real tokens.
+#: Each span of a packed pass costs its own attention ops per layer, so where the host bounds
+#: the step a padded batch is far cheaper than the spans (H200, tiny V4.1: 8 prompts of 64-512
+#: tokens, 131 ms as spans, 49 ms padded to the longest); where compute bounds it the padding
+#: is wasted work, hence the cap, and none on the CPU (there the same 8 prompts take 0.94 s
+#: as spans, 1.33 s padded).
+MAX_PADDING = 0.5
 
 
-def fresh_groups(chunks: Sequence[Tensor], states: Sequence[ModelState]) -> list[list[int]]:
-    """Indices of prompts that start fresh sequences (position 0, no rollback history), grouped
-    by length, in groups of at least :data:`MIN_GROUP`: each group runs as one lockstep chunk
-    (its sequences see identical positions, so the state of a [G, S] batch is theirs)."""
-    by_len: dict[int, list[int]] = {}
-    for i, (chunk, s) in enumerate(zip(chunks, states, strict=True)):
-        if s.pos == 0 and not s.slack and s.batch_size == 1 and chunk.numel():
-            by_len.setdefault(int(chunk.numel()), []).append(i)
-    return [g for g in by_len.values() if len(g) >= MIN_GROUP]
+def fresh_groups(
+    chunks: Sequence[Tensor], states: Sequence[ModelState], max_padding: float = MAX_PADDING
+) -> list[list[int]]:
+    """Indices of prompts that start fresh sequences (position 0, no rollback history), in
+    groups of at least :data:`MIN_GROUP` of similar length: each group runs as one lockstep
+    chunk padded to its longest prompt (its sequences see identical positions, so row i of a
+    [G, S] batch state is sequence i's, once rolled back to its own length). A group's padding
+    stays within ``max_padding`` times its real tokens (0: equal lengths only)."""
+    fresh = sorted(
+        (int(chunk.numel()), i)
+        for i, (chunk, s) in enumerate(zip(chunks, states, strict=True))
+        if s.pos == 0 and not s.slack and s.batch_size == 1 and chunk.numel()
+    )
+    groups: list[list[int]] = []
+    group: list[int] = []
+    real = 0
+    for n, i in fresh:  # ascending: the newest member is the group's longest
+        if group and (len(group) + 1) * n > (1 + max_padding) * (real + n):
+            groups.append(group)
+            group, real = [], 0
+        group.append(i)
+        real += n
+    groups.append(group)
+    return [sorted(g) for g in groups if len(g) >= MIN_GROUP]
+
+
+def take_rows(x: Tensor, rows: Tensor | None) -> Tensor:
+    """``x`` [B, S, ...] at sequence positions ``rows``: [R] the same for every row, [B, 1]
+    one per row (a padded lockstep batch), or None for all."""
+    if rows is None:
+        return x
+    if rows.dim() == 1:
+        return x[:, rows]
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], rows]
 
 
 def all_slotted(states: Sequence[ModelState]) -> bool:

@@ -39,6 +39,7 @@ from deepinfer.models.deepseek_v4 import (
     pack_chunks,
     per_layer_states,
     slot_rows,
+    take_rows,
 )
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.candidate_indexer import SharedKV
@@ -150,7 +151,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             h = self.engram_history
             recent = list(token_ids[max(0, length - h) : length])
             recent = [self.cfg.engram_pad_token_id] * (h - len(recent)) + recent
-            history = torch.tensor([recent] * state.batch_size, device=self.device)
+            history = to_device(torch.tensor([recent] * state.batch_size), self.device)
         super().rollback(state, length, token_ids)
         if history is not None:
             state.token_history = history
@@ -285,12 +286,15 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             raise ValueError("forward_packed takes text chunks; images go through forward")
         return super().forward_packed(chunks, states)
 
-    def _forward_last(self, input_ids: Tensor, state: ModelState) -> Tensor:
+    def _forward_last(
+        self, input_ids: Tensor, state: ModelState, last: Tensor | None = None
+    ) -> Tensor:
         check_ids(input_ids, state)
         s = input_ids.shape[1]
         positions = torch.arange(state.pos, state.pos + s, device=self.device)
         engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
-        last = to_device(torch.tensor([s - 1]), self.device)
+        if last is None:
+            last = to_device(torch.tensor([s - 1]), self.device)
         logits, _ = self._run_v41(
             input_ids, positions, engram_ids, state.layers, None, rows=last, text=True
         )
@@ -342,7 +346,8 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         graphs: DecodeGraphs | None = None,
         text: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        """(logits, final streams); ``rows`` [R] limits the logits to those sequence rows.
+        """(logits, final streams); ``rows`` limits the logits to those positions (see
+        :func:`~deepinfer.models.deepseek_v4.take_rows`).
         ``text``: the caller checked that no id is an image token (no device-side check)."""
         if text:
             e, image_mask = self.embed(input_ids), None
@@ -364,11 +369,11 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         pre: Tensor | None = None
         for layer, layer_state in zip(self.layers, layer_states, strict=True):
             x, pre = layer(x, pre, ctx, layer_state)
-        last = x if rows is None else x[:, rows]
+        last = take_rows(x, rows)
         if pre is None:  # V4-style residual (hc_pre_from_prev_sublayer off)
             h = HyperConnection(self, "hc_head", self.cfg).head(self.ops, last)
         else:
-            h = self.ops.mhc_collapse(last, pre if rows is None else pre[:, rows])
+            h = self.ops.mhc_collapse(last, take_rows(pre, rows))
         return self._logits(h), x
 
     @torch.no_grad()

@@ -373,13 +373,14 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
         slots = to_device(torch.tensor([s.layers[0].swa.slot for s in dst]), ring.device)
     for i, layer in enumerate(src.layers):
         rings = [s.layers[i].swa for s in dst]
+        kv = ring_layout(layer.swa, rings[0].capacity)
         if slots is not None:
             pool = rings[0].pool  # this layer's shared ring tensor
             assert pool is not None
-            pool[slots] = layer.swa.kv
+            pool[slots] = kv
         else:
             for j, r in enumerate(rings):
-                r.kv.copy_(layer.swa.kv[j : j + 1])
+                r.kv.copy_(kv[j : j + 1])
         for r in rings:
             r.length = layer.swa.length
         for part in ("compressor", "indexer"):
@@ -394,6 +395,58 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
                 s.token_history = src.history_buf[j : j + 1]
     for s in dst:
         s.pos = src.pos
+
+
+def ring_layout(ring: SWARing, capacity: int) -> Tensor:
+    """``ring``'s rows as a ring of ``capacity`` rows holds them (position p at p % capacity):
+    a state built with rollback slack has a larger ring than the sequence's own."""
+    if ring.capacity == capacity:
+        return ring.kv
+    first = max(0, ring.length - min(capacity, ring.capacity))
+    positions = torch.arange(first, ring.length, device=ring.kv.device)
+    out = ring.kv.new_zeros(ring.kv.shape[0], capacity, ring.kv.shape[2])
+    out[:, positions % capacity] = ring.kv[:, positions % ring.capacity]
+    return out
+
+
+def select_row(state: ModelState, row: int) -> ModelState:
+    """Row ``row`` of a lockstep state as a single-sequence state whose tensors are views of
+    the batch's (so it can be rolled back and scattered on its own)."""
+
+    def cut(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t[row : row + 1]
+
+    def layer(ls: LayerState) -> LayerState:
+        out = LayerState(swa=SWARing(ls.swa.kv[row : row + 1], ls.swa.length, ls.swa.window))
+        for part in ("compressor", "indexer"):
+            comp: CompressorState | None = getattr(ls, part)
+            if comp is not None:
+                fields = {
+                    name: cut(getattr(comp, name)) for name in (*BUFFERS, "hist_kv", "hist_score")
+                }
+                setattr(
+                    out,
+                    part,
+                    CompressorState(
+                        ratio=comp.ratio,
+                        overlap=comp.overlap,
+                        count=comp.count,
+                        fill=comp.fill,
+                        keep=comp.keep,
+                        **fields,  # type: ignore[arg-type]
+                    ),
+                )
+        return out
+
+    return ModelState(
+        layers=[layer(ls) for ls in state.layers],
+        mtp=[layer(ls) for ls in state.mtp],
+        pos=state.pos,
+        slack=state.slack,
+        committed=state.committed,
+        mtp_pos=state.mtp_pos,
+        history_buf=cut(state.history_buf),
+    )
 
 
 def _scatter_compressor(
