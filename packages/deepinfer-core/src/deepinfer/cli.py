@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--min-output-len", type=int, default=16)
     p_bench.add_argument("--max-output-len", type=int, default=64)
     p_bench.add_argument("--max-num-seqs", type=int, default=256)
-    p_bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p_bench.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p_bench.add_argument(
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (GPU)"
     )

@@ -11,7 +11,10 @@ from deepinfer.errors import InvalidRequestError
 class EngineConfig:
     #: Requests decoded together (vLLM's default); the state budget still bounds admission.
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    #: Tokens one step may run (vLLM's name; its server default). Fewer, larger prefill
+    #: passes: on the H200 the tiny model's nano-vllm bench (128 prompts of 64-512 tokens)
+    #: runs 1.5x faster at 8192 than at 2048; a step's decode rows wait for its prefill.
+    max_num_batched_tokens: int = 8192
     #: Longest sequence (prompt + output); None = the model's max_position_embeddings.
     max_model_len: int | None = None
     #: Bytes the per-request model state (SWA rings, compressed entries, ...) may use.
