@@ -63,7 +63,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "total_tok_per_s": round((in_tokens + out_tokens) / elapsed, 2),
         "engine_steps": llm.engine.num_steps,
         "async_scheduling": llm.engine.async_scheduling,
-        # Captured lazily during the timed run (one per layer and batch bucket met).
+        # Whole decode steps are captured at startup (one per batch bucket); per-layer FFN
+        # graphs (states whose entries are not pooled) on first use, inside the timed run.
         "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }
     width = max(len(k) for k in result)

@@ -13,7 +13,8 @@ captured, once per batch bucket, and replayed with one launch:
 
 Batches are padded up to the next bucket (1, 2, 4, then multiples of 8, vLLM's sizes) with
 all-zero rows, whose outputs are never read (a whole captured step sends their state writes to
-the slot tensors' padding row 0).
+the slot tensors' padding row 0). A graph is captured on first use; the engine captures every
+bucket's whole step at startup, as vLLM does, so no run pays for it.
 
 Memory: the graphs share one memory pool for their intermediates, and their static inputs and
 outputs live in buffers of ``max_batch`` rows shared by every graph whose i-th input (output)
