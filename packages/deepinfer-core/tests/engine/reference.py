@@ -6,6 +6,19 @@ import torch
 
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
+#: Engine options that schedule the same requests very differently: one at a time, small
+#: chunks beside other requests, tiny chunks without the prefix cache, everything at once.
+SCHEDULES: dict[str, dict[str, object]] = {
+    "one-at-a-time": {"max_num_seqs": 1, "max_num_batched_tokens": 4096},
+    "chunk-37": {"max_num_seqs": 3, "max_num_batched_tokens": 37},
+    "chunk-7-no-cache": {
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 7,
+        "enable_prefix_caching": False,
+    },
+    "all-at-once": {"max_num_seqs": 8, "max_num_batched_tokens": 512},
+}
+
 
 def greedy_reference(
     model: DeepseekV4ForCausalLM, prompt: list[int], max_tokens: int, eos: int | None = None

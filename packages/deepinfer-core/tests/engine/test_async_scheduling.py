@@ -3,7 +3,8 @@
 On the CPU nothing overlaps (every op runs in the calling thread), but the bookkeeping is the
 same as on a GPU: decode rows feed tokens the host has not read, stops are seen a step late,
 preemption and the prefix cache meet tokens in flight. Outputs must equal the token-by-token
-reference and the synchronous engine, field by field.
+reference and the synchronous engine, field by field. (Preemption and abort with tokens in
+flight are the synchronous tests', run both ways.)
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from reference import greedy_reference, random_prompts
+from reference import SCHEDULES, greedy_reference, random_prompts
 
-from deepinfer.cache.pools import state_bytes
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.errors import InvalidRequestError
@@ -64,16 +64,7 @@ def count_inflight_decodes(engine: LLMEngine) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"max_num_seqs": 1, "max_num_batched_tokens": 4096},
-        {"max_num_seqs": 3, "max_num_batched_tokens": 37},
-        {"max_num_seqs": 8, "max_num_batched_tokens": 7, "enable_prefix_caching": False},
-        {"max_num_seqs": 8, "max_num_batched_tokens": 512},
-    ],
-    ids=["one-at-a-time", "chunk-37", "chunk-7-no-cache", "all-at-once"],
-)
+@pytest.mark.parametrize("options", SCHEDULES.values(), ids=SCHEDULES.keys())
 def test_greedy_matches_reference(model, tokenizer, options) -> None:  # type: ignore[no-untyped-def]
     # Prompts of 118-126 tokens decode across the 128-token block boundary, where the step
     # must read the token first (the block is keyed by it).
@@ -148,46 +139,6 @@ def test_penalties_see_the_token_in_flight(model, tokenizer) -> None:  # type: i
     params = SamplingParams(temperature=0, max_tokens=10, frequency_penalty=-2.0, ignore_eos=True)
     outs = run(engine_for(model, tokenizer), prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == expected
-
-
-def test_preemption_with_tokens_in_flight_keeps_outputs(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    prompts = random_prompts(5, 18, 22, seed=1)
-    expected = [greedy_reference(model, p, 40, eos=1) for p in prompts]
-    budget = 3 * state_bytes(model.cfg, model.dtype, 30)
-    engine = engine_for(
-        model, tokenizer, max_num_seqs=8, max_num_batched_tokens=64, state_memory_bytes=budget
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=40)
-    ids = [engine.add_request(p, params) for p in prompts]
-    outputs: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                outputs[out.request_id] = out
-        assert engine.pool.used_bytes <= budget
-        assert engine.pool.used_bytes == sum(
-            state_bytes(model.cfg, model.dtype, r.num_computed_tokens)
-            for r in engine.scheduler.running
-        )
-    assert [outputs[i].outputs[0].token_ids for i in ids] == expected
-    assert sum(o.metrics.num_preemptions for o in outputs.values()) > 0
-
-
-def test_abort_with_a_token_in_flight(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    prompts = random_prompts(2, 20, 30, seed=16)
-    engine = engine_for(model, tokenizer)
-    a = engine.add_request(prompts[0], SamplingParams(temperature=0, max_tokens=50))
-    b = engine.add_request(prompts[1], SamplingParams(temperature=0, max_tokens=5))
-    for _ in range(3):
-        engine.step()
-    assert any(r.num_inflight for r in engine.groups[a])
-    aborted = engine.abort_request(a)
-    assert aborted is not None and aborted.finished
-    assert aborted.outputs[0].finish_reason == "abort"
-    final = engine.run([b])
-    assert final[b].outputs[0].token_ids == greedy_reference(model, prompts[1], 5, eos=1)
-    assert not engine.has_unfinished_requests() and engine.pool.used_bytes == 0
-    assert engine.slots.num_used == 0
 
 
 def test_length_limits_with_a_token_in_flight(model, tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -177,17 +177,20 @@ def test_duplicate_request_id_and_bad_stop_id(model, tokenizer) -> None:  # type
         engine.add_request([5, 6], SamplingParams(stop_token_ids=[10**6]))
 
 
-def test_abort_keeps_other_requests(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_abort_keeps_other_requests(model, tokenizer, async_scheduling) -> None:  # type: ignore[no-untyped-def]
     prompts = random_prompts(2, 20, 30, seed=16)
-    engine = engine_for(model, tokenizer)
+    engine = engine_for(model, tokenizer, async_scheduling=async_scheduling)
     long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
     a = engine.add_request(prompts[0], long)
     b = engine.add_request(prompts[1], GREEDY)
     for _ in range(3):
         engine.step()
+    assert any(r.num_inflight for r in engine.groups[a]) == async_scheduling
     aborted = engine.abort_request(a)
     assert aborted is not None and aborted.finished
     assert aborted.outputs[0].finish_reason == "abort"
     final = engine.run([b])
     assert final[b].outputs[0].token_ids == greedy_reference(model, prompts[1], 5, eos=1)
     assert not engine.has_unfinished_requests() and engine.pool.used_bytes == 0
+    assert engine.slots.num_used == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from reference import greedy_reference, random_prompts
+from reference import SCHEDULES, greedy_reference, random_prompts
 
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
@@ -28,21 +28,13 @@ def run(model, tokenizer, prompts, **options) -> list[list[int]]:  # type: ignor
     return [final[i].outputs[0].token_ids for i in ids]
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"max_num_seqs": 1, "max_num_batched_tokens": 4096},
-        {"max_num_seqs": 3, "max_num_batched_tokens": 37},
-        {"max_num_seqs": 8, "max_num_batched_tokens": 7, "enable_prefix_caching": False},
-        {"max_num_seqs": 8, "max_num_batched_tokens": 512},
-    ],
-    ids=["one-at-a-time", "chunk-37", "chunk-7-no-cache", "all-at-once"],
-)
+@pytest.mark.parametrize("options", SCHEDULES.values(), ids=SCHEDULES.keys())
 def test_greedy_matches_reference(model, tokenizer, expected, options) -> None:  # type: ignore[no-untyped-def]
     assert run(model, tokenizer, PROMPTS, **options) == expected
 
 
-def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer, async_scheduling) -> None:  # type: ignore[no-untyped-def]
     from deepinfer.cache.pools import state_bytes
 
     prompts = random_prompts(5, 18, 22, seed=1)
@@ -52,7 +44,12 @@ def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer) -> None:  # 
     engine = LLMEngine(
         model,
         tokenizer,
-        EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, state_memory_bytes=budget),
+        EngineConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            state_memory_bytes=budget,
+            async_scheduling=async_scheduling,  # preempted with a token in flight
+        ),
     )
     params = SamplingParams(temperature=0.0, max_tokens=40)
     ids = [engine.add_request(p, params) for p in prompts]
