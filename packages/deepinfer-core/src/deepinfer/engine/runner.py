@@ -263,11 +263,6 @@ class ModelRunner:
                 break
             req.prompt_logprobs.append(_logprob_entry(logp[row], prompt[target], k))
 
-    def sample(self, due: Due) -> list[SampledToken]:
-        """Draw a token for every request in ``due`` and wait for them."""
-        pending = self.launch_sample(due)
-        return pending.resolve() if pending is not None else []
-
     def launch_sample(self, due: Due) -> PendingSample | None:
         """Queue the draws for ``due`` and their copy to the host; returns without waiting.
 
