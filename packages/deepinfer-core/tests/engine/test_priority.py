@@ -48,6 +48,32 @@ def test_preemption_takes_the_lowest_priority_request(model, tokenizer) -> None:
     assert [final[i].outputs[0].token_ids for i in ids] == want
 
 
+def test_a_victim_already_scheduled_this_step_leaves_the_step(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """The worst-priority request can be scheduled before a better one that cannot grow; when
+    it is then preempted its state is gone, so it must not run in that step."""
+    prompts = random_prompts(2, 20, 20, seed=4)
+    engine = LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=2))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    a = engine.add_request(prompts[0], params, priority=5)
+    engine.step()  # a runs first, so it comes first in the running list
+    b = engine.add_request(prompts[1], params, priority=0)
+    engine.step()
+    (req_a,), (req_b,) = engine.groups[a], engine.groups[b]
+    grow, schedule = engine.pool.try_reserve, engine.scheduler.schedule
+    engine.pool.try_reserve = lambda rid, n: (  # type: ignore[method-assign]
+        False if rid == req_b.request_id and req_a.state is not None else grow(rid, n)
+    )
+    seen = []
+    engine.scheduler.schedule = lambda: seen.append(schedule()) or seen[-1]  # type: ignore[method-assign]
+    engine.step()  # a would run without a state
+    engine.pool.try_reserve, engine.scheduler.schedule = grow, schedule  # type: ignore[method-assign]
+    (out,) = seen
+    assert out.preempted == [req_a] and req_a not in out.scheduled and req_b in out.scheduled
+    final = engine.run()
+    want = [greedy_reference(model, p, 12, eos=None) for p in prompts]
+    assert [final[i].outputs[0].token_ids for i in (a, b)] == want
+
+
 def test_llm_generate_takes_one_priority_per_prompt() -> None:
     llm = LLM("tiny", device="cpu", max_num_seqs=1)
     params = SamplingParams(temperature=0.0, max_tokens=2)

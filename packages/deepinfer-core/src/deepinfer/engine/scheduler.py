@@ -125,6 +125,8 @@ class Scheduler:
                 victim = max(self.running, key=lambda r: r.sort_key)
                 self._preempt(victim)
                 out.preempted.append(victim)
+                if victim in out.scheduled:  # already given tokens this step: take them back
+                    budget += out.scheduled.pop(victim)
                 if victim is req:
                     break
             else:
