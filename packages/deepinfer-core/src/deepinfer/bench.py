@@ -61,6 +61,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "seconds": round(elapsed, 3),
         "output_tok_per_s": round(out_tokens / elapsed, 2),
         "total_tok_per_s": round((in_tokens + out_tokens) / elapsed, 2),
+        "max_num_batched_tokens": args.max_num_batched_tokens,
         "engine_steps": llm.engine.num_steps,
         "async_scheduling": llm.engine.async_scheduling,
         # Whole decode steps are captured at startup (one per batch bucket); per-layer FFN

@@ -94,3 +94,4 @@ def test_cli_generate_and_bench(tmp_path: Path) -> None:
     subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = json.loads(out.read_text())
     assert result["num_seqs"] == 3 and result["output_tokens"] >= 3 * 16
+    assert result["async_scheduling"] is False  # nothing to overlap on the CPU
