@@ -236,8 +236,9 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         Token-wise work runs once over all tokens, attention per chunk with its own state, so
         prefill of many requests costs about one long forward, not one forward per request.
-        Fresh prompts of equal length (the common offline batch) go further: they run as one
-        lockstep chunk, whose attention is batched too (:func:`fresh_groups`).
+        Fresh prompts of similar length (of one length on the CPU; see
+        :attr:`prefill_padding`) go further: they run as one lockstep chunk, whose attention
+        is batched too (:func:`fresh_groups`).
         """
         if not chunks or len(chunks) != len(states):
             raise ValueError(f"forward_packed got {len(chunks)} chunks for {len(states)} states")
