@@ -66,8 +66,8 @@ def count_inflight_decodes(engine: LLMEngine) -> list[int]:
 
 @pytest.mark.parametrize("options", SCHEDULES.values(), ids=SCHEDULES.keys())
 def test_greedy_matches_reference(model, tokenizer, options) -> None:  # type: ignore[no-untyped-def]
-    # Prompts of 118-126 tokens decode across the 128-token block boundary, where the step
-    # must read the token first (the block is keyed by it).
+    # Prompts of 118-126 tokens decode across the 128-token block boundary, whose block ends
+    # with a token in flight.
     prompts = random_prompts(3, 5, 60, seed=30) + random_prompts(3, 118, 126, seed=31)
     expected = [greedy_reference(model, p, 12, eos=1) for p in prompts]
     engine = engine_for(model, tokenizer, **options)
@@ -78,9 +78,16 @@ def test_greedy_matches_reference(model, tokenizer, options) -> None:  # type: i
 
 
 def test_prefix_cache_hit_and_block_recorded_during_decode(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A block that ends with a token in flight is snapshotted at the boundary and recorded
+    when the token is read, without making the step wait for it."""
     (prompt,) = random_prompts(1, 120, 120, seed=32)
     engine = engine_for(model, tokenizer)
+    waits: list[bool] = []
+    needs_tokens = engine._needs_tokens
+    engine._needs_tokens = lambda p: waits.append(needs_tokens(p)) or waits[-1]  # type: ignore[method-assign]
     (first,) = run(engine, [prompt], SamplingParams(temperature=0.0, max_tokens=20))
+    assert waits and not any(waits)
+    assert engine.prefix_cache.stats.inserted_blocks == 1
     # The first 128 tokens (prompt + 8 generated) were recorded while decoding.
     again = [*prompt, *first.outputs[0].token_ids[:10]]
     (second,) = run(engine, [again], SamplingParams(temperature=0.0, max_tokens=5))

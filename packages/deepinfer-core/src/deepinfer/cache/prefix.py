@@ -94,6 +94,18 @@ class Block:
         return blocks[::-1]
 
 
+@dataclass(eq=False)
+class Snapshot:
+    """A sequence's state at a block boundary, taken before the block is keyed: with
+    asynchronous scheduling the block's last token may still be on the device when the state
+    reaches the boundary (the copies are queued at once; the key waits for the token)."""
+
+    end: int
+    layers: list[_LayerSnap]
+    nbytes: int
+    token_history: Tensor | None
+
+
 def block_key(parent: bytes | None, tokens: list[int]) -> bytes:
     h = hashlib.sha256(parent or b"root")
     h.update(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes())
@@ -158,14 +170,9 @@ class PrefixCache:
         state.token_history = _clone(block.token_history)
         return state
 
-    def insert(self, parent: Block | None, tokens: list[int], state: ModelState) -> Block:
-        """Record the block that ends at ``state.pos`` (``tokens`` are its 128 tokens)."""
-        assert len(tokens) == BLOCK_SIZE and state.pos == (parent.end if parent else 0) + BLOCK_SIZE
-        key = block_key(parent.key if parent else None, tokens)
-        existing = self.blocks.get(key)
-        if existing is not None:
-            self.blocks.move_to_end(key)
-            return existing
+    def snapshot(self, parent: Block | None, state: ModelState) -> Snapshot:
+        """What :meth:`insert` keeps of ``state`` at the boundary after ``parent``."""
+        assert state.pos == (parent.end if parent else 0) + BLOCK_SIZE
         layers: list[_LayerSnap] = []
         for i, layer in enumerate(state.layers):
             prev = parent.layers[i] if parent else None
@@ -180,11 +187,26 @@ class PrefixCache:
             _nbytes(s.swa_kv) + sum(c.nbytes() for c in (s.compressor, s.indexer) if c)
             for s in layers
         )
-        block = Block(key, parent, state.pos, layers, nbytes, _clone(state.token_history))
+        return Snapshot(state.pos, layers, nbytes, _clone(state.token_history))
+
+    def insert(
+        self, parent: Block | None, tokens: list[int], state: ModelState | Snapshot
+    ) -> Block:
+        """Record the block that ends at ``state``'s position (``tokens`` are its 128 tokens),
+        from the state itself or from a :meth:`snapshot` taken at the boundary."""
+        assert len(tokens) == BLOCK_SIZE
+        key = block_key(parent.key if parent else None, tokens)
+        existing = self.blocks.get(key)
+        if existing is not None:
+            self.blocks.move_to_end(key)
+            return existing
+        snap = state if isinstance(state, Snapshot) else self.snapshot(parent, state)
+        assert snap.end == (parent.end if parent else 0) + BLOCK_SIZE
+        block = Block(key, parent, snap.end, snap.layers, snap.nbytes, snap.token_history)
         if parent is not None:
             parent.children.add(block)
         self.blocks[key] = block
-        self.used_bytes += nbytes
+        self.used_bytes += snap.nbytes
         self.stats.inserted_blocks += 1
         self._evict(keep=block)
         return block

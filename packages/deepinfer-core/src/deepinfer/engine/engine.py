@@ -11,7 +11,8 @@ input ids from the device, so nothing waits for a step before the next is queued
 one step of lag: a request that stops on a token (EOS, a stop string) has already been
 scheduled once more, and that extra token is dropped. A step reads the previous tokens first
 when the next one needs them on the host: a structured-output mask or a penalty depends on
-them, and a prefix-cache block that ends with one is keyed by it.
+them. A prefix-cache block that ends with a token in flight is snapshotted at the boundary and
+keyed (recorded) when the token is read.
 """
 
 from __future__ import annotations
@@ -296,8 +297,7 @@ class LLMEngine:
 
     def _needs_tokens(self, pending: PendingSample) -> bool:
         """Whether the next step needs ``pending``'s tokens on the host before it is scheduled:
-        their masks or penalties depend on them, or feeding them completes a cache block."""
-        cache = self.prefix_cache is not None
+        their masks or penalties depend on them."""
         for req in pending.requests:
             p = req.params
             if req.finished:
@@ -305,8 +305,6 @@ class LLMEngine:
             if req.grammar is not None or p.presence_penalty or p.frequency_penalty:
                 return True
             if p.repetition_penalty != 1:
-                return True
-            if cache and (req.num_computed_tokens + 1) % BLOCK_SIZE == 0:
                 return True
         return False
 
@@ -322,6 +320,8 @@ class LLMEngine:
     def _append(self, tok: SampledToken) -> None:
         req, params = tok.request, tok.request.params
         req.output_token_ids.append(tok.token_id)
+        if req.pending_block is not None:
+            self._record_pending_block(req)
         req.cumulative_logprob += tok.logprob
         if tok.top is not None:
             req.logprobs.append(tok.top)
@@ -349,6 +349,17 @@ class LLMEngine:
             req.finish_reason = reason
             req.metrics.finished_time = time.monotonic()
             self.scheduler.finish(req)
+
+    def _record_pending_block(self, req: Request) -> None:
+        """Key and record the block whose last token just arrived (see
+        :class:`~deepinfer.cache.prefix.Snapshot`)."""
+        snap, req.pending_block = req.pending_block, None
+        cache, parent = self.prefix_cache, req.cache_block
+        assert snap is not None and cache is not None
+        if parent is not None and parent not in cache:
+            return  # the chain was evicted meanwhile; this request stops contributing
+        tokens = req.all_token_ids[snap.end - BLOCK_SIZE : snap.end]
+        req.cache_block = cache.insert(parent, tokens, snap)
 
     # -- outputs ------------------------------------------------------------------------------
 

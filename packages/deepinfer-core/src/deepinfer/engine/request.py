@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from deepinfer.cache.prefix import Block
+from deepinfer.cache.prefix import Block, Snapshot
 from deepinfer.models.state import ModelState
 from deepinfer.outputs import Logprobs, RequestMetrics
 from deepinfer.sampling_params import SamplingParams
@@ -64,6 +64,9 @@ class Request:
     grammar: GrammarMatcher | None = None
     #: The prefix-cache block at the last 128-token boundary this request passed.
     cache_block: Block | None = None
+    #: The state at a boundary whose block ends with a token still in flight: recorded once
+    #: the host reads that token (asynchronous scheduling).
+    pending_block: Snapshot | None = None
     #: Text decoded so far and the detokenizer's offsets into output_token_ids.
     text: str = ""
     prefix_offset: int = 0

@@ -245,8 +245,9 @@ class ModelRunner:
         if parent is not None and parent not in cache:
             return  # the chain was evicted under us; this request stops contributing
         end = req.num_computed_tokens
-        # The engine reads in-flight tokens before a step that completes a block.
-        assert len(tokens) >= end, "a prefix-cache block ends at a token still in flight"
+        if len(tokens) < end:  # the block ends with a token still in flight: key it once read
+            req.pending_block = cache.snapshot(parent, req.state)
+            return
         req.cache_block = cache.insert(parent, tokens[end - BLOCK_SIZE : end], req.state)
 
     def _prompt_logprobs(self, req: Request, start: int, logits: Tensor) -> None:

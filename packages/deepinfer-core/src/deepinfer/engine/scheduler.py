@@ -80,7 +80,7 @@ class Scheduler:
         self.running.remove(req)
         self._drop_state(req)
         req.num_computed_tokens = 0
-        req.cache_block = None
+        req.cache_block = req.pending_block = None
         if req.prompt_logprobs is not None:
             req.prompt_logprobs = []  # recomputed from the start with the prompt
         req.status = RequestStatus.WAITING
