@@ -98,6 +98,13 @@ class SamplingParams:
         self._validate()
 
     @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes the logits (it reads every token generated so far)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1
+        )
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 

@@ -298,15 +298,10 @@ class LLMEngine:
     def _needs_tokens(self, pending: PendingSample) -> bool:
         """Whether the next step needs ``pending``'s tokens on the host before it is scheduled:
         their masks or penalties depend on them."""
-        for req in pending.requests:
-            p = req.params
-            if req.finished:
-                continue
-            if req.grammar is not None or p.presence_penalty or p.frequency_penalty:
-                return True
-            if p.repetition_penalty != 1:
-                return True
-        return False
+        return any(
+            not req.finished and (req.grammar is not None or req.params.penalized)
+            for req in pending.requests
+        )
 
     def _read(self, pending: PendingSample, changed: dict[str, None]) -> None:
         """Take in a step's tokens; those of requests that ended meanwhile are dropped."""

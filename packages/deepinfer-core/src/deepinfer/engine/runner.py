@@ -19,6 +19,7 @@ on the device, and the next decode step takes its input ids from there.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,11 @@ class PendingSample:
     #: Host copies of (token ids, logprobs, top ids, top logprobs), filled asynchronously.
     host: list[Tensor | None]
     done: torch.cuda.Event | None
-    rows: dict[Request, int]
+
+    @functools.cached_property
+    def rows(self) -> dict[Request, int]:
+        """Each request's row in ``token_ids`` (built only when a decode step needs it)."""
+        return {r: i for i, r in enumerate(self.requests)}
 
     def resolve(self) -> list[SampledToken]:
         """Wait for the copies; the requests' tokens as the host sees them."""
@@ -294,8 +299,7 @@ class ModelRunner:
             done.record()
         for req in reqs:
             req.num_inflight += 1
-        rows = {r: i for i, r in enumerate(reqs)}
-        self.last_sample = PendingSample(reqs, result.token_ids, host, done, rows)
+        self.last_sample = PendingSample(reqs, result.token_ids, host, done)
         return self.last_sample
 
     def _sampling_tensors(self, reqs: list[Request], device: torch.device) -> SamplingTensors:
@@ -313,7 +317,7 @@ class ModelRunner:
             sampled_rows=col([i for i, p in enumerate(ps) if p.temperature > 0], torch.int64),
             any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
         )
-        if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in ps):
+        if any(p.penalized for p in ps):
             counts = torch.zeros(len(reqs), self.vocab_size, dtype=torch.int64, device=device)
             prompt = torch.zeros(len(reqs), self.vocab_size, dtype=torch.bool, device=device)
             for i, r in enumerate(reqs):

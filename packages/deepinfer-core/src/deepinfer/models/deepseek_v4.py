@@ -286,15 +286,10 @@ class DeepseekV4ForCausalLM(nn.Module):
             scatter_rows(row, [dst])
         return logits
 
-    def _forward_last(
-        self, input_ids: Tensor, state: ModelState, last: Tensor | None = None
-    ) -> Tensor:
-        """Lockstep chunk [B, S] -> fp32 logits [B, V] at the last position, or at each row's
-        position ``last`` [B, 1]."""
+    def _forward_last(self, input_ids: Tensor, state: ModelState, last: Tensor) -> Tensor:
+        """Lockstep chunk [B, S] -> fp32 logits [B, V] at each row's position ``last`` [B, 1]."""
         check_ids(input_ids, state)
         ctx = self._context(input_ids, state.pos)
-        if last is None:
-            last = to_device(torch.tensor([input_ids.shape[1] - 1]), self.device)
         logits, _ = self._run_layers(input_ids, ctx, state.layers, rows=last)
         state.pos += input_ids.shape[1]
         return logits[:, 0]

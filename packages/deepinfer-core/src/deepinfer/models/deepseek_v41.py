@@ -286,15 +286,11 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             raise ValueError("forward_packed takes text chunks; images go through forward")
         return super().forward_packed(chunks, states)
 
-    def _forward_last(
-        self, input_ids: Tensor, state: ModelState, last: Tensor | None = None
-    ) -> Tensor:
+    def _forward_last(self, input_ids: Tensor, state: ModelState, last: Tensor) -> Tensor:
         check_ids(input_ids, state)
         s = input_ids.shape[1]
         positions = torch.arange(state.pos, state.pos + s, device=self.device)
         engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
-        if last is None:
-            last = to_device(torch.tensor([s - 1]), self.device)
         logits, _ = self._run_v41(
             input_ids, positions, engram_ids, state.layers, None, rows=last, text=True
         )
