@@ -75,3 +75,23 @@ def test_padded_prefill_groups_change_no_token() -> None:
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False)]
     assert got == want
+
+
+def test_prefix_hits_on_blocks_recorded_inside_chunks_change_no_token() -> None:
+    """Prompts prefill in one forward each (padded groups on a GPU) and the prefix cache keeps
+    the states the forward handed back at the 128-token boundaries inside them; prompts that
+    share those prefixes restore them and decode as a CPU engine without a cache does."""
+    gpu = LLM("tiny", device="cuda", dtype="float32")
+    cpu = LLM("tiny", device="cpu", dtype="float32", enable_prefix_caching=False)
+    cfg = gpu.engine.model.cfg
+    top = min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
+    rnd = random.Random(1)
+    first = [[rnd.randrange(3, top) for _ in range(rnd.randint(260, 520))] for _ in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    gpu.generate(first, params, use_tqdm=False)
+    second = [[*p[: rnd.randint(130, len(p))], rnd.randrange(3, top)] for p in first]
+    got = gpu.generate(second, params, use_tqdm=False)
+    want = cpu.generate(second, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    cached = [o.metrics.num_cached_tokens for o in got]
+    assert all(c >= 128 for c in cached), cached  # every one hit at least one block

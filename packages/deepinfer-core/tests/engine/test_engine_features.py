@@ -24,11 +24,14 @@ def generate(engine: LLMEngine, prompts, params) -> list:  # type: ignore[no-unt
     return [final[i] for i in ids]
 
 
-def test_prefix_cache_hit_equals_cold_run_and_skips_prefill(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+# 100: the blocks end inside and at the ends of chunks; 8192: a prompt runs as one chunk and
+# both of its blocks are recorded from states handed back by that one forward.
+@pytest.mark.parametrize("budget", [100, 8192])
+def test_prefix_cache_hit_equals_cold_run_and_skips_prefill(model, tokenizer, budget) -> None:  # type: ignore[no-untyped-def]
     shared = random_prompts(1, 300, 300, seed=5)[0]
     a = [*shared, 11, 12, 13]
     b = [*shared, 21, 22]
-    engine = engine_for(model, tokenizer, max_num_batched_tokens=100)
+    engine = engine_for(model, tokenizer, max_num_batched_tokens=budget)
     (out_a,) = generate(engine, [a], GREEDY)
     assert out_a.metrics.num_cached_tokens == 0
     computed: list[int] = []

@@ -156,3 +156,71 @@ def test_fresh_prompts_in_lockstep_equal_separate_forwards(
         want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
         got = model.forward_decode(ids, batched)
         torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
+
+
+def _assert_same_state(got: ModelState, want: ModelState) -> None:
+    assert got.pos == want.pos
+    for g, w in zip(got.layers, want.layers, strict=True):
+        assert g.swa.length == w.swa.length
+        torch.testing.assert_close(g.swa.kv, w.swa.kv, rtol=0, atol=5e-5)
+        for part in ("compressor", "indexer"):
+            gc, wc = getattr(g, part), getattr(w, part)
+            assert (gc is None) == (wc is None)
+            if gc is None:
+                continue
+            assert (gc.count, gc.fill) == (wc.count, wc.fill)
+            for name in ("entries", "buf_kv", "buf_score", "prev_kv", "prev_score"):
+                a, b = getattr(gc, name), getattr(wc, name)
+                assert (a is None) == (b is None), name
+                if a is not None:
+                    torch.testing.assert_close(a, b, rtol=0, atol=5e-5, msg=name)
+    if want.token_history is None:
+        assert got.token_history is None
+    else:
+        assert torch.equal(got.token_history, want.token_history)
+
+
+@pytest.mark.parametrize("layout", ["spans", "padded_group"])
+def test_states_at_marks_equal_states_of_cut_chunks(
+    model: DeepseekV4ForCausalLM, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``forward_packed_at`` hands back each sequence's state at lengths inside its chunk (how
+    the prefix cache records block boundaries without cutting the chunk): rings, open windows,
+    previous half-windows, entries and Engram history equal those of a state whose chunk was
+    cut there. The marks fall mid-window for every compressor ratio, before and after the ring
+    wraps and on both sides of the first complete windows."""
+    gen = torch.Generator().manual_seed(11)
+    w = model.cfg.sliding_window
+    warm = text_ids(model, gen, 9)
+    if layout == "spans":  # a continuing sequence and a fresh one, span by span
+        chunks = [text_ids(model, gen, 3 * w), text_ids(model, gen, 2 * w + 5)]
+        starts = [9, 0]
+    else:  # fresh prompts of different lengths as one padded lockstep chunk
+        monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)
+        chunks = [text_ids(model, gen, 2 * w + k) for k in (0, 7, 13)]
+        starts = [0, 0, 0]
+    marks = [
+        [s + 1, s + 6, s + w - 1, s + w + 3, s + c.numel() - 2]
+        for s, c in zip(starts, chunks, strict=True)
+    ]
+    states = [model.new_state(1) for _ in chunks]
+    cut = [model.new_state(1) for _ in chunks]
+    for s, c in zip(states, cut, strict=True):
+        if layout == "spans" and s is states[0]:
+            model.forward_packed([warm], [s])
+            model(warm[None], c)
+    if layout == "padded_group":
+        assert fresh_groups(chunks, states) == [[0, 1, 2]]
+    logits, views = model.forward_packed_at(chunks, states, marks)
+    for i, (chunk, start, state) in enumerate(zip(chunks, starts, cut, strict=True)):
+        assert len(views[i]) == len(marks[i])
+        done = start
+        for length, view in zip(marks[i], views[i], strict=True):
+            model(chunk[None, done - start : length - start], state)
+            done = length
+            _assert_same_state(view, state)
+        last = model(chunk[None, done - start :], state)[0, -1]
+        torch.testing.assert_close(logits[i], last, rtol=0, atol=5e-5)
+        _assert_same_state(states[i], state)
+    with pytest.raises(ValueError, match="not inside the chunk"):
+        model.forward_packed_at([chunks[0]], [model.new_state(1)], [[0]])

@@ -19,17 +19,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from deepinfer.models.state import CompressorState, ModelState
+from deepinfer.models.state import CompressorState, ModelState, clone_or_none
 
 BLOCK_SIZE = 128
 
 
 def _nbytes(t: Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
-
-
-def _clone(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.clone()
 
 
 @dataclass
@@ -49,11 +45,11 @@ class _CompressorSnap:
             comp.entries[:, first:].clone(),
             comp.buf_kv.clone(),
             comp.buf_score.clone(),
-            _clone(comp.prev_kv),
-            _clone(comp.prev_score),
+            clone_or_none(comp.prev_kv),
+            clone_or_none(comp.prev_score),
             comp.num_entries,
-            _clone(comp.hist_kv),
-            _clone(comp.hist_score),
+            clone_or_none(comp.hist_kv),
+            clone_or_none(comp.hist_score),
         )
 
     def nbytes(self) -> int:
@@ -163,11 +159,17 @@ class PrefixCache:
                 pieces = [getattr(b.layers[i], name).entries for b in chain]
                 comp.entries = torch.cat(pieces, dim=1)
                 comp.buf_kv, comp.buf_score = last.buf_kv.clone(), last.buf_score.clone()
-                comp.prev_kv, comp.prev_score = _clone(last.prev_kv), _clone(last.prev_score)
+                comp.prev_kv, comp.prev_score = (
+                    clone_or_none(last.prev_kv),
+                    clone_or_none(last.prev_score),
+                )
                 if comp.keep and last.hist_kv is not None:
-                    comp.hist_kv, comp.hist_score = _clone(last.hist_kv), _clone(last.hist_score)
+                    comp.hist_kv, comp.hist_score = (
+                        clone_or_none(last.hist_kv),
+                        clone_or_none(last.hist_score),
+                    )
         state.pos = block.end
-        state.token_history = _clone(block.token_history)
+        state.token_history = clone_or_none(block.token_history)
         return state
 
     def snapshot(self, parent: Block | None, state: ModelState) -> Snapshot:
@@ -187,7 +189,7 @@ class PrefixCache:
             _nbytes(s.swa_kv) + sum(c.nbytes() for c in (s.compressor, s.indexer) if c)
             for s in layers
         )
-        return Snapshot(state.pos, layers, nbytes, _clone(state.token_history))
+        return Snapshot(state.pos, layers, nbytes, clone_or_none(state.token_history))
 
     def insert(
         self, parent: Block | None, tokens: list[int], state: ModelState | Snapshot
@@ -212,6 +214,8 @@ class PrefixCache:
         return block
 
     def _evict(self, keep: Block) -> None:
+        if self.used_bytes <= self.budget_bytes:
+            return
         protected = set(keep.chain())
         for key in list(self.blocks):
             if self.used_bytes <= self.budget_bytes:

@@ -5,8 +5,8 @@ States are per-request objects. Requests that decode one token go through the mo
 prefill chunks of all other requests are packed into one forward (``forward_packed``, which
 runs fresh prompts of equal length as one lockstep batch). The sampler then draws for every
 request that reached the end of its known tokens in one batched call. With the prefix cache
-on, spans are cut at 128-token boundaries so the state at each boundary can be recorded; the
-model is chunking-invariant, so the cut does not change any logits.
+on, the packed forward also hands back each request's state at the 128-token boundaries
+inside its chunk (copies taken as the layers pass them), so recording the blocks costs no cut.
 
 In batch-invariant mode every token runs through the model on its own, so a request's logits
 never depend on its batch neighbours (a batched decode sums in a batch-dependent order).
@@ -30,6 +30,7 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs
+from deepinfer.models.state import ModelState
 from deepinfer.outputs import Logprobs
 from deepinfer.sampling import SamplingTensors, sample
 from deepinfer.transfer import to_device
@@ -185,35 +186,37 @@ class ModelRunner:
         return torch.where(index >= 0, gathered, to_device(torch.tensor(host), drawn.device))
 
     def _prefill(self, ends: dict[Request, int]) -> Due:
-        """Advance every request to its scheduled end with packed forwards.
+        """Advance every request to its scheduled end with one packed forward.
 
-        With the prefix cache on, each round stops every request at its next 128-token
-        boundary so the state there can be recorded.
+        With the prefix cache on, the forward also returns each request's state at the
+        128-token boundaries inside its chunk, and those blocks are recorded.
         """
+        reqs = list(ends)
+        chunks = [torch.tensor(r.all_token_ids[r.num_computed_tokens : ends[r]]) for r in reqs]
+        # A prefill never reaches a token still in flight (the scheduler waits for it).
+        assert all(
+            c.numel() == ends[r] - r.num_computed_tokens for c, r in zip(chunks, reqs, strict=True)
+        )
+        states = [r.state for r in reqs]
+        marks = [self._boundaries(r, ends[r]) for r in reqs]
+        logits, views = self.model.forward_packed_at(chunks, states, marks)  # type: ignore[arg-type]
         due: Due = []
-        pending = dict(ends)
-        while pending:
-            reqs = list(pending)
-            stops = [self._piece_end(r, pending[r]) for r in reqs]
-            chunks = [
-                torch.tensor(r.all_token_ids[r.num_computed_tokens : stop])
-                for r, stop in zip(reqs, stops, strict=True)
-            ]
-            # A prefill never reaches a token still in flight (the scheduler waits for it).
-            assert all(
-                c.numel() == stop - r.num_computed_tokens
-                for c, r, stop in zip(chunks, reqs, stops, strict=True)
-            )
-            states = [r.state for r in reqs]
-            logits = self.model.forward_packed(chunks, states)  # type: ignore[arg-type]
-            for i, (req, stop) in enumerate(zip(reqs, stops, strict=True)):
-                req.num_computed_tokens = stop
-                self._maybe_record(req)
-                if stop == pending[req]:
-                    del pending[req]
-                    if stop == req.num_tokens:
-                        due.append(([req], logits[i : i + 1]))
+        for i, req in enumerate(reqs):
+            for view in views[i]:
+                self._record_block(req, view)
+            req.num_computed_tokens = ends[req]
+            self._maybe_record(req)
+            if ends[req] == req.num_tokens:
+                due.append(([req], logits[i : i + 1]))
         return due
+
+    def _boundaries(self, req: Request, end: int) -> list[int]:
+        """The block boundaries strictly inside the request's next chunk (none without a
+        prefix cache)."""
+        if self.prefix_cache is None:
+            return []
+        first = (req.num_computed_tokens // BLOCK_SIZE + 1) * BLOCK_SIZE
+        return list(range(first, end, BLOCK_SIZE))
 
     def _piece_end(self, req: Request, end: int) -> int:
         if self.prefix_cache is None:
@@ -222,7 +225,8 @@ class ModelRunner:
 
     def _maybe_record(self, req: Request) -> None:
         if self.prefix_cache is not None and req.num_computed_tokens % BLOCK_SIZE == 0:
-            self._record_block(req, req.all_token_ids)
+            assert req.state is not None
+            self._record_block(req, req.state)
 
     def _advance(self, req: Request, n: int) -> Tensor:
         """Per-request forwards (batch-invariant mode, prompt logprobs)."""
@@ -243,17 +247,19 @@ class ModelRunner:
         assert last is not None
         return last
 
-    def _record_block(self, req: Request, tokens: list[int]) -> None:
+    def _record_block(self, req: Request, state: ModelState) -> None:
+        """Record the block ending at ``state.pos``: the request's state there (its own, or a
+        view of it at a boundary inside the chunk just run)."""
         cache = self.prefix_cache
-        assert cache is not None and req.state is not None
+        assert cache is not None
         parent = req.cache_block
         if parent is not None and parent not in cache:
             return  # the chain was evicted under us; this request stops contributing
-        end = req.num_computed_tokens
+        tokens, end = req.all_token_ids, state.pos
         if len(tokens) < end:  # the block ends with a token still in flight: key it once read
-            req.pending_block = cache.snapshot(parent, req.state)
+            req.pending_block = cache.snapshot(parent, state)
             return
-        req.cache_block = cache.insert(parent, tokens[end - BLOCK_SIZE : end], req.state)
+        req.cache_block = cache.insert(parent, tokens[end - BLOCK_SIZE : end], state)
 
     def _prompt_logprobs(self, req: Request, start: int, logits: Tensor) -> None:
         """Logprob of each prompt token given the tokens before it (None for the first)."""

@@ -39,8 +39,12 @@ from deepinfer.models.state import (
     ModelState,
     Packed,
     SlotRows,
+    clear_marks,
+    clone_or_none,
     scatter_rows,
     select_row,
+    set_marks,
+    states_at,
 )
 from deepinfer.transfer import to_device
 
@@ -240,27 +244,79 @@ class DeepseekV4ForCausalLM(nn.Module):
         :attr:`prefill_padding`) go further: they run as one lockstep chunk, whose attention
         is batched too (:func:`fresh_groups`).
         """
+        return self.forward_packed_at(chunks, states)[0]
+
+    @torch.no_grad()
+    def forward_packed_at(
+        self,
+        chunks: Sequence[Tensor],
+        states: Sequence[ModelState],
+        marks: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[Tensor, list[list[ModelState]]]:
+        """:meth:`forward_packed`, plus each sequence's state as it stood after each length in
+        ``marks[i]`` (lengths strictly inside chunk i, ascending): read-only views a prefix
+        cache can snapshot, so recording its block boundaries needs no cut in the chunk."""
         if not chunks or len(chunks) != len(states):
             raise ValueError(f"forward_packed got {len(chunks)} chunks for {len(states)} states")
+        marks = [list(m) for m in marks] if marks is not None else [[] for _ in chunks]
+        for chunk, s, lengths in zip(chunks, states, marks, strict=True):
+            if any(not s.pos < m < s.pos + chunk.numel() for m in lengths):
+                raise ValueError(f"marks {lengths} are not inside the chunk after {s.pos} tokens")
+        history = [
+            clone_or_none(s.token_history) if m else None
+            for s, m in zip(states, marks, strict=True)
+        ]
+        starts = [s.pos for s in states]
+        views: list[list[ModelState]] = [[] for _ in chunks]
         padding = self.prefill_padding
         if padding is None:
             padding = MAX_PADDING if self.device.type != "cpu" else 0.0
         groups = fresh_groups(chunks, states, padding)
-        if not groups:
-            return self._forward_spans(chunks, states)
-        out = torch.empty(len(chunks), self.cfg.vocab_size, device=self.device)
+        out = torch.empty(len(chunks) if groups else 0, self.cfg.vocab_size, device=self.device)
         for group in groups:
             index = to_device(torch.tensor(group), self.device)
-            out[index] = self._forward_group([chunks[i] for i in group], [states[i] for i in group])
+            out[index], group_views = self._forward_group(
+                [chunks[i] for i in group], [states[i] for i in group], [marks[i] for i in group]
+            )
+            for i, v in zip(group, group_views, strict=True):
+                views[i] = v
         grouped = {i for g in groups for i in g}
         rest = [i for i in range(len(chunks)) if i not in grouped]
         if rest:
-            logits = self._forward_spans([chunks[i] for i in rest], [states[i] for i in rest])
-            out[to_device(torch.tensor(rest), self.device)] = logits
-        return out
+            for i in rest:
+                set_marks(states[i], marks[i])
+            try:
+                logits = self._forward_spans([chunks[i] for i in rest], [states[i] for i in rest])
+                for i in rest:
+                    views[i] = states_at(states[i], states[i], marks[i])
+            finally:
+                for i in rest:
+                    clear_marks(states[i])
+            if groups:
+                out[to_device(torch.tensor(rest), self.device)] = logits
+            else:
+                out = logits
+        for i, (chunk, before) in enumerate(zip(chunks, history, strict=True)):
+            for view in views[i]:
+                view.token_history = self._history_at(before, chunk, view.pos - starts[i])
+        return out, views
 
-    def _forward_group(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
-        """Fresh prompts as one lockstep batch: the logits of each one's last token [G, V].
+    def _history_at(self, before: Tensor | None, chunk: Tensor, n: int) -> Tensor | None:
+        """The Engram history (the last ids, oldest first) after the first ``n`` ids of
+        ``chunk``, from the history ``before`` it; None for a model without one."""
+        if before is None:
+            return None
+        ids = to_device(chunk.reshape(1, -1)[:, :n], self.device)
+        return torch.cat((before, ids), dim=1)[:, -before.shape[1] :]
+
+    def _forward_group(
+        self,
+        chunks: Sequence[Tensor],
+        states: Sequence[ModelState],
+        marks: Sequence[Sequence[int]],
+    ) -> tuple[Tensor, list[list[ModelState]]]:
+        """Fresh prompts as one lockstep batch: the logits of each one's last token [G, V],
+        and each one's states at its ``marks``.
 
         Shorter prompts are padded at the end to the longest. Padding changes no real token
         (attention is causal), only the batch state past each prompt's end, so the state is
@@ -275,16 +331,21 @@ class DeepseekV4ForCausalLM(nn.Module):
         ]
         ids = to_device(torch.stack(rows), self.device)
         batch = self.new_state(len(chunks), slack=longest - min(lengths))
+        set_marks(batch, sorted({m for lengths_j in marks for m in lengths_j}))
         last = to_device(torch.tensor(lengths) - 1, self.device)[:, None]
         logits = self._forward_last(ids, batch, last)
         if batch.slack == 0:
             scatter_rows(batch, states)
-            return logits
-        for j, (chunk, n, dst) in enumerate(zip(chunks, lengths, states, strict=True)):
-            row = select_row(batch, j)
-            self.rollback(row, n, chunk.tolist())
-            scatter_rows(row, [dst])
-        return logits
+        else:
+            for j, (chunk, n, dst) in enumerate(zip(chunks, lengths, states, strict=True)):
+                row = select_row(batch, j)
+                self.rollback(row, n, chunk.tolist())
+                scatter_rows(row, [dst])
+        views = [
+            states_at(batch, dst, m, row=j)
+            for j, (dst, m) in enumerate(zip(states, marks, strict=True))
+        ]
+        return logits, views
 
     def _forward_last(self, input_ids: Tensor, state: ModelState, last: Tensor) -> Tensor:
         """Lockstep chunk [B, S] -> fp32 logits [B, V] at each row's position ``last`` [B, 1]."""

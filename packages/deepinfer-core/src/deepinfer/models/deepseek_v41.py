@@ -274,9 +274,12 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         return self._slot_step(step, ids, positions, states, graphs, extra)
 
     @torch.no_grad()
-    def forward_packed(  # type: ignore[override]
-        self, chunks: Sequence[Tensor], states: Sequence[ModelState]
-    ) -> Tensor:
+    def forward_packed_at(
+        self,
+        chunks: Sequence[Tensor],
+        states: Sequence[ModelState],
+        marks: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[Tensor, list[list[ModelState]]]:
         """Text chunks of several sequences in one packed pass; see the V4 method."""
         self._check_engram()
         image_id = self.cfg.image_token_id
@@ -284,7 +287,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         # forward itself skips the image mask.
         if image_id is not None and any(bool((c == image_id).any()) for c in chunks):
             raise ValueError("forward_packed takes text chunks; images go through forward")
-        return super().forward_packed(chunks, states)
+        return super().forward_packed_at(chunks, states, marks)
 
     def _forward_last(self, input_ids: Tensor, state: ModelState, last: Tensor) -> Tensor:
         check_ids(input_ids, state)

@@ -31,6 +31,10 @@ from torch import Tensor
 from deepinfer.transfer import to_device
 
 
+def clone_or_none(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.clone()
+
+
 @dataclass
 class SWARing:
     """The sliding window of one layer: ``kv[:, p % capacity]`` holds position p's row.
@@ -47,6 +51,9 @@ class SWARing:
     #: row's ring with one indexed op instead of one per row.
     pool: Tensor | None = None
     slot: int = -1
+    #: Lengths strictly inside the next chunk at which to keep a copy of the ring as it stood
+    #: there (see :func:`set_marks`): filled in by :meth:`write`.
+    marks: dict[int, Tensor | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.window:
@@ -63,10 +70,21 @@ class SWARing:
         return self.kv[:, positions % self.capacity], positions
 
     def write(self, kv: Tensor, start: int) -> None:
-        keep = min(kv.shape[1], self.capacity)
-        positions = torch.arange(start + kv.shape[1] - keep, start + kv.shape[1], device=kv.device)
-        self.kv[:, positions % self.capacity] = kv[:, -keep:].to(self.kv.dtype)
+        for length in self.marks:
+            if start < length < start + kv.shape[1]:
+                ring = self.kv.clone()
+                _write_ring(ring, kv[:, : length - start], start)
+                self.marks[length] = ring
+        _write_ring(self.kv, kv, start)
         self.length = start + kv.shape[1]
+
+
+def _write_ring(ring: Tensor, kv: Tensor, start: int) -> None:
+    """Put rows ``kv`` [B, S, D] of positions start.. into ``ring`` [B, capacity, D]."""
+    capacity = ring.shape[1]
+    keep = min(kv.shape[1], capacity)
+    positions = torch.arange(start + kv.shape[1] - keep, start + kv.shape[1], device=kv.device)
+    ring[:, positions % capacity] = kv[:, -keep:].to(ring.dtype)
 
 
 #: The buffers of a :class:`CompressorState` that a :class:`CompressorPool` can hold.
@@ -84,6 +102,17 @@ class CompressorPool:
     prev_kv_buf: Tensor | None  # [slots, ratio, D], overlapping compressors only
     prev_score_buf: Tensor | None
     entries_buf: Tensor | None  # [slots, capacity, D]; None: entries stay per sequence
+
+
+@dataclass
+class CompressorMark:
+    """A compressor's open window (and, with overlap, the previous window's first half) as
+    they stood at a length inside a chunk; the entries need no copy (they are append-only)."""
+
+    buf_kv: Tensor  # [B, length % ratio, c*D]
+    buf_score: Tensor
+    prev_kv: Tensor | None  # [B, ratio, D]; None before the first complete window
+    prev_score: Tensor | None
 
 
 @dataclass
@@ -118,6 +147,8 @@ class CompressorState:
     #: Set when the buffers are row ``slot`` of a shared pool.
     pool: CompressorPool | None = None
     slot: int = -1
+    #: Lengths strictly inside the next chunk to record the buffers at (:meth:`capture`).
+    marks: dict[int, CompressorMark | None] = field(default_factory=dict, repr=False)
 
     @property
     def num_entries(self) -> int:
@@ -236,6 +267,30 @@ class CompressorState:
             hist_score=empty if slack else None,
         )
 
+    def capture(self, kv: Tensor, score: Tensor) -> None:
+        """Record the buffers at each marked length: ``kv``/``score`` [B, fill + S, c*D] are
+        the open window's rows followed by a chunk's new ones (read before the chunk changes
+        any buffer)."""
+        r, base = self.ratio, self.count * self.ratio  # position of kv's first row
+        for length in self.marks:
+            end = length - base
+            if not self.fill < end < kv.shape[1]:
+                continue
+            closed = end // r * r  # rows of complete windows before the mark
+            prev_kv, prev_score = self.prev_kv, self.prev_score
+            if self.overlap and closed:
+                dim = self.entries_buf.shape[-1]
+                prev_kv, prev_score = (
+                    kv[:, closed - r : closed, :dim],
+                    score[:, closed - r : closed, :dim],
+                )
+            self.marks[length] = CompressorMark(
+                kv[:, closed:end].clone(),
+                score[:, closed:end].clone(),
+                clone_or_none(prev_kv),
+                clone_or_none(prev_score),
+            )
+
     def remember(self, kv: Tensor, score: Tensor) -> None:
         """Keep the newest raw projections [B, S, c*D] for rollback (no-op without slack)."""
         if not self.keep:
@@ -348,6 +403,74 @@ def compressor_states(state: LayerStates, which: str = "compressor") -> Compress
     found = getattr(state, which)
     assert found is not None
     return found
+
+
+def set_marks(state: ModelState, lengths: Sequence[int]) -> None:
+    """Have the next chunk record ``state`` as it stands after each of ``lengths`` tokens
+    (strictly inside the chunk): the ring and the compressors' open windows are copied as the
+    layers pass those positions, so :func:`states_at` can rebuild the state there after one
+    forward over the whole chunk (the prefix cache records its 128-token boundaries so)."""
+    for layer in state.layers:
+        layer.swa.marks = dict.fromkeys(lengths)
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None:
+                comp.marks = dict.fromkeys(lengths)
+
+
+def states_at(
+    src: ModelState, own: ModelState, lengths: Sequence[int], row: int = 0
+) -> list[ModelState]:
+    """``own`` as it stood after each of ``lengths`` tokens, from the marks a chunk recorded in
+    ``src`` (``own`` itself, or the lockstep batch it ran in, row ``row``) and ``own``'s
+    entries (append-only, so final ones serve). The Engram history is the caller's to set.
+    Each state is a read-only view for a snapshot, laid out like ``own``."""
+    out = [ModelState(layers=[], pos=length) for length in lengths]
+    for src_layer, own_layer in zip(src.layers, own.layers, strict=True):
+        for state, length in zip(out, lengths, strict=True):
+            kv = src_layer.swa.marks[length]
+            assert kv is not None, f"no ring was recorded at {length}"
+            if kv.shape[1] != own_layer.swa.capacity:  # a batch with slack: every row at once
+                ring = SWARing(kv, length, src_layer.swa.window)
+                kv = src_layer.swa.marks[length] = ring_layout(ring, own_layer.swa.capacity)
+            layer = LayerState(SWARing(kv[row : row + 1], length, own_layer.swa.window))
+            for part in ("compressor", "indexer"):
+                comp: CompressorState | None = getattr(own_layer, part)
+                if comp is not None:
+                    setattr(
+                        layer, part, _compressor_at(getattr(src_layer, part), comp, length, row)
+                    )
+            state.layers.append(layer)
+    return out
+
+
+def _compressor_at(
+    src: CompressorState, own: CompressorState, length: int, row: int
+) -> CompressorState:
+    mark = src.marks.get(length)
+    if mark is None:  # entries only (V4.1 index keys, no forward of their own): no open window
+        kv = score = own.kv_buf[:, :0]
+        prev_kv, prev_score = own.prev_kv_buf, own.prev_score_buf
+    else:
+        kv, score = mark.buf_kv[row : row + 1], mark.buf_score[row : row + 1]
+        prev_kv = mark.prev_kv[row : row + 1] if mark.prev_kv is not None else own.prev_kv_buf
+        prev_score = (
+            mark.prev_score[row : row + 1] if mark.prev_score is not None else own.prev_score_buf
+        )
+    return CompressorState(
+        ratio=own.ratio,
+        overlap=own.overlap,
+        kv_buf=kv,
+        score_buf=score,
+        entries_buf=own.entries_buf,
+        count=length // own.ratio,
+        fill=kv.shape[1],
+        prev_kv_buf=prev_kv,
+        prev_score_buf=prev_score,
+    )
+
+
+def clear_marks(state: ModelState) -> None:
+    set_marks(state, ())
 
 
 def clone_state(state: ModelState) -> ModelState:

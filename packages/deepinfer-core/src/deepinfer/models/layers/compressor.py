@@ -76,6 +76,7 @@ class Compressor(nn.Module):
         state.remember(kv, score)
         kv = torch.cat((state.buf_kv, kv), dim=1)
         score = torch.cat((state.buf_score, score), dim=1)
+        state.capture(kv, score)
         b, total, width = kv.shape
         n = total // self.ratio
         used = n * self.ratio
