@@ -209,6 +209,10 @@ class LLM:
                 out.tool_calls.append(msg.tool_calls)
         return outs
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (e.g. between benchmark runs); False when it is off."""
+        return self.engine.reset_prefix_cache()
+
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:

@@ -53,6 +53,20 @@ def test_prefix_cache_hit_equals_cold_run_and_skips_prefill(model, tokenizer, bu
     assert stats.hits == 512 and stats.queries == len(a) + len(b) + len(a)
 
 
+def test_reset_prefix_cache_forgets_every_block(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts(1, 260, 260, seed=8)[0]
+    engine = engine_for(model, tokenizer)
+    (first,) = generate(engine, [prompt], GREEDY)
+    (hit,) = generate(engine, [prompt], GREEDY)
+    assert hit.metrics.num_cached_tokens == 256
+    assert engine.reset_prefix_cache()
+    assert engine.prefix_cache.used_bytes == 0 and not engine.prefix_cache.blocks
+    (cold,) = generate(engine, [prompt], GREEDY)
+    assert cold.metrics.num_cached_tokens == 0
+    assert first.outputs[0].token_ids == hit.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert not engine_for(model, tokenizer, enable_prefix_caching=False).reset_prefix_cache()
+
+
 def test_prefix_cache_eviction_keeps_outputs_exact(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
     prompts = random_prompts(4, 260, 300, seed=6)
     prompts += [[*p[:200], 5, 6, 7] for p in prompts]

@@ -213,6 +213,12 @@ class PrefixCache:
         self._evict(keep=block)
         return block
 
+    def clear(self) -> None:
+        """Forget every block (hit-rate statistics are kept)."""
+        self.stats.evicted_blocks += len(self.blocks)
+        self.blocks.clear()
+        self.used_bytes = 0
+
     def _evict(self, keep: Block) -> None:
         if self.used_bytes <= self.budget_bytes:
             return

@@ -228,6 +228,14 @@ class LLMEngine:
                 self.scheduler.finish(req)
         return self.output(request_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (vLLM's name); False when the cache is off. Running
+        requests keep their states, and blocks they would extend are simply not recorded."""
+        if self.prefix_cache is None:
+            return False
+        self.prefix_cache.clear()
+        return True
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._pending is not None
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.layers.candidate_indexer import SharedKV, picks_mask
+from deepinfer.models.layers.candidate_indexer import SharedKV, picked_entries
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
@@ -131,8 +131,8 @@ class MQA(nn.Module):
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
     ) -> tuple[Tensor, Tensor] | None:
-        """(compressed entries [B, T, D], visibility [B, S, T]), or None for a sliding-only
-        layer."""
+        """(long-range keys [B, T, D], visibility [B, S, T]): the compressed entries (for a
+        decode row of a top-k layer only those it picked), or None for a sliding-only layer."""
         return None
 
     def output(self, ops: Backend, o: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -188,6 +188,6 @@ class Attention(MQA):
             picks = self.indexer(
                 ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
             )
-            return entries, picks_mask(picks, n)
+            return picked_entries(entries, picks)
         visible = torch.arange(n, device=x.device) < ((positions + 1) // self.ratio)[..., None]
         return entries, visible.expand(x.shape[0], x.shape[1], n)

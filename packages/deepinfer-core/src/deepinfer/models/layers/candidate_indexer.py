@@ -56,6 +56,20 @@ def picks_mask(picks: Tensor, n: int) -> Tensor:
     return mask[..., :n]
 
 
+def picked_entries(entries: Tensor, picks: Tensor) -> tuple[Tensor, Tensor]:
+    """Long-range keys and their visibility for queries that see only their picked entries.
+
+    ``entries`` [B, T, D], ``picks`` [B, S, k] (-1 = none). With one query per row (a decode
+    step) the result is just the picked rows [B, k, D] and [B, 1, k]: attention then reads k
+    entries instead of all T (in a captured step, the whole entry capacity). With more
+    queries, which each pick their own, all entries and the picks as a mask [B, S, T].
+    """
+    if picks.shape[1] != 1 or entries.shape[1] == 0:
+        return entries, picks_mask(picks, entries.shape[1])
+    index = picks[:, 0].clamp(min=0)[..., None].expand(-1, -1, entries.shape[-1])
+    return torch.gather(entries, 1, index), picks >= 0
+
+
 def candidate_blocks(scores: Tensor, visible: Tensor, block: int, topk_blocks: int) -> Tensor:
     """Entries inside the ``topk_blocks`` blocks with the highest max visible score.
 

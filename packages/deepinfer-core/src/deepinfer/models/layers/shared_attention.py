@@ -16,7 +16,7 @@ from torch import Tensor
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, init_mqa
-from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV, picks_mask
+from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV, picked_entries
 from deepinfer.models.layers.compressor import write_slot_entries
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
@@ -149,7 +149,7 @@ class SharedAttention(MQA):
             shared.picks[self.layer_id] = picks
             if candidates is not None:
                 shared.candidates = candidates
-        return entries, picks_mask(shared.picks[self.index_source], entries.shape[1])
+        return picked_entries(entries, shared.picks[self.index_source])
 
     def long_range(  # noqa: PLR0917
         self,
