@@ -18,7 +18,7 @@ import torch
 from _tiny_models import text_ids, tiny_models
 
 from deepinfer.cache.slots import StateSlots
-from deepinfer.models.deepseek_v4 import MAX_PADDING, DeepseekV4ForCausalLM, fresh_groups
+from deepinfer.models.deepseek_v4 import MAX_PADDING, DeepseekV4ForCausalLM, lockstep_groups
 from deepinfer.models.state import ModelState, clone_state
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
@@ -115,15 +115,23 @@ def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM)
         model.forward_decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)])
 
 
+@pytest.mark.parametrize("start", ["fresh", "continuing"])
 @pytest.mark.parametrize("lengths", ["equal", "padded"])
 @pytest.mark.parametrize("layout", ["own", "slots", "slots_own_entries"])
-def test_fresh_prompts_in_lockstep_equal_separate_forwards(
-    model: DeepseekV4ForCausalLM, layout: str, lengths: str, monkeypatch: pytest.MonkeyPatch
+def test_lockstep_groups_equal_separate_forwards(
+    model: DeepseekV4ForCausalLM,
+    layout: str,
+    lengths: str,
+    start: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Fresh prompts of similar length run as one lockstep chunk (padded to the longest and
-    rolled back row by row, or of one length) and are scattered into their states, here beside
-    a continuing sequence and a fresh prompt too long to join them; the logits and every later
-    decode step equal separate forwards."""
+    """Sequences at one position with chunks of similar length run as one lockstep chunk
+    (padded to the longest and rolled back row by row, or of one length) and are scattered
+    into their states, here beside a sequence at another position and a chunk too long to
+    join them; the logits and every later decode step equal separate forwards. Fresh
+    prompts start from empty states; continuing ones are gathered from states whose rings
+    have wrapped and whose compressors have open windows (a suffix after a prefix-cache hit,
+    the next piece of a chunked prompt)."""
     gen = torch.Generator().manual_seed(5)
     if layout == "own":
         new_state: Callable[[], ModelState] = lambda: model.new_state(1)  # noqa: E731
@@ -137,6 +145,11 @@ def test_fresh_prompts_in_lockstep_equal_separate_forwards(
     warm = text_ids(model, gen, 9)  # sequence 0 is under way before the others start
     model(warm[None], separate[0])
     model.forward_packed([warm], batched[:1])
+    if start == "continuing":  # all but sequence 0 at one position, open windows everywhere
+        for j in range(1, n):
+            prefix = text_ids(model, gen, model.cfg.sliding_window + 7)
+            model(prefix[None], separate[j])
+            model.forward_packed([prefix], batched[j : j + 1])
     length = model.cfg.sliding_window + 3  # the ring wraps inside the prompt
     # Padded: 13 to 10 tokens short of the longest, past a compressor window (CSA ratio 4,
     # HCA 16), so the rollback rebuilds entries, open windows and ring rows.
@@ -144,7 +157,7 @@ def test_fresh_prompts_in_lockstep_equal_separate_forwards(
     chunks = [text_ids(model, gen, 5)] + [text_ids(model, gen, k) for k in sizes]
     chunks.append(text_ids(model, gen, 4 * length))  # alone: it would pad the others too much
     monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)  # on the CPU too
-    groups = fresh_groups(chunks, batched)
+    groups = lockstep_groups(chunks, batched)
     assert groups == [[1, 2, 3, 4]]
     assert (len({chunks[i].numel() for i in groups[0]}) == 1) == (lengths == "equal")
     want = torch.stack([model(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)])
@@ -156,6 +169,31 @@ def test_fresh_prompts_in_lockstep_equal_separate_forwards(
         want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
         got = model.forward_decode(ids, batched)
         torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
+
+
+def test_lockstep_rows_rolled_back_inside_their_open_window(
+    model: DeepseekV4ForCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Continuing rows of a padded group so short that no compressor window closes in them:
+    their rollback rebuilds the open window and the previous window's first half from what
+    the gathered buffers held before the chunk (positions before the group's start)."""
+    gen = torch.Generator().manual_seed(9)
+    p0 = model.cfg.sliding_window + 9  # CSA (ratio 4): one row open; V4.1 (2): one row open
+    separate = [model.new_state(1) for _ in range(3)]
+    batched = [model.new_state(1) for _ in range(3)]
+    for a, b in zip(separate, batched, strict=True):
+        prefix = text_ids(model, gen, p0)
+        model(prefix[None], a)
+        model.forward_packed([prefix], [b])
+    chunks = [text_ids(model, gen, k) for k in (1, 2, 12)]
+    monkeypatch.setattr(model, "prefill_padding", 10.0)
+    assert lockstep_groups(chunks, batched, 10.0) == [[0, 1, 2]]
+    want = torch.stack([model(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)])
+    torch.testing.assert_close(model.forward_packed(chunks, batched), want, rtol=0, atol=5e-5)
+    for _ in range(6):
+        ids = text_ids(model, gen, 3)
+        want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
+        torch.testing.assert_close(model.forward_decode(ids, batched), want, rtol=0, atol=5e-5)
 
 
 def _assert_same_state(got: ModelState, want: ModelState) -> None:
@@ -180,7 +218,7 @@ def _assert_same_state(got: ModelState, want: ModelState) -> None:
         assert torch.equal(got.token_history, want.token_history)
 
 
-@pytest.mark.parametrize("layout", ["spans", "padded_group"])
+@pytest.mark.parametrize("layout", ["spans", "padded_group", "continuing_group"])
 def test_states_at_marks_equal_states_of_cut_chunks(
     model: DeepseekV4ForCausalLM, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,22 +233,22 @@ def test_states_at_marks_equal_states_of_cut_chunks(
     if layout == "spans":  # a continuing sequence and a fresh one, span by span
         chunks = [text_ids(model, gen, 3 * w), text_ids(model, gen, 2 * w + 5)]
         starts = [9, 0]
-    else:  # fresh prompts of different lengths as one padded lockstep chunk
+    else:  # chunks of different lengths as one padded lockstep chunk
         monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)
         chunks = [text_ids(model, gen, 2 * w + k) for k in (0, 7, 13)]
-        starts = [0, 0, 0]
+        starts = [0, 0, 0] if layout == "padded_group" else [9, 9, 9]
     marks = [
         [s + 1, s + 6, s + w - 1, s + w + 3, s + c.numel() - 2]
         for s, c in zip(starts, chunks, strict=True)
     ]
     states = [model.new_state(1) for _ in chunks]
     cut = [model.new_state(1) for _ in chunks]
-    for s, c in zip(states, cut, strict=True):
-        if layout == "spans" and s is states[0]:
+    for start, s, c in zip(starts, states, cut, strict=True):
+        if start:
             model.forward_packed([warm], [s])
             model(warm[None], c)
-    if layout == "padded_group":
-        assert fresh_groups(chunks, states) == [[0, 1, 2]]
+    if layout != "spans":
+        assert lockstep_groups(chunks, states) == [[0, 1, 2]]
     logits, views = model.forward_packed_at(chunks, states, marks)
     for i, (chunk, start, state) in enumerate(zip(chunks, starts, cut, strict=True)):
         assert len(views[i]) == len(marks[i])

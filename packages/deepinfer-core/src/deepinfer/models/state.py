@@ -520,6 +520,52 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
         s.pos = src.pos
 
 
+def gather_rows(src: Sequence[ModelState], batch: ModelState) -> None:
+    """Load single-sequence states, all at one position, into the fresh lockstep state
+    ``batch`` (one row each; built with rollback slack when its chunk is padded).
+
+    The inverse of :func:`scatter_rows`: the batch then continues every sequence as one
+    [G, S] chunk. Rings are re-laid out to the batch's capacity; compressor buffers, entries
+    and the Engram history are stacked; a compressor that keeps rollback history starts it
+    with what its buffers hold (the previous window's first half, the open window), which is
+    all a rollback to a length from this position on reads.
+    """
+    pos = src[0].pos
+    if any(s.pos != pos or s.batch_size != 1 for s in src) or batch.batch_size != len(src):
+        raise ValueError("gather_rows takes single-sequence states at one position")
+    for i, layer in enumerate(batch.layers):
+        rows = [s.layers[i] for s in src]
+        ring = SWARing(torch.cat([r.swa.kv for r in rows]), pos, layer.swa.window)
+        layer.swa.kv.copy_(ring_layout(ring, layer.swa.capacity))
+        layer.swa.length = pos
+        for part in ("compressor", "indexer"):
+            comp: CompressorState | None = getattr(layer, part)
+            if comp is not None:
+                _gather_compressor([getattr(r, part) for r in rows], comp)
+    if batch.history_buf is not None:
+        batch.token_history = torch.cat([s.history_buf for s in src])  # type: ignore[misc]
+    batch.pos = batch.committed = pos
+
+
+def _gather_compressor(src: list[CompressorState], dst: CompressorState) -> None:
+    dst.entries = torch.cat([c.entries for c in src])
+    dst.buf_kv = torch.cat([c.buf_kv for c in src])
+    dst.buf_score = torch.cat([c.buf_score for c in src])
+    for name in ("prev_kv_buf", "prev_score_buf"):
+        buf = getattr(dst, name)
+        if buf is not None:
+            buf.copy_(torch.cat([getattr(c, name) for c in src]))
+    dst.count, dst.fill = src[0].count, src[0].fill
+    if dst.keep:
+        kv, score = dst.buf_kv, dst.buf_score
+        if dst.has_prev:  # only its first half is ever read back, as the previous window
+            assert dst.prev_kv is not None and dst.prev_score is not None
+            pad = kv.shape[-1] - dst.prev_kv.shape[-1]
+            kv = torch.cat((torch.nn.functional.pad(dst.prev_kv, (0, pad)), kv), dim=1)
+            score = torch.cat((torch.nn.functional.pad(dst.prev_score, (0, pad)), score), dim=1)
+        dst.hist_kv, dst.hist_score = kv.clone(), score.clone()
+
+
 def ring_layout(ring: SWARing, capacity: int) -> Tensor:
     """``ring``'s rows as a ring of ``capacity`` rows holds them (position p at p % capacity):
     a state built with rollback slack has a larger ring than the sequence's own."""
