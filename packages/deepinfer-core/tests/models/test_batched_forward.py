@@ -19,7 +19,7 @@ from _tiny_models import text_ids, tiny_models
 
 from deepinfer.cache.slots import StateSlots
 from deepinfer.models.deepseek_v4 import MAX_PADDING, DeepseekV4ForCausalLM, lockstep_groups
-from deepinfer.models.state import ModelState, clone_state
+from deepinfer.models.state import ModelState, clone_state, entry_bytes_per_token
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
 
@@ -194,6 +194,28 @@ def test_lockstep_rows_rolled_back_inside_their_open_window(
         ids = text_ids(model, gen, 3)
         want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
         torch.testing.assert_close(model.forward_decode(ids, batched), want, rtol=0, atol=5e-5)
+
+
+def test_lockstep_groups_bound_the_entries_they_copy(model: DeepseekV4ForCausalLM) -> None:
+    """Sequences under way bring their entries into the group's batch state: a group stops
+    growing before those copies pass ``max_gather_bytes`` (fresh prompts copy none)."""
+    gen = torch.Generator().manual_seed(3)
+    states = [model.new_state(1) for _ in range(3)]
+    model.forward_packed([text_ids(model, gen, 32) for _ in states], states)
+    entries = sum(
+        comp.entries.numel() * comp.entries.element_size()
+        for layer in states[0].layers
+        for comp in (layer.compressor, layer.indexer)
+        if comp is not None
+    )
+    assert entries == 32 * entry_bytes_per_token(states[0]) > 0
+    chunks = [text_ids(model, gen, 5) for _ in states]
+    assert lockstep_groups(chunks, states, 0.0) == [[0, 1, 2]]
+    assert lockstep_groups(chunks, states, 0.0, max_gather_bytes=2 * entries) == [[0, 1]]
+    assert lockstep_groups(chunks, states, 0.0, max_gather_bytes=entries) == []
+    fresh = [model.new_state(1) for _ in states]
+    assert lockstep_groups(chunks, fresh, 0.0, max_gather_bytes=0) == [[0, 1, 2]]
+    assert lockstep_groups(chunks, states, 0.0, continuing=False) == []
 
 
 def _assert_same_state(got: ModelState, want: ModelState) -> None:

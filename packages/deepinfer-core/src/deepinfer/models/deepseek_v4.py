@@ -41,6 +41,7 @@ from deepinfer.models.state import (
     SlotRows,
     clear_marks,
     clone_or_none,
+    entry_bytes_per_token,
     gather_rows,
     scatter_rows,
     select_row,
@@ -563,6 +564,10 @@ MIN_GROUP = 2
 #: is wasted work, hence the cap, and none on the CPU (there the same 8 prompts take 0.94 s
 #: as spans, 1.33 s padded).
 MAX_PADDING = 0.5
+#: Most bytes of compressed entries a lockstep group of sequences under way may copy into its
+#: batch state (each row's entries so far; a fresh prompt has none). Long contexts run as
+#: spans instead, whose attention reads the entries where they are.
+MAX_GATHER_BYTES = 1 << 30
 
 
 def lockstep_groups(
@@ -570,6 +575,7 @@ def lockstep_groups(
     states: Sequence[ModelState],
     max_padding: float = MAX_PADDING,
     continuing: bool = True,
+    max_gather_bytes: int = MAX_GATHER_BYTES,
 ) -> list[list[int]]:
     """Indices of sequences at one position (fresh prompts, or with ``continuing`` also
     sequences under way: suffixes after a prefix-cache hit, the next pieces of chunked
@@ -577,17 +583,20 @@ def lockstep_groups(
     as one lockstep chunk padded to its longest (its sequences see identical positions, so
     row i of a [G, S] batch state is sequence i's, once rolled back to its own length). A
     group's padding stays within ``max_padding`` times its real tokens (0: equal lengths
-    only)."""
+    only), and the entries its rows bring along within ``max_gather_bytes``."""
     ready = sorted(
         (s.pos, int(chunk.numel()), i)
         for i, (chunk, s) in enumerate(zip(chunks, states, strict=True))
         if not s.slack and s.batch_size == 1 and chunk.numel() and (continuing or not s.pos)
     )
+    per_token = entry_bytes_per_token(states[0]) if ready else 0.0
     groups: list[list[int]] = []
     group: list[int] = []
     real, pos = 0, -1
     for p, n, i in ready:  # ascending: the newest member is the group's longest
-        if group and (p != pos or (len(group) + 1) * n > (1 + max_padding) * (real + n)):
+        padded = (len(group) + 1) * n > (1 + max_padding) * (real + n)
+        copied = (len(group) + 1) * p * per_token > max_gather_bytes
+        if group and (p != pos or padded or copied):
             groups.append(group)
             group, real = [], 0
         group.append(i)

@@ -520,6 +520,17 @@ def scatter_rows(src: ModelState, dst: Sequence[ModelState]) -> None:
         s.pos = src.pos
 
 
+def entry_bytes_per_token(state: ModelState) -> float:
+    """Bytes of compressed entries (and index keys) a sequence adds per token, all layers."""
+    total = 0.0
+    for layer in state.layers:
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None:
+                buf = comp.entries_buf
+                total += buf.shape[-1] * buf.element_size() / comp.ratio
+    return total
+
+
 def gather_rows(src: Sequence[ModelState], batch: ModelState) -> None:
     """Load single-sequence states, all at one position, into the fresh lockstep state
     ``batch`` (one row each; built with rollback slack when its chunk is padded).
