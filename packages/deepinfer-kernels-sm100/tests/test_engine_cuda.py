@@ -62,13 +62,19 @@ def test_async_scheduling_changes_no_token() -> None:
     )
 
 
+def _gpu_and_cpu(**gpu_options: bool) -> tuple[LLM, LLM, int]:
+    """The tiny model on the GPU and on the CPU (no prefix cache), and the ids below the image
+    placeholder (random prompts must not contain it)."""
+    gpu = LLM("tiny", device="cuda", dtype="float32", **gpu_options)
+    cpu = LLM("tiny", device="cpu", dtype="float32", enable_prefix_caching=False)
+    cfg = gpu.engine.model.cfg
+    return gpu, cpu, min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
+
+
 def test_padded_prefill_groups_change_no_token() -> None:
     """On a GPU fresh prompts of different lengths prefill as padded lockstep groups, rolled
     back row by row (the CPU runs them span by span); greedy outputs agree."""
-    gpu = LLM("tiny", device="cuda", dtype="float32", enable_prefix_caching=False)
-    cpu = LLM("tiny", device="cpu", dtype="float32", enable_prefix_caching=False)
-    cfg = gpu.engine.model.cfg
-    top = min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
+    gpu, cpu, top = _gpu_and_cpu(enable_prefix_caching=False)
     rnd = random.Random(0)
     prompts = [[rnd.randrange(3, top) for _ in range(rnd.randint(20, 200))] for _ in range(24)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -81,10 +87,7 @@ def test_prefix_hits_on_blocks_recorded_inside_chunks_change_no_token() -> None:
     """Prompts prefill in one forward each (padded groups on a GPU) and the prefix cache keeps
     the states the forward handed back at the 128-token boundaries inside them; prompts that
     share those prefixes restore them and decode as a CPU engine without a cache does."""
-    gpu = LLM("tiny", device="cuda", dtype="float32")
-    cpu = LLM("tiny", device="cpu", dtype="float32", enable_prefix_caching=False)
-    cfg = gpu.engine.model.cfg
-    top = min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
+    gpu, cpu, top = _gpu_and_cpu()
     rnd = random.Random(1)
     first = [[rnd.randrange(3, top) for _ in range(rnd.randint(260, 520))] for _ in range(12)]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -2,9 +2,10 @@
 
 States are per-request objects. Requests that decode one token go through the model together
 (``forward_decode``: one pass over the layers for the whole batch, each row at its own position);
-prefill chunks of all other requests are packed into one forward (``forward_packed``, which
-runs fresh prompts of equal length as one lockstep batch). The sampler then draws for every
-request that reached the end of its known tokens in one batched call. With the prefix cache
+prefill chunks of all other requests are packed into one forward (``forward_packed_at``,
+which runs sequences at one position with chunks of similar length as one lockstep batch).
+The sampler then draws for every request that reached the end of its known tokens in one
+batched call. With the prefix cache
 on, the packed forward also hands back each request's state at the 128-token boundaries
 inside its chunk (copies taken as the layers pass them), so recording the blocks costs no cut.
 

@@ -470,6 +470,7 @@ def _compressor_at(
 
 
 def clear_marks(state: ModelState) -> None:
+    """Stop recording: later chunks copy nothing."""
     set_marks(state, ())
 
 
