@@ -214,8 +214,7 @@ class PrefixCache:
         return block
 
     def clear(self) -> None:
-        """Forget every block (hit-rate statistics are kept)."""
-        self.stats.evicted_blocks += len(self.blocks)
+        """Forget every block (the statistics are kept; a clear is not an eviction)."""
         self.blocks.clear()
         self.used_bytes = 0
 

@@ -5,9 +5,9 @@ States are per-request objects. Requests that decode one token go through the mo
 prefill chunks of all other requests are packed into one forward (``forward_packed_at``,
 which runs sequences at one position with chunks of similar length as one lockstep batch).
 The sampler then draws for every request that reached the end of its known tokens in one
-batched call. With the prefix cache
-on, the packed forward also hands back each request's state at the 128-token boundaries
-inside its chunk (copies taken as the layers pass them), so recording the blocks costs no cut.
+batched call. With the prefix cache on, the packed forward also hands back each request's
+state at the 128-token boundaries inside its chunk (copies taken as the layers pass them),
+so recording the blocks costs no cut.
 
 In batch-invariant mode every token runs through the model on its own, so a request's logits
 never depend on its batch neighbours (a batched decode sums in a batch-dependent order).
