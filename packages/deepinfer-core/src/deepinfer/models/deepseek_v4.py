@@ -264,10 +264,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         for chunk, s, lengths in zip(chunks, states, marks, strict=True):
             if any(not s.pos < m < s.pos + chunk.numel() for m in lengths):
                 raise ValueError(f"marks {lengths} are not inside the chunk after {s.pos} tokens")
-        history = [
-            clone_or_none(s.token_history) if m else None
-            for s, m in zip(states, marks, strict=True)
-        ]
         starts = [s.pos for s in states]
         views: list[list[ModelState]] = [[] for _ in chunks]
         padding = self.prefill_padding
@@ -277,15 +273,24 @@ class DeepseekV4ForCausalLM(nn.Module):
         # CPU their batched long-range attention outgrows the caches (32 suffixes of 64 tokens
         # after a 1024-token prefix: 1.39 s span by span, 1.95 s as one lockstep chunk).
         groups = lockstep_groups(chunks, states, padding, continuing=padding > 0)
+        grouped = {i for g in groups for i in g}
+        # The Engram history before the chunk, where a state inside it must be rebuilt (a
+        # mark, a padded group row): the forward overwrites the sequence's own.
+        history = [
+            clone_or_none(s.token_history) if marks[i] or i in grouped else None
+            for i, s in enumerate(states)
+        ]
         out = torch.empty(len(chunks) if groups else 0, self.cfg.vocab_size, device=self.device)
         for group in groups:
             index = to_device(torch.tensor(group), self.device)
             out[index], group_views = self._forward_group(
-                [chunks[i] for i in group], [states[i] for i in group], [marks[i] for i in group]
+                [chunks[i] for i in group],
+                [states[i] for i in group],
+                [marks[i] for i in group],
+                [history[i] for i in group],
             )
             for i, v in zip(group, group_views, strict=True):
                 views[i] = v
-        grouped = {i for g in groups for i in g}
         rest = [i for i in range(len(chunks)) if i not in grouped]
         if rest:
             for i in rest:
@@ -319,9 +324,11 @@ class DeepseekV4ForCausalLM(nn.Module):
         chunks: Sequence[Tensor],
         states: Sequence[ModelState],
         marks: Sequence[Sequence[int]],
+        history: Sequence[Tensor | None],
     ) -> tuple[Tensor, list[list[ModelState]]]:
         """Sequences at one position as one lockstep batch: the logits of each chunk's last
-        token [G, V], and each one's states at its ``marks``.
+        token [G, V], and each one's states at its ``marks``; ``history``: each one's Engram
+        history before the chunk.
 
         Shorter chunks are padded at the end to the longest. Padding changes no real token
         (attention is causal), only the batch state past each chunk's end, so the state is
@@ -336,7 +343,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         ]
         ids = to_device(torch.stack(rows), self.device)
         start = states[0].pos
-        history = [clone_or_none(s.token_history) for s in states]
         batch = self.new_state(len(chunks), slack=longest - min(lengths))
         if start:
             gather_rows(states, batch)
