@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from deepinfer.cache.pools import StatePool
-from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache
+from deepinfer.cache.prefix import PrefixCache
 from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.detokenizer import Detokenizer, find_stop
@@ -324,7 +324,8 @@ class LLMEngine:
         req, params = tok.request, tok.request.params
         req.output_token_ids.append(tok.token_id)
         if req.pending_block is not None:
-            self._record_pending_block(req)
+            snap, req.pending_block = req.pending_block, None
+            self.runner.record_block(req, snap)
         req.cumulative_logprob += tok.logprob
         if tok.top is not None:
             req.logprobs.append(tok.top)
@@ -352,19 +353,6 @@ class LLMEngine:
             req.finish_reason = reason
             req.metrics.finished_time = time.monotonic()
             self.scheduler.finish(req)
-
-    def _record_pending_block(self, req: Request) -> None:
-        """Key and record the block whose last token just arrived (see
-        :class:`~deepinfer.cache.prefix.Snapshot`)."""
-        snap, req.pending_block = req.pending_block, None
-        cache, parent = self.prefix_cache, req.cache_block
-        assert snap is not None and cache is not None
-        if parent is not None and parent not in cache:
-            return  # the chain was evicted meanwhile; this request stops contributing
-        tokens = req.all_token_ids[snap.end - BLOCK_SIZE : snap.end]
-        req.cache_block = cache.insert(parent, tokens, snap)
-
-    # -- outputs ------------------------------------------------------------------------------
 
     def output(self, group_id: str) -> RequestOutput:
         members = self.groups[group_id]

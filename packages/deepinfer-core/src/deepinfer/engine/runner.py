@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache
+from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache, Snapshot
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -204,7 +204,7 @@ class ModelRunner:
         due: Due = []
         for i, req in enumerate(reqs):
             for view in views[i]:
-                self._record_block(req, view)
+                self.record_block(req, view)
             req.num_computed_tokens = ends[req]
             self._maybe_record(req)
             if ends[req] == req.num_tokens:
@@ -227,7 +227,7 @@ class ModelRunner:
     def _maybe_record(self, req: Request) -> None:
         if self.prefix_cache is not None and req.num_computed_tokens % BLOCK_SIZE == 0:
             assert req.state is not None
-            self._record_block(req, req.state)
+            self.record_block(req, req.state)
 
     def _advance(self, req: Request, n: int) -> Tensor:
         """Per-request forwards (batch-invariant mode, prompt logprobs)."""
@@ -248,16 +248,19 @@ class ModelRunner:
         assert last is not None
         return last
 
-    def _record_block(self, req: Request, state: ModelState) -> None:
-        """Record the block ending at ``state.pos``: the request's state there (its own, or a
-        view of it at a boundary inside the chunk just run)."""
+    def record_block(self, req: Request, state: ModelState | Snapshot) -> None:
+        """Record the block that ends at ``state``: the request's state there (its own, or a
+        view of it at a boundary inside the chunk just run), or the snapshot taken there while
+        the block's last token was in flight (the engine calls this once it is read)."""
         cache = self.prefix_cache
         assert cache is not None
         parent = req.cache_block
         if parent is not None and parent not in cache:
             return  # the chain was evicted under us; this request stops contributing
-        tokens, end = req.all_token_ids, state.pos
+        tokens = req.all_token_ids
+        end = state.end if isinstance(state, Snapshot) else state.pos
         if len(tokens) < end:  # the block ends with a token still in flight: key it once read
+            assert isinstance(state, ModelState)
             req.pending_block = cache.snapshot(parent, state)
             return
         req.cache_block = cache.insert(parent, tokens[end - BLOCK_SIZE : end], state)
