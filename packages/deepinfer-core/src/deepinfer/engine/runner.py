@@ -220,9 +220,8 @@ class ModelRunner:
         return list(range(first, end, BLOCK_SIZE))
 
     def _piece_end(self, req: Request, end: int) -> int:
-        if self.prefix_cache is None:
-            return end
-        return min(end, (req.num_computed_tokens // BLOCK_SIZE + 1) * BLOCK_SIZE)
+        """Where a per-request forward stops: the first block boundary before ``end``."""
+        return next(iter(self._boundaries(req, end)), end)
 
     def _maybe_record(self, req: Request) -> None:
         if self.prefix_cache is not None and req.num_computed_tokens % BLOCK_SIZE == 0:
