@@ -41,3 +41,37 @@ def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtyp
     exact = torch.einsum("bhsl,bld->bshd", probs, kv.double())
     torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
     assert torch.equal(got[0, 0], torch.zeros_like(got[0, 0]))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 9, 8, 50, 64, 20), (1, 33, 20, 70, 24, 40), (3, 1, 4, 10, 32, 0)],
+    ids=["prefill", "odd-heads-many-keys", "no-keys"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_matches_reference_and_dense(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """The sparse form against the reference's gather and against the dense kernel over the
+    same keys as a mask."""
+    from deepinfer_kernels_sm100.attention import sparse_mqa_sink_attention
+
+    b, s, h, keys, dim, k = shape  # batch, queries, heads, kv rows, head dim, keys per query
+    g = torch.Generator().manual_seed(b * 100 + s)
+    q = (torch.randn(b, s, h, dim, generator=g) * 2).to(dtype)
+    kv = torch.randn(b, keys, dim, generator=g).to(dtype)
+    index = torch.stack([torch.randperm(keys, generator=g)[:k] for _ in range(b * s)])
+    index = index.view(b, s, k).masked_fill(torch.rand(b, s, k, generator=g) > 0.7, -1)
+    if k:
+        index[0, 0] = -1  # a query that sees nothing: only the sink, so the output is zero
+    sinks = torch.randn(h, generator=g)
+    scale = dim**-0.5
+    dev = [t.to(DEVICE) for t in (q, kv, index, sinks)]
+    got = sparse_mqa_sink_attention(*dev, scale).cpu()
+    assert got.dtype == dtype and got.shape == q.shape
+    want = TorchBackend("cpu").sparse_attention(q, kv, index, sinks, scale)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    mask = torch.zeros(b, s, keys + 1, dtype=torch.bool)
+    mask.scatter_(-1, torch.where(index < 0, keys, index), True)
+    dense = mqa_sink_attention(dev[0], dev[1], mask[..., :keys].to(DEVICE), dev[3], scale).cpu()
+    torch.testing.assert_close(got.float(), dense.float(), atol=tol, rtol=tol)
+    assert torch.equal(got[0, 0], torch.zeros_like(got[0, 0]))

@@ -101,7 +101,8 @@ def test_mtp_matches_composed_reference(setup: tuple[MTPOracle, DeepseekV4ForCau
     state = ours.new_state(2)
     _, streams = ours.forward_with_streams(ids[:, :SEQ], state)
     ref_streams = oracle.streams(ids[:, :SEQ])
-    assert (streams - ref_streams).abs().max().item() < TOL
+    # The streams grow to ~50 over the layers: fp32 rounding alone reaches 1e-4 there.
+    torch.testing.assert_close(streams, ref_streams, rtol=1e-5, atol=TOL)
     got, _ = ours.mtp_forward(streams, ids[:, 1 : SEQ + 1], state)
     ref = oracle.logits(ref_streams, ids[:, 1 : SEQ + 1])
     err = (got - ref).abs().max().item()

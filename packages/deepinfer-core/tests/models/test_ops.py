@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models.layers.rope import Rotary
@@ -72,6 +73,48 @@ def test_attention_sink_joins_the_denominator_only() -> None:
                 if v is not None:
                     want[0, s, h] += math.exp(v) / den * kv[0, j].double()
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
+
+
+def _index_attention_f64(
+    q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+) -> Tensor:
+    """Float64 attention of each query over the keys its index lists, written loop by loop."""
+    b, s, h, d = q.shape
+    out = torch.zeros(b, s, h, d, dtype=torch.float64)
+    for bi in range(b):
+        for si in range(s):
+            rows = [int(r) for r in index[bi, si] if r >= 0]
+            for hi in range(h):
+                logits = [scale * float(q[bi, si, hi].double() @ kv[bi, r].double()) for r in rows]
+                den = math.exp(float(sinks[hi])) + sum(math.exp(v) for v in logits)
+                for r, v in zip(rows, logits, strict=True):
+                    out[bi, si, hi] += math.exp(v) / den * kv[bi, r].double()
+    return out
+
+
+def test_sparse_attention_reads_only_the_listed_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deepinfer.backends.torch_ref as ref
+
+    b, s, h, d, length, k = 2, 5, 3, 8, 12, 6
+    q = torch.randn(b, s, h, d, generator=g)
+    kv = torch.randn(b, length, d, generator=g)
+    sinks = torch.randn(h, generator=g)
+    index = torch.stack([torch.randperm(length, generator=g)[:k] for _ in range(b * s)])
+    index = index.view(b, s, k)
+    index[0, 1, 2:] = -1  # fewer keys than K
+    index[1, 3] = -1  # no key at all: the sink takes everything, the output is zero
+    want = _index_attention_f64(q, kv, index, sinks, 0.4)
+    got = ops.sparse_attention(q, kv, index, sinks, 0.4)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
+    assert torch.equal(got[1, 3], torch.zeros(h, d))
+    mask = torch.zeros(b, s, length + 1, dtype=torch.bool)
+    mask.scatter_(-1, torch.where(index < 0, length, index), True)
+    dense = ops.attention(q, kv, mask[..., :length], sinks, 0.4)
+    torch.testing.assert_close(got, dense, atol=1e-6, rtol=0)
+    monkeypatch.setattr(ref, "MAX_SCORE_ELEMENTS", b * k * d * 2)  # two query rows per block
+    torch.testing.assert_close(
+        ops.sparse_attention(q, kv, index, sinks, 0.4), got, atol=1e-6, rtol=0
+    )
 
 
 def test_overlapping_compressor_pools_eight_tokens() -> None:

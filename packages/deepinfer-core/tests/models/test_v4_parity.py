@@ -51,6 +51,13 @@ class RecordingBackend(TorchBackend):
             self.sink_used = True
         return super().attention(q, kv, mask, sinks, scale)
 
+    def sparse_attention(
+        self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+    ) -> Tensor:
+        if bool((sinks.abs() > 0.1).any()):
+            self.sink_used = True
+        return super().sparse_attention(q, kv, index, sinks, scale)
+
 
 @dataclass
 class Case:

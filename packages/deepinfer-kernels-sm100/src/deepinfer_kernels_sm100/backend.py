@@ -93,6 +93,13 @@ class Sm100Backend(TorchBackend):
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
 
+    def sparse_attention(
+        self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.attention import sparse_mqa_sink_attention
+
+        return sparse_mqa_sink_attention(q, kv, index, sinks, scale)
+
     def moe_experts(
         self,
         x: Tensor,

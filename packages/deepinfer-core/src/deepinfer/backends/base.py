@@ -94,6 +94,18 @@ class Backend:
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement attention")
 
+    def sparse_attention(
+        self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+    ) -> Tensor:
+        """:meth:`attention` where each query lists the keys it sees instead of masking all.
+
+        ``index`` [B, S, K] int64: rows of ``kv`` [B, L, D] (distinct within a query; -1 =
+        none). A prefill query sees ``sliding_window`` rows plus its top-k entries, a few
+        hundred keys out of the whole chunk's, so the work follows K instead of L. Equal to
+        ``attention`` with ``mask[b, s, l] = l in index[b, s]``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement sparse_attention")
+
     def compress(
         self,
         kv: Tensor,

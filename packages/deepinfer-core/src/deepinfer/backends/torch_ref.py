@@ -147,6 +147,32 @@ class TorchBackend(Backend):
         probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
         return torch.einsum("bhsl,bld->bshd", probs, kvf).to(q.dtype)
 
+    def sparse_attention(
+        self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+    ) -> Tensor:
+        b, s, h, d = q.shape
+        k = index.shape[-1]
+        # Each query's keys are gathered ([rows, K, D]): blocks of rows keep that within the
+        # score bound.
+        rows = _rows_per_chunk(b * k * max(h, d), s)
+        if rows < s:
+            return torch.cat(
+                [
+                    self.sparse_attention(
+                        q[:, i : i + rows], kv, index[:, i : i + rows], sinks, scale
+                    )
+                    for i in range(0, s, rows)
+                ],
+                dim=1,
+            )
+        batch = torch.arange(b, device=kv.device)[:, None, None]
+        keys = kv[batch, index.clamp(min=0)].float()  # [B, S, K, D]
+        logits = torch.matmul(q.float(), keys.transpose(-1, -2)) * scale  # [B, S, H, K]
+        logits = logits.masked_fill((index < 0)[:, :, None], float("-inf"))
+        sink = sinks.float().view(1, 1, h, 1).expand(b, s, h, 1)
+        probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
+        return torch.matmul(probs, keys).to(q.dtype)
+
     def compress(
         self,
         kv: Tensor,

@@ -18,12 +18,12 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.layers.candidate_indexer import SharedKV, picked_entries
+from deepinfer.models.layers.candidate_indexer import LongRange, SharedKV
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.layers.window import window_keys
+from deepinfer.models.layers.window import chunk_window, window_keys
 from deepinfer.models.state import LayerState, LayerStates, Packed, SWARing, compressor_states
 
 
@@ -112,14 +112,27 @@ class MQA(nn.Module):
         shared: SharedKV | None,
     ) -> Tensor:
         """Attention output [B, S, H, D] of one sequence chunk (or one decode batch): the
-        sliding window plus whatever long-range entries the layer kind adds."""
+        sliding window plus whatever long-range entries the layer kind adds.
+
+        A chunk lists each query's keys (window rows, then its entries) for sparse attention;
+        a decode batch masks its rows' ring slots and picked entries, which are all it reads.
+        """
+        scale = self.head_dim**-0.5
+        if isinstance(state, LayerState):
+            keys, window = chunk_window(kv, state, self.window)
+            index = window.expand(q.shape[0], -1, -1)
+            extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
+            if extra is not None:
+                index = torch.cat((index, extra.index(keys.shape[1])), dim=-1)
+                keys = torch.cat((keys, extra.entries.to(kv.dtype)), dim=1)
+            return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
         keys, mask = window_keys(kv, positions, state, self.window)
         extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
         if extra is not None:
-            entries, visible = extra
+            entries, visible = extra.decode_keys()
             keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
             mask = torch.cat((mask, visible), dim=-1)
-        return ops.attention(q, keys, mask, self.attn_sink, self.head_dim**-0.5)
+        return ops.attention(q, keys, mask, self.attn_sink, scale)
 
     def long_range(  # noqa: PLR0917
         self,
@@ -130,9 +143,9 @@ class MQA(nn.Module):
         rotary: Rotary,
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
-    ) -> tuple[Tensor, Tensor] | None:
-        """(long-range keys [B, T, D], visibility [B, S, T]): the compressed entries (for a
-        decode row of a top-k layer only those it picked), or None for a sliding-only layer."""
+    ) -> LongRange | None:
+        """The compressed entries and which of them each query sees, or None for a
+        sliding-only layer."""
         return None
 
     def output(self, ops: Backend, o: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -179,7 +192,7 @@ class Attention(MQA):
         rotary: Rotary,
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
-    ) -> tuple[Tensor, Tensor] | None:
+    ) -> LongRange | None:
         if self.compressor is None:
             return None
         entries = self.compressor(ops, x, positions, rotary, compressor_states(state))
@@ -188,6 +201,6 @@ class Attention(MQA):
             picks = self.indexer(
                 ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
             )
-            return picked_entries(entries, picks)
+            return LongRange(entries, picks=picks)
         visible = torch.arange(n, device=x.device) < ((positions + 1) // self.ratio)[..., None]
-        return entries, visible.expand(x.shape[0], x.shape[1], n)
+        return LongRange(entries, visible=visible.expand(x.shape[0], x.shape[1], n))

@@ -48,26 +48,36 @@ def pick_topk(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
     return torch.where(ok, order, torch.full_like(order, -1))
 
 
-def picks_mask(picks: Tensor, n: int) -> Tensor:
-    """[B, S, k] picked entry ids (-1 = none) -> [B, S, n] bool visibility of the n entries."""
-    b, s = picks.shape[:2]
-    mask = torch.zeros(b, s, n + 1, dtype=torch.bool, device=picks.device)
-    mask.scatter_(-1, torch.where(picks < 0, torch.full_like(picks, n), picks), True)
-    return mask[..., :n]
+@dataclass
+class LongRange:
+    """A layer's compressed entries [B, T, D] and which of them each query sees: its top-k
+    ``picks`` [B, S, k] (-1 = none) on a top-k layer, else a ``visible`` mask [B, S, T]."""
 
+    entries: Tensor
+    picks: Tensor | None = None
+    visible: Tensor | None = None
 
-def picked_entries(entries: Tensor, picks: Tensor) -> tuple[Tensor, Tensor]:
-    """Long-range keys and their visibility for queries that see only their picked entries.
+    def index(self, offset: int) -> Tensor:
+        """[B, S, K] the entries each query sees as rows ``offset + entry`` of a key tensor
+        (-1 = none): the picks, or every entry a mask shows (K = T)."""
+        if self.picks is not None:
+            return torch.where(self.picks >= 0, self.picks + offset, -1)
+        assert self.visible is not None
+        rows = offset + torch.arange(self.entries.shape[1], device=self.entries.device)
+        return torch.where(self.visible, rows, -1)
 
-    ``entries`` [B, T, D], ``picks`` [B, S, k] (-1 = none). With one query per row (a decode
-    step) the result is just the picked rows [B, k, D] and [B, 1, k]: attention then reads k
-    entries instead of all T (in a captured step, the whole entry capacity). With more
-    queries, which each pick their own, all entries and the picks as a mask [B, S, T].
-    """
-    if picks.shape[1] != 1 or entries.shape[1] == 0:
-        return entries, picks_mask(picks, entries.shape[1])
-    index = picks[:, 0].clamp(min=0)[..., None].expand(-1, -1, entries.shape[-1])
-    return torch.gather(entries, 1, index), picks >= 0
+    def decode_keys(self) -> tuple[Tensor, Tensor]:
+        """(keys [B, K, D], visibility [B, 1, K]) for decode rows (one query each): a top-k
+        layer's picked rows only, so attention reads k entries instead of all T (in a
+        captured step, the whole entry capacity); otherwise all entries and the mask."""
+        if self.picks is None:
+            assert self.visible is not None
+            return self.entries, self.visible
+        assert self.picks.shape[1] == 1, "one query per row"
+        if self.entries.shape[1] == 0:
+            return self.entries, self.picks[..., :0] >= 0
+        index = self.picks[:, 0].clamp(min=0)[..., None].expand(-1, -1, self.entries.shape[-1])
+        return torch.gather(self.entries, 1, index), self.picks >= 0
 
 
 def candidate_blocks(scores: Tensor, visible: Tensor, block: int, topk_blocks: int) -> Tensor:

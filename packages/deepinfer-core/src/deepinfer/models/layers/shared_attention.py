@@ -16,7 +16,7 @@ from torch import Tensor
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, init_mqa
-from deepinfer.models.layers.candidate_indexer import SharedIndexer, SharedKV, picked_entries
+from deepinfer.models.layers.candidate_indexer import LongRange, SharedIndexer, SharedKV
 from deepinfer.models.layers.compressor import write_slot_entries
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
@@ -128,8 +128,8 @@ class SharedAttention(MQA):
         *,
         rotary: Rotary,
         shared: SharedKV,
-    ) -> tuple[Tensor, Tensor]:
-        """(shared entries [B, T, D], visibility mask [B, S, T]) for this layer's queries."""
+    ) -> LongRange:
+        """The shared entries and this layer's queries' picks among them."""
         assert self.kv_source is not None and self.index_source is not None
         entries = shared.entries[self.kv_source]
         if self.is_index_source:
@@ -149,7 +149,7 @@ class SharedAttention(MQA):
             shared.picks[self.layer_id] = picks
             if candidates is not None:
                 shared.candidates = candidates
-        return picked_entries(entries, shared.picks[self.index_source])
+        return LongRange(entries, picks=shared.picks[self.index_source])
 
     def long_range(  # noqa: PLR0917
         self,
@@ -160,7 +160,7 @@ class SharedAttention(MQA):
         rotary: Rotary,
         state: LayerState | list[LayerState],
         shared: SharedKV | None,
-    ) -> tuple[Tensor, Tensor] | None:
+    ) -> LongRange | None:
         if not self.ratio:
             return None
         assert shared is not None

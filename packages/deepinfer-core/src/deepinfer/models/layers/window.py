@@ -1,11 +1,13 @@
-"""Sliding-window keys for one layer: read the ring, append the new rows, build the mask.
+"""Sliding-window keys for one layer: read the ring, append the new rows, say what each sees.
 
 Two layouts reach a layer. A sequence chunk ([B, S] in lockstep, one :class:`LayerState`) reads
-the ring rows its first query can still see, in position order. A decode batch ([B, 1], one
-state per row, rows at different positions) writes its new rows into the rings first, then reads
-every ring slot of every row and masks by the position each slot holds, so the whole batch is
-one gather and one mask whatever the positions.
-Both give each query its own token plus the ``window - 1`` before it.
+the ring rows its first query can still see, in position order, then its own rows; each query
+lists the ``window`` rows it sees (:func:`chunk_window`), so attention costs S x window rather
+than S x (window + S). A decode batch ([B, 1], one state per row, rows at different positions)
+writes its new rows into the rings first, then reads every ring slot of every row and masks by
+the position each slot holds, so the whole batch is one gather and one mask whatever the
+positions (:func:`window_keys`). Both give each query its own token plus the ``window - 1``
+before it.
 """
 
 from __future__ import annotations
@@ -13,32 +15,35 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deepinfer.models.state import LayerState, LayerStates, SlotRows
+from deepinfer.models.state import LayerState, SlotRows
 from deepinfer.transfer import to_device
 
 
-def window_keys(
-    kv: Tensor, positions: Tensor, state: LayerStates, window: int
-) -> tuple[Tensor, Tensor]:
-    """Keys [B, L, D] and visibility [B, S, L] for new rows ``kv`` [B, S, D]; writes the ring.
+def chunk_window(kv: Tensor, state: LayerState, window: int) -> tuple[Tensor, Tensor]:
+    """Keys [B, L, D] and each query's window rows [S, window] (-1 = none) for a chunk of new
+    rows ``kv`` [B, S, D] that continues ``state``; writes the ring.
 
-    ``positions`` is [S] for a chunk and [B, 1] for a decode batch (``state`` then a list).
+    The keys are the ring rows the first query still sees, then the chunk's, in position
+    order, so query i (key row ``past + i``) sees rows ``past + i - j`` for j < window.
     """
-    if isinstance(state, SlotRows):
-        return _slot_window_keys(kv, positions, state, window)
-    if isinstance(state, list):
-        return _decode_window_keys(kv, positions, state, window)
-    assert isinstance(state, LayerState)
-    b = kv.shape[0]
     ring = state.swa
     start = ring.length  # tokens this layer has seen = position of the first new one
-    past, past_pos = ring.read(start)
+    past, _ = ring.read(start)
     keys = torch.cat((past.to(kv.dtype), kv), dim=1)
-    key_pos = torch.cat((past_pos, positions))
-    delta = positions[:, None] - key_pos[None, :]
-    mask = ((delta >= 0) & (delta < window))[None].expand(b, -1, -1)
     ring.write(kv, start)
-    return keys, mask
+    rows = past.shape[1] + torch.arange(kv.shape[1], device=kv.device)[:, None]
+    index = rows - torch.arange(window, device=kv.device)
+    return keys, index.clamp(min=-1)
+
+
+def window_keys(
+    kv: Tensor, positions: Tensor, state: list[LayerState] | SlotRows, window: int
+) -> tuple[Tensor, Tensor]:
+    """Keys [B, L, D] and visibility [B, 1, L] for a decode batch's new rows ``kv`` [B, 1, D]
+    at ``positions`` [B, 1]; writes the rings."""
+    if isinstance(state, SlotRows):
+        return _slot_window_keys(kv, positions, state, window)
+    return _decode_window_keys(kv, positions, state, window)
 
 
 def _decode_window_keys(
