@@ -269,9 +269,10 @@ class DeepseekV4ForCausalLM(nn.Module):
         padding = self.prefill_padding
         if padding is None:
             padding = MAX_PADDING if self.device.type != "cpu" else 0.0
-        # Continuing sequences join groups only where padding pays (an accelerator): on the
-        # CPU their batched long-range attention outgrows the caches (32 suffixes of 64 tokens
-        # after a 1024-token prefix: 1.39 s span by span, 1.95 s as one lockstep chunk).
+        # Continuing sequences join groups only where padding pays (an accelerator). On the
+        # 2-core CPU it does not (tiny model, 32 suffixes of 64 tokens after a 1024-token
+        # prefix: 1.00 s span by span, 1.03 s as one lockstep chunk; 8 fresh prompts of
+        # 256-512 tokens: 0.99 s as spans, 1.22 s padded to one group).
         groups = lockstep_groups(chunks, states, padding, continuing=padding > 0)
         grouped = {i for g in groups for i in g}
         # The Engram history before the chunk, where a state inside it must be rebuilt (a
