@@ -144,11 +144,21 @@ class LLM:
         bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
         done: dict[str, RequestOutput] = {}
         wanted = set(ids)
+        prompt_tokens = output_tokens = 0
         while len(done) < len(ids):
             for out in self.engine.step(final_only=True):
                 if out.finished and out.request_id in wanted:
                     done[out.request_id] = out
                     bar.update(1)
+                    if use_tqdm:  # vLLM's estimate: tokens of finished requests per second
+                        prompt_tokens += len(out.prompt_token_ids)
+                        output_tokens += sum(len(c.token_ids) for c in out.outputs)
+                        elapsed = bar.format_dict["elapsed"] or 1e-9
+                        bar.set_postfix_str(
+                            f"in: {prompt_tokens / elapsed:.0f} tok/s, "
+                            f"out: {output_tokens / elapsed:.0f} tok/s",
+                            refresh=False,
+                        )
         bar.close()
         return [done[i] for i in ids]
 
