@@ -93,6 +93,13 @@ class Sm100Backend(TorchBackend):
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
 
+    def sampling_uniform(
+        self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.sampling import sampling_uniform
+
+        return sampling_uniform(seeds, positions, width, stream)
+
     def sparse_attention(
         self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
     ) -> Tensor:

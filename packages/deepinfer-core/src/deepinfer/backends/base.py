@@ -106,6 +106,15 @@ class Backend:
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement sparse_attention")
 
+    def sampling_uniform(
+        self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
+    ) -> Tensor:
+        """The sampler's noise source: ``[rows, width]`` float32 uniforms in (0, 1) of the
+        counter RNG keyed by each row's ``seeds`` and ``positions`` (int64, [rows]); must equal
+        :func:`deepinfer.sampling.rng.sampling_uniform` bit for bit, so a seeded request draws
+        the same tokens on every backend."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sampling_uniform")
+
     def compress(
         self,
         kv: Tensor,

@@ -180,6 +180,13 @@ class TorchBackend(Backend):
         probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
         return torch.matmul(probs, keys).to(q.dtype)
 
+    def sampling_uniform(
+        self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
+    ) -> Tensor:
+        from deepinfer.sampling import rng
+
+        return rng.sampling_uniform(seeds, positions, width, stream)
+
     def compress(
         self,
         kv: Tensor,

@@ -296,7 +296,7 @@ class ModelRunner:
             logits = logits.index_fill(-1, self._image_index, float("-inf"))
         tensors = self._sampling_tensors(reqs, logits.device)
         k = max((r.params.logprobs or 0) for r in reqs)
-        result = sample(logits, tensors, num_logprobs=k)
+        result = sample(logits, tensors, num_logprobs=k, ops=self.model.ops)
         # One device-to-host copy per result tensor, not one per request and value.
         host = [
             _to_host(t)

@@ -70,6 +70,22 @@ def _column_keys(width: int, device: torch.device) -> Tensor:
     return hash32(cols * 0x9E3779B1 & _M32)
 
 
+def sampling_uniform(
+    seeds: Tensor, positions: Tensor, width: int, stream: int = STREAM_SAMPLE
+) -> Tensor:
+    """``[rows, width]`` uniforms for each row's (seed, position) key: the draws of one step.
+
+    Five hashes of plain tensor ops, about 140 launches on a GPU; kernel backends fuse them
+    (``Backend.sampling_uniform``) with the same bits.
+    """
+    return uniform(position_keys(seeds, positions, stream), width)
+
+
+def gumbel_of(u: Tensor) -> Tensor:
+    """Standard Gumbel noise from uniforms in (0, 1): ``-log(-log(u))``."""
+    return -torch.log(-torch.log(u))
+
+
 def gumbel(keys: Tensor, width: int) -> Tensor:
-    """Standard Gumbel noise, ``-log(-log(u))``, one row per key."""
-    return -torch.log(-torch.log(uniform(keys, width)))
+    """Standard Gumbel noise, one row per key."""
+    return gumbel_of(uniform(keys, width))

@@ -14,11 +14,15 @@ the shortest most-likely prefix whose mass reaches top_p. The most likely token 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from deepinfer.sampling import rng
+
+if TYPE_CHECKING:
+    from deepinfer.backends.base import Backend
 
 
 @dataclass
@@ -97,8 +101,11 @@ def filter_mask(
     return keep
 
 
-def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> SamplerOutput:
-    """Pick one token per row of ``logits`` ``[B, V]``."""
+def sample(
+    logits: Tensor, t: SamplingTensors, num_logprobs: int = 0, ops: Backend | None = None
+) -> SamplerOutput:
+    """Pick one token per row of ``logits`` ``[B, V]``; ``ops`` supplies the noise (a kernel
+    backend's fused RNG), by default the reference's tensor ops, which give the same bits."""
     raw = logits.float()
     x = apply_penalties(raw, t)
     if t.allowed is not None:
@@ -118,7 +125,8 @@ def sample(logits: Tensor, t: SamplingTensors, num_logprobs: int = 0) -> Sampler
         )
         if t.allowed is not None:
             keep &= t.allowed[rows]
-        noise = rng.gumbel(rng.position_keys(t.seeds[rows], t.positions[rows]), x.shape[-1])
+        draw = ops.sampling_uniform if ops is not None else rng.sampling_uniform
+        noise = rng.gumbel_of(draw(t.seeds[rows], t.positions[rows], x.shape[-1]))
         drawn = torch.argmax(torch.where(keep, scaled + noise, float("-inf")), dim=-1)
         token_ids[rows] = drawn
 
