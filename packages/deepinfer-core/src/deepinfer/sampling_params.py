@@ -66,6 +66,13 @@ class StructuredOutputsParams:
         return cls(**names)
 
 
+def _token_key(key: object) -> object:
+    """A ``logit_bias`` key as a token id: OpenAI's JSON sends ``{"50256": -100}``."""
+    if isinstance(key, str) and key.strip().isdigit():
+        return int(key)
+    return key
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request. ``temperature=0`` is greedy; ``top_k`` 0 or -1 disables it."""
@@ -89,10 +96,17 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    #: OpenAI's ``logit_bias``: token id -> value in [-100, 100] added to its logit before
+    #: penalties and sampling (greedy too); the reported logprobs stay the model's.
+    logit_bias: dict[int, float] | None = None
+    #: Only these tokens may be generated (vLLM's ``allowed_token_ids``).
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.logit_bias, Mapping):  # JSON object keys arrive as strings
+            self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()}
         if isinstance(self.structured_outputs, Mapping):
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         self._validate()
@@ -146,6 +160,21 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not is_int(value) or not 0 <= value <= 20):
                 bad(name, "must be None or an integer in [0, 20]")
+        if self.logit_bias is not None and not (
+            isinstance(self.logit_bias, dict)
+            and all(is_int(t) and t >= 0 for t in self.logit_bias)
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
+                for v in self.logit_bias.values()
+            )
+        ):
+            bad("logit_bias", "must map non-negative token ids to numbers in [-100, 100]")
+        if self.allowed_token_ids is not None and not (
+            isinstance(self.allowed_token_ids, list)
+            and self.allowed_token_ids
+            and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import Tensor
 
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
@@ -21,12 +24,19 @@ SCHEDULES: dict[str, dict[str, object]] = {
 
 
 def greedy_reference(
-    model: DeepseekV4ForCausalLM, prompt: list[int], max_tokens: int, eos: int | None = None
+    model: DeepseekV4ForCausalLM,
+    prompt: list[int],
+    max_tokens: int,
+    eos: int | None = None,
+    adjust: Callable[[Tensor], Tensor] | None = None,
 ) -> list[int]:
+    """``adjust``: what the request's parameters do to the last position's logits [V]."""
     ids = list(prompt)
     out: list[int] = []
     for _ in range(max_tokens):
         logits = model.forward_logits(torch.tensor([ids]))[0, -1]
+        if adjust is not None:
+            logits = adjust(logits)
         token = int(torch.argmax(logits))
         out.append(token)
         ids.append(token)

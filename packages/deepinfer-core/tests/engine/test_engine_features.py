@@ -185,6 +185,61 @@ def test_bad_requests_fail_alone(model, tokenizer, prompt, field) -> None:  # ty
         assert final[i].outputs[0].token_ids == greedy_reference(model, p, 5, eos=1)
 
 
+def test_logit_bias_and_allowed_token_ids_steer_greedy(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Against the plain loop with the parameters' effect written out on the logits."""
+    prompts = random_prompts(3, 10, 30, seed=21)
+    bias = {123: 4.0, 789: 4.5, 2000: 3.0}
+    allowed = [7, 70, 700, 4000, 5555]
+    steps = 6
+
+    def biased(logits: torch.Tensor) -> torch.Tensor:
+        out = logits.clone()
+        for token, value in bias.items():
+            out[token] += value
+        return out
+
+    def only_allowed(logits: torch.Tensor) -> torch.Tensor:
+        out = torch.full_like(logits, float("-inf"))
+        out[allowed] = logits[allowed]
+        return out
+
+    base = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logit_bias=bias),
+        SamplingParams(
+            temperature=0.0, max_tokens=steps, ignore_eos=True, allowed_token_ids=allowed
+        ),
+        base,
+    ]
+    engine = engine_for(model, tokenizer)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    final = engine.run(ids)
+    got = [final[i].outputs[0].token_ids for i in ids]
+    assert got[0] == greedy_reference(model, prompts[0], steps, adjust=biased)
+    assert got[0] != greedy_reference(model, prompts[0], steps), "the bias changed nothing"
+    assert got[1] == greedy_reference(model, prompts[1], steps, adjust=only_allowed)
+    assert set(got[1]) <= set(allowed)
+    assert got[2] == greedy_reference(model, prompts[2], steps)
+    # A stop token that is all allowed_token_ids permits is not banned by min_tokens.
+    params = SamplingParams(temperature=0.0, max_tokens=3, min_tokens=2, allowed_token_ids=[1])
+    (out,) = generate(engine, prompts[:1], params)
+    assert out.outputs[0].token_ids == [1] and out.outputs[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("field", ["stop_token_ids", "logit_bias", "allowed_token_ids"])
+def test_token_ids_past_the_vocabulary_fail_alone(model, tokenizer, field) -> None:  # type: ignore[no-untyped-def]
+    engine = engine_for(model, tokenizer)
+    good = random_prompts(1, 10, 20, seed=22)[0]
+    first = engine.add_request(good, GREEDY)
+    value = {10**6: 1.0} if field == "logit_bias" else [10**6]
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request([5, 6], SamplingParams(**{field: value}))
+    assert err.value.field == field
+    assert engine.run([first])[first].outputs[0].token_ids == greedy_reference(
+        model, good, 5, eos=1
+    )
+
+
 def test_duplicate_request_id_and_bad_stop_id(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
     engine = engine_for(model, tokenizer)
     engine.add_request([5, 6], GREEDY, request_id="x")

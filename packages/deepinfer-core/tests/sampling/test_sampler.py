@@ -82,6 +82,29 @@ def test_empirical_distribution_matches_softmax_chi_square(
     assert chi.pvalue > 1e-3, (chi, counts, want)
 
 
+def test_logit_bias_shifts_the_distribution_chi_square() -> None:
+    """Draws with a bias follow softmax((logits + bias) / T), and filters see the biased
+    logits; the reported logprobs stay the model's own."""
+    g = np.random.default_rng(3)
+    vocab, draws = 10, 40_000
+    logits = g.normal(0, 1.0, size=vocab).astype(np.float32)
+    bias = np.zeros(vocab, dtype=np.float32)
+    bias[[2, 7]] = [2.5, -1.5]
+    bias[9] = -100.0  # effectively banned
+    want = reference_distribution(logits + bias, 0.8, 5, 1.0, 0.0)
+    t = _tensors(draws, temperature=0.8, top_k=torch.full((draws,), 5, dtype=torch.int64))
+    t.seeds = torch.full((draws,), 99, dtype=torch.int64)
+    t.logit_bias = torch.from_numpy(bias).expand(draws, vocab)
+    out = sample(torch.from_numpy(logits).expand(draws, vocab).contiguous(), t)
+    counts = np.bincount(out.token_ids.numpy(), minlength=vocab)
+    support = want > 0
+    assert counts[~support].sum() == 0 and counts[9] == 0
+    chi = stats.chisquare(counts[support], want[support] * draws)
+    assert chi.pvalue > 1e-3, (chi, counts, want)
+    raw = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1)
+    torch.testing.assert_close(out.logprobs.double(), raw[out.token_ids], atol=1e-5, rtol=0)
+
+
 def test_filter_mask_matches_reference_on_random_rows() -> None:
     g = np.random.default_rng(2)
     for _ in range(200):

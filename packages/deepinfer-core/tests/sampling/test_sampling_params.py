@@ -24,6 +24,12 @@ from deepinfer.sampling_params import SamplingParams, StructuredOutputsParams
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
         ({"logprobs": 21}, "logprobs"),
         ({"n": True}, "n"),
+        ({"logit_bias": {5: 101.0}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {5: True}}, "logit_bias"),
+        ({"logit_bias": [5]}, "logit_bias"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [3, -2]}, "allowed_token_ids"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -36,6 +42,8 @@ def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) ->
 def test_defaults_and_normalisation() -> None:
     p = SamplingParams(stop="END", temperature=0)
     assert p.stop == ["END"] and p.greedy and p.max_tokens == 16
+    # OpenAI's JSON logit_bias has string keys.
+    assert SamplingParams.from_dict({"logit_bias": {"50": -100}}).logit_bias == {50: -100}
 
 
 def test_aliases_and_unknown_keys() -> None:

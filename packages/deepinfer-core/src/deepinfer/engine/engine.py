@@ -215,8 +215,9 @@ class LLMEngine:
             raise InvalidRequestError(
                 "prompt", f"{len(ids)} tokens need more state memory than state_memory_bytes"
             )
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids", f"must be below the vocabulary ({vocab})")
+        for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
+            if any(t >= vocab for t in getattr(params, name) or ()):
+                raise InvalidRequestError(name, f"token ids must be below the vocabulary ({vocab})")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop every sample of ``request_id``; returns its final output (None if unknown)."""

@@ -339,11 +339,22 @@ class ModelRunner:
             t.presence_penalty = col([p.presence_penalty for p in ps], torch.float32)
             t.frequency_penalty = col([p.frequency_penalty for p in ps], torch.float32)
             t.repetition_penalty = col([p.repetition_penalty for p in ps], torch.float32)
+        if any(p.logit_bias for p in ps):
+            bias = torch.zeros(len(reqs), self.vocab_size, dtype=torch.float32)
+            for i, p in enumerate(ps):
+                if p.logit_bias:
+                    bias[i, list(p.logit_bias)] = torch.tensor(list(p.logit_bias.values()))
+            t.logit_bias = to_device(bias, device)
         banned = [self._banned(r) for r in reqs]
-        if any(banned) or any(r.grammar is not None for r in reqs):
+        only = [r.params.allowed_token_ids for r in reqs]
+        if any(banned) or any(only) or any(r.grammar is not None for r in reqs):
             allowed = torch.ones(len(reqs), self.vocab_size, dtype=torch.bool, device=device)
             for i, (req, ids) in enumerate(zip(reqs, banned, strict=True)):
-                if ids:
+                if only[i]:
+                    allowed[i] = False
+                    allowed[i, col(only[i], torch.int64)] = True
+                # min_tokens' ban of stop tokens yields when they are all that is allowed.
+                if ids and not (only[i] and ids.issuperset(only[i])):
                     allowed[i, col(sorted(ids), torch.int64)] = False
                 if req.grammar is not None:
                     grammar = req.grammar.allowed().to(device)

@@ -41,6 +41,7 @@ class SamplingTensors:
     output_counts: Tensor | None = None  # [B, V] how often each token was generated so far
     prompt_mask: Tensor | None = None  # [B, V] bool, token occurs in the prompt
     allowed: Tensor | None = None  # [B, V] bool; False bans a token (grammar, min_tokens)
+    logit_bias: Tensor | None = None  # [B, V] float32 added to the logits first
     #: Rows with temperature > 0 and whether any of them has top-k or top-p on, when the host
     #: knows them (the engine's runner does): finding them on the device would be a sync, which
     #: stalls an asynchronous engine until the step's forward has finished. None: found here.
@@ -107,7 +108,7 @@ def sample(
     """Pick one token per row of ``logits`` ``[B, V]``; ``ops`` supplies the noise (a kernel
     backend's fused RNG), by default the reference's tensor ops, which give the same bits."""
     raw = logits.float()
-    x = apply_penalties(raw, t)
+    x = apply_penalties(raw if t.logit_bias is None else raw + t.logit_bias, t)
     if t.allowed is not None:
         x = x.masked_fill(~t.allowed, float("-inf"))
     token_ids = torch.argmax(x, dim=-1)
