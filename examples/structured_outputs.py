@@ -44,13 +44,14 @@ def main() -> None:
         "free": None,
     }
     params = [
-        SamplingParams(temperature=0.8, seed=i, max_tokens=80, structured_outputs=c)
+        SamplingParams(temperature=0.8, seed=i, max_tokens=200, structured_outputs=c)
         for i, c in enumerate(constraints.values())
     ]
     outs = llm.generate(["ROMEO:"] * len(params), params, use_tqdm=False)
     for kind, out in zip(constraints, outs, strict=True):
         print(f"{kind:>7}: {out.outputs[0].text!r} ({out.outputs[0].finish_reason})")
-    print("parsed:", json.loads(outs[0].outputs[0].text))
+    if outs[0].outputs[0].finish_reason == "stop":  # complete, so valid under the schema
+        print("parsed:", json.loads(outs[0].outputs[0].text))
 
 
 if __name__ == "__main__":
