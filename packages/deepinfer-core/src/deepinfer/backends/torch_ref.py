@@ -234,8 +234,7 @@ class TorchBackend(Backend):
                 ],
                 dim=1,
             )
-        dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
-        scores = (dots * weights.float()[..., None]).sum(dim=2)  # [B, S, T]
+        scores = self.indexer_scores(q, keys, weights)  # [B, S, T]
         entry = torch.arange(t, device=q.device)
         n_visible = n_visible.to(q.device)[..., None]  # [S, 1] or [B, S, 1]
         scores = scores.masked_fill(entry >= n_visible, float("-inf"))
