@@ -93,11 +93,6 @@ class Sm100Backend(TorchBackend):
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
 
-    def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
-        from deepinfer_kernels_sm100.indexer import indexer_scores
-
-        return indexer_scores(q, keys, weights)
-
     def sampling_uniform(
         self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
     ) -> Tensor:
