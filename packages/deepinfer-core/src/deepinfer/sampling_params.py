@@ -101,6 +101,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     #: Only these tokens may be generated (vLLM's ``allowed_token_ids``).
     allowed_token_ids: list[int] | None = None
+    #: Keep only the last k prompt tokens (vLLM's ``truncate_prompt_tokens``): a long
+    #: conversation still fits ``max_model_len``.
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -169,6 +172,10 @@ class SamplingParams:
             )
         ):
             bad("logit_bias", "must map non-negative token ids to numbers in [-100, 100]")
+        if self.truncate_prompt_tokens is not None and (
+            not is_int(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1
+        ):
+            bad("truncate_prompt_tokens", "must be None or an integer >= 1")
         if self.allowed_token_ids is not None and not (
             isinstance(self.allowed_token_ids, list)
             and self.allowed_token_ids

@@ -226,6 +226,18 @@ def test_logit_bias_and_allowed_token_ids_steer_greedy(model, tokenizer) -> None
     assert out.outputs[0].token_ids == [1] and out.outputs[0].finish_reason == "stop"
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A prompt past max_model_len runs once truncated, as the plain loop over its tail."""
+    engine = engine_for(model, tokenizer, max_model_len=256)
+    (long,) = random_prompts(1, 400, 400, seed=23)
+    params = SamplingParams(temperature=0.0, max_tokens=5, truncate_prompt_tokens=100)
+    with pytest.raises(InvalidRequestError, match="max_model_len"):
+        engine.add_request(long, GREEDY)
+    (out,) = generate(engine, [long], params)
+    assert out.prompt_token_ids == long[-100:]
+    assert out.outputs[0].token_ids == greedy_reference(model, long[-100:], 5, eos=1)
+
+
 @pytest.mark.parametrize("field", ["stop_token_ids", "logit_bias", "allowed_token_ids"])
 def test_token_ids_past_the_vocabulary_fail_alone(model, tokenizer, field) -> None:  # type: ignore[no-untyped-def]
     engine = engine_for(model, tokenizer)

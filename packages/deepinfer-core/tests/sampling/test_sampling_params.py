@@ -30,6 +30,7 @@ from deepinfer.sampling_params import SamplingParams, StructuredOutputsParams
         ({"logit_bias": [5]}, "logit_bias"),
         ({"allowed_token_ids": []}, "allowed_token_ids"),
         ({"allowed_token_ids": [3, -2]}, "allowed_token_ids"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
