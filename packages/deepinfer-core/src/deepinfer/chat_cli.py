@@ -36,14 +36,22 @@ def run_chat(args: argparse.Namespace) -> int:
     history: list[dict[str, str]] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
-    print("Chatting with the model; an empty line or Ctrl-D ends.", file=sys.stderr)
+    print(
+        "Chatting with the model; /reset starts over, an empty line, /exit or Ctrl-D ends.",
+        file=sys.stderr,
+    )
     while True:
         try:
             line = input("you> ")
         except EOFError:
             break
-        if not line.strip():
+        command = line.strip()
+        if command in {"", "/exit", "/quit"}:
             break
+        if command == "/reset":
+            del history[1 if args.system else 0 :]
+            print("(conversation reset)", file=sys.stderr)
+            continue
         history.append({"role": "user", "content": line})
         body = {
             "model": DEFAULT_CHAT_MODEL,

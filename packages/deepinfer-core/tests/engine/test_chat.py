@@ -107,3 +107,16 @@ def test_chat_cli_streams_turns_and_reasoning() -> None:
         [*cmd, "--thinking"], input="Hi\n", capture_output=True, text=True, check=True
     )
     assert "(thinking) " in res.stdout
+    # /reset forgets the turns so far (the next reply is the first one's, greedy); /exit ends.
+    greedy = [*cmd, "--temperature", "0"]
+    alone = subprocess.run(greedy, input="Hi\n", capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        greedy,
+        input="Who art thou?\n/reset\nHi\n/exit\nnever sent\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    replies = res.stdout.split("model> ")
+    assert len(replies) == 3 and "(conversation reset)" in res.stderr
+    assert replies[2].splitlines()[0] == alone.stdout.split("model> ")[1].splitlines()[0]
