@@ -256,6 +256,25 @@ def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None
     assert torch.equal(blocked[1], whole[1])
 
 
+def test_stable_topk_is_the_head_of_a_stable_descending_sort() -> None:
+    """Against Python's sort by (-score, index) on tie-heavy rows with -0.0, +-inf."""
+    from deepinfer.backends.torch_ref import stable_topk
+
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(50):
+        t = int(torch.randint(1, 120, (1,), generator=gen))
+        k = int(torch.randint(1, t + 1, (1,), generator=gen))
+        x = torch.round(torch.randn(4, t, generator=gen) * 2) / 2  # many equal values
+        x[..., ::5] = -0.0  # equal to +0.0: must tie with it
+        x[torch.rand(4, t, generator=gen) < 0.2] = float("-inf")
+        x[torch.rand(4, t, generator=gen) < 0.05] = float("inf")
+        got = stable_topk(x, k)
+        for row in range(4):
+            values = x[row].tolist()
+            want = sorted(range(t), key=lambda i: (-values[i], i))[:k]
+            assert got[row].tolist() == want
+
+
 def test_indexer_picks_do_not_depend_on_masked_entries() -> None:
     """Tied scores (ReLU zeros) resolve to the lowest entries, however many masked entries
     follow: a captured decode step reads a full-capacity entry buffer, an eager one does not."""

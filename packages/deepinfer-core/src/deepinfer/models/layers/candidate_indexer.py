@@ -11,8 +11,9 @@ V4.1 splits V4's lightning indexer across layers:
   ``candidate_block_size`` consecutive entries with the highest maximum score; later index sources
   score only inside those blocks (a two-level selection that bounds their work).
 
-Selection uses a stable descending sort, so equal scores always resolve to the lower entry id and
-the picks do not depend on how many future (masked) entries a chunk happens to hold.
+Selection ranks like a stable descending sort, so equal scores always resolve to the lower
+entry id and the picks do not depend on how many future (masked) entries a chunk happens to
+hold.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
+from deepinfer.backends.torch_ref import stable_topk
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
@@ -43,7 +45,7 @@ def pick_topk(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
     t = scores.shape[-1]
     k = min(k, t)
     masked = scores.masked_fill(~allowed, float("-inf"))
-    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :k]
+    order = stable_topk(masked, k)
     ok = allowed.gather(-1, order)
     return torch.where(ok, order, torch.full_like(order, -1))
 
