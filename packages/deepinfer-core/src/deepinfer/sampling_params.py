@@ -101,6 +101,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     #: Only these tokens may be generated (vLLM's ``allowed_token_ids``).
     allowed_token_ids: list[int] | None = None
+    #: Words never to generate (vLLM's ``bad_words``): each is tokenized as is and after a
+    #: space, and the last token of such a sequence is banned wherever it would complete it.
+    bad_words: list[str] | None = None
     #: Keep only the last k prompt tokens (vLLM's ``truncate_prompt_tokens``): a long
     #: conversation still fits ``max_model_len``.
     truncate_prompt_tokens: int | None = None
@@ -172,6 +175,11 @@ class SamplingParams:
             )
         ):
             bad("logit_bias", "must map non-negative token ids to numbers in [-100, 100]")
+        if self.bad_words is not None and not (
+            isinstance(self.bad_words, list)
+            and all(isinstance(w, str) and w.strip() for w in self.bad_words)
+        ):
+            bad("bad_words", "must be a list of strings with some non-space text")
         if self.truncate_prompt_tokens is not None and (
             not is_int(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1
         ):

@@ -226,6 +226,46 @@ def test_logit_bias_and_allowed_token_ids_steer_greedy(model, tokenizer) -> None
     assert out.outputs[0].token_ids == [1] and out.outputs[0].finish_reason == "stop"
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("span", [(1, 2), (4, 6)], ids=["one-token", "two-token"])
+def test_bad_words_are_never_completed(model, tokenizer, async_scheduling, span) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's rule against the plain loop: each word is tokenized as is and after a space, and
+    a sequence's last token is banned where the output so far ends with the rest of it."""
+    (prompt,) = random_prompts(1, 10, 20, seed=24)
+    steps = 10
+    free = greedy_reference(model, prompt, steps)
+    # A word the unconstrained output would produce (a two-token one is banned only once the
+    # output has reached its first token).
+    words = [tokenizer.decode(free[span[0] : span[1]])]
+    sequences = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    out: list[int] = []
+
+    def ban(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        for seq in sequences:
+            head = seq[:-1]
+            if not head or out[len(out) - len(head) :] == head:
+                logits[seq[-1]] = float("-inf")
+        return logits
+
+    def adjust(logits: torch.Tensor) -> torch.Tensor:  # the loop appends after each call
+        result = ban(logits)
+        out.append(int(torch.argmax(result)))
+        return result
+
+    want = greedy_reference(model, prompt, steps, adjust=adjust)
+    engine = engine_for(model, tokenizer, async_scheduling=async_scheduling)
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, bad_words=words)
+    (got,) = generate(engine, [prompt], params)
+    assert got.outputs[0].token_ids == want
+    assert want != free
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
     """A prompt past max_model_len runs once truncated, as the plain loop over its tail."""
     engine = engine_for(model, tokenizer, max_model_len=256)

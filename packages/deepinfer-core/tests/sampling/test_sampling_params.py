@@ -31,6 +31,8 @@ from deepinfer.sampling_params import SamplingParams, StructuredOutputsParams
         ({"allowed_token_ids": []}, "allowed_token_ids"),
         ({"allowed_token_ids": [3, -2]}, "allowed_token_ids"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"bad_words": ["  "]}, "bad_words"),
+        ({"bad_words": "thee"}, "bad_words"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) -> None:

@@ -186,6 +186,10 @@ class LLMEngine:
             )
             for i in range(params.n)
         ]
+        if params.bad_words:
+            banned = self._bad_word_ids(params.bad_words)
+            for req in members:
+                req.bad_words = banned
         if params.structured_outputs is not None:
             for req in members:  # compiled once (cached); one matcher per sample
                 req.grammar = self.grammar_backend().matcher(params.structured_outputs)
@@ -306,11 +310,27 @@ class LLMEngine:
                 req.fork_children = []
         return extra
 
+    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word's token sequences, as is and after a space (vLLM's rule: a word is banned
+        at the start of the text and inside it), without repeats."""
+        out: list[list[int]] = []
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
+
     def _needs_tokens(self, pending: PendingSample) -> bool:
         """Whether the next step needs ``pending``'s tokens on the host before it is scheduled:
-        their masks or penalties depend on them."""
+        their masks or penalties depend on them (a multi-token bad word, on the last ones)."""
         return any(
-            not req.finished and (req.grammar is not None or req.params.penalized)
+            not req.finished
+            and (
+                req.grammar is not None
+                or req.params.penalized
+                or any(len(seq) > 1 for seq in req.bad_words)
+            )
             for req in pending.requests
         )
 

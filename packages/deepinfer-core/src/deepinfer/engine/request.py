@@ -60,6 +60,8 @@ class Request:
     forked_logits: Tensor | None = None
     #: Group members that will copy this request's state when its prefill completes.
     fork_children: list[Request] = field(default_factory=list)
+    #: ``params.bad_words`` as token sequences (each word as is and after a space).
+    bad_words: list[list[int]] = field(default_factory=list)
     #: The output constraint's matcher (structured outputs), advanced with every token.
     grammar: GrammarMatcher | None = None
     #: The prefix-cache block at the last 128-token boundary this request passed.

@@ -353,7 +353,7 @@ class ModelRunner:
                 if only[i]:
                     allowed[i] = False
                     allowed[i, col(only[i], torch.int64)] = True
-                # min_tokens' ban of stop tokens yields when they are all that is allowed.
+                # Bans (min_tokens' stop tokens, bad words) yield when nothing else is allowed.
                 if ids and not (only[i] and ids.issuperset(only[i])):
                     allowed[i, col(sorted(ids), torch.int64)] = False
                 if req.grammar is not None:
@@ -365,12 +365,18 @@ class ModelRunner:
         return t
 
     def _banned(self, req: Request) -> set[int]:
-        """Stop tokens are banned until ``min_tokens`` tokens have been generated."""
-        if req.num_output_tokens >= req.params.min_tokens:
-            return set()
-        banned = set(req.params.stop_token_ids)
-        if not req.params.ignore_eos:
-            banned |= self.eos_token_ids
+        """Stop tokens until ``min_tokens`` tokens have been generated, and the last token of
+        each bad word whose other tokens end the output so far."""
+        banned: set[int] = set()
+        if req.num_output_tokens < req.params.min_tokens:
+            banned |= set(req.params.stop_token_ids)
+            if not req.params.ignore_eos:
+                banned |= self.eos_token_ids
+        out = req.output_token_ids
+        for seq in req.bad_words:
+            *head, last = seq
+            if not head or (len(out) >= len(head) and out[len(out) - len(head) :] == head):
+                banned.add(last)
         return {t for t in banned if t < self.vocab_size}
 
 
