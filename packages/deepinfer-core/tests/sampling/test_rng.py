@@ -56,9 +56,9 @@ def test_extreme_hash_values_stay_inside_the_open_interval(monkeypatch) -> None:
     """The largest and smallest 32-bit hashes must still give finite Gumbel noise."""
     rng._column_keys.cache_clear()  # computed under the patched hash below: not kept after
     monkeypatch.setattr(rng, "hash32", lambda x: torch.full_like(x, 0xFFFFFFFF))
-    assert torch.isfinite(rng.gumbel(torch.tensor([1]), 4)).all()
+    assert torch.isfinite(rng.gumbel(rng.uniform(torch.tensor([1]), 4))).all()
     monkeypatch.setattr(rng, "hash32", torch.zeros_like)
-    assert torch.isfinite(rng.gumbel(torch.tensor([1]), 4)).all()
+    assert torch.isfinite(rng.gumbel(rng.uniform(torch.tensor([1]), 4))).all()
     rng._column_keys.cache_clear()
 
 
@@ -73,9 +73,9 @@ def test_streams_and_keys_are_distinct() -> None:
 
 def test_draw_depends_only_on_its_key() -> None:
     """The same (seed, position) row gives the same noise alone or among other rows."""
-    alone = rng.gumbel(rng.position_keys(torch.tensor([42]), torch.tensor([17])), 1000)
+    alone = rng.gumbel(rng.uniform(rng.position_keys(torch.tensor([42]), torch.tensor([17])), 1000))
     seeds = torch.tensor([3, 42, 99])
-    batch = rng.gumbel(rng.position_keys(seeds, torch.tensor([0, 17, 5])), 1000)
+    batch = rng.gumbel(rng.uniform(rng.position_keys(seeds, torch.tensor([0, 17, 5])), 1000))
     assert torch.equal(alone[0], batch[1])
 
 
@@ -83,6 +83,6 @@ def test_draw_depends_only_on_its_key() -> None:
 def test_gumbel_moments(cols: int) -> None:
     rows = max(1, 200_000 // cols)
     keys = rng.position_keys(torch.arange(rows), torch.zeros(rows, dtype=torch.int64))
-    g = rng.gumbel(keys, cols).double()
+    g = rng.gumbel(rng.uniform(keys, cols)).double()
     assert abs(g.mean().item() - np.euler_gamma) < 0.02
     assert abs(g.var().item() - np.pi**2 / 6) < 0.05

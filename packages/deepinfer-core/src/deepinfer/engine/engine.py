@@ -162,8 +162,8 @@ class LLMEngine:
         group_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if group_id in self.groups:
             raise InvalidRequestError("request_id", f"{group_id!r} is already in use")
-        if params.truncate_prompt_tokens is not None and isinstance(prompt_token_ids, list):
-            prompt_token_ids = prompt_token_ids[-params.truncate_prompt_tokens :]
+        if params.truncate_prompt_tokens is not None:
+            prompt_token_ids = list(prompt_token_ids)[-params.truncate_prompt_tokens :]
         self._validate(prompt_token_ids, params)
         base_seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         now = time.monotonic()

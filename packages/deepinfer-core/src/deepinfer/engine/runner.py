@@ -346,7 +346,7 @@ class ModelRunner:
                     bias[i, list(p.logit_bias)] = torch.tensor(list(p.logit_bias.values()))
             t.logit_bias = to_device(bias, device)
         banned = [self._banned(r) for r in reqs]
-        only = [r.params.allowed_token_ids for r in reqs]
+        only = [p.allowed_token_ids for p in ps]
         if any(banned) or any(only) or any(r.grammar is not None for r in reqs):
             allowed = torch.ones(len(reqs), self.vocab_size, dtype=torch.bool, device=device)
             for i, (req, ids) in enumerate(zip(reqs, banned, strict=True)):

@@ -81,11 +81,6 @@ def sampling_uniform(
     return uniform(position_keys(seeds, positions, stream), width)
 
 
-def gumbel_of(u: Tensor) -> Tensor:
+def gumbel(u: Tensor) -> Tensor:
     """Standard Gumbel noise from uniforms in (0, 1): ``-log(-log(u))``."""
     return -torch.log(-torch.log(u))
-
-
-def gumbel(keys: Tensor, width: int) -> Tensor:
-    """Standard Gumbel noise, one row per key."""
-    return gumbel_of(uniform(keys, width))

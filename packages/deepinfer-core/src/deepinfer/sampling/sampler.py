@@ -127,7 +127,7 @@ def sample(
         if t.allowed is not None:
             keep &= t.allowed[rows]
         draw = ops.sampling_uniform if ops is not None else rng.sampling_uniform
-        noise = rng.gumbel_of(draw(t.seeds[rows], t.positions[rows], x.shape[-1]))
+        noise = rng.gumbel(draw(t.seeds[rows], t.positions[rows], x.shape[-1]))
         drawn = torch.argmax(torch.where(keep, scaled + noise, float("-inf")), dim=-1)
         token_ids[rows] = drawn
 
