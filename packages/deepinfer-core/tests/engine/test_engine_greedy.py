@@ -35,12 +35,14 @@ def test_greedy_matches_reference(model, tokenizer, expected, options) -> None: 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer, async_scheduling) -> None:  # type: ignore[no-untyped-def]
+    from deepinfer.cache.pages import PAGE_TOKENS
     from deepinfer.cache.pools import state_bytes
 
-    prompts = random_prompts(5, 18, 22, seed=1)
+    prompts = random_prompts(5, 100, 120, seed=1)
     expected = [greedy_reference(model, p, 40, eos=1) for p in prompts]
-    # Three 30-token sequences fit; three requests admitted at ~20 tokens outgrow the pool.
-    budget = 3 * state_bytes(model.cfg, model.dtype, 30)
+    # Three sequences of up to 128 tokens (one entry page each) fit; past 128 tokens a
+    # sequence needs a second page, so the pool runs out and preempts.
+    budget = 3 * state_bytes(model.cfg, model.dtype, PAGE_TOKENS)
     engine = LLMEngine(
         model,
         tokenizer,
@@ -53,16 +55,24 @@ def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer, async_schedu
     )
     params = SamplingParams(temperature=0.0, max_tokens=40)
     ids = [engine.add_request(p, params) for p in prompts]
+    table = engine.slots.page_table
+    assert table is not None
     outputs = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 outputs[out.request_id] = out
         assert engine.pool.used_bytes <= budget
-        # The running total is the sum of what each running request is charged for its length.
+        # Each running request is charged its state at its length rounded up to whole pages,
+        # and holds no more pages than that.
+        running = engine.scheduler.running
+        pages = [-(-r.num_computed_tokens // PAGE_TOKENS) for r in running]
         assert engine.pool.used_bytes == sum(
-            state_bytes(model.cfg, model.dtype, r.num_computed_tokens)
-            for r in engine.scheduler.running
+            state_bytes(model.cfg, model.dtype, n * PAGE_TOKENS) for n in pages
         )
+        for r, n in zip(running, pages, strict=True):
+            assert r.state is not None
+            assert len(table.pages_of(r.state.layers[0].swa.slot)) <= n
     assert [outputs[i].outputs[0].token_ids for i in ids] == expected
     assert sum(o.metrics.num_preemptions for o in outputs.values()) > 0
+    assert table.num_free == table.max_pages  # every page handed back

@@ -27,11 +27,12 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival(model, tokenizer
 
 
 def test_preemption_takes_the_lowest_priority_request(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    prompts = random_prompts(3, 20, 20, seed=3)
+    prompts = random_prompts(3, 100, 100, seed=3)
     cfg, dtype = model.cfg, model.dtype
-    # All three fit at admission; growing to 60 tokens, only two do.
-    budget = max(3 * state_bytes(cfg, dtype, 20), 2 * state_bytes(cfg, dtype, 60))
-    assert 3 * state_bytes(cfg, dtype, 60) > budget
+    # All three fit at admission (one 128-token entry page each); past 128 tokens, two pages
+    # each, only two do.
+    budget = max(3 * state_bytes(cfg, dtype, 128), 2 * state_bytes(cfg, dtype, 256))
+    assert 3 * state_bytes(cfg, dtype, 256) > budget
     engine = LLMEngine(
         model,
         tokenizer,

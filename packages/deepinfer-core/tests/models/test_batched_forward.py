@@ -35,9 +35,12 @@ def test_packed_and_decode_batches_equal_separate_forwards(model: DeepseekV4ForC
 
 def test_slotted_states_equal_separate_forwards(model: DeepseekV4ForCausalLM) -> None:
     """States whose rings and compressor buffers are rows of shared tensors (the engine's
-    slots) give the same logits, through slot growth, release and reuse of a slot (whose rows
-    held another sequence), and cloning (``n`` > 1 samples)."""
-    slots = StateSlots(lambda: model.new_state(1), max_slots=8, max_len=4096, initial_slots=2)
+    slots) and whose entries live in shared pages give the same logits, through slot and
+    page growth, release and reuse of a slot (whose rows and pages held another sequence),
+    and cloning (``n`` > 1 samples)."""
+    slots = StateSlots(
+        lambda: model.new_state(1), max_slots=8, max_len=4096, initial_slots=2, initial_pages=1
+    )
     _check_against_separate(
         model,
         lambda _: slots.new_state(),
@@ -46,6 +49,7 @@ def test_slotted_states_equal_separate_forwards(model: DeepseekV4ForCausalLM) ->
         rounds=10,
     )
     assert slots.num_slots == 8 and slots.num_used == 7
+    assert slots.page_table is not None and slots.page_table.num_pages > 1
     slots.new_state()
     with pytest.raises(RuntimeError, match="slots are in use"):
         slots.new_state()

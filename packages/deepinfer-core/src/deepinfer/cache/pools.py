@@ -2,15 +2,18 @@
 
 A V4 sequence carries, per layer, an SWA ring of ``sliding_window`` rows, and on compressed
 layers the append-only compressed entries (one per ``ratio`` tokens), the indexer keys (CSA) and
-small partial-window buffers. The pool charges each request for the bytes its state will hold at
-the length it is about to reach; the scheduler admits, grows and preempts against that account,
-so the budget is never exceeded and nothing is allocated that could not be paid for.
+small partial-window buffers. The entries live in pages of 128 tokens' worth
+(:mod:`deepinfer.cache.pages`). The pool charges each request for the bytes its state will hold
+at the length it is about to reach, whole pages included; the scheduler admits, grows and
+preempts against that account, so the budget is never exceeded and the page list, sized from
+the same budget, never runs dry.
 """
 
 from __future__ import annotations
 
 import torch
 
+from deepinfer.cache.pages import PAGE_TOKENS
 from deepinfer.config import CSA_RATIO, ModelConfig
 from deepinfer.models.state import BUFFERS, ModelState
 
@@ -45,11 +48,10 @@ def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:
 
 
 class StatePool:
-    """Charges requests for their state bytes against ``budget_bytes``.
-
-    The scheduler asks several times per request and step, so the charge is kept as a running
-    total and :func:`state_bytes` as its per-ratio coefficients (it is exact: the entries of
-    each ratio grow by one every ``ratio`` tokens)."""
+    """Charges requests for their state bytes against ``budget_bytes``: the fixed part
+    (:func:`state_bytes` at length 0) plus one entry page (the entries of 128 tokens, every
+    compressor) per started 128-token block, as :class:`~deepinfer.cache.pages.PageTable`
+    hands them out."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int) -> None:
         self.cfg = cfg
@@ -58,20 +60,19 @@ class StatePool:
         self._charged: dict[str, int] = {}
         self.used_bytes = 0
         self._fixed = state_bytes(cfg, dtype, 0)
-        self._per_entry: dict[int, int] = {}  # ratio -> bytes per entry, over all layers
-        for ratio in sorted({r for r in cfg.compress_ratios if r}):
-            # num_tokens = ratio adds exactly one entry to every layer of this ratio (and to
-            # layers of a divisor ratio, which the smaller ratios' coefficients already hold).
-            grown = state_bytes(cfg, dtype, ratio) - self._fixed
-            self._per_entry[ratio] = grown - sum(
-                b * (ratio // r) for r, b in self._per_entry.items()
-            )
+        #: Bytes of one page over all compressors (every ratio divides the page's tokens).
+        self.page_bytes = state_bytes(cfg, dtype, PAGE_TOKENS) - self._fixed
 
     def bytes_for(self, num_tokens: int) -> int:
-        total = self._fixed
-        for ratio, size in self._per_entry.items():
-            total += size * (num_tokens // ratio)
-        return total
+        return self._fixed + -(-num_tokens // PAGE_TOKENS) * self.page_bytes
+
+    def max_pages(self, max_num_seqs: int, max_model_len: int) -> int:
+        """Pages that ``max_num_seqs`` sequences of up to ``max_model_len`` tokens can be
+        charged for within the budget."""
+        per_seq = -(-max_model_len // PAGE_TOKENS)
+        if not self.page_bytes:
+            return 0
+        return max(1, min(self.budget_bytes // self.page_bytes, max_num_seqs * per_seq))
 
     def fits_alone(self, num_tokens: int) -> bool:
         return self.bytes_for(num_tokens) <= self.budget_bytes
@@ -104,7 +105,7 @@ def state_nbytes(state: ModelState) -> int:
         for comp in (layer.compressor, layer.indexer):
             if comp is None:
                 continue
-            for name in (*BUFFERS[:-1], "entries"):  # the entries in use, not the capacity
+            for name in (*BUFFERS, "entries"):  # the entries in use, not the capacity
                 t = getattr(comp, name)
                 if t is not None:
                     total += t.numel() * t.element_size()

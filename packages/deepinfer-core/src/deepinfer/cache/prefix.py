@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from deepinfer.cache.pages import PAGE_TOKENS
 from deepinfer.models.state import CompressorState, ModelState, clone_or_none
 
-BLOCK_SIZE = 128
+#: A block's compressed entries fill whole entry pages.
+BLOCK_SIZE = PAGE_TOKENS
 
 
 def _nbytes(t: Tensor | None) -> int:
@@ -42,7 +44,7 @@ class _CompressorSnap:
     @classmethod
     def take(cls, comp: CompressorState, first: int) -> _CompressorSnap:
         return cls(
-            comp.entries[:, first:].clone(),
+            comp.entries_from(first).clone(),
             comp.buf_kv.clone(),
             comp.buf_score.clone(),
             clone_or_none(comp.prev_kv),

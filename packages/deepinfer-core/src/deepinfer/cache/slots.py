@@ -1,13 +1,12 @@
 """Shared storage for the fixed-size part of every running sequence's state.
 
 Each running sequence owns one *slot*: row ``slot`` of a [rows, ...] tensor per layer holds its
-SWA ring, per compressor its open window and previous half-window buffers and, given
-``max_len``, its compressed entries (``max_len // ratio + 1`` rows each); one more holds V4.1
-Engram's token history. Rows of one tensor let
-a decode batch write every sequence's new rows with one scatter and read them with one gather
-per buffer, instead of one copy per sequence; they are also the fixed addresses that graph
-capture needs. Without ``max_len`` the entries stay per sequence (for models whose full-length
-entries per slot would not fit).
+SWA ring, per compressor its open window and previous half-window buffers; one more holds V4.1
+Engram's token history. Given ``max_len``, the compressed entries live in pages of shared
+tensors that a :class:`~deepinfer.cache.pages.PageTable` maps to slots, as the sequences grow.
+Rows of one tensor let a decode batch write every sequence's new rows with one scatter and read
+them with one gather per buffer, instead of one copy per sequence; they are also the fixed
+addresses that graph capture needs. Without ``max_len`` the entries stay per sequence.
 
 Slots are handed out as sequences are admitted and taken back when they finish or are
 preempted. Row 0 is never handed out: padding rows of a captured batch write there. The
@@ -26,7 +25,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from deepinfer.models.state import BUFFERS, CompressorPool, ModelState
+from deepinfer.cache.pages import PAGE_TOKENS, PageTable
+from deepinfer.models.state import BUFFERS, CompressorPool, CompressorState, ModelState
 
 
 @dataclass(frozen=True)
@@ -43,54 +43,74 @@ class _Field:
         return getattr(state.layers[self.layer], self.part)
 
 
-def _fields(state: ModelState, entries: bool) -> list[_Field]:
+def _fields(state: ModelState) -> list[_Field]:
     out: list[_Field] = []
-    names = BUFFERS if entries else BUFFERS[:-1]
     for i, layer in enumerate(state.layers):
         out.append(_Field(i, "swa", "kv"))
         for part in ("compressor", "indexer"):
             comp = getattr(layer, part)
             if comp is not None:
-                out.extend(_Field(i, part, n) for n in names if getattr(comp, n) is not None)
+                out.extend(_Field(i, part, n) for n in BUFFERS if getattr(comp, n) is not None)
     if state.history_buf is not None:  # V4.1 Engram's token history
         out.append(_Field(-1, "state", "history_buf"))
     return out
 
 
+def _compressors(state: ModelState) -> dict[tuple[int, str], CompressorState]:
+    return {
+        (i, part): getattr(layer, part)
+        for i, layer in enumerate(state.layers)
+        for part in ("compressor", "indexer")
+        if getattr(layer, part) is not None
+    }
+
+
 class StateSlots:
-    """Hands out slots of shared state tensors to single-sequence states (see the module)."""
+    """Hands out slots of shared state tensors to single-sequence states (see the module).
+
+    ``max_pages`` bounds the entry pages (default: enough for ``max_slots`` sequences of
+    ``max_len`` tokens); ``initial_pages`` are allocated up front, the rest as needed.
+    """
 
     def __init__(
         self,
         new_state: Callable[[], ModelState],
         max_slots: int,
         max_len: int | None = None,
+        *,
         initial_slots: int = 8,
+        max_pages: int | None = None,
+        initial_pages: int = 64,
     ) -> None:
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self._new_state = new_state
         self.max_slots = max_slots
-        self.pools_entries = max_len is not None
         template = new_state()
         if template.batch_size != 1:
             raise ValueError("StateSlots holds single-sequence states (batch_size 1)")
         rows = min(initial_slots, max_slots) + 1  # + the padding row
-        self.fields = _fields(template, self.pools_entries)
+        self.fields = _fields(template)
         self.tensors: list[Tensor] = []
         for f in self.fields:
             t = getattr(f.owner(template), f.name)
-            shape = list(t.shape)
-            if f.name == "entries_buf":
-                assert max_len is not None
-                shape[1] = max_len // f.owner(template).ratio + 1  # type: ignore[attr-defined]
-            self.tensors.append(t.new_zeros((rows, *shape[1:])))
+            self.tensors.append(t.new_zeros((rows, *t.shape[1:])))
         # One CompressorPool per compressor, shared by every state and updated when tensors grow.
-        self._pools = {
-            (f.layer, f.part): CompressorPool(*(None,) * len(BUFFERS))  # type: ignore[arg-type]
-            for f in self.fields
-            if f.part in ("compressor", "indexer")
-        }
+        comps = _compressors(template)
+        self._pools = {key: CompressorPool(ratio=comp.ratio) for key, comp in comps.items()}
+        self.page_table: PageTable | None = None
+        if max_len is not None and comps:
+            per_slot = -(-max_len // PAGE_TOKENS)
+            self.page_table = table = PageTable(
+                rows,
+                max_len,
+                max_pages if max_pages is not None else max_slots * per_slot,
+                initial_pages,
+                template.layers[0].swa.kv.device,
+            )
+            for key, comp in comps.items():
+                assert comp.entries_buf is not None
+                table.add_pool(self._pools[key], comp.entries_buf)
         self._sync_pools()
         self._free = list(range(rows - 1, 0, -1))  # popped from the end: lowest slot first
         self._live: dict[int, ModelState] = {}
@@ -125,6 +145,8 @@ class StateSlots:
             raise ValueError("this state does not hold a slot of this pool")
         del self._live[slot]
         self._free.append(slot)
+        if self.page_table is not None:
+            self.page_table.release(slot)
         state.history_pool = None
         for layer in state.layers:
             layer.swa.pool, layer.swa.slot = None, -1
@@ -134,25 +156,24 @@ class StateSlots:
 
     def _adopt(self, state: ModelState) -> ModelState:
         """Copy ``state``'s slotted tensors into a free slot and point the state at it."""
-        if _fields(state, self.pools_entries) != self.fields:
+        if _fields(state) != self.fields:
             raise ValueError("state layout differs from the pool's (model or slack)")
+        for t, f in zip(self.tensors, self.fields, strict=True):
+            if getattr(f.owner(state), f.name).shape[1:] != t.shape[1:]:
+                raise ValueError("state layout differs from the pool's (model or slack)")
         if not self._free:
             self._grow()
         slot = self._free.pop()
+        entries = {}
+        if self.page_table is not None:  # read before the state moves to its slot
+            entries = {key: comp.entries for key, comp in _compressors(state).items()}
         for t, f in zip(self.tensors, self.fields, strict=True):
-            owner = f.owner(state)
-            if f.name == "entries_buf":
-                count = owner.count  # type: ignore[attr-defined]
-                if count >= t.shape[1]:
-                    raise ValueError(f"{count} entries exceed the pool's {t.shape[1] - 1}")
-                t[slot, :count] = owner.entries[0]  # type: ignore[attr-defined]
-                continue
-            current = getattr(owner, f.name)
-            if current.shape[1:] != t.shape[1:]:
-                raise ValueError("state layout differs from the pool's (model or slack)")
-            t[slot].copy_(current[0])
+            t[slot].copy_(getattr(f.owner(state), f.name)[0])
         self._live[slot] = state
         self._point(state, slot)
+        comps = _compressors(state)
+        for key, value in entries.items():
+            comps[key].entries = value  # into the slot's pages
         return state
 
     def _grow(self) -> None:
@@ -169,6 +190,8 @@ class StateSlots:
             bigger[: old + 1] = t
             grown.append(bigger)
         self.tensors = grown
+        if self.page_table is not None:
+            self.page_table.grow_rows(new + 1)
         self._sync_pools()
         self._free = list(range(new, old, -1))
         for slot, state in self._live.items():
@@ -190,3 +213,5 @@ class StateSlots:
         for (layer, part), pool in self._pools.items():
             comp = getattr(state.layers[layer], part)
             comp.pool, comp.slot = pool, slot
+            if pool.pages is not None:
+                comp.entries_buf = None

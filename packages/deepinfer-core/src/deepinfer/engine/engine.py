@@ -26,6 +26,7 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from deepinfer.cache.pages import PAGE_TOKENS
 from deepinfer.cache.pools import StatePool
 from deepinfer.cache.prefix import PrefixCache
 from deepinfer.cache.slots import StateSlots
@@ -42,6 +43,8 @@ from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
 
 _GOLDEN = 0x9E3779B97F4A7C15
+#: Entry pages allocated at startup when decode steps are not captured (more come as needed).
+INITIAL_PAGES = 64
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -67,18 +70,22 @@ class LLMEngine:
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
+        # Whole decode steps are captured at startup over every slot (a captured step bakes in
+        # the slot and page tensors' addresses, which move when they grow); a captured step
+        # reads every slot's whole entry capacity, so only where all of it fits the budget.
+        max_pages = self.pool.max_pages(config.max_num_seqs, self.max_model_len)
+        full = -(-self.max_model_len // PAGE_TOKENS) * config.max_num_seqs
         graphs = None
         if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
-            graphs = DecodeGraphs(config.max_num_seqs)
-        entries_fit = self._entries_fit(config)
-        # Whole decode steps are captured at startup over every slot (a captured step bakes in
-        # the slot tensors' addresses, which move when the slots grow).
-        capture = graphs is not None and entries_fit
+            graphs = DecodeGraphs(config.max_num_seqs, whole_steps=full <= max_pages)
+        capture = graphs is not None and graphs.whole_steps
         self.slots = StateSlots(
             lambda: model.new_state(1),
             max_slots=config.max_num_seqs,
-            max_len=self.max_model_len if entries_fit else None,
+            max_len=self.max_model_len,
             initial_slots=config.max_num_seqs if capture else 8,
+            max_pages=max_pages,
+            initial_pages=max_pages if capture else INITIAL_PAGES,
         )
         self.scheduler = Scheduler(
             self.pool,
@@ -129,12 +136,6 @@ class LLMEngine:
             ids = torch.zeros(bucket, dtype=torch.long)
             self.model.forward_decode(ids, [state] * bucket, graphs)
             self.slots.release(state)
-
-    def _entries_fit(self, config: EngineConfig) -> bool:
-        """Whether every slot can hold full-length compressed entries within the state budget
-        (then they are pooled too, and a whole decode step can be captured)."""
-        full = self.pool.bytes_for(self.max_model_len) - self.pool.bytes_for(0)
-        return full * config.max_num_seqs <= config.state_memory_bytes
 
     def grammar_backend(self) -> GrammarBackend:
         """The ``xgrammar`` plugin, built on first use; names the extra when it is missing."""

@@ -202,7 +202,8 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         def step(ids: Tensor, positions: Tensor, slots: Tensor, longest: int | None) -> Tensor:
             rows = [slot_rows(layer, slots, longest) for layer in template]
-            ctx = ForwardContext(self.ops, positions, ids, self.rotary)
+            ffn_graphs = graphs if longest is not None else None  # not inside a whole capture
+            ctx = ForwardContext(self.ops, positions, ids, self.rotary, ffn_graphs)
             return self._run_layers(ids, ctx, rows)[0][:, 0]
 
         return self._slot_step(step, ids, positions, states, graphs)
@@ -220,10 +221,12 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         The step is a fixed sequence of device ops over the slot tensors (and ``extra``,
         further shared tensors it reads or writes), so on a GPU it is captured whole, once per
-        batch bucket; a captured step reads the entries' whole capacity (``longest`` None).
+        batch bucket, if ``graphs.whole_steps``; a captured step reads the entries' whole
+        capacity (``longest`` None), an eager one up to the batch's longest.
         """
         slots = slot_ids(states, self.device)
-        if graphs is not None and self.ops.supports_cuda_graphs(self.dtype):
+        ensure_pages(states)
+        if graphs is not None and graphs.whole_steps and self.ops.supports_cuda_graphs(self.dtype):
             # The graph bakes in the shared tensors' addresses, which change if they grow.
             shared = (*slot_tensors(states[0].layers), *extra)
             key = ("step", *(t.data_ptr() for t in shared))
@@ -629,7 +632,7 @@ def all_slotted(states: Sequence[ModelState]) -> bool:
     if ring is None or any(s.layers[0].swa.pool is not ring or s.slack for s in states):
         return False
     return all(
-        comp.pool is not None and comp.pool.entries_buf is not None
+        comp.pool is not None and comp.pool.pages is not None
         for layer in states[0].layers
         for comp in (layer.compressor, layer.indexer)
         if comp is not None
@@ -648,9 +651,13 @@ def slot_rows(layer: LayerState, slots: Tensor, longest: int | None) -> SlotRows
     def rows(comp: CompressorState | None) -> CompressorRows | None:
         if comp is None:
             return None
-        assert comp.pool is not None and comp.pool.entries_buf is not None
-        limit = comp.pool.entries_buf.shape[1] if longest is None else (longest + 1) // comp.ratio
-        return CompressorRows(comp.pool, slots, comp.ratio, limit)
+        pool = comp.pool
+        assert pool is not None and pool.pages is not None and pool.page_table is not None
+        if longest is None:
+            limit = pool.page_table.pages_per_slot * pool.pages.shape[1]
+        else:
+            limit = (longest + 1) // comp.ratio
+        return CompressorRows(pool, slots, comp.ratio, limit)
 
     assert layer.swa.pool is not None
     return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer))
@@ -664,8 +671,22 @@ def slot_tensors(layers: Sequence[LayerState]) -> list[Tensor]:
         out.append(layer.swa.pool)
         for comp in (layer.compressor, layer.indexer):
             if comp is not None and comp.pool is not None:
-                out += [t for t in vars(comp.pool).values() if t is not None]
+                out += [t for t in vars(comp.pool).values() if isinstance(t, Tensor)]
+                if comp.pool.page_table is not None:
+                    out.append(comp.pool.page_table.table)
     return out
+
+
+def ensure_pages(states: Sequence[ModelState], ahead: int = 1) -> None:
+    """Give each slotted state entry pages for its next ``ahead`` tokens (a decode step writes
+    them by index on the device, so the pages must be held first)."""
+    for layer in states[0].layers:
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None and comp.pool is not None and comp.pool.page_table is not None:
+                table = comp.pool.page_table  # one table for every compressor of the model
+                for s in states:
+                    table.ensure(s.layers[0].swa.slot, s.pos + ahead)
+                return
 
 
 def advance_slotted(state: ModelState) -> None:

@@ -267,7 +267,10 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             if pool is not None and new_history is not None:
                 pool[slots] = new_history
             rows = [slot_rows(layer, slots, longest) for layer in template]
-            logits, _ = self._run_v41(ids, positions, engram_ids, rows, None, text=True)
+            ffn_graphs = graphs if longest is not None else None  # not inside a whole capture
+            logits, _ = self._run_v41(
+                ids, positions, engram_ids, rows, None, graphs=ffn_graphs, text=True
+            )
             return logits[:, 0]
 
         extra = () if pool is None else (pool,)

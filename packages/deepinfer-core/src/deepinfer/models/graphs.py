@@ -5,8 +5,9 @@ for a few ms of its 40-80, the rest is Python and kernel launches. Two kinds of 
 captured, once per batch bucket, and replayed with one launch:
 
 * a whole step, when every state of the batch lives in the shared slot tensors (V4 and V4.1,
-  Engram history included): the step is then a fixed sequence of device ops over those
-  tensors (``DeepseekV4ForCausalLM._slot_step``);
+  Engram history included) and ``whole_steps`` is on: the step is then a fixed sequence of
+  device ops over those tensors (``DeepseekV4ForCausalLM._slot_step``), reading every slot's
+  whole entry capacity (so the engine turns it off where that capacity is large);
 * otherwise each layer's FFN half (mHC, RMSNorm, router, routed and shared experts), a pure
   function of the streams and token ids; attention, whose per-row state handling has
   data-dependent shapes, stays eager.
@@ -49,11 +50,12 @@ class _Captured:
 
 
 class DecodeGraphs:
-    def __init__(self, max_batch: int) -> None:
+    def __init__(self, max_batch: int, whole_steps: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.buckets = decode_buckets(max_batch)
         self.max_batch = max_batch
+        self.whole_steps = whole_steps
         self._pool: tuple[int, int] | None = None
         self._captured: dict[tuple[Hashable, int], _Captured] = {}
         self._shared: dict[tuple[str, int, tuple[int, ...], torch.dtype, torch.device], Tensor] = {}

@@ -67,7 +67,7 @@ def _rollback_compressor(comp: CompressorState, length: int, fed: int) -> None:
             )
         start, stop = n * r - first, length - first
         if comp.overlap:
-            dim = comp.entries_buf.shape[-1]
+            dim = comp.entry_dim
             comp.prev_kv = comp.hist_kv[:, start - r : start, :dim].clone() if n else None
             comp.prev_score = comp.hist_score[:, start - r : start, :dim].clone() if n else None
         comp.buf_kv = comp.hist_kv[:, start:stop]

@@ -24,11 +24,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from deepinfer.transfer import to_device
+
+if TYPE_CHECKING:
+    from deepinfer.cache.pages import PageTable
 
 
 def clone_or_none(t: Tensor | None) -> Tensor | None:
@@ -87,21 +91,24 @@ def _write_ring(ring: Tensor, kv: Tensor, start: int) -> None:
     ring[:, positions % capacity] = kv[:, -keep:].to(ring.dtype)
 
 
-#: The buffers of a :class:`CompressorState` that a :class:`CompressorPool` can hold.
-BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf", "entries_buf")
+#: The fixed-size buffers of a :class:`CompressorState`, rows of a :class:`CompressorPool`.
+BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf")
 
 
 @dataclass
 class CompressorPool:
     """One layer's compressor buffers for every running sequence: row ``slot`` is one
     sequence's (the engine's :class:`~deepinfer.cache.slots.StateSlots` owns the tensors), so a
-    decode batch appends and pools every row's window with one indexed op each."""
+    decode batch appends and pools every row's window with one indexed op each. The entries
+    live in pages (:mod:`deepinfer.cache.pages`) that ``page_table`` maps to each slot."""
 
-    kv_buf: Tensor  # [slots, ratio, c*D]
-    score_buf: Tensor
-    prev_kv_buf: Tensor | None  # [slots, ratio, D], overlapping compressors only
-    prev_score_buf: Tensor | None
-    entries_buf: Tensor | None  # [slots, capacity, D]; None: entries stay per sequence
+    kv_buf: Tensor | None = None  # [slots, ratio, c*D]
+    score_buf: Tensor | None = None
+    prev_kv_buf: Tensor | None = None  # [slots, ratio, D], overlapping compressors only
+    prev_score_buf: Tensor | None = None
+    ratio: int = 1
+    pages: Tensor | None = None  # [num_pages + 1, 128 // ratio, D]; None: entries stay per state
+    page_table: PageTable | None = None
 
 
 @dataclass
@@ -120,18 +127,18 @@ class CompressorState:
     """One compressor's running state (main KV compressor or indexer-key compressor).
 
     The open window and, with overlap, the previous window's first half live in fixed-size
-    buffers, and the entries in a buffer of some capacity (so all can be rows of a shared
-    :class:`CompressorPool`); ``buf_kv``/``buf_score``, ``prev_kv``/``prev_score`` and
-    ``entries`` read and assign them as variable-length tensors. A state of its own grows its
-    entry buffer as needed; a pooled one has the pool's fixed capacity.
+    buffers (so they can be rows of a shared :class:`CompressorPool`), and the entries in a
+    buffer of the state's own, grown as needed, or in the pool's pages; ``buf_kv``/``buf_score``,
+    ``prev_kv``/``prev_score`` and ``entries`` read and assign them as variable-length tensors.
     """
 
     ratio: int
     overlap: bool
     kv_buf: Tensor  # [B, ratio, c*D] fp32: rows :fill are the open window's projections
     score_buf: Tensor  # [B, ratio, c*D] fp32 gate scores, position bias added
-    entries_buf: Tensor  # [B, capacity, D]: rows :count are the finished entries (normalised,
-    #: rotated, model dtype), indexed by absolute window number
+    #: [B, capacity, D]: rows :count are the finished entries (normalised, rotated, model
+    #: dtype), indexed by absolute window number; None when they live in the pool's pages.
+    entries_buf: Tensor | None
     count: int = 0
     fill: int = 0
     #: Overlap only: [B, ratio, D] first half of the last full window (there is one once an
@@ -155,32 +162,59 @@ class CompressorState:
         return self.count
 
     @property
+    def paged(self) -> bool:
+        return self.pool is not None and self.pool.pages is not None
+
+    def _pages(self) -> tuple[Tensor, PageTable]:
+        assert self.pool is not None and self.pool.pages is not None
+        assert self.pool.page_table is not None
+        return self.pool.pages, self.pool.page_table
+
+    @property
+    def entry_dim(self) -> int:
+        return self._entry_storage().shape[-1]
+
+    @property
+    def entry_dtype(self) -> torch.dtype:
+        return self._entry_storage().dtype
+
+    def _entry_storage(self) -> Tensor:
+        return self._pages()[0] if self.entries_buf is None else self.entries_buf
+
+    @property
     def entries(self) -> Tensor:
-        """[B, count, D] the finished entries."""
-        return self.entries_buf[:, : self.count]
+        """[B, count, D] the finished entries (a copy when they live in pages)."""
+        return self.entries_from(0)
 
     @entries.setter
     def entries(self, value: Tensor) -> None:
-        self._reserve(value.shape[1])
-        self.entries_buf[:, : value.shape[1]] = value
-        self.count = value.shape[1]
+        self.count = 0
+        self.append_entries(value)
+
+    def entries_from(self, first: int) -> Tensor:
+        """[B, count - first, D] the entries from number ``first`` on."""
+        if self.entries_buf is not None:
+            return self.entries_buf[:, first : self.count]
+        pages, table = self._pages()
+        return table.read(pages, self.slot, first, self.count)
 
     def append_entries(self, new: Tensor) -> None:
         """Append ``new`` [B, n, D] after the existing entries."""
         end = self.count + new.shape[1]
-        self._reserve(end)
-        self.entries_buf[:, self.count : end] = new
+        if self.entries_buf is None:
+            self._pages()[1].ensure(self.slot, end * self.ratio)  # may move the pages
+            pages, table = self._pages()
+            table.write(pages, self.slot, self.count, new.to(pages.dtype))
+        else:
+            self._reserve(end)
+            self.entries_buf[:, self.count : end] = new
         self.count = end
 
     def _reserve(self, n: int) -> None:
         buf = self.entries_buf
+        assert buf is not None
         if n <= buf.shape[1]:
             return
-        if self.pool is not None and self.pool.entries_buf is not None:
-            raise RuntimeError(
-                f"{n} compressed entries exceed the state pool's capacity of {buf.shape[1]} "
-                "(the sequence is longer than the engine's max_model_len)"
-            )
         grown = buf.new_empty(buf.shape[0], n, buf.shape[2])  # exact: the pool charges T rows
         grown[:, : self.count] = buf[:, : self.count]
         self.entries_buf = grown
@@ -279,7 +313,7 @@ class CompressorState:
             closed = end // r * r  # rows of complete windows before the mark
             prev_kv, prev_score = self.prev_kv, self.prev_score
             if self.overlap and closed:
-                dim = self.entries_buf.shape[-1]
+                dim = self.entry_dim
                 prev_kv, prev_score = (
                     kv[:, closed - r : closed, :dim],
                     score[:, closed - r : closed, :dim],
@@ -466,6 +500,9 @@ def _compressor_at(
         fill=kv.shape[1],
         prev_kv_buf=prev_kv,
         prev_score_buf=prev_score,
+        # Entries in pages are read through own's slot (the view writes nothing).
+        pool=None if own.entries_buf is not None else own.pool,
+        slot=own.slot,
     )
 
 
@@ -527,8 +564,8 @@ def entry_bytes_per_token(state: ModelState) -> float:
     for layer in state.layers:
         for comp in (layer.compressor, layer.indexer):
             if comp is not None:
-                buf = comp.entries_buf
-                total += buf.shape[-1] * buf.element_size() / comp.ratio
+                size = torch.empty((), dtype=comp.entry_dtype).element_size()
+                total += comp.entry_dim * size / comp.ratio
     return total
 
 
@@ -602,9 +639,9 @@ def select_row(state: ModelState, row: int) -> ModelState:
         for part in ("compressor", "indexer"):
             comp: CompressorState | None = getattr(ls, part)
             if comp is not None:
-                fields = {
-                    name: cut(getattr(comp, name)) for name in (*BUFFERS, "hist_kv", "hist_score")
-                }
+                assert comp.entries_buf is not None, "a lockstep state holds its own entries"
+                names = (*BUFFERS, "entries_buf", "hist_kv", "hist_score")
+                fields = {name: cut(getattr(comp, name)) for name in names}
                 setattr(
                     out,
                     part,
@@ -634,16 +671,20 @@ def _scatter_compressor(
     src: CompressorState, dst: list[CompressorState], slots: Tensor | None
 ) -> None:
     pool = dst[0].pool if slots is not None else None
-    names = [n for n in BUFFERS[:-1] if getattr(src, n) is not None]
+    names = [n for n in BUFFERS if getattr(src, n) is not None]
     for name in names:
         if pool is not None:
             getattr(pool, name)[slots] = getattr(src, name)
         else:
             for j, d in enumerate(dst):
                 getattr(d, name).copy_(getattr(src, name)[j : j + 1])
-    if pool is not None and pool.entries_buf is not None:
-        dst[0]._reserve(src.count)  # raises past the slots' fixed capacity
-        pool.entries_buf[slots, : src.count] = src.entries
+    if pool is not None and pool.pages is not None:  # every row's entries in one write
+        table = pool.page_table
+        assert table is not None and slots is not None
+        for d in dst:
+            table.ensure(d.slot, src.count * src.ratio)
+        index = torch.arange(src.count, device=slots.device)
+        table.scatter_rows(pool.pages, slots[:, None], index, src.entries)
     else:
         for j, d in enumerate(dst):
             d.entries = src.entries[j : j + 1]

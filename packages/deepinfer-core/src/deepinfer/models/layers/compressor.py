@@ -91,7 +91,7 @@ class Compressor(nn.Module):
             state.prev_kv = win_kv[:, -1, :, : self.dim]  # copied into the state's buffer
             state.prev_score = win_score[:, -1, :, : self.dim]
 
-        entries = self.norm(ops, pooled.to(state.entries.dtype))
+        entries = self.norm(ops, pooled.to(state.entry_dtype))
         first = state.num_entries
         entry_pos = torch.arange(first, first + n, device=x.device) * self.ratio
         cos, sin = rotary.cos_sin(entry_pos)
@@ -124,7 +124,7 @@ class Compressor(nn.Module):
                 win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
             )
             rows = full.states
-            entries = self.norm(ops, pooled.to(rows[0].entries.dtype))  # [F, 1, D]
+            entries = self.norm(ops, pooled.to(rows[0].entry_dtype))  # [F, 1, D]
             entry_pos = torch.tensor(
                 [[st.num_entries * self.ratio] for st in rows], device=x.device
             )
@@ -163,8 +163,8 @@ class Compressor(nn.Module):
         pooled = ops.compress(
             win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
         )
-        assert pool.entries_buf is not None
-        entries = self.norm(ops, pooled.to(pool.entries_buf.dtype))  # [B, 1, D]
+        assert pool.pages is not None
+        entries = self.norm(ops, pooled.to(pool.pages.dtype))  # [B, 1, D]
         index = p // r
         cos, sin = rotary.cos_sin((index * r)[:, None])
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
@@ -188,10 +188,10 @@ def write_slot_entries(rows: CompressorRows, index: Tensor, new: Tensor) -> Tens
     """Write row i's entry ``new`` [B, 1, D] at entry ``index[i]``; returns every row's
     entries [B, entry_limit, D]. A row whose window is still open writes a provisional entry
     at an index no query can see yet; the real one overwrites it when the window completes."""
-    buf = rows.pool.entries_buf
-    assert buf is not None
-    buf[rows.slots, index] = new[:, 0].to(buf.dtype)
-    return buf[:, : rows.entry_limit].index_select(0, rows.slots)
+    pages, table = rows.pool.pages, rows.pool.page_table
+    assert pages is not None and table is not None
+    table.scatter_rows(pages, rows.slots, index, new[:, 0])
+    return table.gather_rows(pages, rows.slots, rows.entry_limit)
 
 
 class RowBuffers:

@@ -74,11 +74,11 @@ class SharedCompressor(nn.Module):
         state.buf_kv, state.buf_score = kv[:, used:], score[:, used:]
         first = to_device(torch.tensor(state.num_entries), x.device)
         if n == 0:
-            return kv.new_zeros(b, 0, self.dim).to(state.entries.dtype), first, None
+            return kv.new_zeros(b, 0, self.dim).to(state.entry_dtype), first, None
         win_kv = kv[:, :used].view(b, n, self.ratio, width)
         win_score = score[:, :used].view(b, n, self.ratio, width)
         pooled = ops.compress(win_kv, win_score, None, None, False)
-        return self.norm(ops, pooled.to(state.entries.dtype)), first, None
+        return self.norm(ops, pooled.to(state.entry_dtype)), first, None
 
     def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
         xf = x.float()
@@ -95,9 +95,9 @@ class SharedCompressor(nn.Module):
         rows = buffers.states
         first = to_device(torch.tensor([[st.num_entries] for st in rows]), x.device).view(-1, 1)
         if not rows:
-            return kv.new_zeros(0, 1, self.dim).to(states[0].entries.dtype), first, full
+            return kv.new_zeros(0, 1, self.dim).to(states[0].entry_dtype), first, full
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
-        return self.norm(ops, pooled.to(rows[0].entries.dtype)), first, full
+        return self.norm(ops, pooled.to(rows[0].entry_dtype)), first, full
 
     def forward_slots(
         self, ops: Backend, x: Tensor, positions: Tensor, rows: CompressorRows
@@ -108,8 +108,8 @@ class SharedCompressor(nn.Module):
         p = positions[:, 0]
         win_kv, win_score = slot_windows(rows, p, kv, score)
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
-        assert rows.pool.entries_buf is not None
-        return self.norm(ops, pooled.to(rows.pool.entries_buf.dtype)), p // self.ratio
+        assert rows.pool.pages is not None
+        return self.norm(ops, pooled.to(rows.pool.pages.dtype)), p // self.ratio
 
 
 def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None) -> None:

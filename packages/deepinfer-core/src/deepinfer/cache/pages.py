@@ -1,0 +1,163 @@
+"""Compressed entries and indexer keys in fixed-size pages.
+
+A sequence's compressed entries grow with its length (one per ``ratio`` tokens per compressor),
+so reserving every running sequence's rows for ``max_model_len`` wastes the memory of all the
+sequences that stop short of it, or does not fit at all for long contexts. Instead the entries
+of each 128-token block of a sequence (``128 / ratio`` rows per compressor, the same block the
+prefix cache hashes) live in one *page*: page ``p`` is row ``p`` of a
+``[num_pages + 1, 128 / ratio, D]`` tensor per compressor, and one table per slot, shared by
+every compressor of the model, maps the sequence's blocks to pages. Pages come from a free list
+as a sequence grows and go back when it ends; the engine sizes the list from its state budget,
+so memory follows the tokens actually held.
+
+Page 0 is never handed out: unused table cells point at it, and a captured decode batch's
+padding rows write there. A page is zeroed when handed out, so nothing of an earlier sequence
+stays visible, even to a masked read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from deepinfer.transfer import to_device
+
+if TYPE_CHECKING:
+    from deepinfer.models.state import CompressorPool
+
+#: Tokens whose entries one page holds: the prefix cache's block size.
+PAGE_TOKENS = 128
+
+
+def page_size(ratio: int) -> int:
+    """Entries of one compressor in a page."""
+    if PAGE_TOKENS % ratio:
+        raise NotImplementedError(
+            f"paged entries need compression ratios that divide {PAGE_TOKENS}, got {ratio}"
+        )
+    return PAGE_TOKENS // ratio
+
+
+class PageTable:
+    """Hands out pages to slots and maps each slot's blocks to them (see the module).
+
+    ``table`` [rows, pages_per_slot] lives on the device (decode steps read it); which pages a
+    slot owns is also kept on the host, so chunk writes need no device reads. The page tensors
+    start with ``initial_pages`` pages and double, up to ``max_pages``, as slots need more;
+    growing moves them (a captured step is keyed by their addresses).
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        max_len: int,
+        max_pages: int,
+        initial_pages: int,
+        device: torch.device,
+    ) -> None:
+        if max_pages < 1:
+            raise ValueError(f"max_pages must be >= 1, got {max_pages}")
+        self.pages_per_slot = -(-max_len // PAGE_TOKENS)
+        self.max_pages = max_pages
+        self.num_pages = max(1, min(initial_pages, max_pages))
+        self.table = torch.zeros(rows, self.pages_per_slot, dtype=torch.long, device=device)
+        self.pools: list[CompressorPool] = []
+        self._free = list(range(self.num_pages, 0, -1))  # popped from the end: lowest first
+        self._owned: dict[int, list[int]] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + self.max_pages - self.num_pages
+
+    def add_pool(self, pool: CompressorPool, entry: Tensor) -> None:
+        """Give ``pool`` page tensors for entries like ``entry`` [..., D] at its ratio."""
+        rows = page_size(pool.ratio)
+        pool.pages = entry.new_zeros(self.num_pages + 1, rows, entry.shape[-1])
+        pool.page_table = self
+        self.pools.append(pool)
+
+    def grow_rows(self, rows: int) -> None:
+        """Room for ``rows`` slots (the slot tensors grew)."""
+        bigger = self.table.new_zeros(rows, self.pages_per_slot)
+        bigger[: self.table.shape[0]] = self.table
+        self.table = bigger
+
+    def pages_of(self, slot: int) -> list[int]:
+        return self._owned.get(slot, [])
+
+    def ensure(self, slot: int, num_tokens: int) -> None:
+        """Give ``slot`` pages for the entries of its first ``num_tokens`` tokens."""
+        owned = self._owned.setdefault(slot, [])
+        need = -(-num_tokens // PAGE_TOKENS)
+        if need <= len(owned):
+            return
+        if need > self.pages_per_slot:
+            raise RuntimeError(
+                f"{num_tokens} tokens exceed the entry pages' capacity of "
+                f"{self.pages_per_slot * PAGE_TOKENS} (the engine's max_model_len)"
+            )
+        if need - len(owned) > self.num_free:
+            raise RuntimeError(
+                f"out of entry pages ({self.max_pages} in all): the state budget's accounting "
+                "should have preempted a sequence first"
+            )
+        if need - len(owned) > len(self._free):
+            self._grow(need - len(owned))
+        new = [self._free.pop() for _ in range(need - len(owned))]
+        index = to_device(torch.tensor(new), self.table.device)
+        for pool in self.pools:
+            assert pool.pages is not None
+            pool.pages[index] = 0
+        self.table[slot, len(owned) : need] = index
+        owned.extend(new)
+
+    def release(self, slot: int) -> None:
+        """Take back every page of ``slot`` and point its table row at page 0."""
+        owned = self._owned.pop(slot, [])
+        if owned:
+            self.table[slot, : len(owned)] = 0
+            self._free.extend(reversed(owned))
+
+    def read(self, pages: Tensor, slot: int, start: int, stop: int) -> Tensor:
+        """Entries ``start:stop`` of ``slot`` in ``pages`` (one compressor's): [1, n, D]."""
+        rows = pages.shape[1]
+        first, last = start // rows, -(-stop // rows)
+        index = self.table[slot, first:last]
+        flat = pages.index_select(0, index).flatten(0, 1)
+        return flat[start - first * rows : stop - first * rows][None]
+
+    def write(self, pages: Tensor, slot: int, start: int, values: Tensor) -> None:
+        """Put ``values`` [1, n, D] at entries ``start..`` of ``slot`` (pages already held)."""
+        rows, owned = pages.shape[1], self._owned[slot]
+        done, n = 0, values.shape[1]
+        while done < n:
+            page, row = divmod(start + done, rows)
+            take = min(rows - row, n - done)
+            pages[owned[page], row : row + take] = values[0, done : done + take]
+            done += take
+
+    def gather_rows(self, pages: Tensor, slots: Tensor, limit: int) -> Tensor:
+        """Entries ``:limit`` of every slot in ``slots`` [B]: [B, limit, D] (device-only)."""
+        rows = pages.shape[1]
+        index = self.table[slots, : -(-limit // rows)]
+        return pages[index].flatten(1, 2)[:, :limit]
+
+    def scatter_rows(self, pages: Tensor, slots: Tensor, index: Tensor, values: Tensor) -> None:
+        """Put ``values`` at entries ``index`` of slots ``slots`` (broadcast together, e.g.
+        [B] with [B] and values [B, D], or [B, 1] with [T] and values [B, T, D]); device-only,
+        the pages must be held."""
+        rows = pages.shape[1]
+        pages[self.table[slots, index // rows], index % rows] = values.to(pages.dtype)
+
+    def _grow(self, at_least: int) -> None:
+        old = self.num_pages
+        new = min(max(2 * old, old + at_least - len(self._free)), self.max_pages)
+        for pool in self.pools:
+            assert pool.pages is not None
+            bigger = pool.pages.new_zeros(new + 1, *pool.pages.shape[1:])
+            bigger[: old + 1] = pool.pages
+            pool.pages = bigger
+        self._free = list(range(new, old, -1)) + self._free
+        self.num_pages = new
