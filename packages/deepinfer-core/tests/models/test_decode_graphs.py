@@ -1,4 +1,5 @@
-"""CUDA graphs of the FFN half of decode steps: replays give the eager step's logits.
+"""CUDA graphs of decode steps (whole, or each layer's FFN half): replays give the eager step's
+logits.
 
 The eager decode step is itself checked against per-sequence forwards (test_batched_forward)
 and those against transformers / float64; here the graphed step must match it while batches
@@ -15,7 +16,7 @@ from deepinfer import plugins
 from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.cache.slots import StateSlots
-from deepinfer.models.graphs import DecodeGraphs, decode_buckets
+from deepinfer.models.graphs import DecodeGraphs, decode_buckets, entry_bucket, entry_buckets
 from deepinfer.models.state import ModelState
 
 
@@ -25,6 +26,8 @@ def test_buckets_cover_every_batch_up_to_the_maximum() -> None:
     sizes = decode_buckets(256)
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256
     assert all(b % 8 == 0 for b in sizes[3:])
+    assert entry_buckets(1) == [1] and entry_buckets(32) == [1, 4, 16, 32]
+    assert [entry_bucket(n, 32) for n in (1, 2, 4, 5, 17, 32)] == [1, 4, 4, 16, 32, 32]
     with pytest.raises(ValueError, match="max_batch"):
         DecodeGraphs(0)
 
@@ -37,13 +40,13 @@ def test_cpu_tensors_run_eagerly() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["own", "slotted", "slotted_ffn"])
+@pytest.mark.parametrize("layout", ["own", "slotted"])
 @pytest.mark.parametrize("name", ["v4", "v41"])
 def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
     """``own``: states of their own (the FFN halves are graphed); ``slotted``: states in shared
-    slot tensors (the whole step is graphed), which grow between captures; ``slotted_ffn``: the
-    same states with whole steps off (an engine whose entry capacity is large): the slot step
-    runs eagerly up to the batch's longest and graphs its FFN halves."""
+    slot tensors (the whole step is graphed, per batch and entry bucket), which grow between
+    captures, while the longest sequence passes 128 tokens (from 1 entry page to 2: the
+    next entry bucket, 4 pages)."""
     if name == "v41" and not (TINY_DIR / "model.safetensors").is_file():
         pytest.skip("the trained tiny model is not embedded")
     if "sm100" not in plugins.backends.names():
@@ -56,18 +59,18 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
         model = tiny_model(torch.float32, device="cuda")
     model.ops = ops
     gen = torch.Generator().manual_seed(0)
-    if layout != "own":
+    if layout == "slotted":
         slots = StateSlots(lambda: model.new_state(1), max_slots=16, max_len=1024, initial_slots=4)
         new_state = slots.new_state
     else:
         new_state = lambda: model.new_state(1)  # noqa: E731
     eager: list[ModelState] = []
     graphed: list[ModelState] = []
-    graphs = DecodeGraphs(max_batch=16, whole_steps=layout == "slotted")
+    graphs = DecodeGraphs(max_batch=16)
     worst = 0.0
     for n, steps in ((3, 4), (13, 6), (3, 4)):  # 13 pads to 16; the second 3 reuses bucket 4
         while len(eager) < n:  # new sequences (the slot tensors grow past 4)
-            prompt = text_ids(model, gen, 20 + 7 * len(eager)).cuda()
+            prompt = text_ids(model, gen, 20 + 7 * len(eager) if eager else 125).cuda()
             eager.append(model.new_state(1))
             graphed.append(new_state())
             model.forward_packed([prompt], eager[-1:])
@@ -80,13 +83,14 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
     # V4.1 fp32 on CUDA differs by ~1e-5 between batchings already (index top-k near-ties).
     assert worst < 5e-5, worst
     whole_step = layout == "slotted"
-    # Buckets 4 and 16, and bucket 4 again for the grown slot tensors (whole steps only).
-    assert graphs.num_captured == (3 if whole_step else 2 * model.cfg.num_hidden_layers)
+    # Whole steps: batch bucket 4 at entry buckets 1 and 4 (the 4th step reaches 129 tokens),
+    # 16 at 4, and 4 at 4 again for the grown slot tensors. FFN halves: buckets 4 and 16.
+    assert graphs.num_captured == (4 if whole_step else 2 * model.cfg.num_hidden_layers)
 
 
 class _CapturingTorch(TorchBackend):
     """The torch reference, claiming graph support: on the CPU ``DecodeGraphs.run`` then calls
-    the step function that a GPU would capture (entries read over their whole capacity)."""
+    the step function that a GPU would capture (entries read up to the entry bucket)."""
 
     def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
         return True
@@ -94,8 +98,8 @@ class _CapturingTorch(TorchBackend):
 
 @pytest.mark.parametrize("name", ["v4", "v41"])
 def test_capturable_step_equals_per_row_decode(name: str) -> None:
-    """The whole-step function a graph records (every slot row, every entry slot of the
-    capacity, Engram history included) gives the per-request decode's logits on the CPU."""
+    """The whole-step function a graph records (every slot row, the entries of a whole entry
+    bucket, Engram history included) gives the per-request decode's logits on the CPU."""
     if name == "v41" and not (TINY_DIR / "model.safetensors").is_file():
         pytest.skip("the trained tiny model is not embedded")
     model = random_tiny_model(torch.float32, seed=3) if name == "v4" else tiny_model(torch.float32)
@@ -105,7 +109,9 @@ def test_capturable_step_equals_per_row_decode(name: str) -> None:
     own = [model.new_state(1) for _ in range(5)]
     slotted = [slots.new_state() for _ in range(5)]
     for i, (a, b) in enumerate(zip(own, slotted, strict=True)):
-        prompt = text_ids(model, gen, 9 + 13 * i)  # lengths around the compress boundaries
+        # Lengths around the compress boundaries, and one that passes 128 tokens while decoding
+        # (entry bucket 1 page, then 4).
+        prompt = text_ids(model, gen, 9 + 13 * i if i < 4 else 125)
         model.forward_packed([prompt], [a])
         model.forward_packed([prompt], [b])
     graphs = DecodeGraphs(max_batch=8)
@@ -113,5 +119,5 @@ def test_capturable_step_equals_per_row_decode(name: str) -> None:
         ids = text_ids(model, gen, 5)
         want = model.forward_decode(ids, own)
         got = model.forward_decode(ids, slotted, graphs)
-        # Reading the whole capacity changes matmul shapes, so fp32 rounding may differ.
+        # Reading the whole bucket changes matmul shapes, so fp32 rounding may differ.
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)

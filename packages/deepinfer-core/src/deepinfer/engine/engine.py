@@ -37,7 +37,7 @@ from deepinfer.engine.runner import Due, ModelRunner, PendingSample, SampledToke
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
-from deepinfer.models.graphs import DecodeGraphs
+from deepinfer.models.graphs import DecodeGraphs, entry_buckets
 from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
@@ -45,6 +45,10 @@ from deepinfer.structured import GrammarBackend
 _GOLDEN = 0x9E3779B97F4A7C15
 #: Entry pages allocated at startup when decode steps are not captured (more come as needed).
 INITIAL_PAGES = 64
+#: Longest sequences whose decode graphs are captured at startup; steps over longer ones
+#: capture theirs on first use (each entry bucket's graphs hold that many tokens' entries
+#: per row, which for long contexts is best not reserved before it is needed).
+STARTUP_CAPTURE_TOKENS = 2048
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -70,22 +74,19 @@ class LLMEngine:
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
-        # Whole decode steps are captured at startup over every slot (a captured step bakes in
-        # the slot and page tensors' addresses, which move when they grow); a captured step
-        # reads every slot's whole entry capacity, so only where all of it fits the budget.
-        max_pages = self.pool.max_pages(config.max_num_seqs, self.max_model_len)
-        full = -(-self.max_model_len // PAGE_TOKENS) * config.max_num_seqs
         graphs = None
         if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
-            graphs = DecodeGraphs(config.max_num_seqs, whole_steps=full <= max_pages)
-        capture = graphs is not None and graphs.whole_steps
+            graphs = DecodeGraphs(config.max_num_seqs)
+        # Captured decode steps bake in the slot and page tensors' addresses, which move when
+        # they grow: with graphs, all are allocated up front (as vLLM sizes its KV cache).
+        max_pages = self.pool.max_pages(config.max_num_seqs, self.max_model_len)
         self.slots = StateSlots(
             lambda: model.new_state(1),
             max_slots=config.max_num_seqs,
             max_len=self.max_model_len,
-            initial_slots=config.max_num_seqs if capture else 8,
+            initial_slots=config.max_num_seqs if graphs else 8,
             max_pages=max_pages,
-            initial_pages=max_pages if capture else INITIAL_PAGES,
+            initial_pages=max_pages if graphs else INITIAL_PAGES,
         )
         self.scheduler = Scheduler(
             self.pool,
@@ -121,18 +122,26 @@ class LLMEngine:
         self.groups: dict[str, list[Request]] = {}
         self.num_steps = 0
         self._grammar_backend: GrammarBackend | None = None
-        if capture:
-            assert graphs is not None
+        if graphs is not None:
             self._capture_decode_graphs(graphs)
 
     @torch.inference_mode()
     def _capture_decode_graphs(self, graphs: DecodeGraphs) -> None:
-        """Capture the decode step of every batch bucket now, as vLLM does at startup, instead
-        of on first use inside a run (about 0.1 s each on the H200, 35 buckets at the default
-        max_num_seqs). Each bucket decodes once on a throwaway state whose slot is then handed
-        back; the rows it wrote are reset when the slot is reused."""
-        for bucket in tqdm(graphs.buckets, desc="capturing decode graphs", disable=None):
+        """Capture the decode step of every batch bucket and every entry bucket up to
+        :data:`STARTUP_CAPTURE_TOKENS` now, as vLLM does at startup, instead of on first use
+        inside a run (about 0.1 s each on the H200, 35 batch buckets at the default
+        max_num_seqs). Each decodes once on a throwaway state, placed at the entry bucket's
+        last position, whose slot and pages are then handed back (and reset when reused)."""
+        table = self.slots.page_table
+        lengths = [1]
+        if table is not None:
+            fits = min(STARTUP_CAPTURE_TOKENS // PAGE_TOKENS, table.max_pages)
+            pages = [b for b in entry_buckets(table.pages_per_slot) if b <= max(fits, 1)]
+            lengths = [b * PAGE_TOKENS for b in pages]
+        todo = [(n, bucket) for n in lengths for bucket in graphs.buckets]
+        for num_tokens, bucket in tqdm(todo, desc="capturing decode graphs", disable=None):
             state = self.slots.new_state()
+            state.pos = min(num_tokens, self.max_model_len) - 1
             ids = torch.zeros(bucket, dtype=torch.long)
             self.model.forward_decode(ids, [state] * bucket, graphs)
             self.slots.release(state)

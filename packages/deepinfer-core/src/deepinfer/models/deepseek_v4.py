@@ -22,9 +22,10 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.cache.pages import PAGE_TOKENS, PageTable
 from deepinfer.config import ModelConfig
 from deepinfer.models.errors import CheckpointError
-from deepinfer.models.graphs import DecodeGraphs
+from deepinfer.models.graphs import DecodeGraphs, entry_bucket
 from deepinfer.models.layers.block import Block, ForwardContext
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
@@ -52,7 +53,7 @@ from deepinfer.transfer import to_device
 
 #: A decode step over slot rows: (ids [B, 1], positions [B, 1], slots [B], longest position or
 #: None for the entries' whole capacity) -> logits [B, V].
-SlotStep = Callable[[Tensor, Tensor, Tensor, "int | None"], Tensor]
+SlotStep = Callable[[Tensor, Tensor, Tensor, int], Tensor]
 
 
 class DeepseekV4ForCausalLM(nn.Module):
@@ -200,10 +201,9 @@ class DeepseekV4ForCausalLM(nn.Module):
         """Decode rows whose whole state lives in shared slot tensors."""
         template = states[0].layers
 
-        def step(ids: Tensor, positions: Tensor, slots: Tensor, longest: int | None) -> Tensor:
-            rows = [slot_rows(layer, slots, longest) for layer in template]
-            ffn_graphs = graphs if longest is not None else None  # not inside a whole capture
-            ctx = ForwardContext(self.ops, positions, ids, self.rotary, ffn_graphs)
+        def step(ids: Tensor, positions: Tensor, slots: Tensor, num_tokens: int) -> Tensor:
+            rows = [slot_rows(layer, slots, num_tokens) for layer in template]
+            ctx = ForwardContext(self.ops, positions, ids, self.rotary)
             return self._run_layers(ids, ctx, rows)[0][:, 0]
 
         return self._slot_step(step, ids, positions, states, graphs)
@@ -221,18 +221,25 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         The step is a fixed sequence of device ops over the slot tensors (and ``extra``,
         further shared tensors it reads or writes), so on a GPU it is captured whole, once per
-        batch bucket, if ``graphs.whole_steps``; a captured step reads the entries' whole
-        capacity (``longest`` None), an eager one up to the batch's longest.
+        batch bucket and entry bucket: it reads the entries of ``num_tokens`` tokens, the
+        batch's longest rounded up to a bucket of pages (eagerly: the longest itself).
         """
         slots = slot_ids(states, self.device)
         ensure_pages(states)
-        if graphs is not None and graphs.whole_steps and self.ops.supports_cuda_graphs(self.dtype):
+        num_tokens = max(s.pos for s in states) + 1
+        if graphs is not None and self.ops.supports_cuda_graphs(self.dtype):
+            table = page_table_of(states[0])
+            pages = 0  # no compressed layers: no entries to read
+            if table is not None:
+                pages = entry_bucket(-(-num_tokens // PAGE_TOKENS), table.pages_per_slot)
+            num_tokens = pages * PAGE_TOKENS
             # The graph bakes in the shared tensors' addresses, which change if they grow.
             shared = (*slot_tensors(states[0].layers), *extra)
-            key = ("step", *(t.data_ptr() for t in shared))
-            logits = graphs.run(key, lambda *a: (step(*a, None),), ids, positions, slots)[0]
+            key = ("step", num_tokens, *(t.data_ptr() for t in shared))
+            fn = lambda *a: (step(*a, num_tokens),)  # noqa: E731
+            logits = graphs.run(key, fn, ids, positions, slots)[0]
         else:
-            logits = step(ids, positions, slots, max(s.pos for s in states))
+            logits = step(ids, positions, slots, num_tokens)
         for s in states:
             s.pos += 1
             advance_slotted(s)
@@ -644,20 +651,15 @@ def slot_ids(states: Sequence[ModelState], device: torch.device) -> Tensor:
     return to_device(torch.tensor([s.layers[0].swa.slot for s in states]), device)
 
 
-def slot_rows(layer: LayerState, slots: Tensor, longest: int | None) -> SlotRows:
+def slot_rows(layer: LayerState, slots: Tensor, num_tokens: int) -> SlotRows:
     """One layer's shared tensors for decode rows ``slots``; entries are read up to what a
-    sequence of ``longest`` + 1 tokens has (None: the whole capacity, for a captured step)."""
+    sequence of ``num_tokens`` tokens has."""
 
     def rows(comp: CompressorState | None) -> CompressorRows | None:
         if comp is None:
             return None
-        pool = comp.pool
-        assert pool is not None and pool.pages is not None and pool.page_table is not None
-        if longest is None:
-            limit = pool.page_table.pages_per_slot * pool.pages.shape[1]
-        else:
-            limit = (longest + 1) // comp.ratio
-        return CompressorRows(pool, slots, comp.ratio, limit)
+        assert comp.pool is not None
+        return CompressorRows(comp.pool, slots, comp.ratio, num_tokens // comp.ratio)
 
     assert layer.swa.pool is not None
     return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer))
@@ -677,16 +679,22 @@ def slot_tensors(layers: Sequence[LayerState]) -> list[Tensor]:
     return out
 
 
+def page_table_of(state: ModelState) -> PageTable | None:
+    """The entry page table of a slotted state (one for every compressor of the model)."""
+    for layer in state.layers:
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None and comp.pool is not None:
+                return comp.pool.page_table
+    return None
+
+
 def ensure_pages(states: Sequence[ModelState], ahead: int = 1) -> None:
     """Give each slotted state entry pages for its next ``ahead`` tokens (a decode step writes
     them by index on the device, so the pages must be held first)."""
-    for layer in states[0].layers:
-        for comp in (layer.compressor, layer.indexer):
-            if comp is not None and comp.pool is not None and comp.pool.page_table is not None:
-                table = comp.pool.page_table  # one table for every compressor of the model
-                for s in states:
-                    table.ensure(s.layers[0].swa.slot, s.pos + ahead)
-                return
+    table = page_table_of(states[0])
+    if table is not None:
+        for s in states:
+            table.ensure(s.layers[0].swa.slot, s.pos + ahead)
 
 
 def advance_slotted(state: ModelState) -> None:

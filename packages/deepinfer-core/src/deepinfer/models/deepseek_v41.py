@@ -261,16 +261,13 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
         template = states[0].layers
         pool = states[0].history_pool
 
-        def step(ids: Tensor, positions: Tensor, slots: Tensor, longest: int | None) -> Tensor:
+        def step(ids: Tensor, positions: Tensor, slots: Tensor, num_tokens: int) -> Tensor:
             history = pool.index_select(0, slots) if pool is not None else None
             engram_ids, new_history = self._engram_ids(ids, history)
             if pool is not None and new_history is not None:
                 pool[slots] = new_history
-            rows = [slot_rows(layer, slots, longest) for layer in template]
-            ffn_graphs = graphs if longest is not None else None  # not inside a whole capture
-            logits, _ = self._run_v41(
-                ids, positions, engram_ids, rows, None, graphs=ffn_graphs, text=True
-            )
+            rows = [slot_rows(layer, slots, num_tokens) for layer in template]
+            logits, _ = self._run_v41(ids, positions, engram_ids, rows, None, text=True)
             return logits[:, 0]
 
         extra = () if pool is None else (pool,)

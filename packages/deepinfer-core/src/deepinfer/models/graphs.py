@@ -5,9 +5,10 @@ for a few ms of its 40-80, the rest is Python and kernel launches. Two kinds of 
 captured, once per batch bucket, and replayed with one launch:
 
 * a whole step, when every state of the batch lives in the shared slot tensors (V4 and V4.1,
-  Engram history included) and ``whole_steps`` is on: the step is then a fixed sequence of
-  device ops over those tensors (``DeepseekV4ForCausalLM._slot_step``), reading every slot's
-  whole entry capacity (so the engine turns it off where that capacity is large);
+  Engram history included): the step is then a fixed sequence of device ops over those
+  tensors (``DeepseekV4ForCausalLM._slot_step``). It reads the entry pages up to a bucket of
+  the batch's longest sequence (1, 4, 16, ... pages, :func:`entry_buckets`), so there is one
+  graph per batch bucket and entry bucket, and a step reads at most 4x the pages it needs;
 * otherwise each layer's FFN half (mHC, RMSNorm, router, routed and shared experts), a pure
   function of the streams and token ids; attention, whose per-row state handling has
   data-dependent shapes, stays eager.
@@ -36,6 +37,20 @@ from torch import Tensor
 GraphFn = Callable[..., tuple[Tensor, ...]]
 
 
+def entry_buckets(pages_per_slot: int) -> list[int]:
+    """Entry pages a captured step reads: powers of 4 up to a slot's capacity."""
+    sizes, n = [], 1
+    while n < pages_per_slot:
+        sizes.append(n)
+        n *= 4
+    return [*sizes, pages_per_slot]
+
+
+def entry_bucket(pages: int, pages_per_slot: int) -> int:
+    """The smallest entry bucket of at least ``pages`` pages."""
+    return next(b for b in entry_buckets(pages_per_slot) if b >= pages)
+
+
 def decode_buckets(max_batch: int) -> list[int]:
     """Batch sizes that get a graph: 1, 2, 4, then every multiple of 8 up to ``max_batch``."""
     sizes = [n for n in (1, 2, 4) if n < max_batch] + list(range(8, max_batch + 8, 8))
@@ -50,12 +65,11 @@ class _Captured:
 
 
 class DecodeGraphs:
-    def __init__(self, max_batch: int, whole_steps: bool = True) -> None:
+    def __init__(self, max_batch: int) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.buckets = decode_buckets(max_batch)
         self.max_batch = max_batch
-        self.whole_steps = whole_steps
         self._pool: tuple[int, int] | None = None
         self._captured: dict[tuple[Hashable, int], _Captured] = {}
         self._shared: dict[tuple[str, int, tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
