@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -291,10 +292,31 @@ class DeepseekV4ForCausalLM(nn.Module):
             clone_or_none(s.token_history) if marks[i] or i in grouped else None
             for i, s in enumerate(states)
         ]
-        out = torch.empty(len(chunks) if groups else 0, self.cfg.vocab_size, device=self.device)
-        for group in groups:
-            index = to_device(torch.tensor(group), self.device)
-            out[index], group_views = self._forward_group(
+        # Groups and the remaining spans run in one packed pass: token-wise work once for all.
+        batches = [
+            self._lockstep_batch([chunks[i] for i in g], [states[i] for i in g], marks, g)
+            for g in groups
+        ]
+        rest = [i for i in range(len(chunks)) if i not in grouped]
+        for i in rest:
+            set_marks(states[i], marks[i])
+        try:
+            logits = self._forward_items(
+                batches, [chunks[i] for i in rest], [states[i] for i in rest]
+            )
+            for i in rest:
+                views[i] = states_at(states[i], states[i], marks[i])
+        finally:
+            for i in rest:
+                clear_marks(states[i])
+        order = [i for g in groups for i in g] + rest  # the logits' rows
+        out = logits
+        if groups:
+            out = torch.empty_like(logits)
+            out[to_device(torch.tensor(order), self.device)] = logits
+        for group, lockstep in zip(groups, batches, strict=True):
+            group_views = self._land_group(
+                lockstep.batch,
                 [chunks[i] for i in group],
                 [states[i] for i in group],
                 [marks[i] for i in group],
@@ -302,21 +324,6 @@ class DeepseekV4ForCausalLM(nn.Module):
             )
             for i, v in zip(group, group_views, strict=True):
                 views[i] = v
-        rest = [i for i in range(len(chunks)) if i not in grouped]
-        if rest:
-            for i in rest:
-                set_marks(states[i], marks[i])
-            try:
-                logits = self._forward_spans([chunks[i] for i in rest], [states[i] for i in rest])
-                for i in rest:
-                    views[i] = states_at(states[i], states[i], marks[i])
-            finally:
-                for i in rest:
-                    clear_marks(states[i])
-            if groups:
-                out[to_device(torch.tensor(rest), self.device)] = logits
-            else:
-                out = logits
         for i, (chunk, before) in enumerate(zip(chunks, history, strict=True)):
             for view in views[i]:
                 view.token_history = self._history_at(before, chunk, view.pos - starts[i])
@@ -330,21 +337,21 @@ class DeepseekV4ForCausalLM(nn.Module):
         ids = to_device(chunk.reshape(1, -1)[:, :n], self.device)
         return torch.cat((before, ids), dim=1)[:, -before.shape[1] :]
 
-    def _forward_group(
+    def _lockstep_batch(
         self,
         chunks: Sequence[Tensor],
         states: Sequence[ModelState],
         marks: Sequence[Sequence[int]],
-        history: Sequence[Tensor | None],
-    ) -> tuple[Tensor, list[list[ModelState]]]:
-        """Sequences at one position as one lockstep batch: the logits of each chunk's last
-        token [G, V], and each one's states at its ``marks``; ``history``: each one's Engram
-        history before the chunk.
+        members: Sequence[int],
+    ) -> LockstepGroup:
+        """Sequences at one position as rows of one lockstep batch: their chunks as ids
+        [G, S], padded at the end to the longest, and the batch state, loaded with their
+        states and recording every member's ``marks``.
 
-        Shorter chunks are padded at the end to the longest. Padding changes no real token
-        (attention is causal), only the batch state past each chunk's end, so the state is
-        built with that much rollback slack and each row is rolled back to its own length
-        before it lands in its sequence's state.
+        Padding changes no real token (attention is causal), only the batch state past each
+        chunk's end, so the state is built with that much rollback slack and each row is
+        rolled back to its own length before it lands in its sequence's state
+        (:meth:`_land_group`).
         """
         lengths = [int(c.numel()) for c in chunks]
         longest = max(lengths)
@@ -353,13 +360,27 @@ class DeepseekV4ForCausalLM(nn.Module):
             for c, n in zip(chunks, lengths, strict=True)
         ]
         ids = to_device(torch.stack(rows), self.device)
-        start = states[0].pos
         batch = self.new_state(len(chunks), slack=longest - min(lengths))
-        if start:
+        check_ids(ids, batch)
+        if states[0].pos:
             gather_rows(states, batch)
-        set_marks(batch, sorted({m for lengths_j in marks for m in lengths_j}))
-        last = to_device(torch.tensor(lengths) - 1, self.device)[:, None]
-        logits = self._forward_last(ids, batch, last)
+        set_marks(batch, sorted({m for i in members for m in marks[i]}))
+        batch.pos = states[0].pos
+        return LockstepGroup(ids, batch, lengths)
+
+    def _land_group(
+        self,
+        batch: ModelState,
+        chunks: Sequence[Tensor],
+        states: Sequence[ModelState],
+        marks: Sequence[Sequence[int]],
+        history: Sequence[Tensor | None],
+    ) -> list[list[ModelState]]:
+        """Put each row of a lockstep batch that ran its chunk into its sequence's state
+        (rolled back to the row's own length) and return each one's states at its ``marks``;
+        ``history``: each one's Engram history before the chunk."""
+        lengths = [int(c.numel()) for c in chunks]
+        start = states[0].pos
         if batch.slack == 0:
             scatter_rows(batch, states)
         else:
@@ -368,27 +389,23 @@ class DeepseekV4ForCausalLM(nn.Module):
                 rollback_layers(row, start + n)
                 row.token_history = self._history_at(history[j], chunk, n)
                 scatter_rows(row, [dst])
-        views = [
+        return [
             states_at(batch, dst, m, row=j)
             for j, (dst, m) in enumerate(zip(states, marks, strict=True))
         ]
-        return logits, views
 
-    def _forward_last(self, input_ids: Tensor, state: ModelState, last: Tensor) -> Tensor:
-        """Lockstep chunk [B, S] -> fp32 logits [B, V] at each row's position ``last`` [B, 1]."""
-        check_ids(input_ids, state)
-        ctx = self._context(input_ids, state.pos)
-        logits, _ = self._run_layers(input_ids, ctx, state.layers, rows=last)
-        state.pos += input_ids.shape[1]
-        return logits[:, 0]
-
-    def _forward_spans(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
-        """The packed pass: one [1, N] row of spans, attention span by span."""
-        ids, positions, packed, last = pack_chunks(chunks, states, self.device)
+    def _forward_items(
+        self,
+        groups: Sequence[LockstepGroup],
+        chunks: Sequence[Tensor],
+        states: Sequence[ModelState],
+    ) -> Tensor:
+        """The packed pass over lockstep groups and single-sequence spans: fp32 logits of
+        each group row's and then each span's last token."""
+        ids, positions, packed, last = pack_chunks(chunks, states, self.device, groups)
         ctx = ForwardContext(self.ops, positions, ids, self.rotary)
         logits, _ = self._run_layers(ids, ctx, packed, rows=last)
-        for chunk, s in zip(chunks, states, strict=True):
-            s.pos += chunk.numel()
+        advance_packed(groups, chunks, states)
         return logits[0]
 
     # -- training ---------------------------------------------------------------------------------
@@ -551,25 +568,65 @@ def per_layer_states(states: Sequence[ModelState]) -> list[list[LayerState]]:
     return [list(layer) for layer in zip(*(s.layers for s in states), strict=True)]
 
 
+@dataclass
+class LockstepGroup:
+    """Sequences at one position as the rows of one lockstep batch inside a packed pass."""
+
+    ids: Tensor  # [G, S] on the device, each row padded at the end to the longest
+    batch: ModelState  # G rows, with rollback slack for the padding
+    lengths: list[int]  # each row's real tokens
+
+
 def pack_chunks(
-    chunks: Sequence[Tensor], states: Sequence[ModelState], device: torch.device
+    chunks: Sequence[Tensor],
+    states: Sequence[ModelState],
+    device: torch.device,
+    groups: Sequence[LockstepGroup] = (),
 ) -> tuple[Tensor, Tensor, list[Packed], Tensor]:
-    """(ids [1, N], positions [N], one :class:`Packed` per layer, last-token rows [len])."""
-    if not chunks or len(chunks) != len(states):
+    """(ids [1, N], positions [N], one :class:`Packed` per layer, last-token rows) for
+    lockstep ``groups`` (row by row) followed by single-sequence spans."""
+    if len(chunks) != len(states) or not (chunks or groups):
         raise ValueError(f"forward_packed got {len(chunks)} chunks for {len(states)} states")
     if any(s.batch_size != 1 for s in states):
         raise ValueError("forward_packed takes single-sequence states (batch_size 1)")
     lengths = [int(c.numel()) for c in chunks]
-    if min(lengths) < 1:
+    if lengths and min(lengths) < 1:
         raise ValueError("every packed chunk needs at least one token")
-    ids = to_device(torch.cat([c.reshape(-1) for c in chunks]), device)[None]
-    positions = to_device(
-        torch.cat([torch.arange(s.pos, s.pos + n) for s, n in zip(states, lengths, strict=True)]),
-        device,
+    pieces = [g.ids.reshape(-1) for g in groups]
+    if chunks:
+        pieces.append(to_device(torch.cat([c.reshape(-1) for c in chunks]), device))
+    positions, last, offset = [], [], 0
+    for g in groups:
+        height, width = g.ids.shape
+        positions.append(torch.arange(g.batch.pos, g.batch.pos + width).repeat(height))
+        last += [offset + j * width + n - 1 for j, n in enumerate(g.lengths)]
+        offset += height * width
+    for s, n in zip(states, lengths, strict=True):
+        positions.append(torch.arange(s.pos, s.pos + n))
+        offset += n
+        last.append(offset - 1)
+    sizes = [g.ids.numel() for g in groups] + lengths
+    rows = [g.ids.shape[0] for g in groups] + [1] * len(chunks)
+    members = [g.batch for g in groups] + list(states)
+    packed = [Packed(list(layer), sizes, rows) for layer in per_layer_states(members)]
+    ids = torch.cat(pieces)[None]
+    return (
+        ids,
+        to_device(torch.cat(positions), device),
+        packed,
+        to_device(torch.tensor(last), device),
     )
-    packed = [Packed(rows, lengths) for rows in per_layer_states(states)]
-    last = to_device(torch.tensor(lengths), device).cumsum(0) - 1
-    return ids, positions, packed, last
+
+
+def advance_packed(
+    groups: Sequence[LockstepGroup], chunks: Sequence[Tensor], states: Sequence[ModelState]
+) -> None:
+    """Advance the states of a packed pass: group batches by their width, spans by their
+    chunk."""
+    for g in groups:
+        g.batch.pos += g.ids.shape[1]
+    for chunk, s in zip(chunks, states, strict=True):
+        s.pos += chunk.numel()
 
 
 #: Fewest fresh prompts worth a lockstep chunk of their own.

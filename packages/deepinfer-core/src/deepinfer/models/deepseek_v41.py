@@ -33,6 +33,8 @@ from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import (
     DeepseekV4ForCausalLM,
+    LockstepGroup,
+    advance_packed,
     all_slotted,
     check_ids,
     decode_inputs,
@@ -289,22 +291,20 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             raise ValueError("forward_packed takes text chunks; images go through forward")
         return super().forward_packed_at(chunks, states, marks)
 
-    def _forward_last(self, input_ids: Tensor, state: ModelState, last: Tensor) -> Tensor:
-        check_ids(input_ids, state)
-        s = input_ids.shape[1]
-        positions = torch.arange(state.pos, state.pos + s, device=self.device)
-        engram_ids, state.token_history = self._engram_ids(input_ids, state.token_history)
-        logits, _ = self._run_v41(
-            input_ids, positions, engram_ids, state.layers, None, rows=last, text=True
-        )
-        state.pos += s
-        return logits[:, 0]
-
-    def _forward_spans(self, chunks: Sequence[Tensor], states: Sequence[ModelState]) -> Tensor:
-        ids, positions, packed, last = pack_chunks(chunks, states, self.device)
+    def _forward_items(
+        self,
+        groups: Sequence[LockstepGroup],
+        chunks: Sequence[Tensor],
+        states: Sequence[ModelState],
+    ) -> Tensor:
+        ids, positions, packed, last = pack_chunks(chunks, states, self.device, groups)
         engram_ids: list[Tensor] | None = None
-        if self.engram_history:
+        if self.engram_history:  # one [1, history + S] row per group row, then per span
             engram_ids = []
+            for g in groups:
+                rows, g.batch.token_history = self._engram_ids(g.ids, g.batch.token_history)
+                assert rows is not None
+                engram_ids += list(rows.split(1))
             for chunk, s in zip(chunks, states, strict=True):
                 span_ids, s.token_history = self._engram_ids(
                     to_device(chunk.reshape(1, -1), self.device), s.token_history
@@ -317,12 +317,11 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             engram_ids,
             packed,
             None,
-            shared=[SharedKV() for _ in states],
+            shared=[SharedKV() for _ in packed[0].states],
             rows=last,
             text=True,
         )
-        for chunk, s in zip(chunks, states, strict=True):
-            s.pos += chunk.numel()
+        advance_packed(groups, chunks, states)
         return logits[0]
 
     def _check_engram(self) -> None:

@@ -383,16 +383,20 @@ class Packed:
     """Chunks of several sequences packed along the sequence dim of one [1, N] batch.
 
     Token-wise work (projections, MoE, mHC) runs once over all N tokens; each layer's attention
-    walks the spans, each with its own sequence's state.
+    walks the spans, each with its own state. A span of ``rows`` > 1 is a lockstep group: its
+    tokens are the rows of a [rows, length / rows] chunk, one after the other, and its state
+    a batch of that many rows.
     """
 
     states: list[LayerState]
     lengths: list[int]
+    rows: list[int] = field(default_factory=list)  # empty: one row each
 
-    def spans(self) -> list[tuple[slice, LayerState]]:
+    def spans(self) -> list[tuple[slice, LayerState, int]]:
         out, start = [], 0
-        for state, n in zip(self.states, self.lengths, strict=True):
-            out.append((slice(start, start + n), state))
+        rows = self.rows or [1] * len(self.states)
+        for state, n, r in zip(self.states, self.lengths, rows, strict=True):
+            out.append((slice(start, start + n), state, r))
             start += n
         return out
 

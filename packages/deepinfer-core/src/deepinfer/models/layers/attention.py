@@ -85,15 +85,14 @@ class MQA(nn.Module):
         q, qr, kv = self.project(ops, x, cos, sin)
         if isinstance(state, Packed):
             shares = shared if isinstance(shared, list) else [shared] * len(state.states)
-            o = torch.cat(
-                [
-                    self.attend(
-                        ops, x[:, sl], q[:, sl], qr[:, sl], kv[:, sl], positions[sl], rotary, st, sh
-                    )
-                    for (sl, st), sh in zip(state.spans(), shares, strict=True)
-                ],
-                dim=1,
-            )
+            parts = []
+            for (sl, st, rows), sh in zip(state.spans(), shares, strict=True):
+                # A lockstep group's tokens are its rows one after the other: [rows, S, ...].
+                cut = [t[:, sl].reshape(rows, -1, *t.shape[2:]) for t in (x, q, qr, kv)]
+                width = cut[0].shape[1]
+                o = self.attend(ops, *cut, positions[sl][:width], rotary, st, sh)
+                parts.append(o.reshape(1, -1, *o.shape[2:]))
+            o = torch.cat(parts, dim=1)
         else:
             assert not isinstance(shared, list)
             o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
