@@ -78,6 +78,46 @@ def test_prefix_cache_eviction_keeps_outputs_exact(model, tokenizer) -> None:  #
     assert engine.prefix_cache.used_bytes <= 300_000
 
 
+def test_prefix_hits_share_the_cached_entry_pages(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A cached block holds its entry page, and a request restored from it maps its first
+    blocks to those very pages instead of copies; outputs stay a cold run's."""
+    shared = random_prompts(1, 300, 300, seed=5)[0]
+    engine = engine_for(model, tokenizer)
+    table = engine.slots.page_table
+    generate(engine, [[*shared, 11]], GREEDY)
+    cached = [b.page for b in engine.prefix_cache.blocks.values()]
+    assert len(cached) == 2 and None not in cached
+    assert table.num_free == table.max_pages - 2  # the finished request's other page is back
+    prompt = [*shared, 21, 22]
+    rid = engine.add_request(prompt, GREEDY)
+    engine.step()  # admitted from the cache, the rest prefilled
+    (req,) = engine.scheduler.running
+    assert req.metrics.num_cached_tokens == 256
+    assert table.pages_of(req.state.layers[0].swa.slot)[:2] == cached
+    final = engine.run([rid])
+    assert final[rid].outputs[0].token_ids == greedy_reference(model, prompt, 5, eos=1)
+
+
+def test_cached_pages_are_reclaimed_when_the_pool_runs_short(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Cached blocks' pages live in the state pool's memory: when a running request needs a
+    page and none is free, the least recently used blocks give theirs back."""
+    from deepinfer.cache.pools import state_bytes
+
+    prompts = random_prompts(12, 260, 300, seed=11)
+    budget = 2 * state_bytes(model.cfg, model.dtype, 384)  # two 3-page sequences, ~17 pages
+    engine = engine_for(model, tokenizer, state_memory_bytes=budget, max_num_seqs=2)
+    table = engine.slots.page_table
+    assert table.max_pages < 2 * len(prompts)  # every prompt leaves two cached pages behind
+    outs = generate(engine, prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == [
+        greedy_reference(model, p, 5, eos=1) for p in prompts
+    ]
+    assert engine.prefix_cache.stats.evicted_blocks > 0
+    held = [b.page for b in engine.prefix_cache.blocks.values() if b.page is not None]
+    assert len(held) == len(engine.prefix_cache.blocks)  # every block was recorded in pages
+    assert table.num_free == table.max_pages - len(held)  # the rest are free again
+
+
 SEEDED = SamplingParams(temperature=1.0, seed=7, max_tokens=12, top_p=0.95)
 
 
@@ -114,6 +154,27 @@ def test_n_samples_share_the_prefill(model, tokenizer) -> None:  # type: ignore[
         (alone,) = generate(engine_for(model, tokenizer), [prompt], single)
         assert sample.token_ids == alone.outputs[0].token_ids
     assert len({tuple(s.token_ids) for s in out.outputs}) == 3
+
+
+def test_n_samples_share_the_prompts_full_entry_pages(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Past 256 tokens the prompt's first two entry pages are full: the samples map them
+    instead of copying, and each still decodes as it would alone."""
+    (prompt,) = random_prompts(1, 300, 300, seed=12)
+    params = SamplingParams(n=3, temperature=1.0, seed=13, max_tokens=6)
+    engine = engine_for(model, tokenizer, enable_prefix_caching=False)
+    table = engine.slots.page_table
+    rid = engine.add_request(prompt, params)
+    while len(engine.scheduler.running) < 3:
+        engine.step()
+    pages = [table.pages_of(r.state.layers[0].swa.slot) for r in engine.scheduler.running]
+    assert pages[0][:2] == pages[1][:2] == pages[2][:2]
+    assert len({p[2] for p in pages}) == 3  # the partial third page is each one's own
+    out = engine.run([rid])[rid]
+    for i, sample in enumerate(out.outputs):
+        single = SamplingParams(temperature=1.0, seed=sample_seed(13, i), max_tokens=6)
+        (alone,) = generate(engine_for(model, tokenizer), [prompt], single)
+        assert sample.token_ids == alone.outputs[0].token_ids
+    assert table.num_free == table.max_pages
 
 
 def test_stop_conditions(model, tokenizer) -> None:  # type: ignore[no-untyped-def]

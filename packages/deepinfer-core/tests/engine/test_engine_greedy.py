@@ -75,4 +75,7 @@ def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer, async_schedu
             assert len(table.pages_of(r.state.layers[0].swa.slot)) <= n
     assert [outputs[i].outputs[0].token_ids for i in ids] == expected
     assert sum(o.metrics.num_preemptions for o in outputs.values()) > 0
-    assert table.num_free == table.max_pages  # every page handed back
+    # Every page is back, but those the prefix cache keeps for its blocks (a block recorded
+    # while its last token was in flight keeps a copy instead).
+    held = [b.page for b in engine.prefix_cache.blocks.values() if b.page is not None]
+    assert table.num_free == table.max_pages - len(held)

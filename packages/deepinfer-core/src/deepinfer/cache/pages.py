@@ -10,6 +10,14 @@ every compressor of the model, maps the sequence's blocks to pages. Pages come f
 as a sequence grows and go back when it ends; the engine sizes the list from its state budget,
 so memory follows the tokens actually held.
 
+A finished page never changes (entries are append-only and a sequence writes only past its
+count), so the prefix cache keeps a cached block's entries by holding a reference to its page,
+and a sequence restored from the cache maps its first blocks to those pages instead of copying
+them. A page goes back to the free list when no slot and no cached block refers to it; when the
+list runs dry, the cache gives up least recently used blocks (``reclaim``) before allocation
+fails. Running sequences are charged for every page they map, shared or not, so reclaiming the
+pages only the cache holds always suffices.
+
 Page 0 is never handed out: unused table cells point at it, and a captured decode batch's
 padding rows write there. A page is zeroed when handed out, so nothing of an earlier sequence
 stays visible, even to a masked read.
@@ -17,6 +25,7 @@ stays visible, even to a masked read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -66,6 +75,10 @@ class PageTable:
         self.pools: list[CompressorPool] = []
         self._free = list(range(self.num_pages, 0, -1))  # popped from the end: lowest first
         self._owned: dict[int, list[int]] = {}
+        self._refs: dict[int, int] = {}  # page -> slots and cached blocks that refer to it
+        #: Frees cached pages when the list runs dry: drops one cached block (the least
+        #: recently used that holds a page), False when none is left.
+        self.reclaim: Callable[[], bool] | None = None
 
     @property
     def num_free(self) -> int:
@@ -98,6 +111,8 @@ class PageTable:
                 f"{num_tokens} tokens exceed the entry pages' capacity of "
                 f"{self.pages_per_slot * PAGE_TOKENS} (the engine's max_model_len)"
             )
+        while need - len(owned) > self.num_free and self.reclaim is not None and self.reclaim():
+            pass
         if need - len(owned) > self.num_free:
             raise RuntimeError(
                 f"out of entry pages ({self.max_pages} in all): the state budget's accounting "
@@ -106,6 +121,7 @@ class PageTable:
         if need - len(owned) > len(self._free):
             self._grow(need - len(owned))
         new = [self._free.pop() for _ in range(need - len(owned))]
+        self._refs.update(dict.fromkeys(new, 1))
         index = to_device(torch.tensor(new), self.table.device)
         for pool in self.pools:
             assert pool.pages is not None
@@ -113,12 +129,38 @@ class PageTable:
         self.table[slot, len(owned) : need] = index
         owned.extend(new)
 
+    def share(self, slot: int, pages: list[int]) -> None:
+        """Map the first blocks of ``slot`` (which holds none yet) to existing ``pages``."""
+        if self._owned.get(slot):
+            raise ValueError(f"slot {slot} already holds pages")
+        if len(pages) > self.pages_per_slot:
+            raise ValueError(f"{len(pages)} pages exceed a slot's {self.pages_per_slot}")
+        for page in pages:
+            self._refs[page] += 1
+        self._owned[slot] = list(pages)
+        if pages:
+            self.table[slot, : len(pages)] = to_device(torch.tensor(pages), self.table.device)
+
+    def hold(self, slot: int, block: int) -> int:
+        """Take a reference to the page of ``slot``'s block ``block`` (for the prefix cache)."""
+        page = self._owned[slot][block]
+        self._refs[page] += 1
+        return page
+
+    def drop(self, page: int) -> None:
+        """Give up one reference to ``page``; it is free once none is left."""
+        self._refs[page] -= 1
+        if not self._refs[page]:
+            del self._refs[page]
+            self._free.append(page)
+
     def release(self, slot: int) -> None:
-        """Take back every page of ``slot`` and point its table row at page 0."""
+        """Give up every page of ``slot`` and point its table row at page 0."""
         owned = self._owned.pop(slot, [])
         if owned:
             self.table[slot, : len(owned)] = 0
-            self._free.extend(reversed(owned))
+            for page in reversed(owned):
+                self.drop(page)
 
     def read(self, pages: Tensor, slot: int, start: int, stop: int) -> Tensor:
         """Entries ``start:stop`` of ``slot`` in ``pages`` (one compressor's): [1, n, D]."""

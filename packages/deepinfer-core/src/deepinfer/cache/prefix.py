@@ -3,10 +3,15 @@
 For every full block of 128 tokens a sequence has computed, the cache keeps what restoring the
 state at that boundary needs: the compressed entries and indexer keys appended during the block,
 and the boundary's SWA ring and compressor partial-window buffers. A later request whose tokens
-start with the same blocks gets the state rebuilt exactly (entries concatenated block by block,
-the rest copied from the last block), so its outputs equal a cold run while the cached prefill is
+start with the same blocks gets the state rebuilt exactly (entries block by block, the rest
+copied from the last block), so its outputs equal a cold run while the cached prefill is
 skipped. Blocks are keyed by a hash chained over all tokens from the start, and evicted least
 recently used first, each together with the blocks that extend it, under a byte budget.
+
+A block's entries are one entry page (:mod:`deepinfer.cache.pages`) when the sequence's state
+lives in pages: the block holds a reference to the page instead of a copy, and a restored state
+maps its first blocks to those pages. Such pages live in the state pool's memory, not the
+cache's budget; when the pool needs them the cache gives up blocks (:meth:`reclaim_page`).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from deepinfer.cache.pages import PAGE_TOKENS
-from deepinfer.models.state import CompressorState, ModelState, clone_or_none
+from deepinfer.cache.pages import PAGE_TOKENS, PageTable
+from deepinfer.models.state import CompressorPool, CompressorState, ModelState, clone_or_none
 
 #: A block's compressed entries fill whole entry pages.
 BLOCK_SIZE = PAGE_TOKENS
@@ -32,7 +37,7 @@ def _nbytes(t: Tensor | None) -> int:
 
 @dataclass
 class _CompressorSnap:
-    entries: Tensor  # the entries appended during this block only
+    entries: Tensor | None  # the entries appended during this block only; None: in ``pages``
     buf_kv: Tensor
     buf_score: Tensor
     prev_kv: Tensor | None
@@ -40,11 +45,12 @@ class _CompressorSnap:
     num_entries: int  # entries in the whole prefix up to the boundary
     hist_kv: Tensor | None = None  # rollback history of states built with slack
     hist_score: Tensor | None = None
+    pages: CompressorPool | None = None  # the pool whose pages hold the block's entries
 
     @classmethod
-    def take(cls, comp: CompressorState, first: int) -> _CompressorSnap:
+    def take(cls, comp: CompressorState, first: int, paged: bool) -> _CompressorSnap:
         return cls(
-            comp.entries_from(first).clone(),
+            None if paged else comp.entries_from(first).clone(),
             comp.buf_kv.clone(),
             comp.buf_score.clone(),
             clone_or_none(comp.prev_kv),
@@ -52,18 +58,29 @@ class _CompressorSnap:
             comp.num_entries,
             clone_or_none(comp.hist_kv),
             clone_or_none(comp.hist_score),
+            comp.pool if paged else None,
         )
+
+    def block_entries(self, page: int | None) -> Tensor:
+        """The block's entries [1, n, D], wherever they are."""
+        if self.entries is not None:
+            return self.entries
+        assert self.pages is not None and self.pages.pages is not None and page is not None
+        return self.pages.pages[page][None]
 
     def nbytes(self) -> int:
         tensors = (self.entries, self.buf_kv, self.buf_score, self.prev_kv, self.prev_score)
         return sum(_nbytes(t) for t in (*tensors, self.hist_kv, self.hist_score))
 
 
-def _take(comp: CompressorState | None, prev: _CompressorSnap | None) -> _CompressorSnap | None:
-    """Snapshot ``comp`` keeping only the entries appended since the previous block."""
+def _take(
+    comp: CompressorState | None, prev: _CompressorSnap | None, paged: bool
+) -> _CompressorSnap | None:
+    """Snapshot ``comp`` keeping only the entries appended since the previous block (none
+    when ``paged``: the block's page holds them)."""
     if comp is None:
         return None
-    return _CompressorSnap.take(comp, prev.num_entries if prev else 0)
+    return _CompressorSnap.take(comp, prev.num_entries if prev else 0, paged)
 
 
 @dataclass
@@ -82,6 +99,9 @@ class Block:
     nbytes: int
     token_history: Tensor | None = None  # V4.1 Engram: the last token ids before ``end``
     children: set[Block] = field(default_factory=set)
+    #: The entry page holding the block's entries (a reference taken from ``table``).
+    page: int | None = None
+    table: PageTable | None = None
 
     def chain(self) -> list[Block]:
         blocks: list[Block] = []
@@ -102,6 +122,8 @@ class Snapshot:
     layers: list[_LayerSnap]
     nbytes: int
     token_history: Tensor | None
+    page: int | None = None
+    table: PageTable | None = None
 
 
 def block_key(parent: bytes | None, tokens: list[int]) -> bytes:
@@ -146,9 +168,22 @@ class PrefixCache:
         return found
 
     def restore(self, block: Block, new_state: Callable[[], ModelState]) -> ModelState:
-        """A fresh state equal to the one the cached sequence had at ``block.end``."""
+        """A fresh state equal to the one the cached sequence had at ``block.end``; in pages,
+        its first blocks map to the cached pages (as far as the chain has them)."""
         chain = block.chain()
         state = new_state()
+        shared = 0
+        found = _page_table(state)
+        if found is not None:
+            table, slot = found
+            while shared < len(chain) and chain[shared].page is not None:
+                if chain[shared].table is not table:
+                    break
+                shared += 1
+            table.share(slot, [b.page for b in chain[:shared] if b.page is not None])
+            # Pages for the rest now: reclaiming them may evict blocks of this very chain,
+            # whose copies are still read below (the shared pages are the slot's already).
+            table.ensure(slot, block.end)
         for i, layer in enumerate(state.layers):
             snap = block.layers[i]
             layer.swa.kv.copy_(snap.swa_kv)
@@ -158,8 +193,10 @@ class PrefixCache:
                 last: _CompressorSnap | None = getattr(snap, name)
                 if comp is None or last is None:
                     continue
-                pieces = [getattr(b.layers[i], name).entries for b in chain]
-                comp.entries = torch.cat(pieces, dim=1)
+                comp.count = shared * BLOCK_SIZE // comp.ratio  # in the shared pages
+                pieces = [getattr(b.layers[i], name).block_entries(b.page) for b in chain[shared:]]
+                if pieces:
+                    comp.append_entries(torch.cat(pieces, dim=1))
                 comp.buf_kv, comp.buf_score = last.buf_kv.clone(), last.buf_score.clone()
                 comp.prev_kv, comp.prev_score = (
                     clone_or_none(last.prev_kv),
@@ -174,24 +211,32 @@ class PrefixCache:
         state.token_history = clone_or_none(block.token_history)
         return state
 
-    def snapshot(self, parent: Block | None, state: ModelState) -> Snapshot:
-        """What :meth:`insert` keeps of ``state`` at the boundary after ``parent``."""
+    def snapshot(self, parent: Block | None, state: ModelState, share: bool = False) -> Snapshot:
+        """What :meth:`insert` keeps of ``state`` at the boundary after ``parent``. ``share``:
+        take a reference to the block's entry page rather than a copy of its entries (a
+        snapshot that may never be inserted copies, so that it holds no page)."""
         assert state.pos == (parent.end if parent else 0) + BLOCK_SIZE
+        found = _page_table(state) if share else None
+        page = None
+        if found is not None:
+            page = found[0].hold(found[1], state.pos // BLOCK_SIZE - 1)
         layers: list[_LayerSnap] = []
         for i, layer in enumerate(state.layers):
             prev = parent.layers[i] if parent else None
             layers.append(
                 _LayerSnap(
                     layer.swa.kv.clone(),
-                    _take(layer.compressor, prev.compressor if prev else None),
-                    _take(layer.indexer, prev.indexer if prev else None),
+                    _take(layer.compressor, prev.compressor if prev else None, page is not None),
+                    _take(layer.indexer, prev.indexer if prev else None, page is not None),
                 )
             )
         nbytes = sum(
             _nbytes(s.swa_kv) + sum(c.nbytes() for c in (s.compressor, s.indexer) if c)
             for s in layers
         )
-        return Snapshot(state.pos, layers, nbytes, clone_or_none(state.token_history))
+        history = clone_or_none(state.token_history)
+        table = found[0] if found is not None else None
+        return Snapshot(state.pos, layers, nbytes, history, page, table)
 
     def insert(
         self, parent: Block | None, tokens: list[int], state: ModelState | Snapshot
@@ -204,9 +249,18 @@ class PrefixCache:
         if existing is not None:
             self.blocks.move_to_end(key)
             return existing
-        snap = state if isinstance(state, Snapshot) else self.snapshot(parent, state)
+        snap = state if isinstance(state, Snapshot) else self.snapshot(parent, state, share=True)
         assert snap.end == (parent.end if parent else 0) + BLOCK_SIZE
-        block = Block(key, parent, snap.end, snap.layers, snap.nbytes, snap.token_history)
+        block = Block(
+            key,
+            parent,
+            snap.end,
+            snap.layers,
+            snap.nbytes,
+            snap.token_history,
+            page=snap.page,
+            table=snap.table,
+        )
         if parent is not None:
             parent.children.add(block)
         self.blocks[key] = block
@@ -217,8 +271,19 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Forget every block (the statistics are kept; a clear is not an eviction)."""
+        for block in self.blocks.values():
+            _drop_page(block)
         self.blocks.clear()
         self.used_bytes = 0
+
+    def reclaim_page(self) -> bool:
+        """Evict the least recently used block that holds an entry page (with the blocks that
+        extend it), for a page table that ran out; False when no block holds one."""
+        for block in self.blocks.values():
+            if block.page is not None:
+                self._remove(block)
+                return True
+        return False
 
     def _evict(self, keep: Block) -> None:
         if self.used_bytes <= self.budget_bytes:
@@ -237,8 +302,28 @@ class PrefixCache:
         if self.blocks.pop(block.key, None) is not None:
             self.used_bytes -= block.nbytes
             self.stats.evicted_blocks += 1
+            _drop_page(block)
         if block.parent is not None:
             block.parent.children.discard(block)
 
     def __contains__(self, block: object) -> bool:
         return isinstance(block, Block) and self.blocks.get(block.key) is block
+
+
+def _drop_page(block: Block) -> None:
+    if block.page is not None:
+        assert block.table is not None
+        block.table.drop(block.page)
+        block.page = None
+
+
+def _page_table(state: ModelState) -> tuple[PageTable, int] | None:
+    """The page table and slot of a state whose entries live in pages (None otherwise)."""
+    for layer in state.layers:
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None:
+                if not comp.paged:
+                    return None
+                assert comp.pool is not None and comp.pool.page_table is not None
+                return comp.pool.page_table, comp.slot
+    return None

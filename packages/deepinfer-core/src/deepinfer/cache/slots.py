@@ -128,7 +128,8 @@ class StateSlots:
         return self._adopt(self._new_state())
 
     def clone(self, state: ModelState) -> ModelState:
-        """A deep copy of ``state`` in a slot of its own (the samples of an ``n`` > 1 group)."""
+        """A deep copy of ``state`` in a slot of its own (the samples of an ``n`` > 1 group).
+        Its full entry pages are shared, not copied: neither sequence writes them again."""
         # Deep-copy all but the slotted tensors (a plain deepcopy would copy each shared tensor
         # whole): the copy first shares the original's rows, then _adopt moves it to its own.
         memo: dict[int, object] = {id(t): t for t in self.tensors}
@@ -136,7 +137,11 @@ class StateSlots:
         for f in self.fields:
             t = getattr(f.owner(state), f.name)
             memo[id(t)] = t
-        return self._adopt(copy.deepcopy(state, memo))
+        full: list[int] = []
+        if self.page_table is not None:
+            slot = state.layers[0].swa.slot
+            full = self.page_table.pages_of(slot)[: state.pos // PAGE_TOKENS]
+        return self._adopt(copy.deepcopy(state, memo), full)
 
     def release(self, state: ModelState) -> None:
         """Hand ``state``'s slot back; the state must not be used afterwards."""
@@ -154,8 +159,9 @@ class StateSlots:
                 if comp is not None:
                     comp.pool, comp.slot = None, -1
 
-    def _adopt(self, state: ModelState) -> ModelState:
-        """Copy ``state``'s slotted tensors into a free slot and point the state at it."""
+    def _adopt(self, state: ModelState, shared: list[int] | None = None) -> ModelState:
+        """Copy ``state``'s slotted tensors into a free slot and point the state at it; its
+        first blocks' entries are the pages ``shared``, the rest are copied."""
         if _fields(state) != self.fields:
             raise ValueError("state layout differs from the pool's (model or slack)")
         for t, f in zip(self.tensors, self.fields, strict=True):
@@ -164,16 +170,21 @@ class StateSlots:
         if not self._free:
             self._grow()
         slot = self._free.pop()
-        entries = {}
+        shared = shared or []
+        first = len(shared) * PAGE_TOKENS  # tokens whose entries are in the shared pages
+        tails = {}
         if self.page_table is not None:  # read before the state moves to its slot
-            entries = {key: comp.entries for key, comp in _compressors(state).items()}
+            tails = {k: c.entries_from(first // c.ratio) for k, c in _compressors(state).items()}
         for t, f in zip(self.tensors, self.fields, strict=True):
             t[slot].copy_(getattr(f.owner(state), f.name)[0])
         self._live[slot] = state
         self._point(state, slot)
+        if self.page_table is not None:
+            self.page_table.share(slot, shared)
         comps = _compressors(state)
-        for key, value in entries.items():
-            comps[key].entries = value  # into the slot's pages
+        for key, tail in tails.items():  # into the slot's own pages
+            comps[key].count = first // comps[key].ratio
+            comps[key].append_entries(tail)
         return state
 
     def _grow(self) -> None:

@@ -88,6 +88,9 @@ class LLMEngine:
             max_pages=max_pages,
             initial_pages=max_pages if graphs else INITIAL_PAGES,
         )
+        if self.slots.page_table is not None and self.prefix_cache is not None:
+            # Cached blocks hold entry pages: the pool takes them back when it runs short.
+            self.slots.page_table.reclaim = self.prefix_cache.reclaim_page
         self.scheduler = Scheduler(
             self.pool,
             self.slots.new_state,

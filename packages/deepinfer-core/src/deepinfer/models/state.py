@@ -163,7 +163,8 @@ class CompressorState:
 
     @property
     def paged(self) -> bool:
-        return self.pool is not None and self.pool.pages is not None
+        """Whether the entries live in the pool's pages (else in ``entries_buf``)."""
+        return self.entries_buf is None
 
     def _pages(self) -> tuple[Tensor, PageTable]:
         assert self.pool is not None and self.pool.pages is not None
