@@ -52,8 +52,8 @@ from deepinfer.models.state import (
 )
 from deepinfer.transfer import to_device
 
-#: A decode step over slot rows: (ids [B, 1], positions [B, 1], slots [B], longest position or
-#: None for the entries' whole capacity) -> logits [B, V].
+#: A decode step over slot rows: (ids [B, 1], positions [B, 1], slots [B], tokens whose entries
+#: it reads: the batch's longest sequence, or an entry bucket when captured) -> logits [B, V].
 SlotStep = Callable[[Tensor, Tensor, Tensor, int], Tensor]
 
 

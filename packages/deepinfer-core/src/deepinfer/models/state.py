@@ -405,8 +405,9 @@ class Packed:
 @dataclass
 class CompressorRows:
     """One compressor's shared buffers for a decode batch of slotted states (all on the
-    device): row ``slots[i]`` of each buffer is decode row i's. ``entry_limit``: how many entry
-    rows to read (the batch's most, or the capacity when the step is captured)."""
+    device): row ``slots[i]`` of each buffer is decode row i's, and its entries are in the pages
+    that row ``slots[i]`` of the page table maps. ``entry_limit``: how many entries to read (the
+    batch's most, or an entry bucket's when the step is captured)."""
 
     pool: CompressorPool
     slots: Tensor  # [B] long
