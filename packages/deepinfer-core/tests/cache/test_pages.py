@@ -119,3 +119,44 @@ def test_pages_run_out_with_a_clear_error() -> None:
 def test_ratios_must_divide_the_page() -> None:
     with pytest.raises(NotImplementedError, match="divide 128"):
         page_size(3)
+
+
+def test_shared_pages_are_freed_by_their_last_reference() -> None:
+    """A page mapped by two slots and held once more (a cached block) is free only after all
+    three let go; a slot that maps shared pages writes only its own later ones; when the list
+    runs dry, ``reclaim`` is asked to give up references until enough are free."""
+    table, pools = _table(max_pages=3, initial_pages=3)
+    pool = pools[0]
+    assert pool.pages is not None
+    table.ensure(1, 2 * PAGE_TOKENS)
+    first, second = table.pages_of(1)
+    table.write(pool.pages, 1, 0, torch.ones(1, 2 * page_size(RATIOS[0]), DIMS[0]))
+    cached = table.hold(1, 0)
+    assert cached == first
+    table.share(2, [first])
+    with pytest.raises(ValueError, match="already holds"):
+        table.share(2, [second])
+    table.ensure(2, PAGE_TOKENS + 1)  # its second block gets a page of its own
+    assert table.pages_of(2)[0] == first and table.pages_of(2)[1] not in (first, second)
+    assert not table.read(pool.pages, 2, page_size(RATIOS[0]), 2 * page_size(RATIOS[0])).any()
+    assert table.read(pool.pages, 2, 0, page_size(RATIOS[0])).eq(1).all()
+    assert table.num_free == 0
+    table.release(1)  # `second` is free; `first` is still mapped by slot 2 and held
+    assert table.num_free == 1
+    table.release(2)
+    assert table.num_free == 2  # `first` is still held
+    asked: list[int] = []
+
+    def reclaim() -> bool:
+        asked.append(cached)
+        if len(asked) > 1:
+            return False
+        table.drop(cached)
+        return True
+
+    table.reclaim = reclaim
+    table.ensure(3, 3 * PAGE_TOKENS)  # needs all three: the held one must be given up
+    assert asked == [cached] and table.num_free == 0
+    with pytest.raises(RuntimeError, match="out of entry pages"):
+        table.ensure(4, 1)
+    assert len(asked) == 2  # asked once more, had nothing left
