@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 PAGE_TOKENS = 128
 
 
+def pages_for(num_tokens: int) -> int:
+    """Pages that hold the entries of ``num_tokens`` tokens (one per started block)."""
+    return -(-num_tokens // PAGE_TOKENS)
+
+
 def page_size(ratio: int) -> int:
     """Entries of one compressor in a page."""
     if PAGE_TOKENS % ratio:
@@ -68,7 +73,7 @@ class PageTable:
     ) -> None:
         if max_pages < 1:
             raise ValueError(f"max_pages must be >= 1, got {max_pages}")
-        self.pages_per_slot = -(-max_len // PAGE_TOKENS)
+        self.pages_per_slot = pages_for(max_len)
         self.max_pages = max_pages
         self.num_pages = max(1, min(initial_pages, max_pages))
         self.table = torch.zeros(rows, self.pages_per_slot, dtype=torch.long, device=device)
@@ -103,7 +108,7 @@ class PageTable:
     def ensure(self, slot: int, num_tokens: int) -> None:
         """Give ``slot`` pages for the entries of its first ``num_tokens`` tokens."""
         owned = self._owned.setdefault(slot, [])
-        need = -(-num_tokens // PAGE_TOKENS)
+        need = pages_for(num_tokens)
         if need <= len(owned):
             return
         if need > self.pages_per_slot:

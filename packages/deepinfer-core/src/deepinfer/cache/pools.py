@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.cache.pages import PAGE_TOKENS
+from deepinfer.cache.pages import PAGE_TOKENS, pages_for
 from deepinfer.config import CSA_RATIO, ModelConfig
 from deepinfer.models.state import BUFFERS, ModelState
 
@@ -64,15 +64,15 @@ class StatePool:
         self.page_bytes = state_bytes(cfg, dtype, PAGE_TOKENS) - self._fixed
 
     def bytes_for(self, num_tokens: int) -> int:
-        return self._fixed + -(-num_tokens // PAGE_TOKENS) * self.page_bytes
+        return self._fixed + pages_for(num_tokens) * self.page_bytes
 
     def max_pages(self, max_num_seqs: int, max_model_len: int) -> int:
         """Pages that ``max_num_seqs`` sequences of up to ``max_model_len`` tokens can be
         charged for within the budget."""
-        per_seq = -(-max_model_len // PAGE_TOKENS)
         if not self.page_bytes:
             return 0
-        return max(1, min(self.budget_bytes // self.page_bytes, max_num_seqs * per_seq))
+        full = max_num_seqs * pages_for(max_model_len)
+        return max(1, min(self.budget_bytes // self.page_bytes, full))
 
     def fits_alone(self, num_tokens: int) -> bool:
         return self.bytes_for(num_tokens) <= self.budget_bytes

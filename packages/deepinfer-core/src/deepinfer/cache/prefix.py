@@ -25,7 +25,13 @@ import torch
 from torch import Tensor
 
 from deepinfer.cache.pages import PAGE_TOKENS, PageTable
-from deepinfer.models.state import CompressorPool, CompressorState, ModelState, clone_or_none
+from deepinfer.models.state import (
+    CompressorPool,
+    CompressorState,
+    ModelState,
+    clone_or_none,
+    page_table_of,
+)
 
 #: A block's compressed entries fill whole entry pages.
 BLOCK_SIZE = PAGE_TOKENS
@@ -50,7 +56,7 @@ class _CompressorSnap:
     @classmethod
     def take(cls, comp: CompressorState, first: int, paged: bool) -> _CompressorSnap:
         return cls(
-            None if paged else comp.entries_from(first).clone(),
+            None if paged else _owned_copy(comp, first),
             comp.buf_kv.clone(),
             comp.buf_score.clone(),
             clone_or_none(comp.prev_kv),
@@ -71,6 +77,12 @@ class _CompressorSnap:
     def nbytes(self) -> int:
         tensors = (self.entries, self.buf_kv, self.buf_score, self.prev_kv, self.prev_score)
         return sum(_nbytes(t) for t in (*tensors, self.hist_kv, self.hist_score))
+
+
+def _owned_copy(comp: CompressorState, first: int) -> Tensor:
+    """Entries ``first:`` as a tensor of their own (read from pages, they already are)."""
+    entries = comp.entries_from(first)
+    return entries if comp.paged else entries.clone()
 
 
 def _take(
@@ -173,7 +185,7 @@ class PrefixCache:
         chain = block.chain()
         state = new_state()
         shared = 0
-        found = _page_table(state)
+        found = page_table_of(state)
         if found is not None:
             table, slot = found
             while shared < len(chain) and chain[shared].page is not None:
@@ -216,7 +228,7 @@ class PrefixCache:
         take a reference to the block's entry page rather than a copy of its entries (a
         snapshot that may never be inserted copies, so that it holds no page)."""
         assert state.pos == (parent.end if parent else 0) + BLOCK_SIZE
-        found = _page_table(state) if share else None
+        found = page_table_of(state) if share else None
         page = None
         if found is not None:
             page = found[0].hold(found[1], state.pos // BLOCK_SIZE - 1)
@@ -315,15 +327,3 @@ def _drop_page(block: Block) -> None:
         assert block.table is not None
         block.table.drop(block.page)
         block.page = None
-
-
-def _page_table(state: ModelState) -> tuple[PageTable, int] | None:
-    """The page table and slot of a state whose entries live in pages (None otherwise)."""
-    for layer in state.layers:
-        for comp in (layer.compressor, layer.indexer):
-            if comp is not None:
-                if not comp.paged:
-                    return None
-                assert comp.pool is not None and comp.pool.page_table is not None
-                return comp.pool.page_table, comp.slot
-    return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from deepinfer.cache.pages import PAGE_TOKENS, PageTable
+from deepinfer.cache.pages import PAGE_TOKENS, PageTable, pages_for
 from deepinfer.models.state import BUFFERS, CompressorPool, CompressorState, ModelState
 
 
@@ -100,11 +100,10 @@ class StateSlots:
         self._pools = {key: CompressorPool(ratio=comp.ratio) for key, comp in comps.items()}
         self.page_table: PageTable | None = None
         if max_len is not None and comps:
-            per_slot = -(-max_len // PAGE_TOKENS)
             self.page_table = table = PageTable(
                 rows,
                 max_len,
-                max_pages if max_pages is not None else max_slots * per_slot,
+                max_pages if max_pages is not None else max_slots * pages_for(max_len),
                 initial_pages,
                 template.layers[0].swa.kv.device,
             )

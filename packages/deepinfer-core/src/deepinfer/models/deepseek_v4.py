@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer.cache.pages import PAGE_TOKENS, PageTable
+from deepinfer.cache.pages import PAGE_TOKENS, pages_for
 from deepinfer.config import ModelConfig
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.graphs import DecodeGraphs, entry_bucket
@@ -45,6 +45,7 @@ from deepinfer.models.state import (
     clone_or_none,
     entry_bytes_per_token,
     gather_rows,
+    page_table_of,
     scatter_rows,
     select_row,
     set_marks,
@@ -226,13 +227,15 @@ class DeepseekV4ForCausalLM(nn.Module):
         batch's longest rounded up to a bucket of pages (eagerly: the longest itself).
         """
         slots = slot_ids(states, self.device)
-        ensure_pages(states)
+        found = page_table_of(states[0])
+        if found is not None:  # the step writes each row's next entry by index: hold its page
+            for s in states:
+                found[0].ensure(s.layers[0].swa.slot, s.pos + 1)
         num_tokens = max(s.pos for s in states) + 1
         if graphs is not None and self.ops.supports_cuda_graphs(self.dtype):
-            table = page_table_of(states[0])
             pages = 0  # no compressed layers: no entries to read
-            if table is not None:
-                pages = entry_bucket(-(-num_tokens // PAGE_TOKENS), table.pages_per_slot)
+            if found is not None:
+                pages = entry_bucket(pages_for(num_tokens), found[0].pages_per_slot)
             num_tokens = pages * PAGE_TOKENS
             # The graph bakes in the shared tensors' addresses, which change if they grow.
             shared = (*slot_tensors(states[0].layers), *extra)
@@ -294,7 +297,9 @@ class DeepseekV4ForCausalLM(nn.Module):
         ]
         # Groups and the remaining spans run in one packed pass: token-wise work once for all.
         batches = [
-            self._lockstep_batch([chunks[i] for i in g], [states[i] for i in g], marks, g)
+            self._lockstep_batch(
+                [chunks[i] for i in g], [states[i] for i in g], [marks[i] for i in g]
+            )
             for g in groups
         ]
         rest = [i for i in range(len(chunks)) if i not in grouped]
@@ -342,7 +347,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         chunks: Sequence[Tensor],
         states: Sequence[ModelState],
         marks: Sequence[Sequence[int]],
-        members: Sequence[int],
     ) -> LockstepGroup:
         """Sequences at one position as rows of one lockstep batch: their chunks as ids
         [G, S], padded at the end to the longest, and the batch state, loaded with their
@@ -364,7 +368,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         check_ids(ids, batch)
         if states[0].pos:
             gather_rows(states, batch)
-        set_marks(batch, sorted({m for i in members for m in marks[i]}))
+        set_marks(batch, sorted({m for lengths_j in marks for m in lengths_j}))
         batch.pos = states[0].pos
         return LockstepGroup(ids, batch, lengths)
 
@@ -734,24 +738,6 @@ def slot_tensors(layers: Sequence[LayerState]) -> list[Tensor]:
                 if comp.pool.page_table is not None:
                     out.append(comp.pool.page_table.table)
     return out
-
-
-def page_table_of(state: ModelState) -> PageTable | None:
-    """The entry page table of a slotted state (one for every compressor of the model)."""
-    for layer in state.layers:
-        for comp in (layer.compressor, layer.indexer):
-            if comp is not None and comp.pool is not None:
-                return comp.pool.page_table
-    return None
-
-
-def ensure_pages(states: Sequence[ModelState], ahead: int = 1) -> None:
-    """Give each slotted state entry pages for its next ``ahead`` tokens (a decode step writes
-    them by index on the device, so the pages must be held first)."""
-    table = page_table_of(states[0])
-    if table is not None:
-        for s in states:
-            table.ensure(s.layers[0].swa.slot, s.pos + ahead)
 
 
 def advance_slotted(state: ModelState) -> None:

@@ -433,6 +433,19 @@ LayerStates = LayerState | list[LayerState] | SlotRows | Packed
 CompressorStates = CompressorState | list[CompressorState] | CompressorRows
 
 
+def page_table_of(state: ModelState) -> tuple[PageTable, int] | None:
+    """The entry page table and slot of a state whose entries live in pages (one table for
+    every compressor of the model); None otherwise."""
+    for layer in state.layers:
+        for comp in (layer.compressor, layer.indexer):
+            if comp is not None:
+                if not comp.paged:
+                    return None
+                assert comp.pool is not None and comp.pool.page_table is not None
+                return comp.pool.page_table, comp.slot
+    return None
+
+
 def compressor_states(state: LayerStates, which: str = "compressor") -> CompressorStates:
     """A layer's ``compressor`` (or ``indexer``) state, per row when ``state`` is per row."""
     assert not isinstance(state, Packed), "packed spans are split before this point"
