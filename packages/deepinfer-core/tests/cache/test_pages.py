@@ -93,10 +93,18 @@ def test_pages_equal_per_slot_lists() -> None:
             for s, row in zip(slots, new, strict=True):
                 ref[s][0].append(row)
             limit = max(len(ref[s][0]) for s in slots)
-            got = table.gather_rows(pool.pages, rows, limit)
+            view = table.rows_view(pool.pages, rows, limit)
+            got = view.dense()
+            # a top-k layer's read: a few entries of each row, straight from the pages
+            picks = torch.stack(
+                [torch.randint(0, len(ref[s][0]), (3,), generator=gen) for s in slots]
+            )
+            taken = view.take(picks)
             for i, s in enumerate(slots):
                 n = len(ref[s][0])
                 torch.testing.assert_close(got[i, :n], torch.stack(ref[s][0]), rtol=0, atol=0)
+                want = torch.stack([ref[s][0][j] for j in picks[i].tolist()])
+                torch.testing.assert_close(taken[i], want, rtol=0, atol=0)
                 catch_up(s)  # the ratio-16 compressor
         for s in tokens:
             check(s)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from deepinfer.backends.base import Availability
 from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.cache.pages import PagedEntries
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
 
@@ -92,6 +93,13 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.attention import mqa_sink_attention
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
+
+    def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
+        if not isinstance(keys, PagedEntries):  # a chunk's own keys: dense already
+            return super().indexer_scores(q, keys, weights)
+        from deepinfer_kernels_sm100.indexer import paged_indexer_scores
+
+        return paged_indexer_scores(q, keys, weights)
 
     def sampling_uniform(
         self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0

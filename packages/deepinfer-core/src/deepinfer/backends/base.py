@@ -7,13 +7,16 @@ accelerate, so every op always has the torch reference to fall back on and to be
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
 
 from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
+
+if TYPE_CHECKING:
+    from deepinfer.cache.pages import PagedEntries
 
 __all__ = ["Availability", "Backend"]
 
@@ -133,13 +136,18 @@ class Backend:
         raise NotImplementedError(f"{type(self).__name__} does not implement compress")
 
     def indexer_topk(
-        self, q: Tensor, keys: Tensor, weights: Tensor, n_visible: Tensor, topk: int
+        self,
+        q: Tensor,
+        keys: Tensor | PagedEntries,
+        weights: Tensor,
+        n_visible: Tensor,
+        topk: int,
     ) -> Tensor:
         """Lightning-indexer selection: ``sum_h weights * relu(q . k)`` then top-k.
 
-        ``q`` [B, S, h, c], ``keys`` [B, T, c], ``weights`` [B, S, h] (scales folded in),
-        ``n_visible`` [S] (or [B, S] for rows at different positions) = entries each query may
-        see. Returns [B, S, min(topk, T)] int64 with
+        ``q`` [B, S, h, c], ``keys`` [B, T, c] (decode rows: in their pages), ``weights``
+        [B, S, h] (scales folded in), ``n_visible`` [S] (or [B, S] for rows at different
+        positions) = entries each query may see. Returns [B, S, min(topk, T)] int64 with
         -1 where a pick falls outside the visible entries.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement indexer_topk")
@@ -188,10 +196,10 @@ class Backend:
         """``sum_i pre[i] * X[i]`` over the streams of ``x`` [B, S, n, d] in fp32, cast back."""
         raise NotImplementedError(f"{type(self).__name__} does not implement mhc_collapse")
 
-    def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
+    def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
         """Raw indexer scores ``sum_h weights * relu(q . k)``: ``q`` [B, S, h, c], ``keys``
-        [B, T, c], ``weights`` [B, S, h] -> [B, S, T] fp32, nothing masked (V4.1 masks and picks
-        in the model because of its candidate blocks)."""
+        [B, T, c] (decode rows: in their pages), ``weights`` [B, S, h] -> [B, S, T] fp32,
+        nothing masked (V4.1 masks and picks in the model because of its candidate blocks)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement indexer_scores")
 
     def engram_gate(

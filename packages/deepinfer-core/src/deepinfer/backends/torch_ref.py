@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from deepinfer.backends.base import Availability, Backend
+from deepinfer.cache.pages import PagedEntries, dense_entries
 
 #: Largest score tensor (elements) the reference materialises at once; longer prefills are
 #: processed in query blocks so a long prompt does not need O(S^2 * heads) memory.
@@ -228,7 +229,12 @@ class TorchBackend(Backend):
         return (weights * kv.float()).sum(dim=2)
 
     def indexer_topk(
-        self, q: Tensor, keys: Tensor, weights: Tensor, n_visible: Tensor, topk: int
+        self,
+        q: Tensor,
+        keys: Tensor | PagedEntries,
+        weights: Tensor,
+        n_visible: Tensor,
+        topk: int,
     ) -> Tensor:
         b, s = q.shape[:2]
         t = keys.shape[1]
@@ -262,7 +268,8 @@ class TorchBackend(Backend):
         invalid = idx >= n_visible
         return torch.where(invalid, torch.full_like(idx, -1), idx)
 
-    def indexer_scores(self, q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
+    def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
+        keys = dense_entries(keys)
         b, s = q.shape[:2]
         rows = _rows_per_chunk(b * q.shape[2] * keys.shape[1], s, q.device)
         if rows < s:  # bound the [B, S, heads, T] score tensor

@@ -26,6 +26,7 @@ stays visible, even to a masked read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -185,11 +186,13 @@ class PageTable:
             pages[owned[page], row : row + take] = values[0, done : done + take]
             done += take
 
-    def gather_rows(self, pages: Tensor, slots: Tensor, limit: int) -> Tensor:
-        """Entries ``:limit`` of every slot in ``slots`` [B]: [B, limit, D] (device-only)."""
-        rows = pages.shape[1]
-        index = self.table[slots, : -(-limit // rows)]
-        return pages[index].flatten(1, 2)[:, :limit]
+    def rows_view(
+        self, pages: Tensor, slots: Tensor, limit: int, counts: Tensor | None = None
+    ) -> PagedEntries:
+        """Entries ``:limit`` of every slot in ``slots`` [B], left in ``pages`` (device-only);
+        ``counts`` [B]: how many of them each slot holds, if known."""
+        index = self.table[slots, : -(-limit // pages.shape[1])]
+        return PagedEntries(pages, index, limit, counts)
 
     def scatter_rows(self, pages: Tensor, slots: Tensor, index: Tensor, values: Tensor) -> None:
         """Put ``values`` at entries ``index`` of slots ``slots`` (broadcast together, e.g.
@@ -208,3 +211,43 @@ class PageTable:
             pool.pages = bigger
         self._free = list(range(new, old, -1)) + self._free
         self.num_pages = new
+
+
+@dataclass
+class PagedEntries:
+    """Entries ``:limit`` of each row of a decode batch, read in place from their pages.
+
+    A decode step used to copy every row's entries into a dense [B, limit, D] tensor per
+    layer, although a top-k layer attends to only ``index_topk`` of them: with V4.1's ratio-1
+    layers at 64k tokens that is 64 MiB a row in bf16, written and read again each step. A
+    top-k layer now gathers just its picked rows (:meth:`take`), a backend may score keys in
+    their pages directly, and the rest (dense attention over HCA entries, the reference
+    scoring) asks for the copy (:meth:`dense`).
+    """
+
+    pages: Tensor  # [num_pages + 1, rows, D]: one compressor's pages
+    index: Tensor  # [B, pages_for(limit)]: the page of each row's blocks
+    limit: int
+    #: [B] entries each row holds (at most ``limit``; None: unknown). A captured step's
+    #: ``limit`` is its entry bucket's, up to 4x a row's own count: readers may skip the rest.
+    counts: Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        """The dense copy's shape, [B, limit, D]."""
+        return torch.Size((self.index.shape[0], self.limit, self.pages.shape[-1]))
+
+    def dense(self) -> Tensor:
+        """[B, limit, D]: row i's entries ``:limit`` (past its own count: whatever its pages
+        hold there, zeros or provisional entries; callers mask by each row's count)."""
+        return self.pages[self.index].flatten(1, 2)[:, : self.limit]
+
+    def take(self, entry: Tensor) -> Tensor:
+        """[B, K, D]: row i's entries ``entry[i]`` [B, K] (each in ``0..limit-1``)."""
+        rows = self.pages.shape[1]
+        return self.pages[self.index.gather(1, entry // rows), entry % rows]
+
+
+def dense_entries(entries: Tensor | PagedEntries) -> Tensor:
+    """``entries`` as a dense [B, T, D] tensor (a paged view is copied out)."""
+    return entries.dense() if isinstance(entries, PagedEntries) else entries

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
+from deepinfer.cache.pages import dense_entries
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedKV
 from deepinfer.models.layers.compressor import Compressor
@@ -123,7 +124,7 @@ class MQA(nn.Module):
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:
                 index = torch.cat((index, extra.index(keys.shape[1])), dim=-1)
-                keys = torch.cat((keys, extra.entries.to(kv.dtype)), dim=1)
+                keys = torch.cat((keys, dense_entries(extra.entries).to(kv.dtype)), dim=1)
             return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
         keys, mask = window_keys(kv, positions, state, self.window)
         extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
@@ -202,4 +203,5 @@ class Attention(MQA):
             )
             return LongRange(entries, picks=picks)
         visible = torch.arange(n, device=x.device) < ((positions + 1) // self.ratio)[..., None]
-        return LongRange(entries, visible=visible.expand(x.shape[0], x.shape[1], n))
+        visible = visible.expand(x.shape[0], x.shape[1], n)
+        return LongRange(dense_entries(entries), visible=visible)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import stable_topk
+from deepinfer.cache.pages import PagedEntries, dense_entries
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
@@ -34,8 +35,9 @@ from deepinfer.models.layers.rope import Rotary
 class SharedKV:
     """What source layers hand to the layers after them within one forward call."""
 
-    entries: dict[int, Tensor] = field(default_factory=dict)  # KV source -> [B, T, D] rotated
-    keys: dict[int, Tensor] = field(default_factory=dict)  # KV source -> [B, T, c] index keys
+    # KV source -> [B, T, D] rotated entries and [B, T, c] index keys (decode rows: paged)
+    entries: dict[int, Tensor | PagedEntries] = field(default_factory=dict)
+    keys: dict[int, Tensor | PagedEntries] = field(default_factory=dict)
     picks: dict[int, Tensor] = field(default_factory=dict)  # index source -> [B, S, k], -1 = none
     candidates: Tensor | None = None  # [B, S, T] entries inside the candidate blocks
 
@@ -52,10 +54,11 @@ def pick_topk(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
 
 @dataclass
 class LongRange:
-    """A layer's compressed entries [B, T, D] and which of them each query sees: its top-k
-    ``picks`` [B, S, k] (-1 = none) on a top-k layer, else a ``visible`` mask [B, S, T]."""
+    """A layer's compressed entries [B, T, D] (decode rows: in their pages) and which of them
+    each query sees: its top-k ``picks`` [B, S, k] (-1 = none) on a top-k layer, else a
+    ``visible`` mask [B, S, T]."""
 
-    entries: Tensor
+    entries: Tensor | PagedEntries
     picks: Tensor | None = None
     visible: Tensor | None = None
 
@@ -70,15 +73,19 @@ class LongRange:
 
     def decode_keys(self) -> tuple[Tensor, Tensor]:
         """(keys [B, K, D], visibility [B, 1, K]) for decode rows (one query each): a top-k
-        layer's picked rows only, so attention reads k entries instead of all T (in a
-        captured step, the whole entry capacity); otherwise all entries and the mask."""
+        layer's picked rows only (gathered from their pages), so attention reads k entries
+        instead of all T (in a captured step, the entry bucket's); otherwise all entries and
+        the mask."""
         if self.picks is None:
             assert self.visible is not None
-            return self.entries, self.visible
+            return dense_entries(self.entries), self.visible
         assert self.picks.shape[1] == 1, "one query per row"
         if self.entries.shape[1] == 0:
-            return self.entries, self.picks[..., :0] >= 0
-        index = self.picks[:, 0].clamp(min=0)[..., None].expand(-1, -1, self.entries.shape[-1])
+            return dense_entries(self.entries), self.picks[..., :0] >= 0
+        picks = self.picks[:, 0].clamp(min=0)
+        if isinstance(self.entries, PagedEntries):
+            return self.entries.take(picks), self.picks >= 0
+        index = picks[..., None].expand(-1, -1, self.entries.shape[-1])
         return torch.gather(self.entries, 1, index), self.picks >= 0
 
 
@@ -133,7 +140,7 @@ class SharedIndexer(nn.Module):
         positions: Tensor,
         *,
         rotary: Rotary,
-        keys: Tensor,
+        keys: Tensor | PagedEntries,
     ) -> Tensor:
         """[B, S, T] fp32 scores of the queries at ``positions`` against every key."""
         b, s = x.shape[:2]

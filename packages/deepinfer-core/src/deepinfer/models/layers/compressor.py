@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
+from deepinfer.cache.pages import PagedEntries
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
@@ -60,11 +61,12 @@ class Compressor(nn.Module):
         positions: Tensor,
         rotary: Rotary,
         state: CompressorStates,
-    ) -> Tensor:
+    ) -> Tensor | PagedEntries:
         """Feed ``x`` [B, S, d] at ``positions``; returns every entry emitted so far [B, T, D].
 
         With one state per row (a decode batch, ``positions`` [B, 1]) the rows' entries are
-        zero-padded to the longest; callers mask by each row's visible count.
+        zero-padded to the longest; callers mask by each row's visible count. Slotted decode
+        rows get their entries as a view of their pages.
         """
         if isinstance(state, CompressorRows):
             return self._forward_slots(ops, x, positions, rotary, state)
@@ -140,11 +142,12 @@ class Compressor(nn.Module):
         positions: Tensor,
         rotary: Rotary,
         rows: CompressorRows,
-    ) -> Tensor:
+    ) -> PagedEntries:
         """One new token per row, rows of shared buffers, no host work (capturable).
 
         Every row's window is pooled, complete or not (see :func:`write_slot_entries`); only
-        complete windows replace the stored previous half. Returns entries [B, entry_limit, D].
+        complete windows replace the stored previous half. Returns entries ``:entry_limit``
+        of every row, in their pages.
         """
         pool, slots, r = rows.pool, rows.slots, self.ratio
         xf = x.float()
@@ -184,14 +187,15 @@ def slot_windows(
     return pool.kv_buf.index_select(0, rows.slots), pool.score_buf.index_select(0, rows.slots)
 
 
-def write_slot_entries(rows: CompressorRows, index: Tensor, new: Tensor) -> Tensor:
+def write_slot_entries(rows: CompressorRows, index: Tensor, new: Tensor) -> PagedEntries:
     """Write row i's entry ``new`` [B, 1, D] at entry ``index[i]``; returns every row's
-    entries [B, entry_limit, D]. A row whose window is still open writes a provisional entry
-    at an index no query can see yet; the real one overwrites it when the window completes."""
+    entries ``:entry_limit`` in their pages. A row whose window is still open writes a
+    provisional entry at an index no query can see yet; the real one overwrites it when the
+    window completes."""
     pages, table = rows.pool.pages, rows.pool.page_table
     assert pages is not None and table is not None
     table.scatter_rows(pages, rows.slots, index, new[:, 0])
-    return table.gather_rows(pages, rows.slots, rows.entry_limit)
+    return table.rows_view(pages, rows.slots, rows.entry_limit, counts=index + 1)
 
 
 class RowBuffers:

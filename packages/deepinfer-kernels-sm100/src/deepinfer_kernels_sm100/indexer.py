@@ -1,0 +1,110 @@
+"""Lightning-indexer scores of decode rows, reading the index keys in their pages.
+
+A decode row scores its query against every index key it holds: ``sum_h w_h * relu(q_h . k_t)``
+for all t. The reference first copies each row's keys out of their pages into a dense
+[B, T, c] tensor and then builds a [B, heads, T] fp32 product (with V4.1's ratio-1 layers at
+64k tokens and 32 heads: 16 MiB of keys and 8 MiB of products per row, written and read back).
+Here one program takes a block of one row's entries, finds their pages through the row's page
+index, loads the keys once and reduces over the heads in registers, so only the [B, T] scores
+are written. A captured step reads up to its entry bucket (up to 4x a row's entries); entries
+past each row's own count are skipped.
+
+Operands are upcast to fp32, as in the reference. bf16 and fp16 values are exact in TF32 (8
+and 10 mantissa bits against its 10), so 16-bit queries and keys take TF32 tensor-core dots,
+whose products are then exact and accumulate in fp32; fp32 operands take IEEE dots. The
+sums run in another order than the reference's, so scores agree to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from deepinfer.cache.pages import PagedEntries
+
+
+@triton.jit(do_not_specialize=["seq", "limit", "index_cols"])
+def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    q_ptr,  # [B*S, heads, dim]
+    w_ptr,  # [B*S, heads] fp32
+    pages_ptr,  # [num_pages + 1, PAGE_ROWS, dim]
+    index_ptr,  # [B, index_cols] page of each block
+    count_ptr,  # [B] entries each row holds
+    out_ptr,  # [B*S, limit] fp32
+    seq,
+    heads,
+    limit,
+    index_cols,
+    dim,
+    PAGE_ROWS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0)  # b * seq + s
+    b = row // seq
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.arange(0, BLOCK_C)
+    tmask = t < limit
+    held = tmask & (t < tl.load(count_ptr + b))  # entries past the row's count stay unread
+    cmask = c < dim
+    page = tl.load(index_ptr + b * index_cols + t // PAGE_ROWS, mask=held, other=0)
+    key_row = page.to(tl.int64) * PAGE_ROWS + t % PAGE_ROWS
+    k = tl.load(
+        pages_ptr + key_row[:, None] * dim + c[None, :],
+        mask=held[:, None] & cmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for h0 in range(0, heads, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        hmask = h < heads
+        q = tl.load(
+            q_ptr + row * heads * dim + h[:, None] * dim + c[None, :],
+            mask=hmask[:, None] & cmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        w = tl.load(w_ptr + row * heads + h, mask=hmask, other=0.0)
+        dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        acc += tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
+    tl.store(out_ptr + row * limit + t, acc, mask=tmask)
+
+
+def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tensor:
+    """[B, S, T] fp32 scores of ``q`` [B, S, h, c] against row b's keys ``:T`` in their pages,
+    weighted by ``weights`` [B, S, h] (scales folded in); nothing masked, but entries past a
+    row's ``keys.counts`` are not read and score 0."""
+    b, s, heads, dim = q.shape
+    limit = keys.limit
+    out = torch.empty(b, s, limit, dtype=torch.float32, device=q.device)
+    if b * s * limit == 0:
+        return out
+    counts = keys.counts
+    if counts is None:
+        counts = torch.full((b,), limit, dtype=torch.long, device=q.device)
+    # 16-bit values are exact in TF32, so their dots may take its tensor cores
+    sixteen = (torch.bfloat16, torch.float16)
+    exact_in_tf32 = q.dtype in sixteen and keys.pages.dtype in sixteen
+    block_t = 64
+    _paged_scores_kernel[(b * s, triton.cdiv(limit, block_t))](
+        q.contiguous(),
+        weights.float().contiguous(),
+        keys.pages,
+        keys.index.contiguous(),
+        counts.contiguous(),
+        out,
+        s,
+        heads,
+        limit,
+        keys.index.shape[1],
+        dim,
+        PAGE_ROWS=keys.pages.shape[1],
+        PRECISION="tf32" if exact_in_tf32 else "ieee",
+        BLOCK_H=16,  # tl.dot needs 16 rows; fewer heads are masked
+        BLOCK_T=block_t,
+        BLOCK_C=max(16, triton.next_power_of_2(dim)),
+    )
+    return out
