@@ -13,8 +13,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.mark.parametrize(
     "shape",
-    [(3, 1, 8, 45, 64), (2, 7, 20, 33, 24), (1, 5, 16, 70, 32)],
-    ids=["decode", "chunk-odd-heads", "prefill"],
+    [(3, 1, 8, 45, 64), (2, 7, 20, 33, 24), (1, 5, 16, 70, 32), (2, 1, 18, 40, 320)],
+    ids=["decode", "chunk-odd-heads", "prefill", "wide-head"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -45,8 +45,8 @@ def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtyp
 
 @pytest.mark.parametrize(
     "shape",
-    [(2, 9, 8, 50, 64, 20), (1, 33, 20, 70, 24, 40), (3, 1, 4, 10, 32, 0)],
-    ids=["prefill", "odd-heads-many-keys", "no-keys"],
+    [(2, 9, 8, 50, 64, 20), (1, 33, 20, 70, 24, 40), (3, 1, 4, 10, 32, 0), (1, 3, 16, 60, 512, 40)],
+    ids=["prefill", "odd-heads-many-keys", "no-keys", "wide-head"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sparse_matches_reference_and_dense(shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -53,9 +53,14 @@ def test_rope_then_inverse_is_identity_in_bf16_range() -> None:
     torch.testing.assert_close(back.float(), x.float(), atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("rows", [1, 19])
-def test_hc_mix_matches_float64(rows: int) -> None:
-    hc, d = 4, 72  # n*d = 288: several K blocks, the last one partial
+@pytest.mark.parametrize(
+    ("rows", "d"),
+    [(1, 72), (19, 72), (3, 300)],
+    ids=["one-row", "odd-rows", "split-k"],
+)
+def test_hc_mix_matches_float64(rows: int, d: int) -> None:
+    # n*d = 288: several K blocks, the last one partial; 1200: several programs along K
+    hc = 4
     x = _rand(rows, hc, d, seed=7) * 2
     fn = _rand((2 + hc) * hc, hc * d, seed=8) * 0.1
     got = mhc.hc_mix(x.to(DEVICE), fn.to(DEVICE), 1e-6).cpu()

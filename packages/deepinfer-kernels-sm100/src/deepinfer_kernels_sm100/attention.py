@@ -11,6 +11,13 @@ entries, all of which matter) or as a list of key rows per query (prefill: the w
 top-k entries, a few hundred of the whole chunk's keys): the sparse form gathers those rows and
 never touches the others.
 
+A head as wide as V4's (512 columns) does not fit in one program's registers beside a block of
+keys (the first version of this kernel spilled: 2 ms per layer for 8 decode rows). The logits
+are accumulated over 64-column slices of the head, and each program writes 128 of the output
+columns, recomputing the logits its neighbours also compute, which costs less than the spills
+and gives the GPU four times the programs. 16-bit queries and keys meet in TF32 tensor-core
+dots (exact products, fp32 sums).
+
 The query and key counts change every step, and Triton would compile a variant for each
 divisibility class of them (mid-run compiles of a second or more): they are not specialised.
 """
@@ -37,24 +44,23 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     dim,
     scale,
     SPARSE: tl.constexpr,
+    QK_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     row = tl.program_id(0)  # b * seq + s
     b = row // seq
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
+    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output columns
     hmask = h < heads
-    dmask = d < dim
-    q = tl.load(
-        q_ptr + row * heads * dim + h[:, None] * dim + d[None, :],
-        mask=hmask[:, None] & dmask[None, :],
-        other=0.0,
-    ).to(tl.float32)
+    dvmask = dv < dim
+    q_rows = q_ptr + row * heads * dim + h[:, None] * dim
+    kv_base = kv_ptr + b * kv_rows * dim
     top = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
     denom = tl.full((BLOCK_H,), 1.0, dtype=tl.float32)
-    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
     for l0 in range(0, keys, BLOCK_L):
         lk = l0 + tl.arange(0, BLOCK_L)
         lmask = lk < keys
@@ -65,25 +71,46 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         else:
             key_row = lk
             visible = tl.load(select_ptr + row * keys + lk, mask=lmask, other=0) != 0
-        kv = tl.load(
-            kv_ptr + b * kv_rows * dim + key_row[:, None] * dim + d[None, :],
-            mask=(lmask & visible)[:, None] & dmask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        logits = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
-        logits = tl.where(visible[None, :], logits, float("-inf"))
+        load_row = lmask & visible
+        # logits over the whole head dim, a slice of it at a time (a 512-wide kv row does not
+        # fit in registers next to everything else)
+        logits = tl.zeros((BLOCK_H, BLOCK_L), dtype=tl.float32)
+        for d0 in range(0, dim, BLOCK_DK):
+            dk = d0 + tl.arange(0, BLOCK_DK)
+            dkmask = dk < dim
+            q = tl.load(q_rows + dk[None, :], mask=hmask[:, None] & dkmask[None, :], other=0.0).to(
+                tl.float32
+            )
+            k = tl.load(
+                kv_base + key_row[:, None] * dim + dk[None, :],
+                mask=load_row[:, None] & dkmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            logits += tl.dot(q, tl.trans(k), input_precision=QK_PRECISION)
+        logits = tl.where(visible[None, :], logits * scale, float("-inf"))
         new_top = tl.maximum(top, tl.max(logits, axis=1))
         p = tl.exp(logits - new_top[:, None])
         keep = tl.exp(top - new_top)
         denom = denom * keep + tl.sum(p, axis=1)
-        acc = acc * keep[:, None] + tl.dot(p, kv, input_precision="ieee")
+        v = tl.load(
+            kv_base + key_row[:, None] * dim + dv[None, :],
+            mask=load_row[:, None] & dvmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
         top = new_top
     out = acc / denom[:, None]
     tl.store(
-        out_ptr + row * heads * dim + h[:, None] * dim + d[None, :],
+        out_ptr + row * heads * dim + h[:, None] * dim + dv[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=hmask[:, None] & dmask[None, :],
+        mask=hmask[:, None] & dvmask[None, :],
     )
+
+
+#: Launch shapes: heads per program (tl.dot needs 16 rows; fewer heads are masked), keys per
+#: block, head-dim slice for the logits and output columns per program (a 512-wide head is
+#: split over programs, which each recompute the logits: cheaper than spilling registers).
+BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 16, 64, 64, 128, 4
 
 
 def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) -> Tensor:
@@ -91,8 +118,15 @@ def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if b * s * h == 0:
         return out
-    block_h = 16  # tl.dot needs 16 rows; fewer heads are masked
-    _mqa_sink_kernel[(b * s, triton.cdiv(h, block_h))](
+    width = max(16, triton.next_power_of_2(dim))
+    block_dk, block_dv = min(width, BLOCK_DK), min(width, BLOCK_DV)
+    # 16-bit values are exact in TF32, so their logits may take its tensor cores; the
+    # probabilities are fp32 and keep IEEE dots (TF32 rounding them moved bf16 outputs by an
+    # ulp about as often as not, at no measurable gain in speed)
+    sixteen = (torch.bfloat16, torch.float16)
+    tf32 = q.dtype in sixteen and kv.dtype in sixteen
+    grid = (b * s, triton.cdiv(h, BLOCK_H), triton.cdiv(dim, block_dv))
+    _mqa_sink_kernel[grid](
         q.contiguous(),
         kv.contiguous(),
         select,
@@ -105,9 +139,12 @@ def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) 
         dim,
         scale,
         SPARSE=select.dtype != torch.uint8,
-        BLOCK_H=block_h,
-        BLOCK_L=32,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        QK_PRECISION="tf32" if tf32 else "ieee",
+        BLOCK_H=BLOCK_H,
+        BLOCK_L=BLOCK_L,
+        BLOCK_DK=block_dk,
+        BLOCK_DV=block_dv,
+        num_warps=NUM_WARPS,
     )
     return out
 

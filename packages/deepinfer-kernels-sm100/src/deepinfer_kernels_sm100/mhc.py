@@ -107,20 +107,24 @@ def mhc_weights_from_mix(
 def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
     fn_ptr,
-    out_ptr,
+    out_ptr,  # [splits, rows, width]: each split's partial product (normalised if one split)
+    squares_ptr,  # [splits, rows]: each split's partial sum of squares
     rows,
     k_dim,
     width,
     norm_eps,
+    SPLIT: tl.constexpr,  # columns of x per program along k
+    NORMALISE: tl.constexpr,  # one split: finish here
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    split = tl.program_id(1)
     w = tl.arange(0, BLOCK_W)
     acc = tl.zeros((BLOCK_R, BLOCK_W), dtype=tl.float32)
     squares = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for k0 in range(0, k_dim, BLOCK_K):
+    for k0 in range(split * SPLIT, split * SPLIT + SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(
             x_ptr + r[:, None] * k_dim + k[None, :],
@@ -134,13 +138,22 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
         )
         squares += tl.sum(x * x, axis=1)
         acc += tl.dot(x, f, input_precision="ieee")
-    # RMSNorm of the flattened streams is a per-row scale, so it can follow the projection.
-    acc = acc * tl.rsqrt(squares / k_dim + norm_eps)[:, None]
+    if NORMALISE:
+        # RMSNorm of the flattened streams is a per-row scale, so it can follow the projection.
+        acc = acc * tl.rsqrt(squares / k_dim + norm_eps)[:, None]
+    base = split * rows
     tl.store(
-        out_ptr + r[:, None] * width + w[None, :],
+        out_ptr + (base + r[:, None]) * width + w[None, :],
         acc,
         mask=(r[:, None] < rows) & (w[None, :] < width),
     )
+    tl.store(squares_ptr + base + r, squares, mask=r < rows)
+
+
+#: Columns of the flattened streams one program reduces: a decode batch has a few rows, so the
+#: n x hidden columns (16k for V4-Flash) are split over programs, whose partial sums are then
+#: added in a fixed order (the result does not depend on the batch).
+HC_MIX_SPLIT = 512
 
 
 def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
@@ -149,21 +162,29 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
     flat = x.reshape(-1, x.shape[-2] * x.shape[-1]).contiguous()
     rows, k_dim = flat.shape
     width = fn.shape[0]
-    out = torch.empty(rows, width, dtype=torch.float32, device=x.device)
+    splits = triton.cdiv(k_dim, HC_MIX_SPLIT)
+    out = torch.empty(splits, rows, width, dtype=torch.float32, device=x.device)
+    squares = torch.empty(splits, rows, dtype=torch.float32, device=x.device)
     if rows:
-        _hc_mix_kernel[(triton.cdiv(rows, 16),)](
+        _hc_mix_kernel[(triton.cdiv(rows, 16), splits)](
             flat,
             fn.float().contiguous(),
             out,
+            squares,
             rows,
             k_dim,
             width,
             norm_eps,
+            SPLIT=HC_MIX_SPLIT,
+            NORMALISE=splits == 1,
             BLOCK_R=16,
             BLOCK_W=max(16, triton.next_power_of_2(width)),
             BLOCK_K=64,
         )
-    return out.view(*lead, width)
+    if splits == 1:
+        return out[0].view(*lead, width)
+    scale = torch.rsqrt(squares.sum(0) / k_dim + norm_eps)
+    return (out.sum(0) * scale[:, None]).view(*lead, width)
 
 
 @triton.jit
