@@ -113,6 +113,14 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
 BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 16, 64, 64, 128, 4
 
 
+def dot_precision(*operands: Tensor) -> str:
+    """``tl.dot``'s input precision for products of ``operands`` (upcast to fp32 in the kernel):
+    TF32 when all are 16-bit floats, whose 8 (bf16) or 11 (fp16) significant bits fit TF32's 11,
+    so its tensor cores form the products exactly; IEEE fp32 otherwise."""
+    sixteen = (torch.bfloat16, torch.float16)
+    return "tf32" if all(t.dtype in sixteen for t in operands) else "ieee"
+
+
 def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) -> Tensor:
     b, s, h, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -120,11 +128,8 @@ def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) 
         return out
     width = max(16, triton.next_power_of_2(dim))
     block_dk, block_dv = min(width, BLOCK_DK), min(width, BLOCK_DV)
-    # 16-bit values are exact in TF32, so their logits may take its tensor cores; the
-    # probabilities are fp32 and keep IEEE dots (TF32 there was up to a fifth faster on an
-    # H200 but moved bf16 outputs by two ulps against fp32 dots)
-    sixteen = (torch.bfloat16, torch.float16)
-    tf32 = q.dtype in sixteen and kv.dtype in sixteen
+    # The probabilities are fp32 and keep IEEE dots (TF32 there was up to a fifth faster on
+    # an H200 but moved bf16 outputs by two ulps against fp32 dots).
     grid = (b * s, triton.cdiv(h, BLOCK_H), triton.cdiv(dim, block_dv))
     _mqa_sink_kernel[grid](
         q.contiguous(),
@@ -139,7 +144,7 @@ def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) 
         dim,
         scale,
         SPARSE=select.dtype != torch.uint8,
-        QK_PRECISION="tf32" if tf32 else "ieee",
+        QK_PRECISION=dot_precision(q, kv),
         BLOCK_H=BLOCK_H,
         BLOCK_L=BLOCK_L,
         BLOCK_DK=block_dk,

@@ -9,10 +9,10 @@ index, loads the keys once and reduces over the heads in registers, so only the 
 are written. A captured step reads up to its entry bucket (up to 4x a row's entries); entries
 past each row's own count are skipped.
 
-Operands are upcast to fp32, as in the reference. bf16 and fp16 values are exact in TF32 (8
-and 10 mantissa bits against its 10), so 16-bit queries and keys take TF32 tensor-core dots,
-whose products are then exact and accumulate in fp32; fp32 operands take IEEE dots. The
-sums run in another order than the reference's, so scores agree to rounding.
+Operands are upcast to fp32, as in the reference; 16-bit queries and keys, exact in TF32,
+take its tensor-core dots (:func:`~deepinfer_kernels_sm100.attention.dot_precision`), whose
+products are then exact and accumulate in fp32; fp32 operands take IEEE dots. The sums run in
+another order than the reference's, so scores agree to rounding.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.cache.pages import PagedEntries
+from deepinfer_kernels_sm100.attention import dot_precision
 
 
 @triton.jit(do_not_specialize=["seq", "limit", "index_cols"])
@@ -85,9 +86,6 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
     counts = keys.counts
     if counts is None:
         counts = torch.full((b,), limit, dtype=torch.long, device=q.device)
-    # 16-bit values are exact in TF32, so their dots may take its tensor cores
-    sixteen = (torch.bfloat16, torch.float16)
-    exact_in_tf32 = q.dtype in sixteen and keys.pages.dtype in sixteen
     block_t = 64
     _paged_scores_kernel[(b * s, triton.cdiv(limit, block_t))](
         q.contiguous(),
@@ -102,7 +100,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
         keys.index.shape[1],
         dim,
         PAGE_ROWS=keys.pages.shape[1],
-        PRECISION="tf32" if exact_in_tf32 else "ieee",
+        PRECISION=dot_precision(q, keys.pages),
         BLOCK_H=16,  # tl.dot needs 16 rows; fewer heads are masked
         BLOCK_T=block_t,
         BLOCK_C=max(16, triton.next_power_of_2(dim)),

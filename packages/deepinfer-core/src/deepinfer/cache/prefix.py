@@ -188,11 +188,13 @@ class PrefixCache:
         found = page_table_of(state)
         if found is not None:
             table, slot = found
-            while shared < len(chain) and chain[shared].page is not None:
-                if chain[shared].table is not table:
+            pages = []
+            for b in chain:  # the chain's leading blocks whose pages are in this table
+                if b.page is None or b.table is not table:
                     break
-                shared += 1
-            table.share(slot, [b.page for b in chain[:shared] if b.page is not None])
+                pages.append(b.page)
+            shared = len(pages)
+            table.share(slot, pages)
             # Pages for the rest now: reclaiming them may evict blocks of this very chain,
             # whose copies are still read below (the shared pages are the slot's already).
             table.ensure(slot, block.end)

@@ -171,16 +171,16 @@ class StateSlots:
         slot = self._free.pop()
         shared = shared or []
         first = len(shared) * PAGE_TOKENS  # tokens whose entries are in the shared pages
+        comps = _compressors(state)
         tails = {}
         if self.page_table is not None:  # read before the state moves to its slot
-            tails = {k: c.entries_from(first // c.ratio) for k, c in _compressors(state).items()}
+            tails = {k: c.entries_from(first // c.ratio) for k, c in comps.items()}
         for t, f in zip(self.tensors, self.fields, strict=True):
             t[slot].copy_(getattr(f.owner(state), f.name)[0])
         self._live[slot] = state
         self._point(state, slot)
         if self.page_table is not None:
             self.page_table.share(slot, shared)
-        comps = _compressors(state)
         for key, tail in tails.items():  # into the slot's own pages
             comps[key].count = first // comps[key].ratio
             comps[key].append_entries(tail)

@@ -583,8 +583,7 @@ def entry_bytes_per_token(state: ModelState) -> float:
     for layer in state.layers:
         for comp in (layer.compressor, layer.indexer):
             if comp is not None:
-                size = torch.empty((), dtype=comp.entry_dtype).element_size()
-                total += comp.entry_dim * size / comp.ratio
+                total += comp.entry_dim * comp.entry_dtype.itemsize / comp.ratio
     return total
 
 
