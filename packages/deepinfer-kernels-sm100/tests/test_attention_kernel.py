@@ -75,3 +75,54 @@ def test_sparse_matches_reference_and_dense(shape: tuple[int, ...], dtype: torch
     dense = mqa_sink_attention(dev[0], dev[1], mask[..., :keys].to(DEVICE), dev[3], scale).cpu()
     torch.testing.assert_close(got.float(), dense.float(), atol=tol, rtol=tol)
     assert torch.equal(got[0, 0], torch.zeros_like(got[0, 0]))
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_keys_match_float64(splits: int, sparse: bool, dtype: torch.dtype) -> None:
+    """Keys cut into ranges whose partial softmaxes are merged afterwards (few decode rows):
+    against float64, with a range that sees no key and a row that sees none at all."""
+    from deepinfer_kernels_sm100.attention import sparse_mqa_sink_attention
+
+    b, s, h, keys, dim = 2, 2, 20, 230, 48
+    g = torch.Generator().manual_seed(splits)
+    q = (torch.randn(b, s, h, dim, generator=g) * 2).to(dtype)
+    kv = torch.randn(b, keys, dim, generator=g).to(dtype)
+    mask = torch.rand(b, s, keys, generator=g) > 0.5
+    mask[1, :, :128] = False  # row 1's first key blocks see nothing: an empty range
+    mask[0, 0] = False  # sees nothing: only the sink, so the output is zero
+    sinks = torch.randn(h, generator=g)
+    scale = dim**-0.5
+    dev = [t.to(DEVICE) for t in (q, kv, mask, sinks)]
+    if sparse:  # the visible keys as lists, padded with -1
+        index = torch.full((b, s, keys), -1)
+        for i in range(b):
+            for j in range(s):
+                rows = mask[i, j].nonzero().flatten()
+                index[i, j, : len(rows)] = rows
+        got = sparse_mqa_sink_attention(
+            dev[0], dev[1], index.to(DEVICE), dev[3], scale, splits=splits
+        )
+    else:
+        got = mqa_sink_attention(*dev, scale, splits=splits)
+    got = got.cpu()
+    logits = torch.einsum("bshd,bld->bhsl", q.double(), kv.double()) * scale
+    logits = logits.masked_fill(~mask[:, None], float("-inf"))
+    sink = sinks.double().view(1, h, 1, 1).expand(b, h, s, 1)
+    probs = torch.cat((logits, sink), -1).softmax(-1)[..., :-1]
+    exact = torch.einsum("bhsl,bld->bshd", probs, kv.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
+    assert torch.equal(got[0, 0], torch.zeros_like(got[0, 0]))
+    whole = mqa_sink_attention(*dev, scale, splits=1).cpu()
+    torch.testing.assert_close(got.float(), whole.float(), atol=tol, rtol=tol)
+
+
+def test_num_splits_fill_the_gpu() -> None:
+    from deepinfer_kernels_sm100.attention import BLOCK_L, num_splits
+
+    assert num_splits(programs=16, keys=640, target=264) == 10  # one key block each
+    assert num_splits(programs=64, keys=4096, target=264) == 5
+    assert num_splits(programs=512, keys=4096, target=264) == 1  # enough programs already
+    assert num_splits(programs=4, keys=BLOCK_L, target=264) == 1  # one block: nothing to cut

@@ -15,8 +15,13 @@ A head as wide as V4's (512 columns) does not fit in one program's registers bes
 keys (the first version of this kernel spilled: 2 ms per layer for 8 decode rows). The logits
 are accumulated over 64-column slices of the head, and each program writes 128 of the output
 columns, recomputing the logits its neighbours also compute, which costs less than the spills
-and gives the GPU four times the programs. 16-bit queries and keys meet in TF32 tensor-core
-dots (exact products, fp32 sums).
+and gives the GPU four times the programs. 16-bit queries and keys meet in tensor-core dots
+(exact products, fp32 sums); the probabilities keep IEEE fp32 dots.
+
+A decode batch of a few rows gives the GPU only a few such programs, each walking every key
+(flash-decoding's problem): there the keys are cut into ranges, each program keeps its range's
+running maximum, denominator and unnormalised output, and a second kernel merges the ranges in
+order, adding the sink once.
 
 The query and key counts change every step, and Triton would compile a variant for each
 divisibility class of them (mid-run compiles of a second or more): they are not specialised.
@@ -24,26 +29,34 @@ divisibility class of them (mid-run compiles of a second or more): they are not 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 
-@triton.jit(do_not_specialize=["seq", "keys", "kv_rows"])
+@triton.jit(do_not_specialize=["seq", "keys", "kv_rows", "split_keys", "splits"])
 def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     q_ptr,
     kv_ptr,
     select_ptr,  # [B*S, keys]: visibility bytes (dense) or key rows, -1 = none (sparse)
     sink_ptr,
     out_ptr,
+    part_ptr,  # [B*S, splits, heads, dim] fp32: each split's unnormalised output (SPLIT)
+    stat_ptr,  # [B*S, splits, 2, heads] fp32: each split's running max and denominator (SPLIT)
     seq,
     heads,
     keys,  # keys per query: L (dense) or K (sparse)
     kv_rows,  # L, the rows of kv per batch row
     dim,
     scale,
+    split_keys,  # keys per split, a multiple of BLOCK_L
+    splits,
     SPARSE: tl.constexpr,
+    SPLIT: tl.constexpr,  # splits > 1: write partial results for _combine_kernel
+    QK_NATIVE: tl.constexpr,  # queries and keys of one 16-bit type: dot them as they are
     QK_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -53,15 +66,19 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     row = tl.program_id(0)  # b * seq + s
     b = row // seq
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output columns
+    split = tl.program_id(2) % splits
+    dv_block = tl.program_id(2) // splits
+    dv = dv_block * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output columns
     hmask = h < heads
     dvmask = dv < dim
     q_rows = q_ptr + row * heads * dim + h[:, None] * dim
     kv_base = kv_ptr + b * kv_rows * dim
     top = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
-    denom = tl.full((BLOCK_H,), 1.0, dtype=tl.float32)
+    # The sink joins the denominator once: here, or where the splits are combined.
+    denom = tl.full((BLOCK_H,), 0.0 if SPLIT else 1.0, dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
-    for l0 in range(0, keys, BLOCK_L):
+    first = split * split_keys
+    for l0 in range(first, first + split_keys, BLOCK_L):
         lk = l0 + tl.arange(0, BLOCK_L)
         lmask = lk < keys
         if SPARSE:
@@ -78,15 +95,18 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         for d0 in range(0, dim, BLOCK_DK):
             dk = d0 + tl.arange(0, BLOCK_DK)
             dkmask = dk < dim
-            q = tl.load(q_rows + dk[None, :], mask=hmask[:, None] & dkmask[None, :], other=0.0).to(
-                tl.float32
-            )
+            q = tl.load(q_rows + dk[None, :], mask=hmask[:, None] & dkmask[None, :], other=0.0)
             k = tl.load(
                 kv_base + key_row[:, None] * dim + dk[None, :],
                 mask=load_row[:, None] & dkmask[None, :],
                 other=0.0,
-            ).to(tl.float32)
-            logits += tl.dot(q, tl.trans(k), input_precision=QK_PRECISION)
+            )
+            if QK_NATIVE:
+                logits += tl.dot(q, tl.trans(k))
+            else:
+                logits += tl.dot(
+                    q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=QK_PRECISION
+                )
         logits = tl.where(visible[None, :], logits * scale, float("-inf"))
         new_top = tl.maximum(top, tl.max(logits, axis=1))
         p = tl.exp(logits - new_top[:, None])
@@ -99,18 +119,77 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         ).to(tl.float32)
         acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
         top = new_top
-    out = acc / denom[:, None]
+    if SPLIT:
+        part = row * splits + split
+        tl.store(
+            part_ptr + (part * heads + h[:, None]) * dim + dv[None, :],
+            acc,
+            mask=hmask[:, None] & dvmask[None, :],
+        )
+        if dv_block == 0:
+            tl.store(stat_ptr + part * 2 * heads + h, top, mask=hmask)
+            tl.store(stat_ptr + (part * 2 + 1) * heads + h, denom, mask=hmask)
+    else:
+        tl.store(
+            out_ptr + row * heads * dim + h[:, None] * dim + dv[None, :],
+            (acc / denom[:, None]).to(out_ptr.dtype.element_ty),
+            mask=hmask[:, None] & dvmask[None, :],
+        )
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _combine_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    part_ptr,
+    stat_ptr,
+    sink_ptr,
+    out_ptr,
+    heads,
+    dim,
+    splits,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Softmax-merge the splits of one query row, in split order (a fixed summation order)."""
+    row = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    hmask = h < heads
+    mask = hmask[:, None] & (dv < dim)[None, :]
+    sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
+    top = sink  # every split's running max started at the sink, so top >= sink
+    for s in range(splits):
+        top = tl.maximum(top, tl.load(stat_ptr + (row * splits + s) * 2 * heads + h, hmask, 0.0))
+    denom = tl.exp(sink - top)
+    acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
+    for s in range(splits):
+        part = row * splits + s
+        weight = tl.exp(tl.load(stat_ptr + part * 2 * heads + h, hmask, 0.0) - top)
+        denom += tl.load(stat_ptr + (part * 2 + 1) * heads + h, hmask, 0.0) * weight
+        values = tl.load(part_ptr + (part * heads + h[:, None]) * dim + dv[None, :], mask, 0.0)
+        acc += values * weight[:, None]
     tl.store(
         out_ptr + row * heads * dim + h[:, None] * dim + dv[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=hmask[:, None] & dvmask[None, :],
+        (acc / denom[:, None]).to(out_ptr.dtype.element_ty),
+        mask=mask,
     )
 
 
-#: Launch shapes: heads per program (tl.dot needs 16 rows; fewer heads are masked), keys per
-#: block, head-dim slice for the logits and output columns per program (a 512-wide head is
-#: split over programs, which each recompute the logits: cheaper than spilling registers).
-BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 16, 64, 64, 128, 4
+#: Launch shapes: up to BLOCK_H heads per program (all of a 64-head MQA layer, so each key is
+#: read once per query row; tl.dot needs 16 rows, so fewer heads are masked), keys per block,
+#: head-dim slice for the logits and output columns per program (a 512-wide head is split over
+#: programs, which each recompute the logits: cheaper than spilling registers); warps for a
+#: full 64-head block (smaller blocks take 4). Chosen from 15 variants timed on an H200 in CUDA
+#: graphs (benchmarks/README.md).
+BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
+#: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
+#: batch of a few rows has a handful of (row, head block, column block) programs, each walking
+#: all keys, on a GPU of 132 multiprocessors. Splitting past this lost more to the merge than
+#: it gained (64 heads x 512, 640 keys, 32 rows: 72 us whole, 107 us in three ranges).
+TARGET_PROGRAMS = 128
+#: Queries and keys of one 16-bit type meet in their own tensor-core dots (exact products, fp32
+#: sums, as TF32's would be) rather than upcast. Triton's CPU interpreter (3.7) gets 16-bit dots
+#: wrong, so there they are upcast.
+QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def dot_precision(*operands: Tensor) -> str:
@@ -121,52 +200,87 @@ def dot_precision(*operands: Tensor) -> str:
     return "tf32" if all(t.dtype in sixteen for t in operands) else "ieee"
 
 
-def _launch(q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float) -> Tensor:
+def num_splits(programs: int, keys: int, target: int | None = None) -> int:
+    """How many key ranges each (row, head block, column block) is cut into: enough to give the
+    GPU ``TARGET_PROGRAMS`` programs, never a range shorter than one key block."""
+    target = TARGET_PROGRAMS if target is None else target
+    if programs >= target or keys <= BLOCK_L:
+        return 1
+    return min(triton.cdiv(target, programs), triton.cdiv(keys, BLOCK_L))
+
+
+def _launch(
+    q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float, *, splits: int | None
+) -> Tensor:
     b, s, h, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if b * s * h == 0:
         return out
     width = max(16, triton.next_power_of_2(dim))
     block_dk, block_dv = min(width, BLOCK_DK), min(width, BLOCK_DV)
+    keys = select.shape[-1]
+    block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
+    blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
+    if splits is None:
+        splits = num_splits(blocks[0] * blocks[1] * blocks[2], keys)
+    split_keys = triton.cdiv(triton.cdiv(max(keys, 1), splits), BLOCK_L) * BLOCK_L
+    splits = triton.cdiv(max(keys, 1), split_keys)  # no split left without keys
+    part = stat = out  # unused unless split
+    if splits > 1:
+        part = torch.empty(b * s, splits, h, dim, dtype=torch.float32, device=q.device)
+        stat = torch.empty(b * s, splits, 2, h, dtype=torch.float32, device=q.device)
+    sinks = sinks.float().contiguous()
     # The probabilities are fp32 and keep IEEE dots (TF32 there was up to a fifth faster on
     # an H200 but moved bf16 outputs by two ulps against fp32 dots).
-    grid = (b * s, triton.cdiv(h, BLOCK_H), triton.cdiv(dim, block_dv))
-    _mqa_sink_kernel[grid](
+    _mqa_sink_kernel[(blocks[0], blocks[1], blocks[2] * splits)](
         q.contiguous(),
         kv.contiguous(),
         select,
-        sinks.float().contiguous(),
+        sinks,
         out,
+        part,
+        stat,
         s,
         h,
-        select.shape[-1],
+        keys,
         kv.shape[1],
         dim,
         scale,
+        split_keys,
+        splits,
         SPARSE=select.dtype != torch.uint8,
+        SPLIT=splits > 1,
+        QK_NATIVE=QK_NATIVE and q.dtype == kv.dtype and q.dtype in (torch.bfloat16, torch.float16),
         QK_PRECISION=dot_precision(q, kv),
-        BLOCK_H=BLOCK_H,
+        BLOCK_H=block_h,
         BLOCK_L=BLOCK_L,
         BLOCK_DK=block_dk,
         BLOCK_DV=block_dv,
-        num_warps=NUM_WARPS,
+        num_warps=NUM_WARPS if block_h == BLOCK_H else 4,
     )
+    if splits > 1:
+        _combine_kernel[blocks](
+            part, stat, sinks, out, h, dim, splits, BLOCK_H=block_h, BLOCK_DV=block_dv
+        )
     return out
 
 
-def mqa_sink_attention(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+def mqa_sink_attention(
+    q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float, *, splits: int | None = None
+) -> Tensor:
     """Attention output [B, S, H, D] for ``q`` [B, S, H, D], ``kv`` [B, L, D] (keys and values),
-    ``mask`` [B, S, L] bool (True = visible) and ``sinks`` [H]."""
+    ``mask`` [B, S, L] bool (True = visible) and ``sinks`` [H]. ``splits``: key ranges per
+    query row, merged afterwards (default: :func:`num_splits`)."""
     b, s = q.shape[:2]
-    return _launch(
-        q, kv, mask.expand(b, s, kv.shape[1]).contiguous().view(torch.uint8), sinks, scale
-    )
+    select = mask.expand(b, s, kv.shape[1]).contiguous().view(torch.uint8)
+    return _launch(q, kv, select, sinks, scale, splits=splits)
 
 
 def sparse_mqa_sink_attention(
-    q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+    q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float, *, splits: int | None = None
 ) -> Tensor:
     """As :func:`mqa_sink_attention`, each query seeing the rows of ``kv`` that ``index``
     [B, S, K] (int, -1 = none, distinct per query) lists."""
     b, s = q.shape[:2]
-    return _launch(q, kv, index.expand(b, s, -1).to(torch.int64).contiguous(), sinks, scale)
+    select = index.expand(b, s, -1).to(torch.int64).contiguous()
+    return _launch(q, kv, select, sinks, scale, splits=splits)

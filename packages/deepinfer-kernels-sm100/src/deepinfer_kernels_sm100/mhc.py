@@ -152,8 +152,10 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
 
 #: Columns of the flattened streams one program reduces: a decode batch has a few rows, so the
 #: n x hidden columns (16k for V4-Flash) are split over programs, whose partial sums are then
-#: added in a fixed order (the result does not depend on the batch).
-HC_MIX_SPLIT = 512
+#: added in a fixed order (the result does not depend on the batch). Each program's loads wait
+#: on memory one after another, so short ranges win: in CUDA graphs on an H200, 4k columns x
+#: 32 rows took 30 us at 512 columns a program, 19 at 128; a 4096-row prefill 3% longer.
+HC_MIX_SPLIT = 128
 
 
 def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:

@@ -245,7 +245,11 @@ class PagedEntries:
     def take(self, entry: Tensor) -> Tensor:
         """[B, K, D]: row i's entries ``entry[i]`` [B, K] (each in ``0..limit-1``)."""
         rows = self.pages.shape[1]
-        return self.pages[self.index.gather(1, entry // rows), entry % rows]
+        flat = self.index.gather(1, entry // rows) * rows + entry % rows
+        # One row index into the flattened pages gathers whole rows at a time (index_select);
+        # a (page, slot) index pair goes element by element, several times slower on a GPU.
+        picked = self.pages.flatten(0, 1).index_select(0, flat.flatten())
+        return picked.view(*entry.shape, *self.pages.shape[2:])
 
 
 def dense_entries(entries: Tensor | PagedEntries) -> Tensor:

@@ -1,0 +1,230 @@
+"""Launch shapes of the sm100 attention kernel and of ``hc_mix``, timed side by side on a GPU.
+
+Each call is timed as the engine runs it, inside a CUDA graph (10 calls captured, replayed;
+the median per call), so a kernel's own time shows rather than Python's launch cost, which
+for a single small call is larger than the kernel. Cases: decode with V4's attention shapes
+(64 heads of 512, 640 or 1152 keys, bf16) at B = 1/8/32/128, a tiny model's decode (4 heads of
+64) and a 512-query sparse prefill chunk; ``hc_mix`` at 4k and 16k columns (hidden 1024 / 4096
+x 4 streams), 1 to 4096 rows, at several column splits. Each variant sets the module's launch
+constants (heads per program, keys per block, output columns per program, warps, 16-bit QK
+dots, split target); ``--baseline`` adds an earlier ``attention.py`` (e.g. ``git show
+REV:packages/deepinfer-kernels-sm100/src/deepinfer_kernels_sm100/attention.py``) as ``orig``,
+and every variant's largest difference from it. ``--steps`` also times whole captured decode
+steps of ``long_context_decode.py``'s models at 32k tokens under the chosen variants.
+
+    python benchmarks/attention_kernels.py [--baseline old_attention.py] [--steps VARIANT ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import write_result
+
+#: name: (BLOCK_H, BLOCK_L, BLOCK_DV, NUM_WARPS, QK_NATIVE, TARGET_PROGRAMS); a target of 0
+#: never splits the keys.
+VARIANTS: dict[str, tuple[int, int, int, int, bool, int]] = {
+    "a_h16_ieeeqk_nosplit": (16, 64, 128, 4, False, 0),
+    "b_h16_native_nosplit": (16, 64, 128, 4, True, 0),
+    "c_h16_native_split264": (16, 64, 128, 4, True, 264),
+    "d_h16_native_split528": (16, 64, 128, 4, True, 528),
+    "e_h64_dv128_w4_split": (64, 64, 128, 4, True, 264),
+    "f_h64_dv128_w8_split": (64, 64, 128, 8, True, 264),
+    "g_h32_dv128_w4_split": (32, 64, 128, 4, True, 264),
+    "h_h64_dv256_w8_split": (64, 64, 256, 8, True, 264),
+    "i_h16_dv256_w8_split": (16, 64, 256, 8, True, 264),
+    "j_h64_l32_dv128_w4_split": (64, 32, 128, 4, True, 264),
+    "k_h32_dv256_w8_split": (32, 64, 256, 8, True, 264),
+    "l_h64_dv128_w8_nosplit": (64, 64, 128, 8, True, 0),
+    "m_h64_dv256_w8_split528": (64, 64, 256, 8, True, 528),
+    "n_h32_dv128_w4_split528": (32, 64, 128, 4, True, 528),
+    "o_h16_native_split1056": (16, 64, 128, 4, True, 1056),
+    "p_h64_dv128_w8_split128": (64, 64, 128, 8, True, 128),  # the defaults
+}
+#: (name, batch, queries, heads, keys, head dim, sparse)
+CASES = [
+    *[("v4-decode-640", b, 1, 64, 640, 512, False) for b in (1, 8, 32, 128)],
+    *[("v4-decode-1152", b, 1, 64, 1152, 512, False) for b in (1, 32)],
+    *[("tiny-decode", b, 1, 4, 80, 64, False) for b in (1, 128)],
+    ("v4-prefill-sparse", 1, 512, 64, 4096, 512, True),
+]
+
+
+def graph_us(fn: Any, replays: int = 10) -> float:
+    """Median GPU time of one ``fn()`` in microseconds: 10 calls in a CUDA graph, replayed."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 10)
+    return round(statistics.median(times) * 1e3, 1)
+
+
+def use(att: Any, variant: str) -> None:
+    (att.BLOCK_H, att.BLOCK_L, att.BLOCK_DV, att.NUM_WARPS, att.QK_NATIVE, att.TARGET_PROGRAMS) = (
+        VARIANTS[variant]
+    )
+
+
+def attention_rows(att: Any, orig: Any | None) -> list[dict[str, Any]]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, b, s, h, keys, dim, sparse in CASES:
+        q = torch.randn(b, s, h, dim, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(b, keys, dim, device="cuda", generator=g).bfloat16()
+        sinks = torch.randn(h, device="cuda", generator=g)
+        if sparse:
+            picks = [torch.randperm(keys, device="cuda", generator=g)[:640] for _ in range(s)]
+            select = torch.stack(picks)[None]
+        else:
+            select = torch.rand(b, s, keys, device="cuda", generator=g) > 0.1
+        form = "sparse_mqa_sink_attention" if sparse else "mqa_sink_attention"
+        row: dict[str, Any] = {"case": name, "B": b, "S": s}
+        ref = None
+        if orig is not None:
+            old = getattr(orig, form)
+            row["orig_us"] = graph_us(partial(old, q, kv, select, sinks, 0.04))
+            ref = old(q, kv, select, sinks, 0.04).float()
+        new = getattr(att, form)
+        for variant in VARIANTS:
+            use(att, variant)
+            row[variant] = graph_us(partial(new, q, kv, select, sinks, 0.04))
+            if ref is not None:
+                got = new(q, kv, select, sinks, 0.04).float()
+                row["diff_" + variant[:1]] = float((got - ref).abs().max())
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def hc_mix_rows(mhc: Any) -> list[dict[str, Any]]:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    chosen, rows = mhc.HC_MIX_SPLIT, []
+    for cols in (4096, 16384):
+        fn = torch.randn(24, cols, device="cuda", generator=g)
+        for n in (1, 32, 128, 4096):
+            x = torch.randn(n, 4, cols // 4, device="cuda", generator=g).bfloat16()
+            row: dict[str, Any] = {"cols": cols, "rows": n}
+            first = None
+            for split in (512, 256, 128, 64):
+                mhc.HC_MIX_SPLIT = split
+                row[f"split{split}"] = graph_us(partial(mhc.hc_mix, x, fn, 1e-6))
+                got = mhc.hc_mix(x, fn, 1e-6)
+                first = got if first is None else first
+                row[f"diff{split}"] = float((got - first).abs().max())
+            print(row, flush=True)
+            rows.append(row)
+    mhc.HC_MIX_SPLIT = chosen
+    return rows
+
+
+@torch.inference_mode()
+def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dict[str, Any]]:
+    from long_context_decode import build
+
+    from deepinfer.cache.slots import StateSlots
+    from deepinfer.models.graphs import DecodeGraphs
+    from deepinfer.models.state import gather_rows, page_table_of, scatter_rows
+
+    rows = []
+    for arch in ("v41", "v4"):
+        model = build(arch, torch.bfloat16, "cuda", "sm100")
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(3, 8000, (context,), generator=g).cuda()
+        alone = model.new_state(1)
+        for start in range(0, context, 4096):
+            model(prompt[None, start : start + 4096], alone)
+        for b in (1, 32):
+            batch = model.new_state(b)
+            gather_rows([alone] * b, batch)
+            slots = StateSlots(
+                partial(model.new_state, 1), max_slots=b, max_len=context + 4096, initial_slots=b
+            )
+            states = [slots.new_state() for _ in range(b)]
+            scatter_rows(batch, states)
+            del batch
+            found = page_table_of(states[0])
+            if found is not None:  # pages for every timed step now
+                for st in states:
+                    found[0].ensure(st.layers[0].swa.slot, context + 400)
+            ids = torch.randint(3, 8000, (b,), generator=g).cuda()
+            for variant in variants:
+                for split in (512, 128):
+                    use(att, variant)
+                    mhc.HC_MIX_SPLIT = split
+                    graphs = DecodeGraphs(b)
+                    for _ in range(3):  # capture and warm up
+                        model.forward_decode(ids, states, graphs)
+                    times = []
+                    for _ in range(20):
+                        torch.cuda.synchronize()
+                        start = time.perf_counter()
+                        model.forward_decode(ids, states, graphs)
+                        torch.cuda.synchronize()
+                        times.append(time.perf_counter() - start)
+                    ms = round(statistics.median(times) * 1e3, 3)
+                    row = {"arch": arch, "ctx": context, "B": b, "variant": variant}
+                    rows.append(row | {"hc_split": split, "step_ms": ms})
+                    print(rows[-1], flush=True)
+            for st in states:
+                slots.release(st)
+            del states, slots
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--baseline", type=Path, default=None, help="an earlier attention.py")
+    ap.add_argument("--steps", nargs="*", default=[], help="variants to time whole steps with")
+    ap.add_argument("--context", type=int, default=32000)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("attention_kernels.py times CUDA graphs: it needs an NVIDIA GPU")
+    from deepinfer_kernels_sm100 import attention as att
+    from deepinfer_kernels_sm100 import mhc
+
+    orig = None
+    if args.baseline is not None:
+        spec = importlib.util.spec_from_file_location("attention_baseline", args.baseline)
+        assert spec is not None and spec.loader is not None
+        orig = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(orig)
+    chosen = tuple(getattr(att, k) for k in ("BLOCK_H", "BLOCK_L", "BLOCK_DV", "NUM_WARPS"))
+    result: dict[str, Any] = {
+        "benchmark": "attention_kernels",
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "variants": VARIANTS,
+        "attention": attention_rows(att, orig),
+        "hc_mix": hc_mix_rows(mhc),
+    }
+    result["step"] = step_rows(att, mhc, args.steps, args.context) if args.steps else []
+    att.BLOCK_H, att.BLOCK_L, att.BLOCK_DV, att.NUM_WARPS = chosen
+    write_result(result, args.out, "attention_kernels_h200")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
