@@ -1,16 +1,24 @@
-"""Launch shapes of the sm100 attention kernel and of ``hc_mix``, timed side by side on a GPU.
+"""Launch shapes of the sm100 attention, paged index-score and ``hc_mix`` kernels, side by side.
 
 Each call is timed as the engine runs it, inside a CUDA graph (10 calls captured, replayed;
 the median per call), so a kernel's own time shows rather than Python's launch cost, which
-for a single small call is larger than the kernel. Cases: decode with V4's attention shapes
-(64 heads of 512, 640 or 1152 keys, bf16) at B = 1/8/32/128, a tiny model's decode (4 heads of
-64) and a 512-query sparse prefill chunk; ``hc_mix`` at 4k and 16k columns (hidden 1024 / 4096
-x 4 streams), 1 to 4096 rows, at several column splits. Each variant sets the module's launch
-constants (heads per program, keys per block, output columns per program, warps, 16-bit QK
-dots, split target); ``--baseline`` adds an earlier ``attention.py`` (e.g. ``git show
-REV:packages/deepinfer-kernels-sm100/src/deepinfer_kernels_sm100/attention.py``) as ``orig``,
-and every variant's largest difference from it. ``--steps`` also times whole captured decode
-steps of ``long_context_decode.py``'s models at 32k tokens under the chosen variants.
+for a single small call is larger than the kernel. Sections (``--parts``):
+
+* ``attention``: decode with V4's attention shapes (64 heads of 512, 640 or 1152 keys, bf16)
+  at B = 1/8/32/128, a tiny model's decode (4 heads of 64) and a 512-query sparse prefill
+  chunk, under each of ``VARIANTS`` (heads per program, keys per block, output columns per
+  program, warps, 16-bit QK dots, split target); ``--baseline`` adds an earlier
+  ``attention.py`` (e.g. from ``git show REV:packages/deepinfer-kernels-sm100/src/
+  deepinfer_kernels_sm100/attention.py``) as ``orig``, and each variant's largest difference
+  from it;
+* ``hc_mix``: 4k and 16k columns (hidden 1024 / 4096 x 4 streams), 1 to 4096 rows, at
+  several column splits;
+* ``indexer``: the paged index scores of V4.1's ratio-1 layers (32 heads x 128, 32k / 120k
+  entries) and V4's ratio-4 ones (64 heads, 8k entries) at B = 1 / 32 under each of
+  ``INDEXER_VARIANTS``, beside the time to read the keys once at 4.8 TB/s.
+
+``--steps`` also times whole captured decode steps of ``long_context_decode.py``'s models at
+32k tokens under the given attention variants.
 
     python benchmarks/attention_kernels.py [--baseline old_attention.py] [--steps VARIANT ...]
 """
@@ -116,6 +124,56 @@ def attention_rows(att: Any, orig: Any | None) -> list[dict[str, Any]]:
     return rows
 
 
+#: name: (BLOCK_H, BLOCK_T, NUM_WARPS, 16-bit dots as they are)
+INDEXER_VARIANTS: dict[str, tuple[int, int, int, bool]] = {
+    "h16_t64_upcast": (16, 64, 4, False),
+    "h16_t64": (16, 64, 4, True),
+    "h32_t64": (32, 64, 4, True),
+    "h64_t64_w8": (64, 64, 8, True),
+    "h16_t128": (16, 128, 4, True),
+    "h32_t128_w8": (32, 128, 8, True),
+    "h16_t32": (16, 32, 4, True),
+}
+
+
+def indexer_rows(att: Any, indexer: Any) -> list[dict[str, Any]]:
+    from deepinfer.cache.pages import PagedEntries
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    chosen = (indexer.BLOCK_H, indexer.BLOCK_T, indexer.NUM_WARPS, att.QK_NATIVE)
+    rows = []
+    for name, b, heads, limit, page_rows in (
+        ("v41-ratio1-32k", 1, 32, 32768, 128),
+        ("v41-ratio1-32k", 32, 32, 32768, 128),
+        ("v41-ratio1-120k", 1, 32, 120064, 128),
+        ("v4-ratio4-32k", 1, 64, 8000, 32),
+        ("v4-ratio4-32k", 32, 64, 8000, 32),
+    ):
+        cols = -(-limit // page_rows)
+        pages = torch.randn(b * cols + 1, page_rows, 128, device="cuda", generator=g).bfloat16()
+        index = torch.randperm(b * cols, device="cuda", generator=g).view(b, cols) + 1
+        keys = PagedEntries(pages, index, limit, torch.full((b,), limit, device="cuda"))
+        q = torch.randn(b, 1, heads, 128, device="cuda", generator=g).bfloat16()
+        weights = torch.randn(b, 1, heads, device="cuda", generator=g)
+        row: dict[str, Any] = {
+            "case": name,
+            "B": b,
+            "read_once_us": round(b * limit * 256 / 4.8e6, 1),
+        }
+        first = None
+        for variant, (block_h, block_t, warps, native) in INDEXER_VARIANTS.items():
+            indexer.BLOCK_H, indexer.BLOCK_T, indexer.NUM_WARPS = block_h, block_t, warps
+            att.QK_NATIVE = native
+            row[variant] = graph_us(partial(indexer.paged_indexer_scores, q, keys, weights))
+            got = indexer.paged_indexer_scores(q, keys, weights)
+            first = got if first is None else first
+            row["diff_" + variant] = float((got - first).abs().max())
+        print(row, flush=True)
+        rows.append(row)
+    indexer.BLOCK_H, indexer.BLOCK_T, indexer.NUM_WARPS, att.QK_NATIVE = chosen
+    return rows
+
+
 def hc_mix_rows(mhc: Any) -> list[dict[str, Any]]:
     g = torch.Generator(device="cuda").manual_seed(1)
     chosen, rows = mhc.HC_MIX_SPLIT, []
@@ -198,12 +256,13 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, default=None, help="an earlier attention.py")
     ap.add_argument("--steps", nargs="*", default=[], help="variants to time whole steps with")
     ap.add_argument("--context", type=int, default=32000)
+    ap.add_argument("--parts", nargs="+", default=["attention", "hc_mix", "indexer"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_kernels.py times CUDA graphs: it needs an NVIDIA GPU")
     from deepinfer_kernels_sm100 import attention as att
-    from deepinfer_kernels_sm100 import mhc
+    from deepinfer_kernels_sm100 import indexer, mhc
 
     orig = None
     if args.baseline is not None:
@@ -217,9 +276,14 @@ def main() -> int:
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "variants": VARIANTS,
-        "attention": attention_rows(att, orig),
-        "hc_mix": hc_mix_rows(mhc),
+        "indexer_variants": INDEXER_VARIANTS,
     }
+    if "attention" in args.parts:
+        result["attention"] = attention_rows(att, orig)
+    if "hc_mix" in args.parts:
+        result["hc_mix"] = hc_mix_rows(mhc)
+    if "indexer" in args.parts:
+        result["indexer"] = indexer_rows(att, indexer)
     result["step"] = step_rows(att, mhc, args.steps, args.context) if args.steps else []
     att.BLOCK_H, att.BLOCK_L, att.BLOCK_DV, att.NUM_WARPS = chosen
     write_result(result, args.out, "attention_kernels_h200")

@@ -83,3 +83,17 @@ def test_mhc_post(dtype: torch.dtype) -> None:
     assert got.dtype == dtype and got.shape == x.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("hc", [4, 3], ids=["four-streams", "three-streams"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mhc_collapse_matches_float64(hc: int, dtype: torch.dtype) -> None:
+    d = 600  # two D blocks, the last partial
+    x = _rand(2, 3, hc, d, seed=13, dtype=dtype)
+    pre = _rand(2, 3, hc, seed=14).sigmoid()
+    got = mhc.mhc_collapse(x.to(DEVICE), pre.to(DEVICE)).cpu()
+    assert got.dtype == dtype and got.shape == (2, 3, d)
+    exact = (pre.double()[..., None] * x.double()).sum(dim=-2)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
+    torch.testing.assert_close(got, ref.mhc_collapse(x, pre), atol=tol, rtol=tol)

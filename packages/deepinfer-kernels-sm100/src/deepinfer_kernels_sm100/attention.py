@@ -192,6 +192,11 @@ TARGET_PROGRAMS = 128
 QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
+def native_dot(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` meet in a tensor-core dot as they are (one 16-bit type)."""
+    return QK_NATIVE and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+
+
 def dot_precision(*operands: Tensor) -> str:
     """``tl.dot``'s input precision for products of ``operands`` (upcast to fp32 in the kernel):
     TF32 when all are 16-bit floats, whose 8 (bf16) or 11 (fp16) significant bits fit TF32's 11,
@@ -250,7 +255,7 @@ def _launch(
         splits,
         SPARSE=select.dtype != torch.uint8,
         SPLIT=splits > 1,
-        QK_NATIVE=QK_NATIVE and q.dtype == kv.dtype and q.dtype in (torch.bfloat16, torch.float16),
+        QK_NATIVE=native_dot(q, kv),
         QK_PRECISION=dot_precision(q, kv),
         BLOCK_H=block_h,
         BLOCK_L=BLOCK_L,

@@ -74,6 +74,11 @@ class Sm100Backend(TorchBackend):
 
         return hc_mix(x, fn, norm_eps)
 
+    def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
+        from deepinfer_kernels_sm100.mhc import mhc_collapse
+
+        return mhc_collapse(x, pre)
+
     def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
         from deepinfer_kernels_sm100.mhc import mhc_post
 

@@ -9,10 +9,12 @@ index, loads the keys once and reduces over the heads in registers, so only the 
 are written. A captured step reads up to its entry bucket (up to 4x a row's entries); entries
 past each row's own count are skipped.
 
-Operands are upcast to fp32, as in the reference; 16-bit queries and keys, exact in TF32,
-take its tensor-core dots (:func:`~deepinfer_kernels_sm100.attention.dot_precision`), whose
-products are then exact and accumulate in fp32; fp32 operands take IEEE dots. The sums run in
-another order than the reference's, so scores agree to rounding.
+Queries and keys of one 16-bit type meet in tensor-core dots as they are
+(:func:`~deepinfer_kernels_sm100.attention.native_dot`); otherwise they are upcast to fp32, as in
+the reference, and 16-bit ones, exact in TF32, take its dots
+(:func:`~deepinfer_kernels_sm100.attention.dot_precision`). Either way the products are exact
+and accumulate in fp32; fp32 operands take IEEE dots. The sums run in another order than the
+reference's, so scores agree to rounding.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.cache.pages import PagedEntries
-from deepinfer_kernels_sm100.attention import dot_precision
+from deepinfer_kernels_sm100.attention import dot_precision, native_dot
 
 
 @triton.jit(do_not_specialize=["seq", "limit", "index_cols"])
@@ -40,6 +42,7 @@ def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     index_cols,
     dim,
     PAGE_ROWS: tl.constexpr,
+    NATIVE: tl.constexpr,  # one 16-bit type: dot as they are
     PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -58,7 +61,9 @@ def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
         pages_ptr + key_row[:, None] * dim + c[None, :],
         mask=held[:, None] & cmask[None, :],
         other=0.0,
-    ).to(tl.float32)
+    )
+    if not NATIVE:
+        k = k.to(tl.float32)
     acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
     for h0 in range(0, heads, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
@@ -67,11 +72,21 @@ def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
             q_ptr + row * heads * dim + h[:, None] * dim + c[None, :],
             mask=hmask[:, None] & cmask[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
         w = tl.load(w_ptr + row * heads + h, mask=hmask, other=0.0)
-        dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if NATIVE:
+            dots = tl.dot(q, tl.trans(k))
+        else:
+            dots = tl.dot(q.to(tl.float32), tl.trans(k), input_precision=PRECISION)
         acc += tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
     tl.store(out_ptr + row * limit + t, acc, mask=tmask)
+
+
+#: Launch shapes: up to BLOCK_H heads per dot (tl.dot needs 16 rows; fewer heads are masked),
+#: BLOCK_T entries per program. Chosen from 7 variants timed in CUDA graphs on an H200
+#: (``benchmarks/attention_kernels.py``): V4.1's ratio-1 layer at 32k entries and B=32 took
+#: 150 us with 16 x 64 blocks and upcast keys, 87 us with these (reading the keys once: 56 us).
+BLOCK_H, BLOCK_T, NUM_WARPS = 32, 128, 8
 
 
 def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tensor:
@@ -86,7 +101,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
     counts = keys.counts
     if counts is None:
         counts = torch.full((b,), limit, dtype=torch.long, device=q.device)
-    block_t = 64
+    block_t = BLOCK_T
     _paged_scores_kernel[(b * s, triton.cdiv(limit, block_t))](
         q.contiguous(),
         weights.float().contiguous(),
@@ -100,9 +115,11 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
         keys.index.shape[1],
         dim,
         PAGE_ROWS=keys.pages.shape[1],
+        NATIVE=native_dot(q, keys.pages),
         PRECISION=dot_precision(q, keys.pages),
-        BLOCK_H=16,  # tl.dot needs 16 rows; fewer heads are masked
+        BLOCK_H=min(BLOCK_H, max(16, triton.next_power_of_2(heads))),
         BLOCK_T=block_t,
         BLOCK_C=max(16, triton.next_power_of_2(dim)),
+        num_warps=NUM_WARPS,
     )
     return out

@@ -150,6 +150,32 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     tl.store(squares_ptr + base + r, squares, mask=r < rows)
 
 
+@triton.jit(do_not_specialize=["rows", "splits"])
+def _hc_mix_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    part_ptr,  # [splits, rows, width]
+    squares_ptr,  # [splits, rows]
+    out_ptr,  # [rows, width]
+    rows,
+    splits,
+    k_dim,
+    width,
+    norm_eps,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """Add the splits' partial products and sums of squares in split order, then normalise."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    w = tl.arange(0, BLOCK_W)
+    mask = (r[:, None] < rows) & (w[None, :] < width)
+    acc = tl.zeros((BLOCK_R, BLOCK_W), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for s in range(splits):
+        acc += tl.load(part_ptr + (s * rows + r[:, None]) * width + w[None, :], mask, 0.0)
+        squares += tl.load(squares_ptr + s * rows + r, r < rows, 0.0)
+    acc = acc * tl.rsqrt(squares / k_dim + norm_eps)[:, None]
+    tl.store(out_ptr + r[:, None] * width + w[None, :], acc, mask=mask)
+
+
 #: Columns of the flattened streams one program reduces: a decode batch has a few rows, so the
 #: n x hidden columns (16k for V4-Flash) are split over programs, whose partial sums are then
 #: added in a fixed order (the result does not depend on the batch). Each program's loads wait
@@ -167,6 +193,7 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
     splits = triton.cdiv(k_dim, HC_MIX_SPLIT)
     out = torch.empty(splits, rows, width, dtype=torch.float32, device=x.device)
     squares = torch.empty(splits, rows, dtype=torch.float32, device=x.device)
+    block_w = max(16, triton.next_power_of_2(width))
     if rows:
         _hc_mix_kernel[(triton.cdiv(rows, 16), splits)](
             flat,
@@ -180,13 +207,16 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
             SPLIT=HC_MIX_SPLIT,
             NORMALISE=splits == 1,
             BLOCK_R=16,
-            BLOCK_W=max(16, triton.next_power_of_2(width)),
+            BLOCK_W=block_w,
             BLOCK_K=64,
         )
-    if splits == 1:
+    if splits == 1 or not rows:
         return out[0].view(*lead, width)
-    scale = torch.rsqrt(squares.sum(0) / k_dim + norm_eps)
-    return (out.sum(0) * scale[:, None]).view(*lead, width)
+    mix = torch.empty(rows, width, dtype=torch.float32, device=x.device)
+    _hc_mix_finish_kernel[(triton.cdiv(rows, 16),)](
+        out, squares, mix, rows, splits, k_dim, width, norm_eps, BLOCK_R=16, BLOCK_W=block_w
+    )
+    return mix.view(*lead, width)
 
 
 @triton.jit
@@ -240,3 +270,47 @@ def mhc_post(y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
             BLOCK_D=block_d,
         )
     return out.view(x.shape)
+
+
+@triton.jit
+def _mhc_collapse_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    x_ptr,
+    pre_ptr,
+    out_ptr,
+    dim,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, NP)
+    dmask = d < dim
+    x = tl.load(
+        x_ptr + row * N * dim + j[:, None] * dim + d[None, :],
+        mask=(j[:, None] < N) & dmask[None, :],
+        other=0.0,
+    )
+    pre = tl.load(pre_ptr + row * N + j, mask=j < N, other=0.0)
+    out = tl.sum(pre[:, None] * x.to(tl.float32), axis=0)
+    tl.store(out_ptr + row * dim + d, out.to(x.dtype), mask=dmask)
+
+
+def mhc_collapse(x: Tensor, pre: Tensor) -> Tensor:
+    """mHC entry ``sum_j pre[j] * X[j]`` (fp32 sums, in ``x``'s dtype) of streams [..., n, d]."""
+    n, dim = x.shape[-2:]
+    flat_x = x.reshape(-1, n, dim).contiguous()
+    rows = flat_x.shape[0]
+    out = torch.empty(rows, dim, dtype=x.dtype, device=x.device)
+    if rows:
+        block_d = min(triton.next_power_of_2(dim), 512)
+        _mhc_collapse_kernel[(rows, triton.cdiv(dim, block_d))](
+            flat_x,
+            pre.reshape(rows, n).float().contiguous(),
+            out,
+            dim,
+            N=n,
+            NP=triton.next_power_of_2(n),
+            BLOCK_D=block_d,
+        )
+    return out.view(*x.shape[:-2], dim)

@@ -321,8 +321,7 @@ class TorchBackend(Backend):
         pre, post, comb = self.mhc_weights(
             x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
         )
-        collapsed = (pre[..., None] * x.float()).sum(dim=-2).to(x.dtype)
-        return collapsed, post, comb
+        return self.mhc_collapse(x, pre), post, comb
 
     def mhc_weights(
         self,
@@ -365,7 +364,7 @@ class TorchBackend(Backend):
     ) -> Tensor:
         mix = self._hc_mix(x, fn, norm_eps)
         pre = torch.sigmoid(mix * scale.float() + base.float()) + hc_eps
-        return (pre[..., None] * x.float()).sum(dim=-2).to(x.dtype)
+        return self.mhc_collapse(x, pre)
 
     # -- MoE ------------------------------------------------------------------------------------
 
