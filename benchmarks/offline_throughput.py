@@ -14,13 +14,21 @@ Output tokens per second are ``batch * N / wall seconds``; each side is timed ``
 times and the median is reported, with the ratio. Both run in this process with the same torch
 thread count. Results go to ``benchmarks/results/offline_throughput_<device>.json``.
 
-Each row also times one decode step of either model after a ``prompt_len`` prefill, and the
-step's *matmul floor*: the matmuls DeepInfer's step dispatches (captured with their operands,
-then replayed back to back), i.e. what the step would cost if everything else were free. HF's
-step over that floor bounds the speedup any implementation doing the same fp32 arithmetic on
-this device could reach.
+``--varied`` adds rows under nano-vllm's protocol (scaled down for a CPU): each sequence draws
+its prompt and output lengths uniformly from ``--input-range`` and ``--output-range``.
+DeepInfer gets each request's own ``max_tokens``; transformers, batching statically as its
+users do, gets the prompts left-padded to the longest (with an attention mask) and generates the
+longest output length for every row. Both count only the requested tokens (the sum of the
+output lengths); the row also records how many transformers generated.
+
+Each equal-length row also times one decode step of either model after a ``prompt_len``
+prefill, and the step's *matmul floor*: the matmuls DeepInfer's step dispatches (captured with
+their operands, then replayed back to back), i.e. what the step would cost if everything else
+were free. HF's step over that floor bounds the speedup any implementation doing the same fp32
+arithmetic on this device could reach.
 
     python benchmarks/offline_throughput.py [--batches 1 32] [--prompt-len 64] [--output-len 64]
+        [--varied --input-range 64 512 --output-range 32 256]
 """
 
 from __future__ import annotations
@@ -143,6 +151,79 @@ def time_ours(llm: Any, prompts: torch.Tensor, n: int) -> float:
     return elapsed
 
 
+def varied_lengths(
+    batch: int, inputs: tuple[int, int], outputs: tuple[int, int], seed: int
+) -> tuple[list[torch.Tensor], list[int]]:
+    """``batch`` random prompts and output lengths drawn uniformly from the two ranges."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(inputs[0], inputs[1] + 1, (batch,), generator=g).tolist()
+    prompts = [torch.randint(3, CONFIG["vocab_size"], (n,), generator=g) for n in lens]
+    return prompts, torch.randint(outputs[0], outputs[1] + 1, (batch,), generator=g).tolist()
+
+
+def time_hf_varied(hf: Any, prompts: list[torch.Tensor], outputs: list[int]) -> float:
+    """Static batching: prompts left-padded to the longest, every row generating the longest
+    output length (transformers has no per-row ``max_new_tokens``)."""
+    device = next(hf.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
+    n = max(outputs)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    elapsed = time.perf_counter() - start
+    assert out.shape == (len(prompts), width + n), out.shape
+    return elapsed
+
+
+def time_ours_varied(llm: Any, prompts: list[torch.Tensor], outputs: list[int]) -> float:
+    from deepinfer import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in outputs]
+    start = time.perf_counter()
+    outs = llm.generate([p.tolist() for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.outputs[0].token_ids) for o in outs] == outputs
+    return elapsed
+
+
+def varied_row(hf: Any, llm: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    prompts, outputs = varied_lengths(batch, args.input_range, args.output_range, seed=batch)
+    warm, _ = varied_lengths(batch, (8, 16), (2, 2), seed=-batch)
+    time_hf_varied(hf, warm, [2] * batch)
+    time_ours_varied(llm, warm, [2] * batch)
+    hf_s, our_s = [], []
+    for _ in range(args.repeats):
+        hf_s.append(time_hf_varied(hf, prompts, outputs))
+        our_s.append(time_ours_varied(llm, prompts, outputs))
+    tokens = sum(outputs)
+    row = {
+        "protocol": "varied",
+        "batch": batch,
+        "input_range": list(args.input_range),
+        "output_range": list(args.output_range),
+        "requested_output_tokens": tokens,
+        "hf_generated_tokens": batch * max(outputs),
+        "hf_output_tok_per_s": round(tokens / statistics.median(hf_s), 2),
+        "deepinfer_output_tok_per_s": round(tokens / statistics.median(our_s), 2),
+        "hf_seconds": [round(s, 3) for s in hf_s],
+        "deepinfer_seconds": [round(s, 3) for s in our_s],
+    }
+    row["speedup"] = round(row["deepinfer_output_tok_per_s"] / row["hf_output_tok_per_s"], 2)
+    return row
+
+
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
 
 
@@ -224,6 +305,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--varied", action="store_true", help="add nano-vllm-style rows (see above)")
+    ap.add_argument("--input-range", type=int, nargs=2, default=(64, 512), metavar=("MIN", "MAX"))
+    ap.add_argument("--output-range", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -243,6 +327,7 @@ def main() -> int:
                 our_s.append(time_ours(llm, prompts, args.output_len))
             tokens = batch * args.output_len
             row = {
+                "protocol": "equal",
                 "batch": batch,
                 "hf_output_tok_per_s": round(tokens / statistics.median(hf_s), 2),
                 "deepinfer_output_tok_per_s": round(tokens / statistics.median(our_s), 2),
@@ -255,6 +340,9 @@ def main() -> int:
             row |= decode_steps(hf, llm, prompts, args.device)
             print(json.dumps(row))
             rows.append(row)
+        for batch in args.batches if args.varied else []:
+            rows.append(varied_row(hf, llm, batch, args))
+            print(json.dumps(rows[-1]))
 
     import transformers
 
