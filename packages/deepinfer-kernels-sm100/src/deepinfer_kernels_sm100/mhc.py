@@ -220,6 +220,18 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
 
 
 @triton.jit
+def _stream_tile(x_ptr, dim, N: tl.constexpr, NP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's (row, columns, stream ids, [NP, BLOCK_D] tile of the row's n streams,
+    zero past n and dim) for a grid of (rows, column blocks)."""
+    row = tl.program_id(0)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, NP)
+    mask = (j[:, None] < N) & (d < dim)[None, :]
+    x = tl.load(x_ptr + row * N * dim + j[:, None] * dim + d[None, :], mask=mask, other=0.0)
+    return row, d, j, x
+
+
+@triton.jit
 def _mhc_post_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     y_ptr,
     x_ptr,
@@ -231,12 +243,9 @@ def _mhc_post_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     NP: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    j = tl.arange(0, NP)
+    row, d, j, x = _stream_tile(x_ptr, dim, N, NP, BLOCK_D)
     dmask = d < dim
     smask = (j[:, None] < N) & dmask[None, :]
-    x = tl.load(x_ptr + row * N * dim + j[:, None] * dim + d[None, :], mask=smask, other=0.0)
     out_ty = x.dtype
     # The reference rounds the weights and the sublayer output to the residual dtype first.
     y = tl.load(y_ptr + row * dim + d, mask=dmask, other=0.0).to(out_ty).to(tl.float32)
@@ -282,18 +291,10 @@ def _mhc_collapse_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     NP: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    j = tl.arange(0, NP)
-    dmask = d < dim
-    x = tl.load(
-        x_ptr + row * N * dim + j[:, None] * dim + d[None, :],
-        mask=(j[:, None] < N) & dmask[None, :],
-        other=0.0,
-    )
+    row, d, j, x = _stream_tile(x_ptr, dim, N, NP, BLOCK_D)
     pre = tl.load(pre_ptr + row * N + j, mask=j < N, other=0.0)
     out = tl.sum(pre[:, None] * x.to(tl.float32), axis=0)
-    tl.store(out_ptr + row * dim + d, out.to(x.dtype), mask=dmask)
+    tl.store(out_ptr + row * dim + d, out.to(x.dtype), mask=d < dim)
 
 
 def mhc_collapse(x: Tensor, pre: Tensor) -> Tensor:
