@@ -101,8 +101,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
     counts = keys.counts
     if counts is None:
         counts = torch.full((b,), limit, dtype=torch.long, device=q.device)
-    block_t = BLOCK_T
-    _paged_scores_kernel[(b * s, triton.cdiv(limit, block_t))](
+    _paged_scores_kernel[(b * s, triton.cdiv(limit, BLOCK_T))](
         q.contiguous(),
         weights.float().contiguous(),
         keys.pages,
@@ -118,7 +117,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
         NATIVE=native_dot(q, keys.pages),
         PRECISION=dot_precision(q, keys.pages),
         BLOCK_H=min(BLOCK_H, max(16, triton.next_power_of_2(heads))),
-        BLOCK_T=block_t,
+        BLOCK_T=BLOCK_T,
         BLOCK_C=max(16, triton.next_power_of_2(dim)),
         num_warps=NUM_WARPS,
     )
