@@ -87,10 +87,14 @@ def graph_us(fn: Any, replays: int = 10) -> float:
     return round(statistics.median(times) * 1e3, 1)
 
 
-def use(att: Any, variant: str) -> None:
-    (att.BLOCK_H, att.BLOCK_L, att.BLOCK_DV, att.NUM_WARPS, att.QK_NATIVE, att.TARGET_PROGRAMS) = (
-        VARIANTS[variant]
-    )
+#: The attention module's constants a variant sets, in VARIANTS' order.
+KNOBS = ("BLOCK_H", "BLOCK_L", "BLOCK_DV", "NUM_WARPS", "QK_NATIVE", "TARGET_PROGRAMS")
+
+
+def use(att: Any, variant: str | tuple[Any, ...]) -> None:
+    values = VARIANTS[variant] if isinstance(variant, str) else variant
+    for knob, value in zip(KNOBS, values, strict=True):
+        setattr(att, knob, value)
 
 
 def attention_rows(att: Any, orig: Any | None) -> list[dict[str, Any]]:
@@ -270,7 +274,7 @@ def main() -> int:
         assert spec is not None and spec.loader is not None
         orig = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(orig)
-    chosen = tuple(getattr(att, k) for k in ("BLOCK_H", "BLOCK_L", "BLOCK_DV", "NUM_WARPS"))
+    chosen = tuple(getattr(att, knob) for knob in KNOBS)
     result: dict[str, Any] = {
         "benchmark": "attention_kernels",
         "device": torch.cuda.get_device_name(0),
@@ -285,7 +289,7 @@ def main() -> int:
     if "indexer" in args.parts:
         result["indexer"] = indexer_rows(att, indexer)
     result["step"] = step_rows(att, mhc, args.steps, args.context) if args.steps else []
-    att.BLOCK_H, att.BLOCK_L, att.BLOCK_DV, att.NUM_WARPS = chosen
+    use(att, chosen)
     write_result(result, args.out, "attention_kernels_h200")
     return 0
 
