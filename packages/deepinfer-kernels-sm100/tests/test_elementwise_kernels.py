@@ -59,7 +59,7 @@ def test_rope_then_inverse_is_identity_in_bf16_range() -> None:
     ids=["one-row-one-split", "odd-rows-split-k", "split-k"],
 )
 def test_hc_mix_matches_float64(rows: int, d: int) -> None:
-    # n*d = 96: one program along K (normalised in the kernel), two K blocks, the last partial;
+    # n*d = 96: one program along K, two K blocks, the last partial;
     # 288 and 1200: several programs along K, the last one partial
     hc = 4
     x = _rand(rows, hc, d, seed=7) * 2

@@ -107,14 +107,13 @@ def mhc_weights_from_mix(
 def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
     fn_ptr,
-    out_ptr,  # [splits, rows, width]: each split's partial product (normalised if one split)
+    out_ptr,  # [splits, rows, width]: each split's partial product
     squares_ptr,  # [splits, rows]: each split's partial sum of squares
     rows,
     k_dim,
     width,
     norm_eps,
     SPLIT: tl.constexpr,  # columns of x per program along k
-    NORMALISE: tl.constexpr,  # one split: finish here
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -138,9 +137,6 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
         )
         squares += tl.sum(x * x, axis=1)
         acc += tl.dot(x, f, input_precision="ieee")
-    if NORMALISE:
-        # RMSNorm of the flattened streams is a per-row scale, so it can follow the projection.
-        acc = acc * tl.rsqrt(squares / k_dim + norm_eps)[:, None]
     base = split * rows
     tl.store(
         out_ptr + (base + r[:, None]) * width + w[None, :],
@@ -163,7 +159,8 @@ def _hc_mix_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argu
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    """Add the splits' partial products and sums of squares in split order, then normalise."""
+    """Add the splits' partial products and sums of squares in split order, then normalise:
+    RMSNorm of the flattened streams is a per-row scale, so it can follow the projection."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     w = tl.arange(0, BLOCK_W)
     mask = (r[:, None] < rows) & (w[None, :] < width)
@@ -193,6 +190,7 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
     splits = triton.cdiv(k_dim, HC_MIX_SPLIT)
     out = torch.empty(splits, rows, width, dtype=torch.float32, device=x.device)
     squares = torch.empty(splits, rows, dtype=torch.float32, device=x.device)
+    mix = torch.empty(rows, width, dtype=torch.float32, device=x.device)
     block_w = max(16, triton.next_power_of_2(width))
     if rows:
         _hc_mix_kernel[(triton.cdiv(rows, 16), splits)](
@@ -205,17 +203,13 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
             width,
             norm_eps,
             SPLIT=HC_MIX_SPLIT,
-            NORMALISE=splits == 1,
             BLOCK_R=16,
             BLOCK_W=block_w,
             BLOCK_K=64,
         )
-    if splits == 1 or not rows:
-        return out[0].view(*lead, width)
-    mix = torch.empty(rows, width, dtype=torch.float32, device=x.device)
-    _hc_mix_finish_kernel[(triton.cdiv(rows, 16),)](
-        out, squares, mix, rows, splits, k_dim, width, norm_eps, BLOCK_R=16, BLOCK_W=block_w
-    )
+        _hc_mix_finish_kernel[(triton.cdiv(rows, 16),)](
+            out, squares, mix, rows, splits, k_dim, width, norm_eps, BLOCK_R=16, BLOCK_W=block_w
+        )
     return mix.view(*lead, width)
 
 

@@ -204,4 +204,4 @@ class Attention(MQA):
             return LongRange(entries, picks=picks)
         visible = torch.arange(n, device=x.device) < ((positions + 1) // self.ratio)[..., None]
         visible = visible.expand(x.shape[0], x.shape[1], n)
-        return LongRange(dense_entries(entries), visible=visible)
+        return LongRange(entries, visible=visible)
