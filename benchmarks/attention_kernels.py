@@ -1,4 +1,4 @@
-"""Launch shapes of the sm100 attention, paged index-score and ``hc_mix`` kernels, side by side.
+"""Launch shapes of the sm100 attention, index-score, top-k and ``hc_mix`` kernels, side by side.
 
 Each call is timed as the engine runs it, inside a CUDA graph (10 calls captured, replayed;
 the median per call), so a kernel's own time shows rather than Python's launch cost, which
@@ -16,6 +16,11 @@ for a single small call is larger than the kernel. Sections (``--parts``):
 * ``indexer``: the paged index scores of V4.1's ratio-1 layers (32 heads x 128, 32k / 120k
   entries) and V4's ratio-4 ones (64 heads, 8k entries) at B = 1 / 32 under each of
   ``INDEXER_VARIANTS``, beside the time to read the keys once at 4.8 TB/s.
+
+* ``topk``: the indexers' stable top-k picks (512 of 8k-120k entries, 2048 of 4k, 1 to 128
+  rows, entries past ``n_visible`` masked) by the reference's torch ops and by the sm100
+  kernel under each of ``TOPK_VARIANTS`` (entries per block, warps, programs a pass); every
+  variant's picks must equal the reference's.
 
 ``--steps`` also times whole captured decode steps of ``long_context_decode.py``'s models at
 32k tokens under the given attention variants.
@@ -178,6 +183,51 @@ def indexer_rows(att: Any, indexer: Any) -> list[dict[str, Any]]:
     return rows
 
 
+#: name: (BLOCK, NUM_WARPS, TARGET_PROGRAMS) of the top-k kernel
+TOPK_VARIANTS: dict[str, tuple[int, int, int]] = {
+    "b2048_w8_p264": (2048, 8, 264),
+    "b1024_w4_p264": (1024, 4, 264),
+    "b1024_w8_p264": (1024, 8, 264),
+    "b2048_w4_p264": (2048, 4, 264),
+    "b2048_w8_p132": (2048, 8, 132),
+    "b1024_w4_p528": (1024, 4, 528),
+    "b1024_w8_p528": (1024, 8, 528),  # the defaults
+}
+
+
+def topk_rows(topk: Any) -> list[dict[str, Any]]:
+    from deepinfer.backends.torch_ref import TorchBackend
+
+    reference = TorchBackend("cuda")
+    chosen = (topk.BLOCK, topk.NUM_WARPS, topk.TARGET_PROGRAMS)
+    rows = []
+    for n, entries, k in (
+        (1, 8000, 512),
+        (32, 8000, 512),
+        (1, 32000, 512),
+        (32, 32000, 512),
+        (128, 32000, 512),
+        (32, 4000, 2048),
+        (1, 120000, 512),
+        (32, 120000, 512),
+    ):
+        g = torch.Generator(device="cuda").manual_seed(entries)
+        scores = torch.randn(n, entries, device="cuda", generator=g).relu() * 3
+        n_visible = torch.full((n,), entries - 5, device="cuda")
+        pick = partial(reference.topk_picks, scores, k, n_visible=n_visible)
+        want = pick()
+        row: dict[str, Any] = {"rows": n, "entries": entries, "k": k, "reference": graph_us(pick)}
+        for variant, knobs in TOPK_VARIANTS.items():
+            topk.BLOCK, topk.NUM_WARPS, topk.TARGET_PROGRAMS = knobs
+            pick = partial(topk.stable_topk_picks, scores, k, n_visible=n_visible)
+            assert torch.equal(pick(), want), (variant, n, entries, k)
+            row[variant] = graph_us(pick)
+        print(row, flush=True)
+        rows.append(row)
+    topk.BLOCK, topk.NUM_WARPS, topk.TARGET_PROGRAMS = chosen
+    return rows
+
+
 def hc_mix_rows(mhc: Any) -> list[dict[str, Any]]:
     g = torch.Generator(device="cuda").manual_seed(1)
     chosen, rows = mhc.HC_MIX_SPLIT, []
@@ -260,13 +310,13 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, default=None, help="an earlier attention.py")
     ap.add_argument("--steps", nargs="*", default=[], help="variants to time whole steps with")
     ap.add_argument("--context", type=int, default=32000)
-    ap.add_argument("--parts", nargs="+", default=["attention", "hc_mix", "indexer"])
+    ap.add_argument("--parts", nargs="+", default=["attention", "hc_mix", "indexer", "topk"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_kernels.py times CUDA graphs: it needs an NVIDIA GPU")
     from deepinfer_kernels_sm100 import attention as att
-    from deepinfer_kernels_sm100 import indexer, mhc
+    from deepinfer_kernels_sm100 import indexer, mhc, topk
 
     orig = None
     if args.baseline is not None:
@@ -288,6 +338,9 @@ def main() -> int:
         result["hc_mix"] = hc_mix_rows(mhc)
     if "indexer" in args.parts:
         result["indexer"] = indexer_rows(att, indexer)
+    if "topk" in args.parts:
+        result["topk"] = topk_rows(topk)
+        result["topk_variants"] = TOPK_VARIANTS
     result["step"] = step_rows(att, mhc, args.steps, args.context) if args.steps else []
     use(att, chosen)
     write_result(result, args.out, "attention_kernels_h200")

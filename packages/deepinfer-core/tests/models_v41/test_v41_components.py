@@ -24,6 +24,7 @@ from _v41_ref import (
     top_ids,
 )
 
+from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models.layers.candidate_indexer import SharedKV, candidate_blocks, pick_topk
 from deepinfer.models.layers.engram_hash import (
     build_compressed_token_map,
@@ -93,11 +94,11 @@ def test_candidate_source_and_restricted_index_source(model, ref) -> None:
     idx5, idx7 = model.layers[5].attn.indexer, model.layers[7].attn.indexer
     sc5 = idx5.scores(model.ops, x, qr, positions, rotary=rot, keys=keys)
     picks5, cands = idx5.select(
-        sc5, visible, within=None, publish_candidates=True, own_candidates=False
+        model.ops, sc5, visible, within=None, publish_candidates=True, own_candidates=False
     )
     sc7 = idx7.scores(model.ops, x, qr, positions, rotary=rot, keys=keys)
     picks7, none = idx7.select(
-        sc7, visible, within=cands, publish_candidates=False, own_candidates=False
+        model.ops, sc7, visible, within=cands, publish_candidates=False, own_candidates=False
     )
     assert none is None
     keys64 = [k.to(F64) for k in keys[0]]
@@ -125,12 +126,13 @@ def test_candidate_source_and_restricted_index_source(model, ref) -> None:
 
 
 def test_selection_breaks_ties_by_lower_id_and_marks_missing() -> None:
+    ops = TorchBackend("cpu")
     scores = torch.tensor([[[1.0, 3.0, 3.0, 0.0, 3.0, 9.0]]])
     allowed = torch.tensor([[[True, True, True, True, True, False]]])
-    assert pick_topk(scores, allowed, 3).tolist() == [[[1, 2, 4]]]
-    assert pick_topk(scores, allowed & (torch.arange(6) < 1), 3).tolist() == [[[0, -1, -1]]]
+    assert pick_topk(ops, scores, allowed, 3).tolist() == [[[1, 2, 4]]]
+    assert pick_topk(ops, scores, allowed & (torch.arange(6) < 1), 3).tolist() == [[[0, -1, -1]]]
     # blocks of 2: maxima [3, 3, 3(+9 invisible)] -> the two lowest ids win the tie
-    cand = candidate_blocks(scores, allowed, block=2, topk_blocks=2)
+    cand = candidate_blocks(ops, scores, allowed, block=2, topk_blocks=2)
     assert cand.tolist() == [[[True, True, True, True, False, False]]]
 
 

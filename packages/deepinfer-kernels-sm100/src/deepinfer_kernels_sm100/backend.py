@@ -106,6 +106,20 @@ class Sm100Backend(TorchBackend):
 
         return paged_indexer_scores(q, keys, weights)
 
+    def topk_picks(
+        self,
+        scores: Tensor,
+        k: int,
+        *,
+        n_visible: Tensor | None = None,
+        allowed: Tensor | None = None,
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.topk import fits, stable_topk_picks
+
+        if not fits(k):
+            return super().topk_picks(scores, k, n_visible=n_visible, allowed=allowed)
+        return stable_topk_picks(scores, k, n_visible=n_visible, allowed=allowed)
+
     def sampling_uniform(
         self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
     ) -> Tensor:

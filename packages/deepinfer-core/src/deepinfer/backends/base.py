@@ -152,6 +152,21 @@ class Backend:
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement indexer_topk")
 
+    def topk_picks(
+        self,
+        scores: Tensor,
+        k: int,
+        *,
+        n_visible: Tensor | None = None,
+        allowed: Tensor | None = None,
+    ) -> Tensor:
+        """The ``k`` (<= T) highest entries of each row of ``scores`` [..., T] fp32, highest
+        first, equal scores to the lower entry id (a stable descending sort's first k, so picks
+        never depend on how many unseen entries follow). Entries a row may not see, past
+        ``n_visible`` [...] or where ``allowed`` [..., T] is False, count as -inf and come back
+        as -1. Returns [..., k] int64."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement topk_picks")
+
     def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
         """Project [..., n, n] logits towards a doubly-stochastic matrix (softmax, then
         alternate column/row normalisation)."""

@@ -257,16 +257,30 @@ class TorchBackend(Backend):
                 dim=1,
             )
         scores = self.indexer_scores(q, keys, weights)  # [B, S, T]
-        entry = torch.arange(t, device=q.device)
-        n_visible = n_visible.to(q.device)[..., None]  # [S, 1] or [B, S, 1]
-        scores = scores.masked_fill(entry >= n_visible, float("-inf"))
+        return self.topk_picks(scores, k, n_visible=n_visible.to(q.device))
+
+    def topk_picks(
+        self,
+        scores: Tensor,
+        k: int,
+        *,
+        n_visible: Tensor | None = None,
+        allowed: Tensor | None = None,
+    ) -> Tensor:
         # ReLU scores tie often (exact zeros). Ties resolve to the lowest entry, so the picks
         # never depend on how many masked entries follow (a plain topk's choice among equal
         # values changes with the length, e.g. when a captured step reads a full-capacity
         # entry buffer).
-        idx = stable_topk(scores, k)
-        invalid = idx >= n_visible
-        return torch.where(invalid, torch.full_like(idx, -1), idx)
+        if n_visible is not None:
+            entry = torch.arange(scores.shape[-1], device=scores.device)
+            n_visible = n_visible[..., None]  # [S, 1] or [B, S, 1]
+            idx = stable_topk(scores.masked_fill(entry >= n_visible, float("-inf")), k)
+            return torch.where(idx >= n_visible, torch.full_like(idx, -1), idx)
+        if allowed is None:
+            return stable_topk(scores, k)
+        idx = stable_topk(scores.masked_fill(~allowed, float("-inf")), k)
+        ok = allowed.expand(scores.shape).gather(-1, idx)
+        return torch.where(ok, idx, torch.full_like(idx, -1))
 
     def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
         keys = dense_entries(keys)

@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.backends.torch_ref import stable_topk
 from deepinfer.cache.pages import PagedEntries, dense_entries
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
@@ -42,14 +41,12 @@ class SharedKV:
     candidates: Tensor | None = None  # [B, S, T] entries inside the candidate blocks
 
 
-def pick_topk(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
+def pick_topk(ops: Backend, scores: Tensor, allowed: Tensor, k: int) -> Tensor:
     """Top-``k`` allowed entries per query: [B, S, T] -> [B, S, min(k, T)], -1 past the allowed."""
-    t = scores.shape[-1]
-    k = min(k, t)
-    masked = scores.masked_fill(~allowed, float("-inf"))
-    order = stable_topk(masked, k)
-    ok = allowed.gather(-1, order)
-    return torch.where(ok, order, torch.full_like(order, -1))
+    k = min(k, scores.shape[-1])
+    if k == 0:
+        return torch.empty(*scores.shape[:-1], 0, dtype=torch.long, device=scores.device)
+    return ops.topk_picks(scores, k, allowed=allowed)
 
 
 @dataclass
@@ -89,7 +86,9 @@ class LongRange:
         return torch.gather(self.entries, 1, index), self.picks >= 0
 
 
-def candidate_blocks(scores: Tensor, visible: Tensor, block: int, topk_blocks: int) -> Tensor:
+def candidate_blocks(
+    ops: Backend, scores: Tensor, visible: Tensor, block: int, topk_blocks: int
+) -> Tensor:
     """Entries inside the ``topk_blocks`` blocks with the highest max visible score.
 
     ``scores``/``visible`` [B, S, T]; returns a [B, S, T] bool mask (visible entries only).
@@ -101,7 +100,7 @@ def candidate_blocks(scores: Tensor, visible: Tensor, block: int, topk_blocks: i
     masked = torch.nn.functional.pad(masked, (0, pad), value=float("-inf"))
     block_max = masked.view(b, s, n_blocks, block).amax(dim=-1)
     has_visible = block_max > float("-inf")
-    chosen = pick_topk(block_max, has_visible, topk_blocks)  # [B, S, kb], -1 = none
+    chosen = pick_topk(ops, block_max, has_visible, topk_blocks)  # [B, S, kb], -1 = none
     keep = torch.zeros(b, s, n_blocks + 1, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, torch.where(chosen < 0, n_blocks, chosen), True)
     per_entry = keep[..., :n_blocks].repeat_interleave(block, dim=-1)[..., :t]
@@ -152,6 +151,7 @@ class SharedIndexer(nn.Module):
 
     def select(
         self,
+        ops: Backend,
         scores: Tensor,
         visible: Tensor,
         *,
@@ -165,10 +165,10 @@ class SharedIndexer(nn.Module):
         """
         candidates = None
         if publish_candidates:
-            candidates = candidate_blocks(scores, visible, self.block, self.topk_blocks)
+            candidates = candidate_blocks(ops, scores, visible, self.block, self.topk_blocks)
         allowed = visible
         if within is not None:
             allowed = allowed & within
         if candidates is not None and own_candidates:
             allowed = allowed & candidates
-        return pick_topk(scores, allowed, self.topk), candidates
+        return pick_topk(ops, scores, allowed, self.topk), candidates

@@ -140,6 +140,7 @@ class SharedAttention(MQA):
             visible = visible.expand(x.shape[0], x.shape[1], t)
             scores = self.indexer.scores(ops, x, qr, positions, rotary=rotary, keys=keys)
             picks, candidates = self.indexer.select(
+                ops,
                 scores,
                 visible,
                 within=shared.candidates if self.uses_candidates else None,
