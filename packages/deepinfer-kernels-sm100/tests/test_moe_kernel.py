@@ -62,3 +62,43 @@ def test_tokens_without_any_expert_get_zero() -> None:
     got = _on_device((x, weights, indices, w13, w2), 0.0)
     assert torch.equal(got[2], torch.zeros(32))
     assert got.isfinite().all()
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["one-program-sort", "reference-sort"])
+@pytest.mark.parametrize(("n", "experts", "k"), [(40, 6, 2), (300, 16, 6), (1, 8, 2), (5, 3, 3)])
+def test_grouping_equals_the_reference_sort(
+    n: int, experts: int, k: int, kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-program sort gives the reference's stable order exactly: token rows, pair
+    order, weights and expert ends (and a chunk past GROUP_MAX_PAIRS uses the reference)."""
+    if not kernel:
+        monkeypatch.setattr(moe, "GROUP_MAX_PAIRS", 0)
+    g = torch.Generator().manual_seed(n * experts + k)
+    indices = torch.randint(0, experts, (n, k), generator=g)
+    indices[0, -1] = -1
+    indices[n // 2, 0] = -1
+    weights = torch.rand(n, k, generator=g).bfloat16()
+    rows, order, scale, ends = moe.group_pairs(weights.to(DEVICE), indices.to(DEVICE), experts)
+    want_rows, want_order, want_ends, want_scale, live = moe.group_by_expert(
+        weights, indices, experts
+    )
+    live_pairs = int(live.sum())
+    assert torch.equal(ends.cpu(), want_ends) and int(ends[-1]) == live_pairs
+    assert torch.equal(rows.cpu().long(), want_rows)
+    assert torch.equal(order.cpu().long(), want_order)
+    assert torch.equal(scale.cpu(), want_scale.reshape(-1))
+    # independent of the reference: each expert's pairs in (token, slot) order
+    flat = indices.flatten()
+    for e in range(experts):
+        start = int(want_ends[e - 1]) if e else 0
+        mine = order.cpu().long()[start : int(want_ends[e])]
+        assert mine.tolist() == torch.nonzero(flat == e).flatten().tolist()
+
+
+def test_inputs_rounded_to_the_weights_dtype() -> None:
+    """fp32 tokens through bf16 experts: read in place and rounded as the reference's gather."""
+    x, weights, indices, w13, w2 = _case((9, 32, 16, 4, 2), seed=3, dtype=torch.bfloat16)
+    x = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+    want = ref.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0)
+    got = _on_device((x, weights, indices, w13, w2), 0.0)
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)

@@ -1,7 +1,11 @@
 """Routed SwiGLU experts as two grouped-matmul kernels, in any float dtype, without host syncs.
 
-The (token, slot) pairs are sorted by expert (the reference's own prologue), so each expert's
-rows are one contiguous range of the sorted inputs, ending at ``ends[e]``. One program per
+The (token, slot) pairs are sorted by expert, stably, as the reference sorts them, so each
+expert's rows are one contiguous range of the sorted pairs, ending at ``ends[e]``; for a decode
+batch (up to ``GROUP_MAX_PAIRS`` pairs) one program sorts them (the reference's ~14 torch ops
+and a multi-launch radix sort). The kernels read each sorted pair's token row of ``x`` in place
+and write each pair's output at its (token, slot) row, so neither the gathered inputs nor the
+un-sorting copy exist. One program per
 (expert, column tile) walks its expert's rows in tiles of ``BLOCK_M``: the first kernel
 computes the gate and up projections of a tile together and applies the clamped SwiGLU and the
 router weight in its epilogue (the reference's ``silu(min(gate, l)) * clamp(up, -l, l) *
@@ -20,7 +24,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer.backends.torch_ref import combine_slots, sort_by_expert
+from deepinfer.backends.torch_ref import group_by_expert
+
+#: pairs one program sorts (registers); a longer prefill chunk groups with the reference's ops
+GROUP_MAX_PAIRS = 4096
 
 #: Triton's interpreter (CI, no GPU) multiplies bf16 tiles wrongly, so there the tiles are
 #: widened to fp32 first; on a GPU bf16 tiles go to the tensor cores as they are.
@@ -43,9 +50,42 @@ def _expert_range(ends_ptr, e):
     return start, tl.load(ends_ptr + e)
 
 
+@triton.jit(do_not_specialize=["pairs", "k", "num_experts"])
+def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    idx_ptr,  # [P] expert of each (token, slot) pair, -1 = none
+    weight_ptr,  # [P] router weights
+    token_ptr,  # [P] out: token row of each sorted pair
+    order_ptr,  # [P] out: (token, slot) pair of each sorted pair
+    scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
+    ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
+    pairs,
+    k,
+    num_experts,
+    P_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+):
+    """A stable sort of the pairs by expert, as one sort of unique (expert, pair) keys."""
+    p = tl.arange(0, P_PAD)
+    valid = p < pairs
+    e = tl.load(idx_ptr + p, mask=valid, other=-1).to(tl.int64)
+    key = tl.where(e >= 0, e, num_experts)  # "none" after every expert
+    key = tl.where(valid, key, num_experts + 1)
+    ranked = tl.sort((key << 32) | p.to(tl.int64))
+    src = (ranked & 0xFFFFFFFF).to(tl.int32)
+    tl.store(order_ptr + p, src, mask=valid)
+    tl.store(token_ptr + p, src // k, mask=valid)
+    w = tl.load(weight_ptr + src, mask=valid, other=0.0).to(tl.float32)
+    tl.store(scale_ptr + p, w, mask=valid)
+    has = valid & (e >= 0)
+    counts = tl.histogram(tl.where(has, e, 0).to(tl.int32), E_PAD, mask=has)
+    bins = tl.arange(0, E_PAD)
+    tl.store(ends_ptr + bins, tl.cumsum(counts, 0), mask=bins < num_experts)
+
+
 @triton.jit
 def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    x_ptr,  # [P, K] sorted inputs
+    x_ptr,  # [N, K] token inputs
+    token_ptr,  # [P] token row of each sorted pair
     w_ptr,  # [E, 2I, K] gate rows over up rows
     scale_ptr,  # [P] router weights (fp32)
     ends_ptr,  # [E] int32
@@ -69,15 +109,16 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
+        token = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
             k_ok = (k0 + kk) < k_dim
             x = tl.load(
-                x_ptr + rows[:, None] * k_dim + k0 + kk[None, :],
+                x_ptr + token[:, None] * k_dim + k0 + kk[None, :],
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
-            )
+            ).to(w_ptr.dtype.element_ty)  # as the reference rounds the inputs to the weights'
             w_mask = (cols[:, None] < inter) & k_ok[None, :]
             wg = tl.load(w_gate + k0 + kk[None, :], mask=w_mask, other=0.0)
             wu = tl.load(w_up + k0 + kk[None, :], mask=w_mask, other=0.0)
@@ -100,7 +141,8 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     h_ptr,  # [P, I]
     w_ptr,  # [E, D, I]
     ends_ptr,
-    y_ptr,  # [P, D] fp32 out
+    order_ptr,  # [P] (token, slot) pair of each sorted pair
+    y_ptr,  # [P, D] fp32 out, by (token, slot) pair
     d_out,
     inter,
     IEEE: tl.constexpr,
@@ -127,8 +169,9 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
             )
             wt = tl.load(w + k0 + kk[None, :], mask=(cols[:, None] < d_out) & k_ok[None, :])
             acc = _mma(h, wt, acc, IEEE, WIDEN)
+        pair = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         tl.store(
-            y_ptr + rows[:, None] * d_out + cols[None, :],
+            y_ptr + pair[:, None] * d_out + cols[None, :],
             acc,
             mask=row_ok[:, None] & (cols[None, :] < d_out),
         )
@@ -138,25 +181,59 @@ def _tile(n: int, most: int) -> int:
     return max(16, min(most, triton.next_power_of_2(n)))
 
 
+def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> tuple[Tensor, ...]:
+    """(token row, (token, slot) pair, router weight fp32) of each pair sorted stably by
+    expert, and each expert's end offset [E] int32: :func:`group_by_expert`'s order."""
+    pairs = indices.numel()
+    if pairs > GROUP_MAX_PAIRS:
+        rows, order, ends, scale, _ = group_by_expert(weights, indices, num_experts)
+        return rows, order, scale.reshape(-1), ends
+    dev = indices.device
+    rows = torch.empty(pairs, dtype=torch.int32, device=dev)
+    order = torch.empty(pairs, dtype=torch.int32, device=dev)
+    scale = torch.empty(pairs, dtype=torch.float32, device=dev)
+    ends = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    if pairs:
+        _group_kernel[(1,)](
+            indices.reshape(-1).contiguous(),
+            weights.reshape(-1).contiguous(),
+            rows,
+            order,
+            scale,
+            ends,
+            pairs,
+            indices.shape[-1],
+            num_experts,
+            P_PAD=max(16, triton.next_power_of_2(pairs)),
+            E_PAD=max(16, triton.next_power_of_2(num_experts)),
+            num_warps=4 if pairs <= 1024 else 8,
+        )
+    else:
+        ends.zero_()
+    return rows, order, scale, ends
+
+
 def moe_experts(
     x: Tensor, weights: Tensor, indices: Tensor, *, w13: Tensor, w2: Tensor, swiglu_limit: float
 ) -> Tensor:
     """The backend's ``moe_experts``: fp32 [N, d] weighted sum of each token's experts."""
-    rows, order, ends, xs, scale, live = sort_by_expert(x, weights, indices, w13)
     num_experts, two_inter, d_in = w13.shape
     inter, d_out = two_inter // 2, w2.shape[1]
+    rows, order, scale, ends = group_pairs(weights, indices, num_experts)
     pairs = rows.shape[0]
     ieee = w13.dtype == torch.float32
     # The hidden activation is rounded to the weights' dtype before w2, as in the reference.
     h = torch.empty(pairs, inter, dtype=w2.dtype, device=x.device)
-    y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
+    # Pairs without an expert are never computed: their rows stay zero.
+    y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         block_m = 16 if pairs <= 64 * num_experts else 64
         bn, bk = _tile(inter, 64), _tile(d_in, 64)
         _gate_up_kernel[(num_experts, triton.cdiv(inter, bn))](
-            xs.contiguous(),
+            x.contiguous(),
+            rows,
             w13.contiguous(),
-            scale.reshape(-1).contiguous(),
+            scale,
             ends,
             h,
             inter,
@@ -174,6 +251,7 @@ def moe_experts(
             h,
             w2.contiguous(),
             ends,
+            order,
             y,
             d_out,
             inter,
@@ -183,4 +261,5 @@ def moe_experts(
             BLOCK_N=bn,
             BLOCK_K=bk,
         )
-    return combine_slots(y, order, live, indices.shape[-1])
+    # Each token's k slots summed in slot order, as the reference's combine does.
+    return y.view(-1, indices.shape[-1], d_out).sum(dim=1)

@@ -78,28 +78,36 @@ def _grouped_mm_for(device: torch.device, dtype: torch.dtype) -> GroupedMM | Non
     return _GROUPED_MM[key]
 
 
-def sort_by_expert(
-    x: Tensor, weights: Tensor, indices: Tensor, w13: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def group_by_expert(
+    weights: Tensor, indices: Tensor, num_experts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Group the (token, slot) pairs of a routing by expert, without a host sync.
 
     Returns (token row of each sorted pair [P], the sort order [P], each expert's end offset
-    in the sorted pairs [E] int32, the gathered inputs [P, d] in the weights' dtype, the
-    router weights [P, 1] fp32, which sorted pairs have an expert [P]). "No expert" (-1)
-    pairs sort after every expert's group, outside every offset, so grouped matmuls skip them.
+    in the sorted pairs [E] int32, the router weights [P, 1] fp32, which sorted pairs have an
+    expert [P]). The sort is stable: within an expert, pairs keep their (token, slot) order.
+    "No expert" (-1) pairs sort after every expert's group, outside every offset, so grouped
+    matmuls skip them.
     """
-    num_experts, k = w13.shape[0], indices.shape[-1]
+    k = indices.shape[-1]
     flat = indices.reshape(-1)
     key = torch.where(flat >= 0, flat, num_experts)
     order = key.argsort(stable=True)
     ordered = key[order]
     # Group ends by binary search in the sorted keys: unlike bincount, no host sync.
-    experts = torch.arange(num_experts, device=x.device, dtype=ordered.dtype)
+    experts = torch.arange(num_experts, device=indices.device, dtype=ordered.dtype)
     ends = torch.searchsorted(ordered, experts, right=True).to(torch.int32)
-    rows = order // k
-    xs = x[rows].to(w13.dtype)
     scale = weights.reshape(-1)[order, None].float()
-    return rows, order, ends, xs, scale, ordered < num_experts
+    return order // k, order, ends, scale, ordered < num_experts
+
+
+def sort_by_expert(
+    x: Tensor, weights: Tensor, indices: Tensor, w13: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`group_by_expert` and the inputs of the sorted pairs [P, d] in the weights' dtype:
+    (rows, order, ends, inputs, router weights, live)."""
+    rows, order, ends, scale, live = group_by_expert(weights, indices, w13.shape[0])
+    return rows, order, ends, x[rows].to(w13.dtype), scale, live
 
 
 def combine_slots(y: Tensor, order: Tensor, live: Tensor, k: int) -> Tensor:
