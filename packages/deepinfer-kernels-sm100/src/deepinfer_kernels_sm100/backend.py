@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, ClassVar
 
+import torch.nn.functional as F
 from torch import Tensor
 
 from deepinfer.backends.base import Availability
@@ -133,6 +134,32 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.attention import sparse_mqa_sink_attention
 
         return sparse_mqa_sink_attention(q, kv, index, sinks, scale)
+
+    def moe_route(
+        self,
+        x: Tensor,
+        gate_weight: Tensor,
+        bias: Tensor | None,
+        *,
+        topk: int,
+        scoring_func: str,
+        routed_scaling_factor: float,
+        norm_topk_prob: bool,
+        fixed_indices: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        from deepinfer_kernels_sm100.router import fits, route
+
+        kw = {
+            "topk": topk,
+            "scoring_func": scoring_func,
+            "routed_scaling_factor": routed_scaling_factor,
+            "norm_topk_prob": norm_topk_prob,
+            "fixed_indices": fixed_indices,
+        }
+        if not fits(gate_weight.shape[0], topk, scoring_func):
+            return super().moe_route(x, gate_weight, bias, **kw)
+        # the gate's matmul as the reference computes it; everything after it in one kernel
+        return route(F.linear(x.float(), gate_weight.float()), bias, **kw)
 
     def moe_experts(
         self,
