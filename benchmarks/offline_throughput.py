@@ -25,7 +25,9 @@ Each equal-length row also times one decode step of either model after a ``promp
 prefill, and the step's *matmul floor*: the matmuls DeepInfer's step dispatches (captured with
 their operands, then replayed back to back), i.e. what the step would cost if everything else
 were free. HF's step over that floor bounds the speedup any implementation doing the same fp32
-arithmetic on this device could reach.
+arithmetic with these matmuls could reach; ``max_speedup_at_peak`` bounds it again with the
+floor's arithmetic run at the device's large-matmul rate (``peak_gflops``, a 1024^3 product),
+which no decomposition of these small products reaches.
 
     python benchmarks/offline_throughput.py [--batches 1 32] [--prompt-len 64] [--output-len 64]
         [--varied --input-range 64 512 --output-range 32 256]
@@ -242,6 +244,24 @@ class _CaptureMatmuls(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _flops(func: Any, args: list[Any]) -> int:
+    """Multiply-adds x 2 of one captured matmul."""
+    name = func.overloadpacket.__name__
+    if name in ("addmm", "baddbmm"):
+        args = args[1:]
+    a, b = args[0], args[1]
+    if name == "_grouped_mm":  # [rows, k] x [groups, k, n]: each row meets one group
+        return 2 * a.shape[0] * a.shape[1] * b.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+
+
+def peak_gflops(device: str) -> float:
+    """The device's fp32 matmul rate on a large square product (1024^3), as a ceiling."""
+    a = torch.randn(1024, 1024, device=device)
+    return round(2 * 1024**3 / _median_ms(lambda: a @ a, device) / 1e6, 1)
+
+
 def _median_ms(fn: Any, device: str, repeats: int = 10) -> float:
     times = []
     for _ in range(repeats + 2):
@@ -285,6 +305,8 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
     with capture:
         model.forward_decode(ids, states)
     floor = _median_ms(lambda: [f(*a, **k) for f, a, k in capture.calls], device)
+    flops = sum(_flops(f, a) for f, a, _ in capture.calls)
+    peak = peak_gflops(device)
     cache = hf(prompts, use_cache=True).past_key_values
     step = prompts[:, -1:]
     theirs = _median_ms(lambda: hf(step, past_key_values=cache, use_cache=True), device)
@@ -294,6 +316,11 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
         "deepinfer_matmul_floor_ms": round(floor, 2),
         "matmuls_per_step": len(capture.calls),
         "max_speedup_at_floor": round(theirs / floor, 2),
+        "matmul_gflop_per_step": round(flops / 1e9, 4),
+        "matmul_floor_gflops": round(flops / floor / 1e6, 1),
+        "peak_gflops": peak,
+        # the step's matmul arithmetic alone, at the device's large-matmul rate
+        "max_speedup_at_peak": round(theirs / (flops / peak / 1e6), 2),
     }
 
 
