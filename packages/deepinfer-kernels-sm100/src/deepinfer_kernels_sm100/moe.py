@@ -2,17 +2,18 @@
 
 The (token, slot) pairs are sorted by expert, stably, as the reference sorts them, so each
 expert's rows are one contiguous range of the sorted pairs, ending at ``ends[e]``; for a decode
-batch (up to ``GROUP_MAX_PAIRS`` pairs) one program sorts them (the reference's ~14 torch ops
-and a multi-launch radix sort). The kernels read each sorted pair's token row of ``x`` in place
-and write each pair's output at its (token, slot) row, so neither the gathered inputs nor the
-un-sorting copy exist. One program per
+batch (up to ``GROUP_MAX_PAIRS`` pairs) one program sorts them, where the reference takes ~14
+torch ops, a multi-launch radix sort among them. The kernels read each sorted pair's token row
+of ``x`` in place and write each pair's output at its (token, slot) row, so neither the gathered
+inputs nor the un-sorting copy exist. One program per
 (expert, column tile) walks its expert's rows in tiles of ``BLOCK_M``: the first kernel
 computes the gate and up projections of a tile together and applies the clamped SwiGLU and the
 router weight in its epilogue (the reference's ``silu(min(gate, l)) * clamp(up, -l, l) *
 weight``), the second multiplies by ``w2``. Row ranges are read on the device, so nothing waits
 on the host: where torch's grouped matmul lacks a kernel (fp32 on Hopper), the reference loops
-over experts with one host sync per layer and two launches per expert; this is two launches.
-fp32 operands multiply in IEEE fp32 (no TF32), as torch's matmul does by default.
+over experts with one host sync per layer and two launches per expert; here the matmuls of
+all experts are two launches. fp32 operands multiply in IEEE fp32 (no TF32), as torch's
+matmul does by default.
 """
 
 from __future__ import annotations
@@ -181,7 +182,9 @@ def _tile(n: int, most: int) -> int:
     return max(16, min(most, triton.next_power_of_2(n)))
 
 
-def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> tuple[Tensor, ...]:
+def group_pairs(
+    weights: Tensor, indices: Tensor, num_experts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(token row, (token, slot) pair, router weight fp32) of each pair sorted stably by
     expert, and each expert's end offset [E] int32: :func:`group_by_expert`'s order."""
     pairs = indices.numel()
