@@ -70,6 +70,9 @@ def init_random_weights(model: DeepseekV4ForCausalLM, seed: int = 0) -> None:
             value = torch.randn(t.shape, generator=g)
         elif t.dim() == 2 and leaf == "weight":
             value = torch.randn(t.shape, generator=g) / math.sqrt(t.shape[1])
+            # as a checkpoint stores projections: in the model's dtype, even those the model
+            # holds in fp32 (router gate, compressors)
+            value = value.to(model.dtype)
         else:  # sinks, ape, mHC fn/base/scale, router bias
             value = torch.randn(t.shape, generator=g) * 0.1
         t.copy_(value.to(t.dtype))

@@ -167,7 +167,7 @@ class Attention(MQA):
         if self.kind != "swa":
             overlap = self.kind == "csa"
             self.compressor = Compressor(
-                d, self.head_dim, self.ratio, overlap=overlap, eps=cfg.rms_norm_eps, dtype=dtype
+                d, self.head_dim, self.ratio, overlap=overlap, eps=cfg.rms_norm_eps
             )
         if self.kind == "csa":
             self.indexer = Indexer(cfg, self.ratio, dtype)

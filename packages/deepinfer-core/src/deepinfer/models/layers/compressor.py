@@ -29,15 +29,16 @@ class Compressor(nn.Module):
         *,
         overlap: bool,
         eps: float,
-        dtype: torch.dtype,
     ) -> None:
         super().__init__()
         self.dim = dim
         self.ratio = ratio
         self.overlap = overlap
         width = 2 * dim if overlap else dim
-        self.wkv = Linear(hidden, width, dtype)
-        self.wgate = Linear(hidden, width, dtype)
+        # Projections run in fp32 on a 16-bit checkpoint weight: held in fp32 from the load on,
+        # not widened on every call.
+        self.wkv = Linear(hidden, width, torch.float32)
+        self.wgate = Linear(hidden, width, torch.float32)
         self.ape = fp32_param(ratio, width)
         self.norm = RMSNorm(dim, eps)
 
@@ -73,8 +74,8 @@ class Compressor(nn.Module):
         if isinstance(state, list):
             return self._forward_rows(ops, x, positions, rotary, state)
         xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight.float())
-        score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
+        kv = ops.linear(xf, self.wkv.weight)
+        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
         state.remember(kv, score)
         kv = torch.cat((state.buf_kv, kv), dim=1)
         score = torch.cat((state.buf_score, score), dim=1)
@@ -111,8 +112,8 @@ class Compressor(nn.Module):
     ) -> Tensor:
         """One new token per row: buffer it, pool the rows whose window just filled."""
         xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight.float())
-        score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
+        kv = ops.linear(xf, self.wkv.weight)
+        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
         _, full, win_kv, win_score = fill_windows(states, kv, score)
         if full.states:
             prev_kv = prev_score = None
@@ -151,8 +152,8 @@ class Compressor(nn.Module):
         """
         pool, slots, r = rows.pool, rows.slots, self.ratio
         xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight.float())
-        score = ops.linear(xf, self.wgate.weight.float()) + self.ape[positions % r]
+        kv = ops.linear(xf, self.wkv.weight)
+        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % r]
         p = positions[:, 0]
         win_kv, win_score = slot_windows(rows, p, kv, score)
         prev_kv = prev_score = None

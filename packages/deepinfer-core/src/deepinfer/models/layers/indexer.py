@@ -26,7 +26,7 @@ class Indexer(nn.Module):
         self.topk = cfg.index_topk
         self.ratio = ratio
         self.compressor = Compressor(
-            cfg.hidden_size, self.head_dim, ratio, overlap=True, eps=cfg.rms_norm_eps, dtype=dtype
+            cfg.hidden_size, self.head_dim, ratio, overlap=True, eps=cfg.rms_norm_eps
         )
         self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype)
         self.weights_proj = Linear(cfg.hidden_size, self.n_heads, dtype)

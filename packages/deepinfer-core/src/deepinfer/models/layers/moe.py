@@ -24,12 +24,12 @@ from deepinfer.models.layers.norm import Linear, fp32_param
 
 
 class Gate(nn.Module):
-    def __init__(self, cfg: ModelConfig, hashed: bool, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, hashed: bool) -> None:
         super().__init__()
         self.hashed = hashed
-        self.weight = nn.Parameter(
-            torch.empty(cfg.n_routed_experts, cfg.hidden_size, dtype=dtype), requires_grad=False
-        )
+        # Router logits are computed in fp32 from a 16-bit checkpoint weight: held in fp32 once
+        # at load rather than widened on every call (a copy of the weight each step and layer).
+        self.weight = fp32_param(cfg.n_routed_experts, cfg.hidden_size)
         if hashed:
             self.register_buffer(
                 "tid2eid", torch.empty(cfg.vocab_size, cfg.num_experts_per_tok, dtype=torch.long)
@@ -92,7 +92,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
-        self.gate = Gate(cfg, cfg.is_hash_layer(layer_id), dtype)
+        self.gate = Gate(cfg, cfg.is_hash_layer(layer_id))
         self.experts = RoutedExperts(
             cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
         )

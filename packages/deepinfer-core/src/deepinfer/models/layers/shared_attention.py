@@ -48,9 +48,7 @@ class SharedAttention(MQA):
         self.compressor: SharedCompressor | None = None
         self.indexer: SharedIndexer | None = None
         if self.is_kv_source:
-            self.compressor = SharedCompressor(
-                d, self.head_dim, self.ratio, eps=cfg.rms_norm_eps, dtype=dtype
-            )
+            self.compressor = SharedCompressor(d, self.head_dim, self.ratio, eps=cfg.rms_norm_eps)
         if self.is_kv_source or self.is_index_source:
             self.indexer = SharedIndexer(
                 cfg, owns_keys=self.is_kv_source, owns_query=self.is_index_source, dtype=dtype

@@ -24,17 +24,16 @@ from deepinfer.transfer import to_device
 
 
 class SharedCompressor(nn.Module):
-    def __init__(
-        self, hidden: int, dim: int, ratio: int, *, eps: float, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, hidden: int, dim: int, ratio: int, *, eps: float) -> None:
         super().__init__()
         if ratio not in (1, 2):
             raise NotImplementedError(f"V4.1 compressor ratio {ratio}: only 1 and 2 exist")
         self.dim = dim
         self.ratio = ratio
-        self.wkv = Linear(hidden, dim, dtype)
+        # fp32 projections of a 16-bit checkpoint weight: held in fp32 from the load on.
+        self.wkv = Linear(hidden, dim, torch.float32)
         # A softmax over one slot is 1, so ratio 1 has no gate at all.
-        self.wgate: Linear | None = Linear(hidden, dim, dtype) if ratio > 1 else None
+        self.wgate: Linear | None = Linear(hidden, dim, torch.float32) if ratio > 1 else None
         self.norm = RMSNorm(dim, eps)
 
     def new_state(
@@ -82,10 +81,10 @@ class SharedCompressor(nn.Module):
 
     def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
         xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight.float())
+        kv = ops.linear(xf, self.wkv.weight)
         if self.wgate is None:
             return kv, torch.zeros_like(kv)
-        return kv, ops.linear(xf, self.wgate.weight.float())
+        return kv, ops.linear(xf, self.wgate.weight)
 
     def _forward_rows(
         self, ops: Backend, x: Tensor, states: list[CompressorState]
