@@ -204,7 +204,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         template = states[0].layers
 
         def step(ids: Tensor, positions: Tensor, slots: Tensor, num_tokens: int) -> Tensor:
-            rows = [slot_rows(layer, slots, num_tokens) for layer in template]
+            rows = step_rows(template, slots, num_tokens)
             ctx = ForwardContext(self.ops, positions, ids, self.rotary)
             return self._run_layers(ids, ctx, rows)[0][:, 0]
 
@@ -712,7 +712,18 @@ def slot_ids(states: Sequence[ModelState], device: torch.device) -> Tensor:
     return to_device(torch.tensor([s.layers[0].swa.slot for s in states]), device)
 
 
-def slot_rows(layer: LayerState, slots: Tensor, num_tokens: int) -> SlotRows:
+def step_rows(layers: Sequence[LayerState], slots: Tensor, num_tokens: int) -> list[SlotRows]:
+    """:func:`slot_rows` of every layer of one decode step, sharing one step memo."""
+    memo: dict[tuple[str, int, int], Tensor] = {}
+    return [slot_rows(layer, slots, num_tokens, memo) for layer in layers]
+
+
+def slot_rows(
+    layer: LayerState,
+    slots: Tensor,
+    num_tokens: int,
+    step_memo: dict[tuple[str, int, int], Tensor],
+) -> SlotRows:
     """One layer's shared tensors for decode rows ``slots``; entries are read up to what a
     sequence of ``num_tokens`` tokens has."""
 
@@ -723,7 +734,7 @@ def slot_rows(layer: LayerState, slots: Tensor, num_tokens: int) -> SlotRows:
         return CompressorRows(comp.pool, slots, comp.ratio, num_tokens // comp.ratio)
 
     assert layer.swa.pool is not None
-    return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer))
+    return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer), step_memo)
 
 
 def slot_tensors(layers: Sequence[LayerState]) -> list[Tensor]:

@@ -40,7 +40,7 @@ from deepinfer.models.deepseek_v4 import (
     decode_inputs,
     pack_chunks,
     per_layer_states,
-    slot_rows,
+    step_rows,
     take_rows,
 )
 from deepinfer.models.graphs import DecodeGraphs
@@ -268,7 +268,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
             engram_ids, new_history = self._engram_ids(ids, history)
             if pool is not None and new_history is not None:
                 pool[slots] = new_history
-            rows = [slot_rows(layer, slots, num_tokens) for layer in template]
+            rows = step_rows(template, slots, num_tokens)
             logits, _ = self._run_v41(ids, positions, engram_ids, rows, None, text=True)
             return logits[:, 0]
 

@@ -425,6 +425,9 @@ class SlotRows:
     slots: Tensor  # [B] long
     compressor: CompressorRows | None = None
     indexer: CompressorRows | None = None
+    #: What every layer of one step computes alike from the step's positions (the window
+    #: mask, by ring capacity and window): one dict shared by the step's layers.
+    step_memo: dict[tuple[str, int, int], Tensor] = field(default_factory=dict, repr=False)
 
 
 #: What a layer's forward receives: the state of a lockstep chunk, one state per decode row

@@ -15,7 +15,7 @@ from deepinfer.models.layers.attention import Attention
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm
-from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.rope import Rotary, per_call
 from deepinfer.models.state import LayerState, LayerStates
 
 
@@ -29,6 +29,9 @@ class ForwardContext:
     rotary: dict[str, Rotary]  # "main" (base theta) and "compress" (YaRN)
     #: Decode steps on a GPU: CUDA graphs of each layer's FFN half (None: run it eagerly).
     graphs: DecodeGraphs | None = None
+
+    def __post_init__(self) -> None:
+        self.rotary = per_call(self.rotary)  # every layer rotates at ``positions``
 
 
 class Block(nn.Module):

@@ -9,7 +9,7 @@ as transformers does, because the released checkpoints were trained at the long 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +49,11 @@ class Rotary:
     """Inverse frequencies of one RoPE flavour; angles are computed per call in fp32."""
 
     inv_freq: Tensor
+    #: Angles already computed, by the ``id`` of the positions tensor (kept, so the id stays
+    #: its own); None: no memo (the model's own tables, see :meth:`per_call`).
+    memo: dict[int, tuple[Tensor, Tensor, Tensor]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def build(
@@ -64,9 +69,29 @@ class Rotary:
             freq = base_inv_freq(rope_dim, theta)
         return cls(freq.to(device))
 
+    def per_call(self) -> Rotary:
+        """This flavour with a memo for one forward call, whose layers all rotate at the same
+        ``positions``: their angles are computed once, not once per layer (four ops, or GPU
+        kernels, each). The memo must not outlive the call: a CUDA graph captured after a
+        warm-up run would otherwise read the warm-up's angles instead of recording their
+        computation."""
+        return Rotary(self.inv_freq, {})
+
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos/sin of shape [*positions.shape, rope_dim/2] for absolute ``positions``: [S] for
         a sequence chunk, [B, S] for a batch whose rows sit at different positions."""
+        if self.memo is not None:
+            hit = self.memo.get(id(positions))
+            if hit is not None and hit[0] is positions:
+                return hit[1], hit[2]
         inv_freq = self.inv_freq.to(positions.device)
         angles = positions.float()[..., None] * inv_freq
-        return angles.cos(), angles.sin()
+        cos, sin = angles.cos(), angles.sin()
+        if self.memo is not None:
+            self.memo[id(positions)] = (positions, cos, sin)
+        return cos, sin
+
+
+def per_call(tables: dict[str, Rotary]) -> dict[str, Rotary]:
+    """A forward call's own copies of the model's RoPE flavours (see :meth:`Rotary.per_call`)."""
+    return {kind: r.per_call() for kind, r in tables.items()}

@@ -22,7 +22,7 @@ from deepinfer.models.layers.lagged_mhc import LaggedHyperConnection
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm, fp32_param
-from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.rope import Rotary, per_call
 from deepinfer.models.layers.shared_attention import SharedAttention
 from deepinfer.models.state import LayerState, LayerStates
 
@@ -42,6 +42,9 @@ class V41Context:
     engram_history: int
     #: Decode steps on a GPU: CUDA graphs of each layer's FFN half (None: run it eagerly).
     graphs: DecodeGraphs | None = None
+
+    def __post_init__(self) -> None:
+        self.rotary = per_call(self.rotary)  # every layer rotates at ``positions``
 
 
 class ImageBiasMoE(MoE):
