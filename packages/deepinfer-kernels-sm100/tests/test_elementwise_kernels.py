@@ -97,3 +97,42 @@ def test_mhc_collapse_matches_float64(hc: int, dtype: torch.dtype) -> None:
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
     torch.testing.assert_close(got, ref.mhc_collapse(x, pre), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("limit", [10.0, 0.0], ids=["clamped", "unclamped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_matches_float64(limit: float, dtype: torch.dtype) -> None:
+    # 2500 entries: three programs, the last partial; values out to +-24 reach both clamps
+    gate = (_rand(5, 500, seed=20) * 8).to(dtype)
+    up = (_rand(5, 500, seed=21) * 8).to(dtype)
+    got = elementwise.swiglu(gate.to(DEVICE), up.to(DEVICE), limit, dtype).cpu()
+    g, u = gate.double(), up.double()
+    if limit > 0:
+        g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+    exact = g * torch.sigmoid(g) * u
+    assert got.dtype == dtype and got.shape == gate.shape
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
+    if limit > 0:  # the clamp is live: an unclamped product would miss by far more
+        assert (gate.float() > limit).any() and (up.float().abs() > limit).any()
+
+
+def test_shared_expert_matches_the_reference() -> None:
+    """The backend's dense SwiGLU MLP (the shared expert) through the kernel equals the
+    reference's, bf16 weights with fp32 inputs as the MoE layer calls it."""
+    from deepinfer_kernels_sm100.backend import Sm100Backend
+
+    if DEVICE == "cpu":
+        ops = Sm100Backend.__new__(Sm100Backend)  # the op table, without the device check
+        ops.device = torch.device("cpu")
+    else:
+        ops = Sm100Backend()
+    x = _rand(6, 64, seed=22)
+    w1, w3 = ((_rand(96, 64, seed=s) * 0.2).to(torch.bfloat16) for s in (23, 24))
+    w2 = (_rand(64, 96, seed=25) * 0.1).to(torch.bfloat16)
+    args = (w1.to(DEVICE), w2.to(DEVICE), w3.to(DEVICE), 1.0)  # limit 1: both clamps live
+    got = ops.swiglu_mlp(x.to(DEVICE), *args).cpu()
+    want = ref.swiglu_mlp(x, w1, w2, w3, 1.0)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    # the hidden activations round to bf16 on both sides; an ulp there moves the output a little
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)

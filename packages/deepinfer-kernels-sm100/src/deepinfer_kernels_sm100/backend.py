@@ -161,6 +161,15 @@ class Sm100Backend(TorchBackend):
         # the gate's matmul as the reference computes it; everything after it in one kernel
         return route(F.linear(x.float(), gate_weight.float()), bias, **kw)
 
+    def swiglu_mlp(
+        self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.elementwise import swiglu
+
+        x = x.to(w1.dtype)
+        h = swiglu(F.linear(x, w1), F.linear(x, w3), swiglu_limit, w2.dtype)
+        return F.linear(h, w2).float()
+
     def moe_experts(
         self,
         x: Tensor,

@@ -1,4 +1,4 @@
-"""RMSNorm and interleaved RoPE as one kernel each.
+"""RMSNorm, interleaved RoPE and the clamped SwiGLU as one kernel each.
 
 In plain torch they are 6-12 small ops per call (upcast, square, mean, rsqrt, multiplies, strided
 even/odd views, stack, concatenate), and a decode step calls them a few dozen times: on a GPU each
@@ -122,3 +122,43 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
             BLOCK_D=triton.next_power_of_2(dim),
         )
     return out.view(x.shape)
+
+
+@triton.jit
+def _swiglu_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    gate_ptr,
+    up_ptr,
+    out_ptr,
+    n,
+    limit,
+    CLAMP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if CLAMP:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + offs, h.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+SWIGLU_BLOCK = 1024
+
+
+def swiglu(gate: Tensor, up: Tensor, limit: float, out_dtype: torch.dtype) -> Tensor:
+    """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` in fp32 (no clamp when ``limit``
+    <= 0), stored as ``out_dtype``: the reference's two upcasts, two clamps, SiLU, product and
+    downcast (seven launches for the shared expert of every MoE layer) in one."""
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    g, u = gate.contiguous(), up.contiguous()
+    out = torch.empty(g.shape, dtype=out_dtype, device=g.device)
+    n = g.numel()
+    if n:
+        _swiglu_kernel[(triton.cdiv(n, SWIGLU_BLOCK),)](
+            g, u, out, n, float(limit), CLAMP=limit > 0, BLOCK=SWIGLU_BLOCK
+        )
+    return out
