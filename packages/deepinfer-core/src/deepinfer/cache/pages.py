@@ -191,15 +191,23 @@ class PageTable:
     ) -> PagedEntries:
         """Entries ``:limit`` of every slot in ``slots`` [B], left in ``pages`` (device-only);
         ``counts`` [B]: how many of them each slot holds, if known."""
-        index = self.table[slots, : -(-limit // pages.shape[1])]
-        return PagedEntries(pages, index, limit, counts)
+        return PagedEntries(pages, self.row_pages(slots, limit, pages.shape[1]), limit, counts)
+
+    def row_pages(self, slots: Tensor, limit: int, per_page: int) -> Tensor:
+        """[B, pages_for(limit)]: the pages holding entries ``:limit`` of each of ``slots``."""
+        return self.table[slots, : -(-limit // per_page)]
+
+    def locate(self, slots: Tensor, index: Tensor, per_page: int) -> tuple[Tensor, Tensor]:
+        """(page, row in the page) of entries ``index`` of slots ``slots`` (broadcast
+        together); ``per_page``: entries a page of the pool holds."""
+        return self.table[slots, index // per_page], index % per_page
 
     def scatter_rows(self, pages: Tensor, slots: Tensor, index: Tensor, values: Tensor) -> None:
         """Put ``values`` at entries ``index`` of slots ``slots`` (broadcast together, e.g.
         [B] with [B] and values [B, D], or [B, 1] with [T] and values [B, T, D]); device-only,
         the pages must be held."""
-        rows = pages.shape[1]
-        pages[self.table[slots, index // rows], index % rows] = values.to(pages.dtype)
+        page, row = self.locate(slots, index, pages.shape[1])
+        pages[page, row] = values.to(pages.dtype)
 
     def _grow(self, at_least: int) -> None:
         old = self.num_pages

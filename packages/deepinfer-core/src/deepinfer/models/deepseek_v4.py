@@ -41,6 +41,7 @@ from deepinfer.models.state import (
     ModelState,
     Packed,
     SlotRows,
+    StepMemo,
     clear_marks,
     clone_or_none,
     entry_bytes_per_token,
@@ -714,7 +715,7 @@ def slot_ids(states: Sequence[ModelState], device: torch.device) -> Tensor:
 
 def step_rows(layers: Sequence[LayerState], slots: Tensor, num_tokens: int) -> list[SlotRows]:
     """:func:`slot_rows` of every layer of one decode step, sharing one step memo."""
-    memo: dict[tuple[str, int, int], Tensor] = {}
+    memo = StepMemo()
     return [slot_rows(layer, slots, num_tokens, memo) for layer in layers]
 
 
@@ -722,7 +723,7 @@ def slot_rows(
     layer: LayerState,
     slots: Tensor,
     num_tokens: int,
-    step_memo: dict[tuple[str, int, int], Tensor],
+    step_memo: StepMemo,
 ) -> SlotRows:
     """One layer's shared tensors for decode rows ``slots``; entries are read up to what a
     sequence of ``num_tokens`` tokens has."""
@@ -731,7 +732,7 @@ def slot_rows(
         if comp is None:
             return None
         assert comp.pool is not None
-        return CompressorRows(comp.pool, slots, comp.ratio, num_tokens // comp.ratio)
+        return CompressorRows(comp.pool, slots, comp.ratio, num_tokens // comp.ratio, step_memo)
 
     assert layer.swa.pool is not None
     return SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer), step_memo)

@@ -22,9 +22,9 @@ layers, so it needs no state.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -402,6 +402,26 @@ class Packed:
         return out
 
 
+_T = TypeVar("_T")
+
+
+class StepMemo:
+    """Values every layer of one decode step computes alike from the step's positions and rows:
+    the window mask, a compression ratio's window phase and entry index, the entries' page
+    locations. A real model has dozens of layers; each would otherwise launch the same ~10
+    small integer kernels. One memo per step, shared by its layers' rows; it must not outlive
+    the step (a CUDA graph captured after a warm-up run would read the warm-up's values)."""
+
+    def __init__(self) -> None:
+        self._values: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """The value stored under ``key``, made by ``make()`` the first time it is asked for."""
+        if key not in self._values:
+            self._values[key] = make()
+        return self._values[key]
+
+
 @dataclass
 class CompressorRows:
     """One compressor's shared buffers for a decode batch of slotted states (all on the
@@ -413,6 +433,7 @@ class CompressorRows:
     slots: Tensor  # [B] long
     ratio: int
     entry_limit: int
+    step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
 
 
 @dataclass
@@ -425,9 +446,7 @@ class SlotRows:
     slots: Tensor  # [B] long
     compressor: CompressorRows | None = None
     indexer: CompressorRows | None = None
-    #: What every layer of one step computes alike from the step's positions (the window
-    #: mask, by ring capacity and window): one dict shared by the step's layers.
-    step_memo: dict[tuple[str, int, int], Tensor] = field(default_factory=dict, repr=False)
+    step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
 
 
 #: What a layer's forward receives: the state of a lockstep chunk, one state per decode row

@@ -9,6 +9,8 @@ tokens at stride ratio. Projections and the softmax pooling run in fp32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -150,18 +152,18 @@ class Compressor(nn.Module):
         complete windows replace the stored previous half. Returns entries ``:entry_limit``
         of every row, in their pages.
         """
-        pool, slots, r = rows.pool, rows.slots, self.ratio
+        pool, slots = rows.pool, rows.slots
+        at = slot_phase(rows, positions)
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight)
-        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % r]
-        p = positions[:, 0]
-        win_kv, win_score = slot_windows(rows, p, kv, score)
+        score = ops.linear(xf, self.wgate.weight) + self.ape[at.phase[:, None]]
+        win_kv, win_score = slot_windows(rows, at.phase, kv, score)
         prev_kv = prev_score = None
         if self.overlap:
             assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
             prev_kv = pool.prev_kv_buf.index_select(0, slots)
             prev_score = pool.prev_score_buf.index_select(0, slots)
-            done = (p % r == r - 1)[:, None, None]
+            done = at.closes
             pool.prev_kv_buf[slots] = torch.where(done, win_kv[..., : self.dim], prev_kv)
             pool.prev_score_buf[slots] = torch.where(done, win_score[..., : self.dim], prev_score)
         pooled = ops.compress(
@@ -169,34 +171,67 @@ class Compressor(nn.Module):
         )
         assert pool.pages is not None
         entries = self.norm(ops, pooled.to(pool.pages.dtype))  # [B, 1, D]
-        index = p // r
-        cos, sin = rotary.cos_sin((index * r)[:, None])
+        cos, sin = rotary.cos_sin(at.entry_pos)
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
-        return write_slot_entries(rows, index, entries)
+        return write_slot_entries(rows, at, entries)
+
+
+@dataclass
+class SlotPhase:
+    """Where a decode step's rows stand in the windows of one compression ratio. Every layer
+    of that ratio (compressor and indexer keys alike) needs the same, so one step computes
+    it once (:func:`slot_phase`)."""
+
+    phase: Tensor  # [B] p % ratio: the row's slot in its open window
+    index: Tensor  # [B] p // ratio: the entry that window makes
+    entry_pos: Tensor  # [B, 1] index * ratio: the position the entry is rotated at
+    closes: Tensor  # [B, 1, 1] bool: this token completes its window
+
+
+def slot_phase(rows: CompressorRows, positions: Tensor) -> SlotPhase:
+    """:class:`SlotPhase` of the step's ``positions`` [B, 1] for ``rows``' ratio (memoised in
+    the step)."""
+    r = rows.ratio
+
+    def make() -> SlotPhase:
+        p = positions[:, 0]
+        phase, index = p % r, p // r
+        return SlotPhase(phase, index, (index * r)[:, None], (phase == r - 1)[:, None, None])
+
+    return rows.step_memo.get(("phase", r), make)
 
 
 def slot_windows(
-    rows: CompressorRows, p: Tensor, kv: Tensor, score: Tensor
+    rows: CompressorRows, phase: Tensor, kv: Tensor, score: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Put each row's new projections [B, 1, width] (position ``p`` [B]) into its open window
-    and return every row's window [B, ratio, width], complete or not."""
-    pool, slots, r = rows.pool, rows.slots, rows.ratio
-    if r == 1:  # every token is a whole window: nothing to buffer
+    """Put each row's new projections [B, 1, width] (slot ``phase`` [B] of its window) into
+    its open window and return every row's window [B, ratio, width], complete or not."""
+    pool, slots = rows.pool, rows.slots
+    if rows.ratio == 1:  # every token is a whole window: nothing to buffer
         return kv, score
-    pool.kv_buf[slots, p % r] = kv[:, 0]
-    pool.score_buf[slots, p % r] = score[:, 0]
+    pool.kv_buf[slots, phase] = kv[:, 0]
+    pool.score_buf[slots, phase] = score[:, 0]
     return pool.kv_buf.index_select(0, rows.slots), pool.score_buf.index_select(0, rows.slots)
 
 
-def write_slot_entries(rows: CompressorRows, index: Tensor, new: Tensor) -> PagedEntries:
-    """Write row i's entry ``new`` [B, 1, D] at entry ``index[i]``; returns every row's
+def write_slot_entries(rows: CompressorRows, at: SlotPhase, new: Tensor) -> PagedEntries:
+    """Write row i's entry ``new`` [B, 1, D] at entry ``at.index[i]``; returns every row's
     entries ``:entry_limit`` in their pages. A row whose window is still open writes a
     provisional entry at an index no query can see yet; the real one overwrites it when the
-    window completes."""
+    window completes. Where the entries go and the pages read back are the same for every
+    layer of the ratio: memoised in the step."""
     pages, table = rows.pool.pages, rows.pool.page_table
     assert pages is not None and table is not None
-    table.scatter_rows(pages, rows.slots, index, new[:, 0])
-    return table.rows_view(pages, rows.slots, rows.entry_limit, counts=index + 1)
+    per_page = pages.shape[1]
+
+    def locate() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        page, row = table.locate(rows.slots, at.index, per_page)
+        return page, row, table.row_pages(rows.slots, rows.entry_limit, per_page), at.index + 1
+
+    key = ("pages", id(table), rows.ratio, per_page, rows.entry_limit)
+    page, row, held, counts = rows.step_memo.get(key, locate)
+    pages[page, row] = new[:, 0].to(pages.dtype)
+    return PagedEntries(pages, held, rows.entry_limit, counts)
 
 
 class RowBuffers:

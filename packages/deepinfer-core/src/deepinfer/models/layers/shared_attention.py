@@ -110,12 +110,12 @@ class SharedAttention(MQA):
         its pair is open) written by index, both published for all rows."""
         assert self.compressor is not None and self.indexer is not None
         assert rows.compressor is not None and rows.indexer is not None
-        latents, index = self.compressor.forward_slots(ops, x, positions, rows.compressor)
-        cos, sin = rotary.cos_sin((index * self.ratio)[:, None])
+        latents, at = self.compressor.forward_slots(ops, x, positions, rows.compressor)
+        cos, sin = rotary.cos_sin(at.entry_pos)
         keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
         entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
-        shared.entries[self.layer_id] = write_slot_entries(rows.compressor, index, entries)
-        shared.keys[self.layer_id] = write_slot_entries(rows.indexer, index, keys)
+        shared.entries[self.layer_id] = write_slot_entries(rows.compressor, at, entries)
+        shared.keys[self.layer_id] = write_slot_entries(rows.indexer, at, keys)
 
     def _long_range(
         self,

@@ -13,9 +13,11 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.models.layers.compressor import (
+    SlotPhase,
     append_entries_to,
     fill_windows,
     padded_entries,
+    slot_phase,
     slot_windows,
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
@@ -100,15 +102,16 @@ class SharedCompressor(nn.Module):
 
     def forward_slots(
         self, ops: Backend, x: Tensor, positions: Tensor, rows: CompressorRows
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, SlotPhase]:
         """One new token per decode row, rows of shared buffers: (every row's normalised latent
-        [B, 1, D], complete pair or not, and its entry index [B]); no host work."""
+        [B, 1, D], complete pair or not, and where the rows stand in their pairs); no host
+        work."""
         kv, score = self._project(ops, x)
-        p = positions[:, 0]
-        win_kv, win_score = slot_windows(rows, p, kv, score)
+        at = slot_phase(rows, positions)
+        win_kv, win_score = slot_windows(rows, at.phase, kv, score)
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         assert rows.pool.pages is not None
-        return self.norm(ops, pooled.to(rows.pool.pages.dtype)), p // self.ratio
+        return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
 
 
 def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None) -> None:

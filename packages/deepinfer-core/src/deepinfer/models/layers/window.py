@@ -87,10 +87,10 @@ def _slot_window_keys(
     capacity = ring.shape[1]
     ring[rows.slots, p[:, 0] % capacity] = kv[:, 0].to(ring.dtype)
     keys = ring.index_select(0, rows.slots)  # [B, capacity, D]
-    visible = rows.step_memo.get(("window", capacity, window))
-    if visible is None:  # the same for every layer of the step with this ring shape
+
+    def mask() -> Tensor:  # the same for every layer of the step with this ring shape
         slot = torch.arange(capacity, device=kv.device)
         held = p - torch.remainder(p - slot, capacity)  # latest position <= p in each slot
-        visible = ((held >= 0) & (p - held < window))[:, None, :]
-        rows.step_memo["window", capacity, window] = visible
-    return keys.to(kv.dtype), visible
+        return ((held >= 0) & (p - held < window))[:, None, :]
+
+    return keys.to(kv.dtype), rows.step_memo.get(("window", capacity, window), mask)
