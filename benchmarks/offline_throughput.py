@@ -27,7 +27,9 @@ their operands, then replayed back to back), i.e. what the step would cost if ev
 were free. HF's step over that floor bounds the speedup any implementation doing the same fp32
 arithmetic with these matmuls could reach; ``max_speedup_at_peak`` bounds it again with the
 floor's arithmetic run at the device's large-matmul rate (``peak_gflops``, a 1024^3 product),
-which no decomposition of these small products reaches.
+which no decomposition of these small products reaches. ``max_run_speedup_at_floor`` /
+``_at_peak`` bound the whole run the same way: DeepInfer's prefill of the prompts plus
+``output_len`` steps, each costing only its matmuls, against transformers' measured run.
 
     python benchmarks/offline_throughput.py [--batches 1 32] [--prompt-len 64] [--output-len 64]
         [--varied --input-range 64 512 --output-range 32 256]
@@ -324,6 +326,36 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
     }
 
 
+@torch.no_grad()
+def prefill_floor(llm: Any, prompts: torch.Tensor, device: str) -> dict[str, float]:
+    """The matmuls of DeepInfer's prefill of ``prompts`` (one packed pass, as the engine runs
+    it), captured and replayed back to back as for the step's floor."""
+    model = llm.engine.model
+    states = [model.new_state(1) for _ in range(prompts.shape[0])]
+    capture = _CaptureMatmuls()
+    with capture:
+        model.forward_packed(list(prompts), states)
+    floor = _median_ms(lambda: [f(*a, **k) for f, a, k in capture.calls], device, repeats=3)
+    flops = sum(_flops(f, a) for f, a, _ in capture.calls)
+    return {
+        "prefill_matmul_gflop": round(flops / 1e9, 3),
+        "prefill_matmul_floor_ms": round(floor, 1),
+    }
+
+
+def end_to_end_bounds(row: dict[str, Any], output_len: int) -> dict[str, float]:
+    """Upper bounds on the run's speedup over transformers: the prefill plus ``output_len``
+    decode steps costing only their matmuls, at the rates they reach (``_at_floor``) and at the
+    device's large-matmul rate (``_at_peak``)."""
+    hf_ms = statistics.median(row["hf_seconds"]) * 1e3
+    floor_ms = row["prefill_matmul_floor_ms"] + output_len * row["deepinfer_matmul_floor_ms"]
+    gflop = row["prefill_matmul_gflop"] + output_len * row["matmul_gflop_per_step"]
+    return {
+        "max_run_speedup_at_floor": round(hf_ms / floor_ms, 2),
+        "max_run_speedup_at_peak": round(hf_ms / (gflop / row["peak_gflops"] * 1e3), 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
@@ -365,6 +397,8 @@ def main() -> int:
                 row["deepinfer_output_tok_per_s"] / row["hf_output_tok_per_s"], 2
             )
             row |= decode_steps(hf, llm, prompts, args.device)
+            row |= prefill_floor(llm, prompts, args.device)
+            row |= end_to_end_bounds(row, args.output_len)
             print(json.dumps(row))
             rows.append(row)
         for batch in args.batches if args.varied else []:
