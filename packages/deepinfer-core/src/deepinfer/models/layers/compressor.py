@@ -163,9 +163,10 @@ class Compressor(nn.Module):
             assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
             prev_kv = pool.prev_kv_buf.index_select(0, slots)
             prev_score = pool.prev_score_buf.index_select(0, slots)
-            done = at.closes
-            pool.prev_kv_buf[slots] = torch.where(done, win_kv[..., : self.dim], prev_kv)
-            pool.prev_score_buf[slots] = torch.where(done, win_score[..., : self.dim], prev_score)
+            pool.prev_kv_buf[slots] = torch.where(at.closes, win_kv[..., : self.dim], prev_kv)
+            pool.prev_score_buf[slots] = torch.where(
+                at.closes, win_score[..., : self.dim], prev_score
+            )
         pooled = ops.compress(
             win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
         )
