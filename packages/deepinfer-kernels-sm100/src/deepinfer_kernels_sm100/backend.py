@@ -100,6 +100,18 @@ class Sm100Backend(TorchBackend):
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
 
+    def compress(
+        self,
+        kv: Tensor,
+        score: Tensor,
+        prev_kv: Tensor | None,
+        prev_score: Tensor | None,
+        overlap: bool,
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.compress import softmax_pool
+
+        return softmax_pool(kv, score, prev_kv, prev_score, overlap)
+
     def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
         if not isinstance(keys, PagedEntries):  # a chunk's own keys: dense already
             return super().indexer_scores(q, keys, weights)
