@@ -4,10 +4,11 @@ Each call is timed as the engine runs it, inside a CUDA graph (10 calls captured
 the median per call), so a kernel's own time shows rather than Python's launch cost, which
 for a single small call is larger than the kernel. Sections (``--parts``):
 
-* ``attention``: decode with V4's attention shapes (64 heads of 512, 640 or 1152 keys, bf16)
-  at B = 1/8/32/128, a tiny model's decode (4 heads of 64) and a 512-query sparse prefill
-  chunk, under each of ``VARIANTS`` (heads per program, keys per block, output columns per
-  program, warps, 16-bit QK dots, split target); ``--baseline`` adds an earlier
+* ``attention``: decode with V4's attention shapes (64 heads of 512, 640 or 1152 keys, bf16;
+  640 in float32 at B = 32) at B = 1/8/32/128, a tiny model's decode (4 heads of 64) and a
+  512-query sparse prefill chunk, under each of ``VARIANTS`` (heads per program, keys per
+  block, output columns per program, warps, 16-bit QK dots, split target, bf16 parts of the
+  probabilities, rows from which bf16 values take 256 columns); ``--baseline`` adds an earlier
   ``attention.py`` (e.g. from ``git show REV:packages/deepinfer-kernels-sm100/src/
   deepinfer_kernels_sm100/attention.py``) as ``orig``, and each variant's largest difference
   from it;
@@ -16,6 +17,10 @@ for a single small call is larger than the kernel. Sections (``--parts``):
 * ``indexer``: the paged index scores of V4.1's ratio-1 layers (32 heads x 128, 32k / 120k
   entries) and V4's ratio-4 ones (64 heads, 8k entries) at B = 1 / 32 under each of
   ``INDEXER_VARIANTS``, beside the time to read the keys once at 4.8 TB/s.
+
+* ``compress``: the compressor's softmax pooling of windows into entries (V4's ratio-128 and
+  overlapping ratio-4 windows, 512 and 128 wide) at decode and over a 4096-token chunk, by the
+  reference's torch ops and by the sm100 kernel.
 
 * ``topk``: the indexers' stable top-k picks (512 of 8k-120k entries, 2048 of 4k, 1 to 128
   rows, entries past ``n_visible`` masked) by the reference's torch ops and by the sm100
@@ -41,31 +46,39 @@ from typing import Any
 import torch
 from _results import write_result
 
-#: name: (BLOCK_H, BLOCK_L, BLOCK_DV, NUM_WARPS, QK_NATIVE, TARGET_PROGRAMS); a target of 0
-#: never splits the keys.
-VARIANTS: dict[str, tuple[int, int, int, int, bool, int]] = {
-    "a_h16_ieeeqk_nosplit": (16, 64, 128, 4, False, 0),
-    "b_h16_native_nosplit": (16, 64, 128, 4, True, 0),
-    "c_h16_native_split264": (16, 64, 128, 4, True, 264),
-    "d_h16_native_split528": (16, 64, 128, 4, True, 528),
-    "e_h64_dv128_w4_split": (64, 64, 128, 4, True, 264),
-    "f_h64_dv128_w8_split": (64, 64, 128, 8, True, 264),
-    "g_h32_dv128_w4_split": (32, 64, 128, 4, True, 264),
-    "h_h64_dv256_w8_split": (64, 64, 256, 8, True, 264),
-    "i_h16_dv256_w8_split": (16, 64, 256, 8, True, 264),
-    "j_h64_l32_dv128_w4_split": (64, 32, 128, 4, True, 264),
-    "k_h32_dv256_w8_split": (32, 64, 256, 8, True, 264),
-    "l_h64_dv128_w8_nosplit": (64, 64, 128, 8, True, 0),
-    "m_h64_dv256_w8_split528": (64, 64, 256, 8, True, 528),
-    "n_h32_dv128_w4_split528": (32, 64, 128, 4, True, 528),
-    "o_h16_native_split1056": (16, 64, 128, 4, True, 1056),
-    "p_h64_dv128_w8_split128": (64, 64, 128, 8, True, 128),  # the defaults
+#: Rows that never come: a variant that keeps BLOCK_DV at any launch size.
+NEVER = 1 << 30
+#: name: (BLOCK_H, BLOCK_L, BLOCK_DV, NUM_WARPS, QK_NATIVE, TARGET_PROGRAMS, PV_PARTS,
+#: WIDE_ROWS); a target of 0 never splits the keys; 0 parts: the probabilities meet the values
+#: in IEEE fp32 dots; from WIDE_ROWS (row, head block) pairs bf16 values take 256 columns.
+VARIANTS: dict[str, tuple[int, int, int, int, bool, int, int, int]] = {
+    "a_h16_ieeeqk_nosplit": (16, 64, 128, 4, False, 0, 0, NEVER),
+    "b_h16_native_nosplit": (16, 64, 128, 4, True, 0, 0, NEVER),
+    "c_h16_native_split264": (16, 64, 128, 4, True, 264, 0, NEVER),
+    "d_h16_native_split528": (16, 64, 128, 4, True, 528, 0, NEVER),
+    "e_h64_dv128_w4_split": (64, 64, 128, 4, True, 264, 0, NEVER),
+    "f_h64_dv128_w8_split": (64, 64, 128, 8, True, 264, 0, NEVER),
+    "g_h32_dv128_w4_split": (32, 64, 128, 4, True, 264, 0, NEVER),
+    "h_h64_dv256_w8_split": (64, 64, 256, 8, True, 264, 0, NEVER),
+    "i_h16_dv256_w8_split": (16, 64, 256, 8, True, 264, 0, NEVER),
+    "j_h64_l32_dv128_w4_split": (64, 32, 128, 4, True, 264, 0, NEVER),
+    "k_h32_dv256_w8_split": (32, 64, 256, 8, True, 264, 0, NEVER),
+    "l_h64_dv128_w8_nosplit": (64, 64, 128, 8, True, 0, 0, NEVER),
+    "m_h64_dv256_w8_split528": (64, 64, 256, 8, True, 528, 0, NEVER),
+    "n_h32_dv128_w4_split528": (32, 64, 128, 4, True, 528, 0, NEVER),
+    "o_h16_native_split1056": (16, 64, 128, 4, True, 1056, 0, NEVER),
+    "p_h64_dv128_w8_split128": (64, 64, 128, 8, True, 128, 0, NEVER),
+    "q_h64_dv128_w8_split128_pv3": (64, 64, 128, 8, True, 128, 3, NEVER),
+    "r_h64_dv128_w8_split128_pv2": (64, 64, 128, 8, True, 128, 2, NEVER),
+    "s_h64_dv256_w8_split128_pv3": (64, 64, 256, 8, True, 128, 3, NEVER),
+    "t_h64_dv128_w8_split128_pv3_wide32": (64, 64, 128, 8, True, 128, 3, 32),  # the defaults
 }
 #: (name, batch, queries, heads, keys, head dim, sparse)
 CASES = [
     *[("v4-decode-640", b, 1, 64, 640, 512, False) for b in (1, 8, 32, 128)],
     *[("v4-decode-1152", b, 1, 64, 1152, 512, False) for b in (1, 32)],
     *[("tiny-decode", b, 1, 4, 80, 64, False) for b in (1, 128)],
+    ("v4-decode-640-fp32", 32, 1, 64, 640, 512, False),  # float32 keys and values
     ("v4-prefill-sparse", 1, 512, 64, 4096, 512, True),
 ]
 
@@ -93,7 +106,16 @@ def graph_us(fn: Any, replays: int = 10) -> float:
 
 
 #: The attention module's constants a variant sets, in VARIANTS' order.
-KNOBS = ("BLOCK_H", "BLOCK_L", "BLOCK_DV", "NUM_WARPS", "QK_NATIVE", "TARGET_PROGRAMS")
+KNOBS = (
+    "BLOCK_H",
+    "BLOCK_L",
+    "BLOCK_DV",
+    "NUM_WARPS",
+    "QK_NATIVE",
+    "TARGET_PROGRAMS",
+    "PV_PARTS",
+    "WIDE_ROWS",
+)
 
 
 def use(att: Any, variant: str | tuple[Any, ...]) -> None:
@@ -102,12 +124,13 @@ def use(att: Any, variant: str | tuple[Any, ...]) -> None:
         setattr(att, knob, value)
 
 
-def attention_rows(att: Any, orig: Any | None) -> list[dict[str, Any]]:
+def attention_rows(att: Any, orig: Any | None, variants: list[str]) -> list[dict[str, Any]]:
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name, b, s, h, keys, dim, sparse in CASES:
-        q = torch.randn(b, s, h, dim, device="cuda", generator=g).bfloat16()
-        kv = torch.randn(b, keys, dim, device="cuda", generator=g).bfloat16()
+        dtype = torch.float32 if name.endswith("-fp32") else torch.bfloat16
+        q = torch.randn(b, s, h, dim, device="cuda", generator=g).to(dtype)
+        kv = torch.randn(b, keys, dim, device="cuda", generator=g).to(dtype)
         sinks = torch.randn(h, device="cuda", generator=g)
         if sparse:
             picks = [torch.randperm(keys, device="cuda", generator=g)[:640] for _ in range(s)]
@@ -122,12 +145,43 @@ def attention_rows(att: Any, orig: Any | None) -> list[dict[str, Any]]:
             row["orig_us"] = graph_us(partial(old, q, kv, select, sinks, 0.04))
             ref = old(q, kv, select, sinks, 0.04).float()
         new = getattr(att, form)
-        for variant in VARIANTS:
+        for variant in variants:
             use(att, variant)
             row[variant] = graph_us(partial(new, q, kv, select, sinks, 0.04))
             if ref is not None:
                 got = new(q, kv, select, sinks, 0.04).float()
                 row["diff_" + variant[:1]] = float((got - ref).abs().max())
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+#: (name, batch, windows, ratio, entry width, overlapping windows)
+COMPRESS_CASES = [
+    *[("v4-hca-decode", b, 1, 128, 512, False) for b in (1, 32)],
+    *[("v4-csa-decode", b, 1, 4, 512, True) for b in (1, 32)],
+    ("v4-index-decode", 32, 1, 4, 128, True),
+    ("v4-hca-prefill-4096", 1, 32, 128, 512, False),
+    ("v4-csa-prefill-4096", 1, 1024, 4, 512, True),
+]
+
+
+def compress_rows() -> list[dict[str, Any]]:
+    """The compressor's softmax pooling: the torch reference's ops against the sm100 kernel."""
+    from deepinfer.backends.torch_ref import TorchBackend
+    from deepinfer_kernels_sm100.compress import softmax_pool
+
+    reference = TorchBackend("cuda").compress
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, b, n, r, d, overlap in COMPRESS_CASES:
+        kv = torch.randn(b, n, r, d * (2 if overlap else 1), device="cuda", generator=g)
+        score = torch.randn(kv.shape, device="cuda", generator=g)
+        prev = [torch.randn(b, r, d, device="cuda", generator=g) for _ in range(2)]
+        args = (kv, score, *(prev if overlap else (None, None)), overlap)
+        diff = (softmax_pool(*args) - reference(*args)).abs().max()
+        row = {"case": name, "B": b, "reference_us": graph_us(partial(reference, *args))}
+        row |= {"kernel_us": graph_us(partial(softmax_pool, *args)), "max_diff": float(diff)}
         print(row, flush=True)
         rows.append(row)
     return rows
@@ -309,6 +363,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", type=Path, default=None, help="an earlier attention.py")
     ap.add_argument("--steps", nargs="*", default=[], help="variants to time whole steps with")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), help="attention variants")
     ap.add_argument("--context", type=int, default=32000)
     ap.add_argument("--parts", nargs="+", default=["attention", "hc_mix", "indexer", "topk"])
     ap.add_argument("--out", type=Path, default=None)
@@ -333,11 +388,13 @@ def main() -> int:
         "indexer_variants": INDEXER_VARIANTS,
     }
     if "attention" in args.parts:
-        result["attention"] = attention_rows(att, orig)
+        result["attention"] = attention_rows(att, orig, args.variants)
     if "hc_mix" in args.parts:
         result["hc_mix"] = hc_mix_rows(mhc)
     if "indexer" in args.parts:
         result["indexer"] = indexer_rows(att, indexer)
+    if "compress" in args.parts:
+        result["compress"] = compress_rows()
     if "topk" in args.parts:
         result["topk"] = topk_rows(topk)
         result["topk_variants"] = TOPK_VARIANTS

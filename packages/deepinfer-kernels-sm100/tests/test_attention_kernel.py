@@ -126,3 +126,49 @@ def test_num_splits_fill_the_gpu() -> None:
     assert num_splits(programs=64, keys=4096, target=264) == 5
     assert num_splits(programs=512, keys=4096, target=264) == 1  # enough programs already
     assert num_splits(programs=4, keys=BLOCK_L, target=264) == 1  # one block: nothing to cut
+
+
+def fp32_excess(
+    got: torch.Tensor,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    mask: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    scale: float,
+) -> float:
+    """How far bf16 outputs ``got`` are from the float64 result beyond rounding to bf16, in
+    units of fp32's rounding (2^-24) of the terms summed (``sum_l p_l |v_l|``): an IEEE fp32
+    computation stays within a few units; products of probabilities rounded to 16 bits miss by
+    ~2^8 units, to 8 bits by ~2^16."""
+    b, s, h, _ = q.shape
+    logits = torch.einsum("bshd,bld->bhsl", q.double(), kv.double()) * scale
+    logits = logits.masked_fill(~mask[:, None], float("-inf"))
+    sink = sinks.double().view(1, h, 1, 1).expand(b, h, s, 1)
+    probs = torch.cat((logits, sink), -1).softmax(-1)[..., :-1]
+    exact = torch.einsum("bhsl,bld->bshd", probs, kv.double())
+    terms = torch.einsum("bhsl,bld->bshd", probs, kv.double().abs())
+    rounded = exact.to(torch.bfloat16).abs()
+    up = torch.nextafter(rounded, torch.tensor(float("inf"), dtype=torch.bfloat16))
+    beyond = ((got.double() - exact).abs() - (up - rounded).double()).clamp_min(0)
+    return (beyond / (terms * 2.0**-24)).max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("b", "splits"), [(4, 1), (4, 3), (40, None)], ids=["whole", "split", "wide-columns"]
+)
+def test_bf16_values_meet_probabilities_exactly(b: int, splits: int | None) -> None:
+    """bf16 keys and values at V4's head width (64 heads of 512): the fp32 probabilities meet
+    the values in tensor-core dots of bf16 parts (40 rows: 256 output columns a program). The
+    outputs must be as close to float64 as IEEE fp32 dots make them: within one bf16 step plus
+    fp32's rounding of the sums."""
+    s, h, keys, dim = 1, 64, 640, 512
+    g = torch.Generator().manual_seed(b)
+    q = (torch.randn(b, s, h, dim, generator=g) * 0.2).to(torch.bfloat16)
+    kv = torch.randn(b, keys, dim, generator=g).to(torch.bfloat16)
+    mask = torch.rand(b, s, keys, generator=g) > 0.1
+    sinks = torch.randn(h, generator=g)
+    scale = dim**-0.5
+    got = mqa_sink_attention(*[t.cuda() for t in (q, kv, mask, sinks)], scale, splits=splits)
+    assert fp32_excess(got.cpu(), q, kv, mask, sinks, scale=scale) < 16

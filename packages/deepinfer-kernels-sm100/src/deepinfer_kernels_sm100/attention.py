@@ -58,6 +58,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     SPLIT: tl.constexpr,  # splits > 1: write partial results for _combine_kernel
     QK_NATIVE: tl.constexpr,  # queries and keys of one 16-bit type: dot them as they are
     QK_PRECISION: tl.constexpr,
+    PV_PARTS: tl.constexpr,  # bf16 values: the probabilities as that many bf16 parts (0: fp32)
     BLOCK_H: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_DK: tl.constexpr,
@@ -112,12 +113,21 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         p = tl.exp(logits - new_top[:, None])
         keep = tl.exp(top - new_top)
         denom = denom * keep + tl.sum(p, axis=1)
-        v = tl.load(
-            kv_base + key_row[:, None] * dim + dv[None, :],
-            mask=load_row[:, None] & dvmask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
+        v_ptrs = kv_base + key_row[:, None] * dim + dv[None, :]
+        v_mask = load_row[:, None] & dvmask[None, :]
+        if PV_PARTS > 0:
+            # p = p_1 + ... + p_n exactly, each part a bf16 whose products with the bf16
+            # values are exact in the tensor cores' fp32 sums
+            v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+            acc = acc * keep[:, None]
+            rest = p
+            for _ in tl.static_range(PV_PARTS):
+                p_part = rest.to(tl.bfloat16)
+                acc = tl.dot(p_part, v, acc)
+                rest = rest - p_part.to(tl.float32)
+        else:
+            v = tl.load(v_ptrs, mask=v_mask, other=0.0).to(tl.float32)
+            acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
         top = new_top
     if SPLIT:
         part = row * splits + split
@@ -181,6 +191,12 @@ def _combine_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
 #: full 64-head block (smaller blocks take 4). Chosen from 15 variants timed on an H200 in CUDA
 #: graphs (benchmarks/README.md).
 BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
+#: Output columns per program when the values are bf16 (their dots cheap, see PV_PARTS) and
+#: the launch has at least WIDE_ROWS (query row, head block) pairs: each program recomputes
+#: half as many logits, and there are programs enough (64 heads x 512, 640 keys: 60 -> 56 us
+#: at 32 rows, 300 -> 202 us at 128, a 512-query prefill chunk 966 -> 681 us; at 1 or 8 rows
+#: the wider programs lost, 15 -> 24 us and 24 -> 28 us).
+WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
 #: all keys, on a GPU of 132 multiprocessors. Splitting past this lost more to the merge than
@@ -190,6 +206,10 @@ TARGET_PROGRAMS = 128
 #: sums, as TF32's would be) rather than upcast. Triton's CPU interpreter (3.7) gets 16-bit dots
 #: wrong, so there they are upcast.
 QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
+#: bf16 values meet the fp32 probabilities in tensor-core dots of the probabilities cut into
+#: this many bf16 parts: three carry all 24 bits of an fp32 probability, so every product is
+#: exact and only the fp32 sums round, as in an IEEE fp32 dot, at a fraction of its time.
+PV_PARTS = 3
 
 
 def native_dot(a: Tensor, b: Tensor) -> bool:
@@ -222,9 +242,11 @@ def _launch(
     if b * s * h == 0:
         return out
     width = max(16, triton.next_power_of_2(dim))
-    block_dk, block_dv = min(width, BLOCK_DK), min(width, BLOCK_DV)
     keys = select.shape[-1]
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
+    pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
+    wide = pv_parts > 0 and b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
+    block_dk, block_dv = min(width, BLOCK_DK), min(width, WIDE_BLOCK_DV if wide else BLOCK_DV)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
     if splits is None:
         splits = num_splits(blocks[0] * blocks[1] * blocks[2], keys)
@@ -257,6 +279,7 @@ def _launch(
         SPLIT=splits > 1,
         QK_NATIVE=native_dot(q, kv),
         QK_PRECISION=dot_precision(q, kv),
+        PV_PARTS=pv_parts,
         BLOCK_H=block_h,
         BLOCK_L=BLOCK_L,
         BLOCK_DK=block_dk,
