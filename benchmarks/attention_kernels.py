@@ -13,7 +13,8 @@ for a single small call is larger than the kernel. Sections (``--parts``):
   deepinfer_kernels_sm100/attention.py``) as ``orig``, and each variant's largest difference
   from it;
 * ``hc_mix``: 4k and 16k columns (hidden 1024 / 4096 x 4 streams), 1 to 4096 rows, at
-  several column splits;
+  several column splits; ``--mhc-baseline`` adds an earlier ``mhc.py``'s ``hc_mix`` beside
+  the shipped one;
 * ``indexer``: the paged index scores of V4.1's ratio-1 layers (32 heads x 128, 32k / 120k
   entries) and V4's ratio-4 ones (64 heads, 8k entries) at B = 1 / 32 under each of
   ``INDEXER_VARIANTS``, beside the time to read the keys once at 4.8 TB/s.
@@ -282,7 +283,7 @@ def topk_rows(topk: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def hc_mix_rows(mhc: Any) -> list[dict[str, Any]]:
+def hc_mix_rows(mhc: Any, orig: Any | None) -> list[dict[str, Any]]:
     g = torch.Generator(device="cuda").manual_seed(1)
     chosen, rows = mhc.HC_MIX_SPLIT, []
     for cols in (4096, 16384):
@@ -290,6 +291,11 @@ def hc_mix_rows(mhc: Any) -> list[dict[str, Any]]:
         for n in (1, 32, 128, 4096):
             x = torch.randn(n, 4, cols // 4, device="cuda", generator=g).bfloat16()
             row: dict[str, Any] = {"cols": cols, "rows": n}
+            if orig is not None:  # an earlier mhc.py at its own split, and the shipped one
+                row["orig_us"] = graph_us(partial(orig.hc_mix, x, fn, 1e-6))
+                row["chosen_us"] = graph_us(partial(mhc.hc_mix, x, fn, 1e-6))
+                got = mhc.hc_mix(x, fn, 1e-6)
+                row["diff_orig"] = float((got - orig.hc_mix(x, fn, 1e-6)).abs().max())
             first = None
             for split in (512, 256, 128, 64):
                 mhc.HC_MIX_SPLIT = split
@@ -359,9 +365,21 @@ def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dic
     return rows
 
 
+def load_module(path: Path | None) -> Any | None:
+    """An earlier kernel module (e.g. ``git show REV:<path> > old.py``) to time beside ours."""
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location(f"baseline_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", type=Path, default=None, help="an earlier attention.py")
+    ap.add_argument("--mhc-baseline", type=Path, default=None, help="an earlier mhc.py (hc_mix)")
     ap.add_argument("--steps", nargs="*", default=[], help="variants to time whole steps with")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), help="attention variants")
     ap.add_argument("--context", type=int, default=32000)
@@ -373,12 +391,7 @@ def main() -> int:
     from deepinfer_kernels_sm100 import attention as att
     from deepinfer_kernels_sm100 import indexer, mhc, topk
 
-    orig = None
-    if args.baseline is not None:
-        spec = importlib.util.spec_from_file_location("attention_baseline", args.baseline)
-        assert spec is not None and spec.loader is not None
-        orig = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(orig)
+    orig = load_module(args.baseline)
     chosen = tuple(getattr(att, knob) for knob in KNOBS)
     result: dict[str, Any] = {
         "benchmark": "attention_kernels",
@@ -390,7 +403,7 @@ def main() -> int:
     if "attention" in args.parts:
         result["attention"] = attention_rows(att, orig, args.variants)
     if "hc_mix" in args.parts:
-        result["hc_mix"] = hc_mix_rows(mhc)
+        result["hc_mix"] = hc_mix_rows(mhc, load_module(args.mhc_baseline))
     if "indexer" in args.parts:
         result["indexer"] = indexer_rows(att, indexer)
     if "compress" in args.parts:

@@ -156,21 +156,26 @@ def _hc_mix_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argu
     k_dim,
     width,
     norm_eps,
-    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    """Add the splits' partial products and sums of squares in split order, then normalise:
-    RMSNorm of the flattened streams is a per-row scale, so it can follow the projection."""
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    """Add one row's partial products and sums of squares, then normalise: RMSNorm of the
+    flattened streams is a per-row scale, so it can follow the projection. All of the row's
+    splits are loaded at once (a loop over them waited on each load in turn) and summed in a
+    tree whose shape depends on the split count alone, so the result does not depend on the
+    batch."""
+    r = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
     w = tl.arange(0, BLOCK_W)
-    mask = (r[:, None] < rows) & (w[None, :] < width)
-    acc = tl.zeros((BLOCK_R, BLOCK_W), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for s in range(splits):
-        acc += tl.load(part_ptr + (s * rows + r[:, None]) * width + w[None, :], mask, 0.0)
-        squares += tl.load(squares_ptr + s * rows + r, r < rows, 0.0)
-    acc = acc * tl.rsqrt(squares / k_dim + norm_eps)[:, None]
-    tl.store(out_ptr + r[:, None] * width + w[None, :], acc, mask=mask)
+    smask = s < splits
+    part = tl.load(
+        part_ptr + (s[:, None] * rows + r) * width + w[None, :],
+        mask=smask[:, None] & (w[None, :] < width),
+        other=0.0,
+    )
+    squares = tl.sum(tl.load(squares_ptr + s * rows + r, mask=smask, other=0.0), axis=0)
+    acc = tl.sum(part, axis=0) * tl.rsqrt(squares / k_dim + norm_eps)
+    tl.store(out_ptr + r * width + w, acc, mask=w < width)
 
 
 #: Columns of the flattened streams one program reduces: a decode batch has a few rows, so the
@@ -207,8 +212,17 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
             BLOCK_W=block_w,
             BLOCK_K=64,
         )
-        _hc_mix_finish_kernel[(triton.cdiv(rows, 16),)](
-            out, squares, mix, rows, splits, k_dim, width, norm_eps, BLOCK_R=16, BLOCK_W=block_w
+        _hc_mix_finish_kernel[(rows,)](
+            out,
+            squares,
+            mix,
+            rows,
+            splits,
+            k_dim,
+            width,
+            norm_eps,
+            BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_W=block_w,
         )
     return mix.view(*lead, width)
 
