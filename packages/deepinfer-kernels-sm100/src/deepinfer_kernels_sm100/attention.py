@@ -208,7 +208,8 @@ TARGET_PROGRAMS = 128
 QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 #: bf16 values meet the fp32 probabilities in tensor-core dots of the probabilities cut into
 #: this many bf16 parts: three carry all 24 bits of an fp32 probability, so every product is
-#: exact and only the fp32 sums round, as in an IEEE fp32 dot, at a fraction of its time.
+#: exact and only the fp32 sums round, as in an IEEE fp32 dot on CUDA cores (64 heads x 512,
+#: 640 keys, 32 rows: 72 -> 60 us; two parts 55 us but no longer exact products).
 PV_PARTS = 3
 
 

@@ -162,8 +162,7 @@ def _hc_mix_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argu
     """Add one row's partial products and sums of squares, then normalise: RMSNorm of the
     flattened streams is a per-row scale, so it can follow the projection. All of the row's
     splits are loaded at once (a loop over them waited on each load in turn) and summed in a
-    tree whose shape depends on the split count alone, so the result does not depend on the
-    batch."""
+    tree whose shape depends on the split count alone, not on the batch."""
     r = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     w = tl.arange(0, BLOCK_W)
