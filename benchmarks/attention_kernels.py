@@ -5,7 +5,7 @@ the median per call), so a kernel's own time shows rather than Python's launch c
 for a single small call is larger than the kernel. Sections (``--parts``):
 
 * ``attention``: decode with V4's attention shapes (64 heads of 512, 640 or 1152 keys, bf16;
-  640 in float32 at B = 32) at B = 1/8/32/128, a tiny model's decode (4 heads of 64) and a
+  640 in float32 at B = 8/32/128) at B = 1/8/32/128, a tiny model's decode (4 heads of 64) and a
   512-query sparse prefill chunk, under each of ``VARIANTS`` (heads per program, keys per
   block, output columns per program, warps, 16-bit QK dots, split target, bf16 parts of the
   probabilities, rows from which bf16 values take 256 columns); ``--baseline`` adds an earlier
@@ -79,7 +79,7 @@ CASES = [
     *[("v4-decode-640", b, 1, 64, 640, 512, False) for b in (1, 8, 32, 128)],
     *[("v4-decode-1152", b, 1, 64, 1152, 512, False) for b in (1, 32)],
     *[("tiny-decode", b, 1, 4, 80, 64, False) for b in (1, 128)],
-    ("v4-decode-640-fp32", 32, 1, 64, 640, 512, False),  # float32 keys and values
+    *[("v4-decode-640-fp32", b, 1, 64, 640, 512, False) for b in (8, 32, 128)],  # fp32 kv
     ("v4-prefill-sparse", 1, 512, 64, 4096, 512, True),
 ]
 

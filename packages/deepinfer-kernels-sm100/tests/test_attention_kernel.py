@@ -13,8 +13,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.mark.parametrize(
     "shape",
-    [(3, 1, 8, 45, 64), (2, 7, 20, 33, 24), (1, 5, 16, 70, 32), (2, 1, 18, 40, 320)],
-    ids=["decode", "chunk-odd-heads", "prefill", "wide-head"],
+    [
+        (3, 1, 8, 45, 64),
+        (2, 7, 20, 33, 24),
+        (1, 5, 16, 70, 32),
+        (2, 1, 18, 40, 320),
+        (33, 1, 16, 20, 320),
+    ],
+    ids=["decode", "chunk-odd-heads", "prefill", "wide-head", "wide-head-256-columns"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -191,11 +191,11 @@ def _combine_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
 #: full 64-head block (smaller blocks take 4). Chosen from 15 variants timed on an H200 in CUDA
 #: graphs (benchmarks/README.md).
 BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
-#: Output columns per program when the values are bf16 (their dots cheap, see PV_PARTS) and
-#: the launch has at least WIDE_ROWS (query row, head block) pairs: each program recomputes
-#: half as many logits, and there are programs enough (64 heads x 512, 640 keys: 60 -> 56 us
-#: at 32 rows, 300 -> 202 us at 128, a 512-query prefill chunk 966 -> 681 us; at 1 or 8 rows
-#: the wider programs lost, 15 -> 24 us and 24 -> 28 us).
+#: Output columns per program when the launch has at least WIDE_ROWS (query row, head block)
+#: pairs: each program recomputes half as many logits, and there are programs enough (64 heads
+#: x 512, 640 keys, bf16 values: 60 -> 56 us at 32 rows, 300 -> 202 us at 128, a 512-query
+#: prefill chunk 966 -> 681 us; at 1 or 8 rows the wider programs lost, 15 -> 24 us and
+#: 24 -> 28 us; fp32 values at 32 rows 783 -> 463 us).
 WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
@@ -246,7 +246,7 @@ def _launch(
     keys = select.shape[-1]
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
-    wide = pv_parts > 0 and b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
+    wide = b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
     block_dk, block_dv = min(width, BLOCK_DK), min(width, WIDE_BLOCK_DV if wide else BLOCK_DV)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
     if splits is None:
