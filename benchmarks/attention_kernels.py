@@ -8,7 +8,7 @@ for a single small call is larger than the kernel. Sections (``--parts``):
   640 in float32 at B = 8/32/128) at B = 1/8/32/128, a tiny model's decode (4 heads of 64) and a
   512-query sparse prefill chunk, under each of ``VARIANTS`` (heads per program, keys per
   block, output columns per program, warps, 16-bit QK dots, split target, bf16 parts of the
-  probabilities, rows from which bf16 values take 256 columns); ``--baseline`` adds an earlier
+  probabilities, rows from which a launch takes 256 columns); ``--baseline`` adds an earlier
   ``attention.py`` (e.g. from ``git show REV:packages/deepinfer-kernels-sm100/src/
   deepinfer_kernels_sm100/attention.py``) as ``orig``, and each variant's largest difference
   from it;
@@ -51,7 +51,7 @@ from _results import write_result
 NEVER = 1 << 30
 #: name: (BLOCK_H, BLOCK_L, BLOCK_DV, NUM_WARPS, QK_NATIVE, TARGET_PROGRAMS, PV_PARTS,
 #: WIDE_ROWS); a target of 0 never splits the keys; 0 parts: the probabilities meet the values
-#: in IEEE fp32 dots; from WIDE_ROWS (row, head block) pairs bf16 values take 256 columns.
+#: in IEEE fp32 dots; from WIDE_ROWS (row, head block) pairs a launch takes 256 columns.
 VARIANTS: dict[str, tuple[int, int, int, int, bool, int, int, int]] = {
     "a_h16_ieeeqk_nosplit": (16, 64, 128, 4, False, 0, 0, NEVER),
     "b_h16_native_nosplit": (16, 64, 128, 4, True, 0, 0, NEVER),
