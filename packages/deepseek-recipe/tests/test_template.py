@@ -332,16 +332,20 @@ class Generator:
         """An assistant turn; tool calls only when `names` offers tools to call."""
         rng = self.rng
         message: dict[str, Any] = {"role": "assistant"}
+        calling = bool(names) and rng.random() < 0.45
         roll = rng.random()
         if roll < 0.7:
             message["content"] = self.text()
         elif roll < 0.8:
             message["content"] = [{"type": "text", "text": self.text()}]
-        elif roll < 0.9:
+        elif roll < 0.9 and (calling or rng.random() < 0.2):
+            # Without tool calls a message needs content; now and then one lacks both.
             message["content"] = None
+        elif not calling and rng.random() < 0.8:
+            message["content"] = ""
         if rng.random() < 0.6:
             message["reasoning_content"] = self.text()
-        if names and rng.random() < 0.45:
+        if calling:
             calls = []
             for _ in range(rng.randint(1, 3)):
                 self.call_no += 1
@@ -699,7 +703,8 @@ def test_refuses_arguments_given_as_json_object_text() -> None:
 
 def test_refuses_non_finite_numbers() -> None:
     messages = [{"role": "user", "content": "q"}]
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"default": math.nan}}}
+    parameters = {"type": "object", "default": math.nan}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
     with pytest.raises(jinja2.exceptions.TemplateError, match="Non-finite"):
         render_template(V4, messages, tools=[tool])
 

@@ -1,10 +1,11 @@
-"""Argument conversion for the image API, with the errors the official bindings raise.
+"""Argument conversion for the image API and message constructors, as the official bindings do.
 
 The official classes are Rust types behind PyO3, so a width is a `u32`, a byte
-limit a `u64` and image data a `Vec<u8>`.  Callers written against the official
-package may rely on the exception type (an `OverflowError` for a negative width,
-a `TypeError` for a float), so these helpers reproduce PyO3's conversions and
-messages instead of accepting whatever Python allows.
+limit a `u64`, image data a `Vec<u8>` and message content a `String`.  Callers
+written against the official package may rely on the exception type (an
+`OverflowError` for a negative width, a `TypeError` for a float or a `None`
+content), so these helpers reproduce PyO3's conversions and messages instead of
+accepting whatever Python allows.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def _build_tools(tools: list[dict[str, Any]]) -> list[ToolDefinition]:
                 f"Invalid schema for function '{t['name']}': null is not of types \"boolean\", "
                 '"object"'
             )
-        check_parameters(t["name"], schema, require_object_type=True)
+        check_parameters(t["name"], schema)
         out.append(ToolDefinition(t["name"], t["description"], schema, None, t["defer_loading"]))
     return out
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from deepseek_recipe.inference import InferenceFinishReason, PromptUsage
+from deepseek_recipe.parsing_options import ThinkingInitialStage
 from deepseek_recipe.protocol_chunk import ProtocolChunk
 from deepseek_recipe.request import ConversationRequest
 from deepseek_recipe.stream_pieces import (
@@ -41,7 +42,10 @@ class ChatCompletionChunkGenerator(PieceTranslator):
     """Builds chunks for one response; consumed by `StreamProcessor`."""
 
     def __init__(self, id: str, model: str, request: ConversationRequest) -> None:
-        super().__init__(request.parsing_options.thinking_initial_stage is not None)
+        stage = request.parsing_options.thinking_initial_stage
+        super().__init__(stage is not None)
+        #: A thinking-mode continuation of a prefix answer opens with content, not reasoning.
+        self._opens_in_content = stage is ThinkingInitialStage.ContentContinuation
         self._id = id
         self._model = model
         self._streamed = request.stream
@@ -68,9 +72,15 @@ class ChatCompletionChunkGenerator(PieceTranslator):
         self, fingerprint: str | None, usage: PromptUsage | None = None
     ) -> list[ChatCompletionChunk]:
         self._fingerprint = fingerprint
-        if self._thinking_mode:
-            return [self._chunk({"role": "assistant", "content": None, "reasoning_content": ""})]
-        return [self._chunk({"role": "assistant", "content": ""})]
+        return [self._chunk({"role": "assistant", **self._opening_delta()})]
+
+    def _opening_delta(self) -> dict[str, Any]:
+        """The first delta's text fields: empty text of the kind the reply starts with."""
+        if not self._thinking_mode:
+            return {"content": ""}
+        if self._opens_in_content:
+            return {"content": "", "reasoning_content": None}
+        return {"content": None, "reasoning_content": ""}
 
     def _content(self, text: str) -> dict[str, Any]:
         if self._thinking_mode:
@@ -182,6 +192,9 @@ class ChatCompletionResponse:
             out["choices"] = []
         else:
             message = dict(self._message)
+            # Reasoning that never arrived (a prefix answer's continuation) is left out.
+            if message.get("reasoning_content", "") is None:
+                del message["reasoning_content"]
             if self._tool_calls:
                 message["tool_calls"] = self._tool_calls
             out["choices"] = [

@@ -1,7 +1,9 @@
 """Chat Completions request → `ConversationRequest`.
 
 Validation runs in the order the official converter uses so that a request
-with several problems reports the same first one.
+with several problems reports the same first one: the model, the tool names,
+the history, the response format and tools, stop sequences, and the numeric
+settings last.
 """
 
 from __future__ import annotations
@@ -30,12 +32,8 @@ from deepseek_recipe.request_checks import (
     range_error,
     stop_sequences,
 )
-from deepseek_recipe.schema import (
-    check_parameters,
-    check_schema_kinds,
-    check_tool_name,
-    normalize_strict,
-)
+from deepseek_recipe.schema import check_parameters, check_tool_name
+from deepseek_recipe.strict_schema import normalize_strict
 
 
 class ChatCompletionRequest(ConsumableRequest):
@@ -54,30 +52,9 @@ class ChatCompletionRequest(ConsumableRequest):
 def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
     version = model_version(d["model"], options)
     thinking = thinking_enabled(options, d["reasoning_effort"], d["thinking"])
-    if d["stream_options"] is not None and not d["stream"]:
-        raise ConversionError("stream_options should be set along with stream = true")
-    if d["n"] is not None and d["n"] != 1:
-        raise ConversionError("Invalid n value (currently only n = 1 is supported)")
-    bound = max_tokens_bound(options, thinking)
-    if d["max_tokens"] is not None and not 1 <= d["max_tokens"] <= bound:
-        raise range_error("max_tokens", f"[1, {bound}]")
-    check_sampling_ranges(d["temperature"], d["top_p"])
-    for name in ("frequency_penalty", "presence_penalty"):
-        if d[name] is not None and not -2 <= d[name] <= 2:
-            raise range_error(name, "[-2, 2]")
-    if d["top_logprobs"] is not None:
-        if not d["logprobs"]:
-            raise ConversionError(
-                "Invalid top_logprobs and logprobs value, logprobs must be set to true if "
-                "top_logprobs is used."
-            )
-        if d["top_logprobs"] > 20:
-            raise ConversionError(
-                "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20]."
-            )
-    if d["seed"] is not None and d["seed"] >= 2**63:
-        raise ConversionError("Invalid seed value, the valid range of seed is [0, 2^63)")
-    stops = stop_sequences(d["stop"])
+    raw_tools = d["tools"] or []
+    for index, tool in enumerate(raw_tools):
+        check_tool_name(index, tool["name"])
     if not d["messages"]:
         raise ConversionError("Empty input messages")
     messages = build_messages(d["messages"], version, thinking, options, bool(d["tools"]))
@@ -87,27 +64,33 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
             "Prompt must contain the word 'json' in some form to use 'response_format' of type "
             "'json_object'."
         )
-    tools = _build_tools(d["tools"], normalize=d["tool_choice"] != "none")
+    # Tools that are not offered (`tool_choice: none`) are dropped unchecked.
+    offered = d["tool_choice"] != "none"
+    tools = _build_tools(raw_tools) if offered else []
     choice, tools = resolve_tool_choice(d["tool_choice"], tools, thinking)
-    strict_schema = rf["type"] == "json_schema" and bool(rf.get("strict"))
-    if strict_schema:
-        check_schema_kinds(rf["schema"], for_tool=False)
     if messages and messages[-1].prefix:  # empty system messages leave no message at all
         if rf["type"] == "json_object":
             raise ConversionError("response_format json_object should not be used with prefix")
         if d["tools"] or any(m.tool_calls for m in messages):
             raise ConversionError("Function call should not be used with prefix")
+    stops = stop_sequences(d["stop"])
+    if d["stream_options"] is not None and not d["stream"]:
+        raise ConversionError("stream_options should be set along with stream = true")
     schema = rf["schema"] if rf["type"] == "json_schema" else None
-    constraint_schema = normalize_strict(schema, for_tool=False) if strict_schema else schema
-    effort = reasoning_effort(thinking, d["reasoning_effort"])
+    constraint_schema = schema
+    if rf["type"] == "json_schema" and rf.get("strict"):
+        constraint_schema = normalize_strict(schema, for_tool=False)
+    if offered and len({bool(t["strict"]) for t in raw_tools}) > 1:
+        raise ConversionError("Cannot use strict tool with non-strict tool in the same request")
     if d["response_format"] is not None and any(t.strict for t in tools):
         raise ConversionError("response_format should not be used with tools")
+    _check_settings(d, options, thinking)
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
         tools=tools,
         tool_choice=choice,
-        reasoning_effort=effort,
+        reasoning_effort=reasoning_effort(thinking, d["reasoning_effort"]),
         response_format="json_object" if rf["type"] == "json_object" else "text",
         response_schema=schema,
         response_regex=rf.get("regex") if rf["type"] == "regex" else None,
@@ -129,22 +112,47 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
     )
 
 
-def _build_tools(raw: list[dict[str, Any]] | None, normalize: bool) -> list[ToolDefinition]:
-    if not raw:
-        return []
-    stricts = {bool(t["strict"]) for t in raw}
+def _check_settings(d: dict[str, Any], options: ConversionOptions, thinking: bool) -> None:
+    """The numeric request settings, which the official converter checks last, in this order."""
+    if d["n"] is not None and d["n"] != 1:
+        raise ConversionError("Invalid n value (currently only n = 1 is supported)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if d[name] is not None and not -2 <= d[name] <= 2:
+            raise range_error(name, "[-2, 2]")
+    check_sampling_ranges(d["temperature"], d["top_p"])
+    if d["top_logprobs"] is not None:
+        if not d["logprobs"]:
+            raise ConversionError(
+                "Invalid top_logprobs and logprobs value, logprobs must be set to true if "
+                "top_logprobs is used."
+            )
+        if d["top_logprobs"] > 20:
+            raise ConversionError(
+                "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20]."
+            )
+    bound = max_tokens_bound(options, thinking)
+    if d["max_tokens"] is not None and not 1 <= d["max_tokens"] <= bound:
+        raise range_error("max_tokens", f"[1, {bound}]")
+    if d["seed"] is not None and d["seed"] >= 2**63:
+        raise ConversionError("Invalid seed value, the valid range of seed is [0, 2^63)")
+
+
+def _build_tools(raw: list[dict[str, Any]]) -> list[ToolDefinition]:
+    """Check each offered tool in turn: a unique name, then its parameter schema.
+
+    Strict tools get their schema normalized; names were checked up front.
+    """
     tools: list[ToolDefinition] = []
     seen: set[str] = set()
-    for i, t in enumerate(raw):
-        check_tool_name(i, t["name"])
-        check_parameters(t["name"], t["parameters"])
+    for t in raw:
         if t["name"] in seen:
             raise ConversionError("Tool names must be unique.")
         seen.add(t["name"])
-        params = {} if t["parameters"] is None else t["parameters"]
-        if t["strict"] and normalize:
-            params = normalize_strict(params or {"type": "object"}, for_tool=True)
+        params = {"type": "object"} if t["parameters"] is None else t["parameters"]
+        if t["strict"]:
+            params = normalize_strict(params, for_tool=True)
+        else:
+            check_parameters(t["name"], t["parameters"])
+            params = t["parameters"] or {}
         tools.append(ToolDefinition(t["name"], t["description"], params, t["strict"]))
-    if len(stricts) > 1:
-        raise ConversionError("Cannot use strict tool with non-strict tool in the same request")
     return tools

@@ -32,6 +32,7 @@ V4_FLAVOR = Flavor(
     reasoning_by_presence=True,
     sort_calls_by_id=True,
     schema_lines_end_with_newline=True,
+    block_for_empty_calls=True,
 )
 
 V41_FLAVOR = Flavor(

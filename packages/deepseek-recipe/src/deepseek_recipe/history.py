@@ -1,9 +1,9 @@
 """Decoded chat messages → conversation messages, with the history checks.
 
 The checks mirror the public API: tool results must answer the immediately
-preceding assistant tool calls, a prefix message must be the final assistant
-message, and (optionally) thinking-mode tool-call turns must carry their
-reasoning back.
+preceding assistant tool calls, an assistant message needs content or tool
+calls, (optionally) thinking-mode tool-call turns must carry their reasoning
+back, and a prefix message must be the final assistant message.
 """
 
 from __future__ import annotations
@@ -33,61 +33,74 @@ from deepseek_recipe.messages import (
 )
 from deepseek_recipe.options import ConversionOptions, ModelVersion
 
+_UNANSWERED = (
+    "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+    "each 'tool_call_id'. (insufficient tool messages following tool_calls message)"
+)
+_ORPHAN_RESULT = (
+    "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
+)
 
-def _check_tool_sequence(messages: list[DecodedMessage]) -> None:
-    pending: list[str] | None = None
-    answered: set[str] = set()
-    for index, msg in enumerate(messages):
+
+class _ToolTurns:
+    """Follows tool calls through the history: each call answered, right after it, once.
+
+    The official converter checks this message by message, interleaved with the
+    other per-message checks, so `visit` is called once per message in order and
+    `finish` after the last.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[str] | None = None
+        self._answered: set[str] = set()
+
+    def visit(self, index: int, msg: DecodedMessage) -> None:
         if msg.role == "tool":
-            if pending is None:
-                raise ConversionError(
-                    "Messages with role 'tool' must be a response to a preceding message with "
-                    "'tool_calls'"
-                )
-            call_id = msg.tool_call_id or ""
-            if call_id not in pending:
-                raise ConversionError(
-                    "An assistant message with 'tool_calls' must be followed by tool messages "
-                    "responding to "
-                    "each 'tool_call_id', The following tool_call_ids did not have response "
-                    f"messages: {call_id}"
-                )
-            if call_id in answered:
-                raise ConversionError(
-                    "Messages with role 'tool' must be a response to a preceding message with "
-                    "'tool_calls'"
-                )
-            answered.add(call_id)
-            if answered >= set(pending):
-                pending = None
-            continue
-        if pending is not None:
+            self._answer(msg.tool_call_id or "")
+            return
+        if self._pending is not None:
+            raise ConversionError(_UNANSWERED)
+        if msg.role == "assistant" and msg.tool_calls is not None:
+            self._open(index, [c.id for c in msg.tool_calls])
+
+    def finish(self) -> None:
+        if self._pending is not None:
+            raise ConversionError(_UNANSWERED)
+
+    def _answer(self, call_id: str) -> None:
+        if self._pending is None:
+            raise ConversionError(_ORPHAN_RESULT)
+        if call_id not in self._pending:
             raise ConversionError(
                 "An assistant message with 'tool_calls' must be followed by tool messages "
-                "responding to each "
-                "'tool_call_id'. (insufficient tool messages following tool_calls message)"
+                "responding to each 'tool_call_id', The following tool_call_ids did not have "
+                f"response messages: {call_id}"
             )
-        if msg.role == "assistant" and msg.tool_calls is not None:
-            if not msg.tool_calls:
+        if call_id in self._answered:
+            raise ConversionError(_ORPHAN_RESULT)
+        self._answered.add(call_id)
+        if self._answered >= set(self._pending):
+            self._pending = None
+
+    def _open(self, index: int, ids: list[str]) -> None:
+        if not ids:
+            raise ConversionError(
+                f"Invalid 'messages[{index}].tool_calls': empty array. Expected an array with "
+                "minimum length 1, but got an empty array instead."
+            )
+        for call_id in ids:
+            if ids.count(call_id) > 1:
                 raise ConversionError(
-                    f"Invalid 'messages[{index}].tool_calls': empty array. Expected an array "
-                    "with minimum "
-                    "length 1, but got an empty array instead."
+                    f"Duplicate value for 'tool_call_id' of {call_id} in message[{index}]"
                 )
-            ids = [c.id for c in msg.tool_calls]
-            for call_id in ids:
-                if ids.count(call_id) > 1:
-                    raise ConversionError(
-                        f"Duplicate value for 'tool_call_id' of {call_id} in message[{index}]"
-                    )
-            pending = ids
-            answered = set()
-    if pending is not None:
-        raise ConversionError(
-            "An assistant message with 'tool_calls' must be followed by tool messages "
-            "responding to each "
-            "'tool_call_id'. (insufficient tool messages following tool_calls message)"
-        )
+        self._pending = ids
+        self._answered = set()
+
+
+def _check_answer(msg: DecodedMessage) -> None:
+    """An assistant message must say something: content (even empty) or tool calls."""
+    if msg.role == "assistant" and msg.content is None and msg.tool_calls is None:
+        raise ConversionError("Invalid assistant message: content or tool_calls must be set")
 
 
 def _check_prefix(messages: list[DecodedMessage]) -> None:
@@ -139,14 +152,21 @@ def build_messages(
     options: ConversionOptions,
     has_tools: bool,
 ) -> list[Message]:
-    """Validate the history and build conversation messages."""
+    """Validate the history and build conversation messages.
+
+    Checks run in the official order: one pass over the messages (tool-call
+    pairing, then content, then the assistant's answer), then the carried
+    reasoning, then the prefix placement.
+    """
     opts = HistoryOptions.from_conversion(version, thinking, options, has_tools=has_tools)
-    converted = [
-        _segments(msg.content, version, opts.image_token, f".messages[{index}]", msg.role)
-        for index, msg in enumerate(decoded)
-    ]
-    _check_tool_sequence(decoded)
-    _check_prefix(decoded)
+    turns = _ToolTurns()
+    converted: list[tuple[list[Segment], list[ImageSource]]] = []
+    for index, msg in enumerate(decoded):
+        turns.visit(index, msg)
+        path = f".messages[{index}]"
+        converted.append(_segments(msg.content, version, opts.image_token, path, msg.role))
+        _check_answer(msg)
+    turns.finish()
     last_user = max((i for i, m in enumerate(decoded) if m.role == "user"), default=-1)
     out: list[Message] = []
     for index, (msg, (segments, sources)) in enumerate(zip(decoded, converted, strict=True)):
@@ -172,4 +192,5 @@ def build_messages(
                 field="reasoning_content",
             )
             out.append(AssistantMessage(segments_text(segments), reasoning, calls, msg.prefix))
+    _check_prefix(decoded)
     return out

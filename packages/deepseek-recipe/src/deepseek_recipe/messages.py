@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deepseek_recipe._image_args import expect_instance
 from deepseek_recipe.image_sources import (
     BytesImageSource,
     DataUrlImageSource,
@@ -194,6 +195,9 @@ class _ImageMessage(Message):
         image_sources: Sequence[ImageSource] | None,
         image_token: str | None,
     ) -> None:
+        if not isinstance(content, (str, list, tuple)):
+            # Text, as in the official API; a segment list is this package's extension.
+            expect_instance(content, str, "content")
         sources = list(image_sources or [])
         if isinstance(content, str):
             segments = split_placeholders(content, len(sources), image_token)
@@ -287,9 +291,18 @@ class AssistantMessage(Message):
         tool_calls: Sequence[ToolCall] | None = None,
         prefix: bool = False,
     ) -> None:
+        # The official constructor refuses anything but text (even `None`) as content: a
+        # message with no answer is spelled with empty content.
+        expect_instance(content, str, "content")
+        if reasoning_content is not None:
+            expect_instance(reasoning_content, str, "reasoning_content")
+        calls = None if tool_calls is None else list(tool_calls)
+        for call in calls or []:
+            expect_instance(call, ToolCall, "tool_calls")
+        expect_instance(prefix, bool, "prefix")
         super().__init__([content] if content else [])
         self._reasoning_content = reasoning_content
-        self._tool_calls = None if tool_calls is None else list(tool_calls)
+        self._tool_calls = calls
         self._prefix = prefix
 
     @property
@@ -319,6 +332,7 @@ class LatestReminderMessage(Message):
     _role = "latest_reminder"
 
     def __init__(self, content: str) -> None:
+        expect_instance(content, str, "content")
         super().__init__([content] if content else [])
 
     def __repr__(self) -> str:

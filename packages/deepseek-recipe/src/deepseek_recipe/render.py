@@ -56,6 +56,8 @@ class Flavor:
     sort_calls_by_id: bool = False
     #: V4 ends every line of the tools block's schema list with a newline; V4.1 joins them.
     schema_lines_end_with_newline: bool = False
+    #: V4 writes a tool-call block for any call list, even an empty one; V4.1 only for calls.
+    block_for_empty_calls: bool = False
 
 
 def _join(parts: Sequence[Sequence[Segment]]) -> list[Segment]:
@@ -177,9 +179,7 @@ class Renderer:
         f = self.f
         dsml = self._tok("dsml")
         out: list[Piece] = [text("\n\n<"), dsml, text(f"{f.block}>\n")]
-        for n, call in enumerate(calls):
-            if n:
-                out.append(text("\n"))
+        for call in calls:
             out += [text("<"), dsml, text(f'{f.invoke} name="{call.name}">\n')]
             params = _parse_arguments(call.arguments)
             for k, (key, value) in enumerate(params.items()):
@@ -196,8 +196,8 @@ class Renderer:
                 out += [dsml, text(f"{f.parameter}>")]
             if params or f.blank_line_in_empty_invoke:
                 out.append(text("\n"))
-            out += [text("</"), dsml, text(f"{f.invoke}>")]
-        out += [text("\n</"), dsml, text(f"{f.block}>")]
+            out += [text("</"), dsml, text(f"{f.invoke}>\n")]
+        out += [text("</"), dsml, text(f"{f.block}>")]
         return out
 
     def _head_additions(self, conv: Conversation, tools_active: bool) -> list[Piece]:
@@ -293,8 +293,8 @@ class Renderer:
             # The model continues inside the thinking section only in thinking mode with no content.
             if m.content or not thinking:
                 out += [self._tok("thinking_end"), text(m.content)]
-            if m.tool_calls:
-                out += self._tool_calls(m.tool_calls)
+            if self._writes_calls(m):
+                out += self._tool_calls(m.tool_calls or [])
             return out
         keep = m.reasoning_content is not None if by_presence else thinking
         if keep and tools_active:
@@ -302,7 +302,13 @@ class Renderer:
         else:
             out.append(self._tok("thinking_end"))
         out.append(text(m.content))
-        if m.tool_calls:
-            out += self._tool_calls(m.tool_calls)
+        if self._writes_calls(m):
+            out += self._tool_calls(m.tool_calls or [])
         out.append(self._tok("eos"))
         return out
+
+    def _writes_calls(self, m: AssistantMessage) -> bool:
+        """Whether the message gets a tool-call block (an empty list counts in V4)."""
+        if self.f.block_for_empty_calls:
+            return m.tool_calls is not None
+        return bool(m.tool_calls)

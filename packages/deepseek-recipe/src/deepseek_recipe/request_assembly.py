@@ -59,22 +59,21 @@ def resolve_tool_choice(
     """The conversation's tool choice and the tools it leaves on offer.
 
     Naming a function narrows the tools to it; forcing a call is not possible in
-    thinking mode.
+    thinking mode.  Without tools there is nothing to force or name, so any
+    choice but `none` means `auto` (and is not checked against thinking mode).
     """
-    if raw is None or raw == "auto":
-        return "auto", tools
     if raw == "none":
         return "none", []
+    if raw is None or raw == "auto" or not tools:
+        return "auto", tools
     if isinstance(raw, dict):
         name = raw["name"]
-        if tools:
-            picked = [t for t in tools if t.name == name]
-            if not picked:
-                raise ConversionError(
-                    f"Invalid value for 'tool_call': no function named '{name}' was specified "
-                    "in the 'tools' parameter."
-                )
-            tools = picked
+        tools = [t for t in tools if t.name == name]
+        if not tools:
+            raise ConversionError(
+                f"Invalid value for 'tool_call': no function named '{name}' was specified "
+                "in the 'tools' parameter."
+            )
     if thinking:
         raise ConversionError("Thinking mode does not support this tool_choice")
     return "required", tools

@@ -7,6 +7,7 @@ any semantic validation, because that is the order the official package uses
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from deepseek_recipe import body as b
@@ -15,61 +16,113 @@ _EFFORT_NAMES = ["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "
 
 
 def decode_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """Type-check every field up front, like deserialization does."""
-    out: dict[str, Any] = {}
-    out["model"] = b.get_str(obj, "model", required=True)
-    if "messages" not in obj:
-        raise b.missing("messages")
+    """Type-check every field up front, like deserialization does.
+
+    As serde does, fields are checked in the order the body lists them, and a
+    missing required field is reported only after all present ones passed.
+    """
+    out: dict[str, Any] = dict(_DEFAULTS)
+    for key in obj:
+        decode = _FIELDS.get(key)
+        if decode is not None:
+            out[key] = decode(obj)
+    for key in ("model", "messages"):
+        if key not in obj:
+            raise b.missing(key)
+    return out
+
+
+def _messages(obj: dict[str, Any]) -> list[b.DecodedMessage]:
     messages = obj["messages"]
     if not isinstance(messages, list):
         raise b.invalid_type(messages, "a sequence")
-    out["messages"] = [b.decode_message(m) for m in messages]
+    return [b.decode_message(m) for m in messages]
+
+
+def _thinking(obj: dict[str, Any]) -> str | None:
     thinking = obj.get("thinking")
-    out["thinking"] = None
-    if thinking is not None:
-        t = b.as_map(thinking, "struct ChatCompletionThinking")
-        if "type" not in t:
-            raise b.missing("type")
-        out["thinking"] = b.variant(t["type"], ["adaptive", "enabled", "disabled"])
+    if thinking is None:
+        return None
+    t = b.as_map(thinking, "struct ChatCompletionThinking")
+    if "type" not in t:
+        raise b.missing("type")
+    return b.variant(t["type"], ["adaptive", "enabled", "disabled"])
+
+
+def _effort(obj: dict[str, Any]) -> str | None:
     effort = obj.get("reasoning_effort")
-    out["reasoning_effort"] = None
-    if effort is not None:
-        if isinstance(effort, dict):
-            key = next(iter(effort), "")
-            raise b.unknown_variant(key, _EFFORT_NAMES)
-        if not isinstance(effort, str):
-            raise b.invalid_type(effort, "string or map")
-        out["reasoning_effort"] = b.variant(effort, _EFFORT_NAMES)
-    out["tools"] = _decode_tools(obj.get("tools"))
-    out["tool_choice"] = _decode_tool_choice(obj.get("tool_choice"))
-    out["response_format"] = _decode_response_format(obj.get("response_format"))
-    out["max_tokens"] = b.get_uint(obj, "max_tokens", 32)
-    out["n"] = b.get_uint(obj, "n", 8)
-    out["temperature"] = b.get_float(obj, "temperature")
-    out["top_p"] = b.get_float(obj, "top_p")
-    out["frequency_penalty"] = b.get_float(obj, "frequency_penalty")
-    out["presence_penalty"] = b.get_float(obj, "presence_penalty")
-    out["seed"] = b.get_uint(obj, "seed", 64)
-    out["logprobs"] = bool(b.get_bool(obj, "logprobs"))
-    out["top_logprobs"] = b.get_uint(obj, "top_logprobs", 8)
-    out["stream"] = bool(b.get_bool(obj, "stream"))
+    if effort is None:
+        return None
+    if isinstance(effort, dict):
+        key = next(iter(effort), "")
+        raise b.unknown_variant(key, _EFFORT_NAMES)
+    if not isinstance(effort, str):
+        raise b.invalid_type(effort, "string or map")
+    return b.variant(effort, _EFFORT_NAMES)
+
+
+def _stream_options(obj: dict[str, Any]) -> Any:
     stream_options = obj.get("stream_options")
     if stream_options is not None:
         b.as_map(stream_options, "struct ChatCompletionStreamOptions")
-    out["stream_options"] = stream_options
+    return stream_options
+
+
+def _stop(obj: dict[str, Any]) -> str | list[str] | None:
     stop = obj.get("stop")
-    if stop is None:
-        out["stop"] = None
-    elif isinstance(stop, str):
-        out["stop"] = stop
-    elif isinstance(stop, list):
+    if stop is None or isinstance(stop, str):
+        return stop
+    if isinstance(stop, list):
         for item in stop:
             if not isinstance(item, str):
                 raise b.invalid_type(item, "a string")
-        out["stop"] = list(stop)
-    else:
-        raise b.body_error("expected a string or a list")
-    return out
+        return list(stop)
+    raise b.body_error("expected a string or a list")
+
+
+_DEFAULTS: dict[str, Any] = {
+    "model": None,
+    "messages": [],
+    "thinking": None,
+    "reasoning_effort": None,
+    "tools": None,
+    "tool_choice": None,
+    "response_format": None,
+    "max_tokens": None,
+    "n": None,
+    "temperature": None,
+    "top_p": None,
+    "frequency_penalty": None,
+    "presence_penalty": None,
+    "seed": None,
+    "logprobs": False,
+    "top_logprobs": None,
+    "stream": False,
+    "stream_options": None,
+    "stop": None,
+}
+#: How each known field is read from the body (unknown fields are ignored, as by serde).
+_FIELDS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "model": lambda o: b.get_str(o, "model", required=True),
+    "messages": _messages,
+    "thinking": _thinking,
+    "reasoning_effort": _effort,
+    "tools": lambda o: _decode_tools(o.get("tools")),
+    "tool_choice": lambda o: _decode_tool_choice(o.get("tool_choice")),
+    "response_format": lambda o: _decode_response_format(o.get("response_format")),
+    "max_tokens": lambda o: b.get_uint(o, "max_tokens", 32),
+    "n": lambda o: b.get_uint(o, "n", 8),
+    "temperature": lambda o: b.get_float(o, "temperature"),
+    "top_p": lambda o: b.get_float(o, "top_p"),
+    "frequency_penalty": lambda o: b.get_float(o, "frequency_penalty"),
+    "presence_penalty": lambda o: b.get_float(o, "presence_penalty"),
+    "seed": lambda o: b.get_uint(o, "seed", 64),
+    "logprobs": lambda o: bool(b.get_bool(o, "logprobs")),
+    "top_logprobs": lambda o: b.get_uint(o, "top_logprobs", 8),
+    "stream": lambda o: bool(b.get_bool(o, "stream")),
+    "stream_options": _stream_options,
+    "stop": _stop,
+}
 
 
 def _decode_tools(value: Any) -> list[dict[str, Any]] | None:

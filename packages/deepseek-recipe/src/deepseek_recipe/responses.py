@@ -41,7 +41,8 @@ from deepseek_recipe.responses_tools import (
     declare_tools,
     namespace_map,
 )
-from deepseek_recipe.schema import check_parameters, check_schema_kinds, normalize_strict
+from deepseek_recipe.schema import check_parameters
+from deepseek_recipe.strict_schema import normalize_strict
 
 
 class ResponsesConversationRequest(ConversationRequest):
@@ -103,9 +104,10 @@ def _build_tools(declared: list[DeclaredTool]) -> list[ToolDefinition]:
         seen.add(t.name)
         params = {} if t.parameters is None else t.parameters
         if t.strict:
-            params = normalize_strict(params or {"type": "object"}, for_tool=True)
+            declared = {"type": "object"} if t.parameters is None else t.parameters
+            params = normalize_strict(declared, for_tool=True)
         else:
-            check_parameters(t.name, t.parameters, require_object_type=True)
+            check_parameters(t.name, t.parameters)
         tools.append(ToolDefinition(t.name, t.description, params, t.strict, t.deferred))
     return tools
 
@@ -168,8 +170,6 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     choice, tools = resolve_tool_choice(_named_choice(choice_raw, bool(tools)), tools, thinking)
     messages = resolve_loaded_tools(messages, tools)
     strict_schema = fmt["type"] == "json_schema" and bool(fmt.get("strict"))
-    if strict_schema:
-        check_schema_kinds(fmt["schema"], for_tool=False)
     schema = fmt["schema"] if fmt["type"] == "json_schema" else None
     constraint_schema = normalize_strict(schema, for_tool=False) if strict_schema else schema
     if fmt["type"] == "json_object" and not any("json" in m.content.lower() for m in messages):

@@ -2,11 +2,15 @@
 
 The cases aim at the places where a re-implementation drifts: message merging
 and ordering, system placement, effort and sampling rules, tool markup, JSON
-modes, images, validation messages, and markers split across chunks.
+modes, images, validation messages and which of several problems is reported,
+tool choices with no tools to choose, assistant messages without content,
+string formats in strict schemas, continuations of prefix answers, and markers
+split across chunks.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from typing import Any
@@ -135,6 +139,80 @@ STRICT_SCHEMAS: list[dict[str, Any]] = [
 ]
 
 
+def _string_format(value: Any, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "format": value, **extra}
+
+
+#: Strict schemas around `format`: supported and unsupported names, values that are not names
+#: (serde also reads a one-key map as a name), formats in nested and `anyOf` nodes, and formats
+#: beside problems the official converter only finds after decoding the whole schema.
+FORMAT_SCHEMAS: list[dict[str, Any]] = (
+    [
+        {"type": "object", "properties": {"s": _string_format(f)}}
+        for f in ("uuid", "hostname", "ipv4", "date-time", "uri", "time", "EMAIL", "")
+    ]
+    + [
+        {"type": "object", "properties": {"s": _string_format(f)}}
+        for f in (5, 1.5, True, None, ["email"], {}, {"ipv6": None}, {"ipv6": {}}, {"date": None})
+    ]
+    + [
+        {"type": "object", "properties": {"s": _string_format({"email": 5})}},
+        {"type": "object", "properties": {"s": _string_format({"email": None, "uuid": None})}},
+        {"type": "object", "properties": {"n": {"type": "integer", "format": "date"}}},
+        {"type": "object", "properties": {"s": {"type": ["string", "null"], "format": 5}}},
+        {
+            "type": "object",
+            "properties": {"a": {"anyOf": [_string_format("uri"), {"type": "null"}]}},
+        },
+        {
+            "type": "object",
+            "properties": {
+                "a": {"anyOf": [{"type": "object", "properties": {"b": _string_format("date")}}]}
+            },
+        },
+        {"type": "object", "properties": {"a": {"type": "array", "items": _string_format("ipv5")}}},
+        {
+            "type": "object",
+            "properties": {"o": {"type": "object", "properties": {"s": _string_format("uri")}}},
+        },
+        {
+            "type": "object",
+            "properties": {"s": _string_format("date"), "t": {"type": "string"}},
+            "required": ["s"],
+            "additionalProperties": True,
+        },
+        {"type": "object", "properties": {"o": {"type": "object"}, "s": _string_format("date")}},
+        {"type": "object", "properties": {"s": _string_format("date"), "x": {"description": "d"}}},
+        {"type": "object", "properties": {"s": {"description": 5, **_string_format("date")}}},
+        {"type": "object", "properties": {"s": _string_format("uuid", pattern=5)}},
+        {"type": "object", "properties": {"t": {"type": "wat"}, "s": _string_format("email")}},
+        {"type": "string", "format": "date"},
+        {
+            "type": "object",
+            "properties": {"s": _string_format("email", enum=["a@b.c", None], description=None)},
+        },
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "a"]},
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]},
+        {
+            "type": "object",
+            "required": ["z"],
+            "properties": {
+                "o": {
+                    "type": "object",
+                    "properties": {"a": _string_format("email")},
+                    "required": [],
+                }
+            },
+        },
+    ]
+)
+
+
+def strict_schema(rng: random.Random) -> dict[str, Any]:
+    """A schema for a strict tool or response format; two in five are about `format`."""
+    return rng.choice(FORMAT_SCHEMAS if rng.random() < 0.4 else STRICT_SCHEMAS)
+
+
 def _text(rng: random.Random, n: int = 3) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, n)))
 
@@ -159,6 +237,9 @@ def _tool(rng: random.Random, name: str, strict: bool | None) -> dict[str, Any]:
         f"p{i}": {"type": rng.choice(["string", "integer", "boolean"])}
         for i in range(rng.randint(0, 3))
     }
+    for prop in props.values():
+        if prop["type"] == "string" and rng.random() < 0.2:
+            prop["format"] = rng.choice(["date-time", "email", "uri"])
     fn: dict[str, Any] = {"name": name}
     if rng.random() < 0.7:
         fn["description"] = _text(rng, 4)
@@ -170,7 +251,7 @@ def _tool(rng: random.Random, name: str, strict: bool | None) -> dict[str, Any]:
     if strict is not None:
         fn["strict"] = strict
         if strict and rng.random() < 0.5:
-            fn["parameters"] = rng.choice(STRICT_SCHEMAS)
+            fn["parameters"] = strict_schema(rng)
     return {"type": "function", "function": fn}
 
 
@@ -222,10 +303,15 @@ def _messages(rng: random.Random, tools: list[dict[str, Any]]) -> list[dict[str,
             msgs.append({"role": "latest_reminder", "content": _text(rng)})
         if rng.random() < 0.35:
             break
-        asst: dict[str, Any] = {
-            "role": "assistant",
-            "content": _text(rng) if rng.random() < 0.7 else "",
-        }
+        asst: dict[str, Any] = {"role": "assistant"}
+        roll = rng.random()
+        if roll < 0.65:
+            asst["content"] = _text(rng)
+        elif roll < 0.9:
+            asst["content"] = ""
+        elif roll < 0.95:
+            asst["content"] = None
+        # else: no content at all; valid only with tool calls
         if rng.random() < 0.5:
             asst["reasoning_content"] = _text(rng)
         names = [t["function"]["name"] for t in tools] or ["lookup"]
@@ -246,15 +332,26 @@ def _messages(rng: random.Random, tools: list[dict[str, Any]]) -> list[dict[str,
             for cid in order:
                 msgs.append({"role": "tool", "tool_call_id": cid, "content": _content(rng, True)})
     if rng.random() < 0.12:
-        final: dict[str, Any] = {
-            "role": "assistant",
-            "content": _text(rng) if rng.random() < 0.6 else "",
-            "prefix": True,
-        }
+        final: dict[str, Any] = {"role": "assistant", "prefix": True}
+        if rng.random() < 0.95:
+            final["content"] = prefix_content(rng)
         if rng.random() < 0.5:
             final["reasoning_content"] = _text(rng)
         msgs.append(final)
     return msgs
+
+
+def prefix_content(rng: random.Random) -> str:
+    """The content of a prefix message, often with leading, trailing or repeated newlines."""
+    roll = rng.random()
+    if roll < 0.3:
+        return _text(rng)
+    if roll < 0.45:
+        return ""
+    lead = "\n" * rng.choice([0, 0, 1, 2])
+    tail = "\n" * rng.choice([0, 1, 1, 2, 3])
+    middle = rng.choice(["", _text(rng), _text(rng) + "\n\n" + _text(rng), "a\nb"])
+    return lead + middle + tail
 
 
 def random_body(rng: random.Random) -> dict[str, Any]:
@@ -262,6 +359,12 @@ def random_body(rng: random.Random) -> dict[str, Any]:
     strict = rng.choice([None, None, True])
     tools = [_tool(rng, f"fn_{i}", strict) for i in range(rng.choice([0, 0, 1, 2, 3]))]
     body: dict[str, Any] = {"model": rng.choice(MODELS), "messages": _messages(rng, tools)}
+    if not tools and rng.random() < 0.15:
+        # Forcing or naming a call with nothing to call means `auto`, even in thinking mode.
+        if rng.random() < 0.3:
+            body["tools"] = []
+        named = {"type": "function", "function": {"name": "f"}}
+        body["tool_choice"] = rng.choice(["required", "required", "none", "auto", named])
     if tools:
         body["tools"] = tools
         roll = rng.random()
@@ -296,7 +399,7 @@ def random_body(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.5:
             js["strict"] = True
             if rng.random() < 0.5:
-                js["schema"] = rng.choice(STRICT_SCHEMAS)
+                js["schema"] = strict_schema(rng)
         body["response_format"] = {"type": "json_schema", "json_schema": js}
     elif roll < 0.22:
         body["response_format"] = {"type": "regex", "regex": "[a-z]+"}
@@ -317,9 +420,8 @@ def random_body(rng: random.Random) -> dict[str, Any]:
     return body
 
 
-def broken_body(rng: random.Random) -> dict[str, Any]:
-    """A request with exactly one known problem."""
-    body = {"model": rng.choice(MODELS), "messages": [{"role": "user", "content": "hi json"}]}
+def _problems() -> list[dict[str, Any]]:
+    """Patches to a minimal valid request, each adding one known problem."""
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     problems: list[dict[str, Any]] = [
         {"model": "gpt-4o"},
@@ -521,8 +623,74 @@ def broken_body(rng: random.Random) -> dict[str, Any]:
         {"stream_options": {"include_usage": True}},
         {"max_tokens": 2**40},
     ]
-    body.update(rng.choice(problems))
+    return problems + _more_problems()
+
+
+def _more_problems() -> list[dict[str, Any]]:
+    """Problems, and near misses the official package accepts, in four corners of conversion.
+
+    A tool choice that forces or names a call while no tools are declared; an
+    assistant message with neither content nor tool calls; strict schemas with a
+    string `format` outside the supported set (or not a string); and prefix
+    messages whose content is only newlines.
+    """
+    q = {"role": "user", "content": "q json"}
+    result = {"role": "tool", "tool_call_id": "k", "content": "r"}
+    call = {"id": "k", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def strict_format(value: Any) -> dict[str, Any]:
+        return {"type": "object", "properties": {"s": {"type": "string", "format": value}}}
+
+    any_format = {"type": "string", "format": "ipv5"}
+
+    def strict_tool(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "s", "parameters": schema, "strict": True}}
+
+    def strict_format_rf(value: Any) -> dict[str, Any]:
+        spec = {"name": "n", "schema": strict_format(value), "strict": True}
+        return {"type": "json_schema", "json_schema": spec}
+
+    return [
+        {"tool_choice": "required"},
+        {"tool_choice": "required", "tools": []},
+        {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+        {"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": []},
+        {"tool_choice": "required", "thinking": {"type": "disabled"}},
+        {"messages": [q, {"role": "assistant"}]},
+        {"messages": [q, {"role": "assistant", "content": None, "reasoning_content": "r"}, q]},
+        {"messages": [q, {"role": "assistant", "content": None, "tool_calls": [call]}, result]},
+        {"messages": [q, {"role": "assistant", "tool_calls": None}, q]},
+        {"messages": [q, {"role": "assistant", "prefix": True}]},
+        {"messages": [q, {"role": "assistant", "content": "\n\n", "prefix": True}]},
+        {"response_format": strict_format_rf("date-time")},
+        {"response_format": strict_format_rf(5)},
+        {"response_format": strict_format_rf({"email": None})},
+        {"tools": [strict_tool(strict_format("uri"))]},
+        {"tools": [strict_tool(strict_format(None))]},
+        {"tools": [strict_tool({"type": "object", "properties": {"a": {"anyOf": [any_format]}}})]},
+    ]
+
+
+PROBLEMS = _problems()
+
+
+def broken_body(rng: random.Random) -> dict[str, Any]:
+    """A request with one known problem, sometimes two (then the official order decides)."""
+    body = {"model": rng.choice(MODELS), "messages": [{"role": "user", "content": "hi json"}]}
+    body.update(copy.deepcopy(rng.choice(PROBLEMS)))
+    if rng.random() < 0.3:
+        _add_problem(body, copy.deepcopy(rng.choice(PROBLEMS)))
     return body
+
+
+def _add_problem(body: dict[str, Any], problem: dict[str, Any]) -> None:
+    """Merge a second problem: message lists and tool lists are joined, other keys replaced."""
+    for key, value in problem.items():
+        old = body.get(key)
+        if key in ("messages", "tools") and isinstance(old, list) and isinstance(value, list):
+            body[key] = old + value
+        else:
+            body[key] = value
 
 
 def _dsml_block(rng: random.Random, v41: bool, names: list[str]) -> str:
@@ -631,11 +799,14 @@ def stream_cases(seed: int, count: int, encode: Any) -> list[dict[str, Any]]:
         body = random_body(rng)
         body["messages"] = [{"role": "user", "content": "Give json please"}]
         body.pop("response_format", None) if rng.random() < 0.7 else None
+        if rng.random() < 0.2:
+            _continue_prefix(rng, body)
         thinking = (
             body.get("thinking", {}).get("type") != "disabled"
             and body.get("reasoning_effort") != "none"
         )
-        if thinking and body.get("tool_choice") not in (None, "auto", "none"):
+        forced = body.get("tool_choice") not in (None, "auto", "none")
+        if thinking and forced and body.get("tools"):
             body["tool_choice"] = "auto"
         if thinking and rng.random() < 0.5:
             body["stop"] = ["END"]
@@ -660,6 +831,18 @@ def stream_cases(seed: int, count: int, encode: Any) -> list[dict[str, Any]]:
         }
         cases.append(case)
     return cases
+
+
+def _continue_prefix(rng: random.Random, body: dict[str, Any]) -> None:
+    """Make the request continue a prefix answer (no tools or JSON mode, which prefix forbids)."""
+    final: dict[str, Any] = {"role": "assistant", "content": prefix_content(rng), "prefix": True}
+    if rng.random() < 0.4:
+        final["reasoning_content"] = rng.choice(["r", "r\n", _text(rng)])
+    body["messages"].append(final)
+    for key in ("tools", "tool_choice"):
+        body.pop(key, None)
+    if body.get("response_format", {}).get("type") == "json_object":
+        del body["response_format"]
 
 
 def direct_cases(seed: int, count: int) -> list[dict[str, Any]]:
@@ -691,6 +874,8 @@ def direct_cases(seed: int, count: int) -> list[dict[str, Any]]:
                     spec["tool_calls"] = [
                         {"id": i, "name": "f", "arguments": _arguments(rng)} for i in ids
                     ]
+                elif rng.random() < 0.15:
+                    spec["tool_calls"] = []  # neither calls nor (often) content
             messages.append(spec)
             rng.shuffle(ids)
             for call_id in ids:
@@ -698,7 +883,7 @@ def direct_cases(seed: int, count: int) -> list[dict[str, Any]]:
         if rng.random() < 0.15:
             final: dict[str, Any] = {
                 "role": "assistant",
-                "content": rng.choice(["", "x"]),
+                "content": prefix_content(rng),
                 "prefix": True,
             }
             if rng.random() < 0.5:

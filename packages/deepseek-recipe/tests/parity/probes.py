@@ -7,6 +7,7 @@ values; exceptions are recorded by type and message by the caller.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -181,6 +182,55 @@ def direct_prefix(dr: Any, tok: Any) -> Any:
         for content, reasoning in (("", None), ("", "r"), ("c", None), ("c", "r")):
             messages = [dr.UserMessage("q"), dr.AssistantMessage(content, reasoning, None, True)]
             out.append(_render(dr, dr.Conversation(messages, thinking_mode=thinking)))
+    return out
+
+
+def assistant_arguments(dr: Any, tok: Any) -> Any:
+    """An assistant message without content is built with empty text, never `None`."""
+    call = dr.ToolCall("a", "f", "{}")
+    attempts: list[tuple[Any, ...]] = [
+        (None,),
+        (None, None, [call]),
+        (5,),
+        ("x", 5),
+        ("x", None, ["call"]),
+        ("x", None, None, None),
+        ("", None, []),
+    ]
+    out: list[Any] = []
+    for args in attempts:
+        try:
+            out.append(repr(dr.AssistantMessage(*args)))
+        except TypeError as exc:
+            out.append(["TypeError", str(exc)])
+    for make in (dr.UserMessage, dr.SystemMessage, dr.LatestReminderMessage):
+        try:
+            out.append(repr(make(None)))
+        except TypeError as exc:
+            out.append(["TypeError", str(exc)])
+    return out
+
+
+def content_continuation_stream(dr: Any, tok: Any) -> Any:
+    """A thinking-mode reply continuing a prefix answer opens with content, not reasoning."""
+    out = []
+    for content, reasoning in (("a\n", None), ("\n\n", "r"), ("", "r")):
+        body = {
+            "model": "DeepSeek-V4-Pro",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": content,
+                    "reasoning_content": reasoning,
+                    "prefix": True,
+                },
+            ],
+        }
+        processor = _processor(dr, None, body)
+        chunks = processor.push(dr.InferenceChunk.text("\nx\n</think>\ny", 3))
+        chunks += processor.finish()
+        out.append([json.loads(c.to_json())["choices"][0]["delta"] for c in chunks])
     return out
 
 

@@ -72,7 +72,8 @@ def _r_function(rng: random.Random, name: str, strict: bool | None) -> dict[str,
     if strict is not None:
         tool["strict"] = strict
         if strict:
-            tool["parameters"] = rng.choice(BASE.STRICT_SCHEMAS[:6])
+            schemas = BASE.FORMAT_SCHEMAS if rng.random() < 0.3 else BASE.STRICT_SCHEMAS[:6]
+            tool["parameters"] = rng.choice(schemas)
     return tool
 
 
@@ -341,6 +342,9 @@ def responses_body(rng: random.Random) -> dict[str, Any]:
         body["tool_choice"] = rng.choice(
             [{"type": "custom", "name": "apply_patch"}, {"type": "web_search"}, "auto"]
         )
+    elif not tools and roll < 0.5:
+        # Nothing to force or name: the official converter falls back to `auto`.
+        body["tool_choice"] = rng.choice(["required", {"type": "function", "name": "lookup"}])
     reasoning: dict[str, Any] = {}
     effort = rng.choice(EFFORTS)
     if effort is not None:
@@ -363,7 +367,7 @@ def responses_body(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.5:
             fmt["strict"] = rng.choice([True, False])
             if fmt["strict"] and rng.random() < 0.5:
-                fmt["schema"] = rng.choice(BASE.STRICT_SCHEMAS)
+                fmt["schema"] = BASE.strict_schema(rng)
         if rng.random() < 0.3:
             fmt["description"] = "d"
         body["text"] = {"format": fmt}
@@ -881,6 +885,8 @@ def messages_body(rng: random.Random) -> dict[str, Any]:
             body["tool_choice"] = {"type": "tool", "name": tools[-1].get("name", "x")}
         elif roll < 0.55:
             body["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
+    elif rng.random() < 0.1:
+        body["tool_choice"] = rng.choice([{"type": "any"}, {"type": "tool", "name": "get_w"}])
     roll = rng.random()
     if roll < 0.3:
         body["thinking"] = {"type": "disabled"}
