@@ -13,11 +13,46 @@ import random
 import time
 from pathlib import Path
 
-from deepinfer.llm import LLM
+from deepinfer.cli import UsageError, check_interrupted
 from deepinfer.sampling_params import SamplingParams
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Reject inconsistent options before the model loads and the benchmark runs.
+
+    argparse has already checked each number on its own; what remains are the ranges and the
+    ``--json`` path, which would otherwise fail only after the whole benchmark had run.
+    """
+    for kind in ("input", "output"):
+        low, high = getattr(args, f"min_{kind}_len"), getattr(args, f"max_{kind}_len")
+        if low > high:
+            raise UsageError(f"--min-{kind}-len", f"{low} is greater than --max-{kind}-len {high}")
+    if args.json:
+        check_writable(Path(args.json))
+
+
+def check_writable(path: Path) -> None:
+    """Create ``path``'s folder and make sure the file can be written, leaving no file behind."""
+    existed = path.exists()
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError("--json", f"cannot write {path}: {ancestor} is not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise UsageError("--json", f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    from deepinfer.llm import LLM  # torch: only once the options are known to be good
+
+    check_options(args)
     llm = LLM(
         args.model,
         device=args.device,
@@ -46,9 +81,11 @@ def run_bench(args: argparse.Namespace) -> int:
         for _ in range(args.num_seqs)
     ]
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    check_interrupted()
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    check_interrupted()
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     graphs = llm.engine.runner.graphs
     in_tokens = sum(len(p) for p in prompts)
@@ -71,6 +108,8 @@ def run_bench(args: argparse.Namespace) -> int:
     width = max(len(k) for k in result)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in result.items()))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:
+            raise UsageError("--json", f"cannot write {args.json}: {exc.strerror or exc}") from exc
     return 0

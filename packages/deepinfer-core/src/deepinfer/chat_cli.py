@@ -1,4 +1,9 @@
-"""``deepinfer chat``: an interactive conversation, streamed, with reasoning shown apart."""
+"""``deepinfer chat``: an interactive conversation, streamed, with reasoning shown apart.
+
+Errors that end the session (bad options, a model that does not load) propagate to
+:func:`deepinfer.cli.main`, which reports them on one line; an error in one turn (a prompt the
+engine rejects) is reported and the conversation goes on without that turn.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import sys
 
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter, ChatPrompt
+from deepinfer.cli import check_interrupted, sampling_params
 from deepinfer.errors import DeepInferError
 from deepinfer.llm import LLM
 from deepinfer.sampling_params import SamplingParams
@@ -18,20 +24,22 @@ def _styles(stream: object) -> tuple[str, str]:
     return "", ""
 
 
-def run_chat(args: argparse.Namespace) -> int:
+def _read_line(prompt: str) -> str | None:
+    """The next line typed, or None at the end of input (Ctrl-D, a closed or exhausted stdin)."""
+    if sys.stdin is None or sys.stdin.closed:
+        return None
     try:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-    except DeepInferError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    if sys.stdin is None or sys.stdin.closed:
+        return 0  # nothing can ever be asked: do not load the model for nothing
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     chat = ChatFormatter(llm.tokenizer_path)
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_tokens=args.max_tokens,
-        seed=args.sample_seed,
-    )
     dim, reset = _styles(sys.stdout)
     history: list[dict[str, str]] = []
     if args.system:
@@ -41,9 +49,10 @@ def run_chat(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     while True:
-        try:
-            line = input("you> ")
-        except EOFError:
+        check_interrupted()
+        line = _read_line("you> ")
+        if line is None:
+            sys.stdout.write("\n")
             break
         command = line.strip()
         if command in {"", "/exit", "/quit"}:
@@ -60,11 +69,11 @@ def run_chat(args: argparse.Namespace) -> int:
         }
         try:
             prompt = chat.prompt(body)
-        except DeepInferError as exc:
+            answer = _stream_reply(llm, chat, prompt, params, (dim, reset))
+        except DeepInferError as exc:  # this turn only (say, a conversation grown too long)
             print(f"error: {exc}", file=sys.stderr)
             history.pop()
             continue
-        answer = _stream_reply(llm, chat, prompt, params, (dim, reset))
         history.append({"role": "assistant", "content": answer})
     return 0
 
@@ -95,6 +104,7 @@ def _stream_reply(
         sys.stdout.flush()
 
     for out in llm.stream(prompt.token_ids, params):
+        check_interrupted()
         ids = out.outputs[0].token_ids
         new = [t for t in ids[shown:] if t not in eos]
         shown = len(ids)

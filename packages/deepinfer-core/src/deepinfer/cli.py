@@ -1,13 +1,125 @@
-"""The ``deepinfer`` command line: info, generate, bench."""
+"""The ``deepinfer`` command line: info, generate, chat, bench.
+
+Every failure a user can cause (a bad option, a broken checkpoint, a rejected request) ends the
+same way: one ``error: ...`` line on stderr and exit status 2, whichever subcommand raised it.
+Ctrl-C ends with status 130 (the shell's 128 + SIGINT) and no traceback. Both are handled once,
+in :func:`main`; a traceback therefore always means a bug.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import platform
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import TYPE_CHECKING, NoReturn
 
 from deepinfer import info
+from deepinfer.__about__ import __version__
+from deepinfer.errors import DeepInferError, InvalidRequestError
+
+if TYPE_CHECKING:
+    from deepinfer.sampling_params import SamplingParams
+
+#: Exit status of a CLI error (argparse's own usage errors use it too).
+EXIT_USAGE = 2
+#: Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
+
+#: SamplingParams field -> the flag that sets it, so a rejected value names the flag.
+_SAMPLING_FLAGS = {
+    "max_tokens": "--max-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "seed": "--sample-seed",
+}
+
+
+class UsageError(DeepInferError):
+    """A command-line option is invalid or inconsistent with another one."""
+
+    def __init__(self, flag: str, reason: str) -> None:
+        super().__init__(f"argument {flag}: {reason}")
+        self.flag = flag
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors look like every other CLI error: one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message} (see '{self.prog} --help')\n")
+
+
+def version_line() -> str:
+    """``deepinfer X`` (X: deepinfer-core's version, ``deepinfer.__version__``), then the other
+    installed family distributions, torch and Python: what a bug report needs, on one line.
+    Read from metadata, so nothing heavy is imported."""
+    parts = []
+    for dist in (*info.DISTRIBUTIONS, "torch"):
+        if dist in ("deepinfer", "deepinfer-core"):
+            continue
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    parts.append(f"python {platform.python_version()}")
+    return f"deepinfer {__version__} ({', '.join(parts)})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own action re-wraps the line to the terminal width."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        print(version_line())
+        parser.exit(0)
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type`` that rejects integers below ``low`` before anything is loaded."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The request's SamplingParams from the sampling flags; a rejected value names its flag.
+
+    Built before the model loads, so a bad value fails at once rather than after loading.
+    """
+    from deepinfer.sampling_params import SamplingParams
+
+    try:
+        return SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.sample_seed,
+        )
+    except InvalidRequestError as exc:
+        flag = _SAMPLING_FLAGS.get(exc.field)
+        if flag is None:
+            raise
+        raise UsageError(flag, exc.reason) from exc
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -22,67 +134,81 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a checkpoint directory")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda[:i] or npu[:i]")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights and activations; auto: float32 on a CPU, bfloat16 elsewhere",
+    )
     p.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy"
+    )
+    p.add_argument(
+        "--top-p", type=float, default=0.95, help="nucleus sampling: keep this probability mass"
+    )
+    p.add_argument(
+        "--top-k", type=int, default=0, help="keep only the k likeliest tokens; 0 keeps all"
+    )
     p.add_argument("--sample-seed", type=int, default=None, help="seed of the request itself")
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from deepinfer.errors import DeepInferError
-    from deepinfer.llm import LLM
-    from deepinfer.sampling_params import SamplingParams
+    params = sampling_params(args)
+    with deferred_interrupts():
+        from deepinfer.llm import LLM
 
-    try:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-        params = SamplingParams(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_tokens=args.max_tokens,
-            seed=args.sample_seed,
-        )
-        sys.stdout.write(args.prompt)
-        shown = 0
-        out = None
-        for out in llm.stream(args.prompt, params):
-            text = out.outputs[0].text
-            sys.stdout.write(text[shown:])
-            sys.stdout.flush()
-            shown = len(text)
-        sys.stdout.write("\n")
-        if out is not None:
-            c = out.outputs[0]
-            print(f"[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]", file=sys.stderr)
-    except DeepInferError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    echoed, shown = False, 0
+    out = None
+    for out in llm.stream(args.prompt, params):
+        check_interrupted()
+        if not echoed:  # once the request is accepted, so a rejection is not appended to it
+            sys.stdout.write(args.prompt)
+            echoed = True
+        text = out.outputs[0].text
+        sys.stdout.write(text[shown:])
+        sys.stdout.flush()
+        shown = len(text)
+    sys.stdout.write("\n")
+    if out is not None:
+        c = out.outputs[0]
+        print(f"[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]", file=sys.stderr)
     return 0
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from deepinfer.chat_cli import run_chat
+    sampling_params(args)  # bad options fail before torch is even imported
+    with deferred_interrupts():
+        from deepinfer.chat_cli import run_chat
 
     return run_chat(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from deepinfer.bench import run_bench
+    from deepinfer.bench import check_options
+
+    check_options(args)  # before torch is even imported
+    with deferred_interrupts():
+        from deepinfer.bench import run_bench
 
     return run_bench(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deepinfer", description="DeepInfer: inference for DeepSeek-V4-family models"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of DeepInfer, its installed packages, torch and Python",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_info = sub.add_parser(
         "info", help="installed DeepInfer packages, plugins, and the device/backend in use"
     )
@@ -90,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.set_defaults(func=_cmd_info)
 
     p_gen = sub.add_parser("generate", help="continue a prompt, streaming the text")
-    p_gen.add_argument("prompt")
+    p_gen.add_argument("prompt", help="the text to continue (no chat template is applied)")
     _add_model_args(p_gen)
     _add_sampling_args(p_gen)
     p_gen.set_defaults(func=_cmd_generate)
@@ -106,13 +232,26 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="offline throughput: N sequences of random input/output lengths"
     )
     _add_model_args(p_bench)
-    p_bench.add_argument("--num-seqs", type=int, default=16)
-    p_bench.add_argument("--min-input-len", type=int, default=16)
-    p_bench.add_argument("--max-input-len", type=int, default=256)
-    p_bench.add_argument("--min-output-len", type=int, default=16)
-    p_bench.add_argument("--max-output-len", type=int, default=64)
-    p_bench.add_argument("--max-num-seqs", type=int, default=256)
-    p_bench.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    positive = _int_at_least(1)
+    p_bench.add_argument("--num-seqs", type=positive, default=16, help="sequences to generate")
+    p_bench.add_argument(
+        "--min-input-len", type=positive, default=16, help="shortest prompt, in tokens"
+    )
+    p_bench.add_argument(
+        "--max-input-len", type=positive, default=256, help="longest prompt, in tokens"
+    )
+    p_bench.add_argument(
+        "--min-output-len", type=positive, default=16, help="fewest tokens a sequence generates"
+    )
+    p_bench.add_argument(
+        "--max-output-len", type=positive, default=64, help="most tokens a sequence generates"
+    )
+    p_bench.add_argument(
+        "--max-num-seqs", type=positive, default=256, help="most sequences decoded together"
+    )
+    p_bench.add_argument(
+        "--max-num-batched-tokens", type=positive, default=8192, help="token budget of one step"
+    )
     p_bench.add_argument(
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (GPU)"
     )
@@ -128,10 +267,78 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while a command runs.
+
+    A subclass because CPython remembers a bare KeyboardInterrupt that passes through an
+    embedded ``PyRun_String`` (extension modules evaluate snippets that way) and, under
+    ``python -m deepinfer``, ends the process by SIGINT at exit, even after :func:`main` has
+    handled it and asked for status 130; it checks for that exact type only.
+    """
+
+
+class _Interrupt:
+    """Whether Ctrl-C was pressed during this command.
+
+    Extension code that the interrupt lands in does not always let it through: it may clear it
+    and carry on (then the command's loops find the flag, see :func:`check_interrupted`) or
+    turn it into another exception (then :func:`main` still reports an interruption).
+    """
+
+    requested = False
+    #: Inside :func:`deferred_interrupts`: note Ctrl-C, act on it afterwards.
+    deferred = False
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _Interrupt.requested = True
+    if not _Interrupt.deferred:
+        raise Interrupted
+
+
+def check_interrupted() -> None:
+    """Raise :class:`Interrupted` if Ctrl-C was pressed and swallowed on its way up."""
+    if _Interrupt.requested:
+        raise Interrupted
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C back until the block ends, then act on it.
+
+    For importing torch and the modules built on it: an interrupt that lands in torch's native
+    initialisation aborts the whole process (SIGABRT and a core dump) instead of raising.
+    """
+    _Interrupt.deferred = True
+    try:
+        yield
+    finally:
+        _Interrupt.deferred = False
+    check_interrupted()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    _Interrupt.requested = False
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if in_main_thread else None
+    try:
+        return int(args.func(args))
+    except BaseException as exc:
+        if _Interrupt.requested or isinstance(exc, KeyboardInterrupt):
+            # Ctrl-C is the way to stop a long generation, not a crash: no traceback, and a
+            # newline so that the shell prompt does not follow half a line of streamed text.
+            sys.stderr.write("\n")
+            return EXIT_INTERRUPTED
+        if isinstance(exc, DeepInferError):
+            message = " ".join(str(exc).splitlines())
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,20 @@ V4.1 (``model_type: deepseek_v41``) nests the text model's fields under ``text_c
 ``vision_config`` and a top-level ``quantization_config``. We flatten the text fields into the same
 dataclass (V4.1-only fields default to "off", so V4 configs parse exactly as before) and keep the
 outer keys so :meth:`ModelConfig.to_dict` writes the nested layout back.
+
+Every field is checked against its annotation (and sizes against their ranges) when the config
+is built, so a hand-edited or foreign config.json fails with a ConfigError naming the field
+instead of a TypeError deep inside the model.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from deepinfer.errors import DeepInferError
 
@@ -37,7 +43,18 @@ _HF_LAYER_TYPES: dict[str, AttnKind] = {
 
 
 class ConfigError(DeepInferError, ValueError):
-    """A config.json field is missing, malformed, or describes a model we do not implement."""
+    """A config.json field is missing, malformed, or describes a model we do not implement.
+
+    ``field`` names the offending config.json key where there is one, so tools can point at it.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UnsupportedConfigError(ConfigError, NotImplementedError):
+    """A well-formed config describing a variant DeepInfer does not implement."""
 
 
 @dataclass
@@ -140,6 +157,7 @@ class ModelConfig:
     outer_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         n_all = self.num_hidden_layers + self.num_nextn_predict_layers
         if not self.compress_ratios:
             self.compress_ratios = [0] * n_all
@@ -151,8 +169,6 @@ class ModelConfig:
         # MTP layers without an entry of their own are sliding-window only, as published.
         self.compress_ratios = [int(r) for r in self.compress_ratios]
         self.compress_ratios += [0] * (n_all - len(self.compress_ratios))
-        if any(r < 0 for r in self.compress_ratios):
-            raise ConfigError(f"compress_ratios must be >= 0, got {self.compress_ratios}")
         kind_of = _v41_kind_of_ratio if self.is_v41 else _kind_of_ratio
         self.attn_kinds = list(self.attn_kinds) + [
             kind_of(r) for r in self.compress_ratios[len(self.attn_kinds) :]
@@ -166,15 +182,26 @@ class ModelConfig:
             raise ConfigError(
                 f"qk_rope_head_dim={self.qk_rope_head_dim} must be even and <= head_dim"
             )
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise ConfigError(
+                f"num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                f"n_routed_experts={self.n_routed_experts}",
+                "num_experts_per_tok",
+            )
         if self.num_key_value_heads != 1:
-            raise NotImplementedError(
+            raise UnsupportedConfigError(
                 f"num_key_value_heads={self.num_key_value_heads}: only shared-KV MQA "
-                "(one kv head) is implemented"
+                "(one kv head) is implemented",
+                "num_key_value_heads",
             )
         if self.scoring_func not in ("sqrtsoftplus", "sigmoid", "softmax"):
-            raise NotImplementedError(f"scoring_func={self.scoring_func!r} is not implemented")
+            raise UnsupportedConfigError(
+                f"scoring_func={self.scoring_func!r} is not implemented", "scoring_func"
+            )
         if self.hidden_act != "silu":
-            raise NotImplementedError(f"hidden_act={self.hidden_act!r}: only silu is implemented")
+            raise UnsupportedConfigError(
+                f"hidden_act={self.hidden_act!r}: only silu is implemented", "hidden_act"
+            )
         if self.is_v41:
             _validate_v41(self)
 
@@ -212,8 +239,14 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Parse a published config dict: V4 (flat) or V4.1 (nested ``text_config``)."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config.json must hold an object, got {type(raw).__name__}")
         raw = dict(raw)
         model_type = raw.get("model_type", V4_TYPE)
+        if not isinstance(model_type, str):
+            raise ConfigError(
+                f"config.json: model_type must be a string, got {model_type!r}", "model_type"
+            )
         if "text_config" in raw or model_type.startswith(V41_TYPE):
             return cls(**_v41_kwargs(raw, {f.name for f in fields(cls)}))
         if model_type != V4_TYPE:
@@ -223,13 +256,15 @@ class ModelConfig:
         if "dtype" in raw and "torch_dtype" not in kwargs:
             kwargs["torch_dtype"] = raw.pop("dtype")
         # transformers-style schedules are accepted too, so HF configs convert without edits.
-        layer_types = raw.pop("layer_types", None)
+        layer_types = _str_list(raw.pop("layer_types", None), "layer_types")
         compress_rates = raw.pop("compress_rates", None)
+        if not isinstance(compress_rates, dict | None):
+            raise ConfigError("config.json: compress_rates must be an object", "compress_rates")
         if layer_types is not None and "compress_ratios" not in kwargs:
             kwargs["compress_ratios"], kwargs["attn_kinds"] = _from_layer_types(
                 layer_types, compress_rates or {}
             )
-        mlp_layer_types = raw.pop("mlp_layer_types", None)
+        mlp_layer_types = _str_list(raw.pop("mlp_layer_types", None), "mlp_layer_types")
         if mlp_layer_types is not None and "num_hash_layers" not in kwargs:
             kwargs["num_hash_layers"] = _hash_prefix(mlp_layer_types)
         if kwargs.get("rope_scaling") is None and isinstance(raw.get("rope_parameters"), dict):
@@ -272,6 +307,155 @@ class ModelConfig:
 #: ``extra`` as before.
 _FIELD_NAMES = [f.name for f in fields(ModelConfig)]
 V41_FIELDS = frozenset(_FIELD_NAMES[_FIELD_NAMES.index("kv_source_layer_ids") :])
+
+
+# ----------------------------------------------------------------------------------------------
+# Field types: config.json is JSON written by hand or by other tools, so a field of the wrong
+# type must be named here rather than surface later as a TypeError deep inside the model.
+
+#: Sizes and counts that must be at least 1; every other integer field must be at least 0.
+_POSITIVE_FIELDS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "q_lora_rank",
+        "o_groups",
+        "o_lora_rank",
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "sliding_window",
+        "index_n_heads",
+        "index_head_dim",
+        "index_topk",
+        "hc_mult",
+        "hc_sinkhorn_iters",
+        "max_position_embeddings",
+        "rope_theta",
+        "compress_rope_theta",
+    }
+)
+#: Integers with no sign constraint (a seed).
+_SIGNED_FIELDS = frozenset({"engram_seed"})
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return get_type_hints(ModelConfig)
+
+
+def _describe(hint: Any) -> str:
+    """The expected type in the words of JSON, for error messages."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is list:
+        plural = {int: "integers", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(args[0], f'items that are {_describe(args[0])}')}"
+    if origin is dict or hint is dict:
+        return "an object"
+    return {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        type(None): "null",
+    }.get(hint, str(hint))
+
+
+class _Mismatch(Exception):
+    """A value does not have the annotated type (internal to :func:`_conform`)."""
+
+
+def _conform(value: Any, hint: Any) -> Any:
+    """``value`` if it has type ``hint`` (ints accepted and converted where floats are
+    expected, tuples where lists are); raises :class:`_Mismatch` otherwise."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        for arm in args:
+            try:
+                return _conform(value, arm)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin is Literal:
+        if value in args and isinstance(value, str):
+            return value
+        raise _Mismatch
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        return [_conform(v, args[0]) for v in value]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise _Mismatch
+        return value
+    if hint is type(None):
+        if value is not None:
+            raise _Mismatch
+        return None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _Mismatch
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _Mismatch
+        return value
+    if hint is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _Mismatch
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise _Mismatch
+        return value
+    raise TypeError(f"ModelConfig annotation {hint!r} has no JSON type check")
+
+
+def _numbers(value: Any) -> list[int | float]:
+    if isinstance(value, list):
+        return [v for item in value for v in _numbers(item)]
+    return [value] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def _check_field_types(cfg: ModelConfig) -> None:
+    """Check every field against its annotation and every size against its range, in place."""
+    hints = _field_types()
+    for f in fields(cfg):
+        hint = hints[f.name]
+        value = getattr(cfg, f.name)
+        try:
+            setattr(cfg, f.name, _conform(value, hint))
+        except _Mismatch:
+            raise ConfigError(
+                f"config.json: {f.name} must be {_describe(hint)}, got {value!r} "
+                f"({type(value).__name__})",
+                f.name,
+            ) from None
+        low = 1 if f.name in _POSITIVE_FIELDS else 0
+        if f.name in _SIGNED_FIELDS or f.name in ("extra", "outer_extra"):
+            continue
+        bad = [v for v in _numbers(getattr(cfg, f.name)) if v < low]
+        if bad:
+            bound = "positive" if low else "non-negative"
+            raise ConfigError(f"config.json: {f.name} must be {bound}, got {value!r}", f.name)
+
+
+def _str_list(value: Any, name: str) -> list[str] | None:
+    if value is not None and not (
+        isinstance(value, list) and all(isinstance(v, str) for v in value)
+    ):
+        raise ConfigError(f"config.json: {name} must be a list of strings, got {value!r}", name)
+    return value
 
 
 def _latest_at_or_before(ids: list[int], layer_id: int) -> int | None:
@@ -401,7 +585,7 @@ def _validate_v41(cfg: ModelConfig) -> None:
                 raise ConfigError(f"layer {layer} has compress ratio 0 but is a KV/index source")
             continue
         if ratio not in (1, 2):
-            raise NotImplementedError(
+            raise UnsupportedConfigError(
                 f"compress ratio {ratio} at layer {layer}: V4.1 compressors have ratio 1 or 2"
             )
         kv_src = cfg.kv_source_of(layer)

@@ -102,6 +102,18 @@ class DeepseekV4ForCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
+    @property
+    def has_mtp(self) -> bool:
+        """Whether MTP layers were loaded; checkpoints saved by other tools often drop them."""
+        return len(self.mtp) > 0
+
+    def _require_mtp(self) -> None:
+        if not self.has_mtp:
+            raise CheckpointError(
+                "this checkpoint has no MTP weights (num_nextn_predict_layers=0 or no mtp.* "
+                "tensors): MTP drafting is unavailable, the main model works as usual"
+            )
+
     # -- state ------------------------------------------------------------------------------------
 
     def new_state(self, batch_size: int = 1, slack: int = 0) -> ModelState:
@@ -435,6 +447,8 @@ class DeepseekV4ForCausalLM(nn.Module):
         depths' output streams) and the embedding of token ``t + 1 + k``, the way
         :meth:`mtp_forward` feeds them at decode time.
         """
+        if with_mtp:
+            self._require_mtp()
         with torch.enable_grad():
             state = self.new_state(input_ids.shape[0])
             logits, streams = self._forward_streams(input_ids, state)
@@ -484,10 +498,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         positions of ``streams`` and keeps its own state (``state.mtp[depth]``, position
         ``state.mtp_pos``). Returns (logits [B, S, V] fp32, the MTP layer's output streams).
         """
-        if not self.mtp:
-            raise NotImplementedError(
-                "this checkpoint has no MTP layers (num_nextn_predict_layers=0)"
-            )
+        self._require_mtp()
         next_ids = next_ids.to(self.device)
         ctx = self._context(next_ids, state.mtp_pos)
         hidden, out_streams = self.mtp[depth].predict(

@@ -397,6 +397,7 @@ class DeepseekV41ForCausalLM(DeepseekV4ForCausalLM):
     def mtp_forward(
         self, streams: Tensor, next_ids: Tensor, state: ModelState, depth: int = 0
     ) -> tuple[Tensor, Tensor]:
+        self._require_mtp()
         raise NotImplementedError(
             "V4.1 MTP/DSpark drafting: the MTP layers are loaded, but how V4.1 feeds them (which "
             "streams, DSpark's target-layer features and heads) is not implemented"

@@ -13,22 +13,31 @@ dequantised on the fly and their `.scale` companions are consumed:
 The FP8 block size comes from `quantization_config.weight_block_size` when a config.json sits
 next to the shards; otherwise it is inferred from the weight and scale shapes among the layouts
 the family is known to use (see `_KNOWN_FP8_BLOCKS`).
+
+Before any tensor is read, every shard's header is checked against the file's size, so a
+truncated, empty or foreign file fails at once with its name (`read_shard_header`).
+`model_config` reconciles config.json's MTP layer count with the tensors actually present, so
+checkpoints saved without MTP weights load as the main model alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import json
+import logging
+import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from deepinfer.config import ModelConfig
 from deepinfer.models.errors import CheckpointError, QuantFormatError
 from deepinfer.models.quant import (
     dequant_fp4_e2m1,
@@ -46,6 +55,14 @@ WEIGHT_SUFFIX = ".weight"
 SCALE_SUFFIX = ".scale"
 FP4_GROUP = 32
 _TRIM_EVERY_BYTES = 64 << 20
+MTP_PREFIX = "mtp."
+#: The key under which config.json counts the MTP layers (V4: top level; V4.1: text_config).
+MTP_KEY = "num_nextn_predict_layers"
+#: safetensors' own cap on the JSON header; a larger length field means the file is not one.
+_MAX_HEADER_BYTES = 100_000_000
+_LFS_POINTER = b"version https://git-lfs"
+
+logger = logging.getLogger(__name__)
 
 # V4 dense FP8 uses 128 x 128, V4.1 uses 32 x 32; V4.1 Engram tables use one scale per 32 values
 # of a row, i.e. a (1, 32) block. The (1, 32) Engram layout is inferred from the model reference
@@ -116,6 +133,101 @@ def quant_settings(config: Mapping[str, Any]) -> QuantSettings:
 
 
 # ----------------------------------------------------------------------------------------------
+# Shard headers
+
+
+def read_shard_header(path: Path) -> list[str]:
+    """The tensor names of one safetensors file, after checking that the file is complete.
+
+    safetensors itself answers a truncated, empty or foreign file with a bare ``SafetensorError``
+    ("header too small", "incomplete metadata") that names no file. Reading the header here costs
+    one small read per shard and turns each failure into a CheckpointError naming the file and
+    what is wrong with it, before any weight is read: a truncated last shard of a large
+    checkpoint is reported at once, not after the shards before it have loaded.
+    """
+    raw = b""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            start = f.read(len(_LFS_POINTER))
+            n = struct.unpack("<Q", start[:8])[0] if len(start) >= 8 else 0
+            if len(start) >= 8 and n <= min(size - 8, _MAX_HEADER_BYTES):
+                f.seek(8)
+                raw = f.read(n)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"shard {path} does not exist") from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read shard {path}: {exc}") from exc
+    if size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes), not a safetensors file")
+    if start == _LFS_POINTER:
+        raise CheckpointError(
+            f"{path} is a Git LFS pointer ({size} bytes), not the weights: fetch them with "
+            "`git lfs pull`"
+        )
+    if size < 8:
+        raise CheckpointError(
+            f"{path} is truncated: {size} bytes, shorter than a safetensors header length field"
+        )
+    if n > _MAX_HEADER_BYTES:
+        raise CheckpointError(
+            f"{path} is not a safetensors file: its first 8 bytes give a header of {n} bytes"
+        )
+    if n > size - 8:
+        raise CheckpointError(
+            f"{path} is truncated: {size} bytes, but its header alone needs {8 + n}"
+        )
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not a safetensors file: its header is not JSON") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is not a safetensors file: its header is not an object")
+    names: list[str] = []
+    data_end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and o >= 0 for o in offsets)
+        ):
+            raise CheckpointError(
+                f"{path} is not a valid safetensors file: tensor {name!r} has no data_offsets"
+            )
+        names.append(name)
+        data_end = max(data_end, offsets[1])
+    expected = 8 + n + data_end
+    if size < expected:
+        raise CheckpointError(
+            f"{path} is truncated: {size} bytes, but its header describes {expected} "
+            f"({expected - size} bytes missing)"
+        )
+    if size > expected:
+        raise CheckpointError(
+            f"{path} is corrupted: {size} bytes, {size - expected} more than its header "
+            f"describes ({expected})"
+        )
+    return names
+
+
+@contextlib.contextmanager
+def open_shard(path: Path) -> Iterator[Any]:
+    """``safetensors.safe_open`` whose failures name the file (anything read_shard_header let
+    through, such as an unknown dtype or overlapping tensors)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
+    with handle:
+        yield handle
+
+
+# ----------------------------------------------------------------------------------------------
 # Checkpoint layout
 
 
@@ -158,10 +270,7 @@ def resolve_layout(path: str | Path) -> CheckpointLayout:
             raise CheckpointError(f"{p} has no `weight_map` object")
         shard_of = {str(k): str(v) for k, v in weight_map.items()}
     else:
-        from safetensors import safe_open
-
-        with safe_open(str(p), framework="pt") as handle:
-            shard_of = dict.fromkeys(handle.keys(), p.name)
+        shard_of = dict.fromkeys(read_shard_header(p), p.name)
 
     names_by_shard: dict[str, list[str]] = defaultdict(list)
     for name, shard in shard_of.items():
@@ -169,6 +278,16 @@ def resolve_layout(path: str | Path) -> CheckpointLayout:
     for shard in names_by_shard:
         if not (root / shard).is_file():
             raise CheckpointError(f"shard {shard} listed in the index is missing from {root}")
+    if p.suffix == ".json":
+        # Every listed shard is checked before any is read (a single file was just checked).
+        for shard, names in names_by_shard.items():
+            present = set(read_shard_header(root / shard))
+            absent = [n for n in names if n not in present]
+            if absent:
+                raise CheckpointError(
+                    f"index places {absent[0]} in shard {shard}, but that shard does not hold it"
+                    + (f" ({len(absent) - 1} more such tensors)" if len(absent) > 1 else "")
+                )
     config = read_config(root) if (root / CONFIG_FILE).is_file() else None
     return CheckpointLayout(
         root=root,
@@ -177,6 +296,50 @@ def resolve_layout(path: str | Path) -> CheckpointLayout:
         names_by_shard={k: sorted(v) for k, v in names_by_shard.items()},
         config=config,
     )
+
+
+def mtp_depths(names: Iterable[str]) -> int:
+    """How many MTP layers a checkpoint's tensor names hold: one past the highest ``mtp.{i}.``.
+
+    V4.1 keeps DSpark head tensors under ``mtp.<word>.``; they are not MTP layers.
+    """
+    depth = 0
+    for name in names:
+        if name.startswith(MTP_PREFIX):
+            index = name[len(MTP_PREFIX) :].split(".", 1)[0]
+            if index.isdigit():
+                depth = max(depth, int(index) + 1)
+    return depth
+
+
+def model_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint, with its MTP layer count checked against the tensors.
+
+    Checkpoints re-saved by other tools (fine-tunes, conversions) often drop the MTP layers, and
+    some configs omit ``num_nextn_predict_layers``. The main model does not need the MTP layers
+    (they only draft tokens for speculative decoding), so rather than refusing such a checkpoint
+    for its missing ``mtp.*`` tensors, this builds a model without them and says so once;
+    ``model.cfg.num_nextn_predict_layers == 0`` then tells a speculator that MTP is unavailable.
+    A config that omits the count gets the one the tensors show. A checkpoint that holds only
+    some of an MTP layer's tensors is still rejected by the strict load, naming them.
+    """
+    raw = read_config(path)
+    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    declared = text.get(MTP_KEY)
+    found = mtp_depths(resolve_layout(path).shard_of)
+    if declared is None:
+        text[MTP_KEY] = found
+        if found == 0:
+            logger.info("%s: no MTP layers (config.json omits %s; no mtp.* tensors)", path, MTP_KEY)
+    elif found == 0 and isinstance(declared, int) and not isinstance(declared, bool) and declared:
+        text[MTP_KEY] = 0
+        logger.warning(
+            "%s: config.json declares %d MTP layer(s) but the checkpoint holds no mtp.* tensors; "
+            "loading the main model only (MTP speculative decoding is unavailable)",
+            path,
+            declared,
+        )
+    return ModelConfig.from_dict(raw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,11 +460,9 @@ def _prefetch_foreign_scales(layout: CheckpointLayout, shard: str) -> dict[str, 
                 wanted[home].append(scale)
     if not wanted:
         return {}
-    from safetensors import safe_open
-
     found: dict[str, torch.Tensor] = {}
     for home, scales in wanted.items():
-        with safe_open(str(layout.root / home), framework="pt", device="cpu") as handle:
+        with open_shard(layout.root / home) as handle:
             present = set(handle.keys())
             for scale in scales:
                 if scale not in present:
@@ -405,7 +566,6 @@ def iter_checkpoint_tensors(
     Consumers should drop each tensor once they have copied it into place; the iterator itself
     keeps no reference to earlier tensors or shards.
     """
-    from safetensors import safe_open
     from tqdm.auto import tqdm
 
     if not dtype.is_floating_point:
@@ -425,7 +585,7 @@ def iter_checkpoint_tensors(
     try:
         for shard in bar:
             foreign_scales = _prefetch_foreign_scales(layout, shard)
-            with safe_open(str(layout.root / shard), framework="pt", device="cpu") as handle:
+            with open_shard(layout.root / shard) as handle:
                 present = set(handle.keys())
                 reader = _ShardReader(
                     layout, shard, handle, foreign_scales, dtype, target, block_size
