@@ -100,3 +100,54 @@ def test_prefix_hits_on_blocks_recorded_inside_chunks_change_no_token() -> None:
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     cached = [o.metrics.num_cached_tokens for o in got]
     assert all(c >= 128 for c in cached), cached  # every one hit at least one block
+
+
+def test_a_failing_step_aborts_only_its_request_with_graphs_and_async() -> None:
+    """Isolation on the GPU path: captured decode steps and asynchronous scheduling. A forward
+    that raises whenever one token is fed aborts the request that fed it; the others' tokens
+    equal a clean run's, and the engine serves afterwards."""
+    llm = LLM("tiny", device="cuda", dtype="float32")
+    assert llm.engine.async_scheduling and llm.engine.runner.graphs is not None
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    poison = 4242
+    model = llm.engine.model
+    decode, packed = model.forward_decode, model.forward_packed_at
+
+    def guarded_decode(ids, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if bool((ids == poison).any()):
+            raise RuntimeError("poisoned decode row")
+        return decode(ids, *args, **kwargs)
+
+    def guarded_packed(chunks, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if any(bool((c == poison).any()) for c in chunks):
+            raise RuntimeError("poisoned prefill chunk")
+        return packed(chunks, *args, **kwargs)
+
+    model.forward_decode, model.forward_packed_at = guarded_decode, guarded_packed
+    try:
+        forced = SamplingParams(
+            temperature=0.0, max_tokens=16, ignore_eos=True, allowed_token_ids=[poison]
+        )
+        outs = llm.generate([*PROMPTS, "ROMEO:"], [params] * 4 + [forced], use_tqdm=False)
+    finally:
+        del model.forward_decode, model.forward_packed_at
+    assert [o.outputs[0].token_ids for o in outs[:4]] == want
+    bad = outs[4].outputs[0]
+    assert bad.finish_reason == "abort" and "poisoned" in (bad.error or "")
+    again = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == want
+    assert llm.engine.pool.used_bytes == 0 and not llm.engine.has_unfinished_requests()
+
+
+def test_gpu_memory_utilization_sizes_the_state_budget() -> None:
+    """vLLM's option: weights plus state stay within the share of the GPU's memory."""
+    import torch
+
+    llm = LLM("tiny", device="cuda", gpu_memory_utilization=0.25)
+    total = torch.cuda.get_device_properties(0).total_memory
+    budget = llm.engine.pool.budget_bytes
+    assert 0 < budget <= 0.25 * total
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    (out,) = llm.generate("ROMEO:", params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 8

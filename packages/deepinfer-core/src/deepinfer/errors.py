@@ -30,10 +30,17 @@ class BackendUnavailableError(DeepInferError, RuntimeError):
 class InvalidRequestError(DeepInferError, ValueError):
     """A request or its sampling parameters are invalid; raised at submit time.
 
-    ``field`` names the offending parameter so servers can map it onto an API error.
+    ``field`` names the offending parameter so servers can map it onto an API error;
+    ``index`` is the prompt's position when the request was one of a batch (``generate``).
     """
 
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
+    def __init__(self, field: str, reason: str, index: int | None = None) -> None:
+        where = f"prompt {index}: " if index is not None else ""
+        super().__init__(f"{where}{field}: {reason}")
         self.field = field
         self.reason = reason
+        self.index = index
+
+    def at(self, index: int) -> InvalidRequestError:
+        """The same error, naming the prompt of a batch it belongs to."""
+        return InvalidRequestError(self.field, self.reason, index)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+import dataclasses
+import difflib
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +20,15 @@ from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter
 from deepinfer.device import select_backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.request import Request
 from deepinfer.errors import DeepInferError, InvalidRequestError
+from deepinfer.inputs import PromptType, is_token_ids, parse_prompt, split_prompts
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+#: Kept for callers of the earlier name.
+Prompt = PromptType
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,27 +61,104 @@ def load(
     return net, path / "tokenizer.json"
 
 
+#: vLLM options accepted so vLLM code runs unchanged: what each means here.
+VLLM_OPTIONS = {
+    "tensor_parallel_size": "1 only: several GPUs serve one model by data + expert parallelism",
+    "gpu_memory_utilization": "the share of the GPU's memory for weights and state (GPU only)",
+    "trust_remote_code": "accepted and ignored: DeepInfer never runs code from a checkpoint",
+}
+#: Headroom left on the GPU, beyond the weights, for activations and captured graphs when
+#: ``gpu_memory_utilization`` sizes the state budget.
+ACTIVATION_HEADROOM_BYTES = 2 << 30
+
+
+def engine_config(options: dict[str, object]) -> tuple[EngineConfig, float | None]:
+    """The engine options of ``LLM(**options)`` and ``gpu_memory_utilization`` (applied once
+    the weights are on the device). Unknown names are refused with the closest known ones."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    for name in options:
+        if name not in known and name not in VLLM_OPTIONS:
+            close = difflib.get_close_matches(name, [*known, *VLLM_OPTIONS], n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise InvalidRequestError(name, f"unknown option{hint}")
+    tp = options.pop("tensor_parallel_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise InvalidRequestError("tensor_parallel_size", f"must be a positive integer, got {tp!r}")
+    if tp != 1:
+        raise InvalidRequestError(
+            "tensor_parallel_size",
+            "tensor parallelism is not implemented; DeepInfer serves large models with "
+            "attention data parallelism and expert parallelism",
+        )
+    if not isinstance(options.pop("trust_remote_code", False), bool):
+        raise InvalidRequestError("trust_remote_code", "must be a boolean")
+    util = options.pop("gpu_memory_utilization", None)
+    if util is not None and (
+        not isinstance(util, (int, float)) or isinstance(util, bool) or not 0 < util <= 1
+    ):
+        raise InvalidRequestError("gpu_memory_utilization", f"must be in (0, 1], got {util!r}")
+    if util is not None and "state_memory_bytes" in options:
+        raise InvalidRequestError(
+            "gpu_memory_utilization", "give it or state_memory_bytes, not both"
+        )
+    return EngineConfig(**options), util  # type: ignore[arg-type]
+
+
+def _state_budget(device: str, utilization: float) -> int:
+    """State bytes that keep weights + state within ``utilization`` of the GPU's memory."""
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    budget = int(utilization * total) - torch.cuda.memory_reserved(index)
+    budget -= ACTIVATION_HEADROOM_BYTES
+    if budget <= 0:
+        raise InvalidRequestError(
+            "gpu_memory_utilization",
+            f"{utilization} of {total} bytes leaves no room for state beyond the weights "
+            f"({torch.cuda.memory_reserved(index)} bytes) and activations",
+        )
+    return budget
+
+
 class LLM:
-    """Generate from prompts (strings or token-id lists) with continuous batching.
+    """Generate from prompts (strings, token-id lists, vLLM prompt dicts) with continuous
+    batching.
 
     ``num_threads`` sets torch's CPU threads (default: torch's own, or 1 for ``"tiny"`` on
     the CPU, whose tiny ops are dominated by thread hand-off).
 
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
     ``state_memory_bytes``, ``enable_prefix_caching``, ``prefix_cache_bytes``, ``seed``,
-    ``batch_invariant``, ``enforce_eager``, ``async_scheduling``) are those of
-    :class:`EngineConfig`.
+    ``batch_invariant``, ``enforce_eager``, ``async_scheduling``,
+    ``structured_outputs_backend``) are those of :class:`EngineConfig`; vLLM's
+    ``tensor_parallel_size`` (1), ``gpu_memory_utilization`` and ``trust_remote_code`` are
+    accepted too (:data:`VLLM_OPTIONS`).
+
+    Every call validates all of its requests before queueing any; a call that fails or is
+    interrupted (Ctrl-C) leaves nothing queued. Each call owns its requests' outputs, so
+    streams and ``generate`` calls may interleave in any order.
     """
 
     def __init__(
         self,
-        model: str = "tiny",
+        model: str | os.PathLike[str] = "tiny",
         *,
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
         num_threads: int | None = None,
         **engine_options: object,
     ) -> None:
+        if not isinstance(model, (str, os.PathLike)):
+            raise InvalidRequestError("model", f"must be a path or 'tiny', got {model!r:.80}")
+        model = os.fspath(model)
+        if not isinstance(device, str):
+            raise InvalidRequestError("device", f"must be a string, got {device!r:.80}")
+        if not isinstance(dtype, (str, torch.dtype)):
+            raise InvalidRequestError("dtype", f"must be a string, got {dtype!r:.80}")
+        if num_threads is not None and (
+            not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1
+        ):
+            raise InvalidRequestError("num_threads", "must be a positive integer or None")
+        config, utilization = engine_config(dict(engine_options))
         choice = select_backend(device)
         if num_threads is None and model == "tiny" and choice.device == "cpu":
             # The tiny model's ops are so small that thread hand-off dominates: one is fastest.
@@ -86,28 +169,76 @@ class LLM:
         #: The op table the model runs on (``deepinfer info`` explains the choice).
         self.backend: Backend = plugins.backends.load(choice.backend)(choice.device)
         net, self.tokenizer_path = load(model, dtype, choice.device, self.backend)
+        if utilization is not None and choice.device.startswith("cuda"):
+            config.state_memory_bytes = _state_budget(choice.device, utilization)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         self._chat: ChatFormatter | None = None
-        self.engine = LLMEngine(net, tokenizer, EngineConfig(**engine_options))  # type: ignore[arg-type]
+        self.engine = LLMEngine(net, tokenizer, config)
+        #: Requests of the calls in progress, their latest outputs, and those streamed.
+        self._owned: set[str] = set()
+        self._latest: dict[str, RequestOutput] = {}
+        self._streaming: set[str] = set()
+
+    def get_tokenizer(self) -> Tokenizer:
+        """The tokenizer prompts are encoded with (a ``tokenizers.Tokenizer``)."""
+        return self.tokenizer
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt) -> tuple[list[int], str | None]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False).ids, prompt
-        if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
-            return list(prompt), None
-        raise InvalidRequestError("prompt", "must be a string or a list of token ids")
+    def encode(self, prompt: PromptType) -> tuple[list[int], str | None]:
+        """(token ids, prompt text) of one prompt of any accepted type."""
+        ids, text = parse_prompt(prompt)
+        if ids is None:
+            assert text is not None
+            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids, text
 
-    def _add(self, prompt: Prompt, params: SamplingParams) -> str:
-        ids, text = self.encode(prompt)
-        return self.engine.add_request(ids, params, prompt=text)
+    def _build(
+        self,
+        prompts: list[object],
+        params: list[SamplingParams],
+        priorities: list[int],
+    ) -> list[list[Request]]:
+        """Validate every prompt with its parameters; an error names the prompt's index."""
+        built = []
+        for i, (prompt, sp, rank) in enumerate(zip(prompts, params, priorities, strict=True)):
+            try:
+                ids, text = self.encode(prompt)  # type: ignore[arg-type]
+                built.append(self.engine.make_request(ids, sp, prompt=text, priority=rank))
+            except InvalidRequestError as exc:
+                raise exc.at(i) if len(prompts) > 1 else exc from None
+        return built
+
+    def _submit(self, built: list[list[Request]]) -> list[str]:
+        """Queue validated requests, all or none, as this call's own."""
+        self.engine.submit(built)
+        ids = [members[0].group_id for members in built]
+        self._owned.update(ids)
+        return ids
+
+    def _pump(self) -> None:
+        """One engine step; each output goes to the call that owns its request."""
+        for out in self.engine.step(final_only=True, watch=self._streaming):
+            if out.request_id in self._owned:
+                self._latest[out.request_id] = out
+
+    def _release(self, ids: list[str]) -> None:
+        """Forget a call's requests, aborting those it leaves unfinished (an error or Ctrl-C
+        inside the call): nothing of a call outlives it."""
+        for request_id in ids:
+            if request_id not in self._owned:
+                continue  # released already
+            self._owned.discard(request_id)
+            self._streaming.discard(request_id)
+            out = self._latest.pop(request_id, None)
+            if out is None or not out.finished:
+                self.engine.abort_request(request_id)
 
     # -- API ----------------------------------------------------------------------------------
 
     def generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
+        prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
@@ -118,37 +249,29 @@ class LLM:
         ``priority`` (one int per prompt, as in vLLM): lower values are admitted first and
         preempted last; equal priorities go first come, first served.
         """
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise InvalidRequestError(
-                    "sampling_params", f"got {len(params)} for {len(prompts)} prompts"
-                )
-        priorities = [0] * len(prompts) if priority is None else list(priority)
-        if len(priorities) != len(prompts) or not all(
+        items = split_prompts(prompts)
+        params = _per_prompt(sampling_params, len(items), SamplingParams())
+        if priority is not None and not isinstance(priority, (list, tuple)):
+            raise InvalidRequestError("priority", "must be a list of ints, one per prompt")
+        priorities = [0] * len(items) if priority is None else list(priority)
+        if len(priorities) != len(items) or not all(
             isinstance(p, int) and not isinstance(p, bool) for p in priorities
         ):
-            raise InvalidRequestError("priority", f"must be {len(prompts)} ints, one per prompt")
-        encoded = [self.encode(p) for p in prompts]  # validate everything before adding any
-        ids = [
-            self.engine.add_request(tokens, sp, prompt=text, priority=rank)
-            for (tokens, text), sp, rank in zip(encoded, params, priorities, strict=True)
-        ]
+            raise InvalidRequestError("priority", f"must be {len(items)} ints, one per prompt")
+        ids = self._submit(self._build(items, params, priorities))
         bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
-        done: dict[str, RequestOutput] = {}
-        wanted = set(ids)
         prompt_tokens = output_tokens = 0
-        while len(done) < len(ids):
-            for out in self.engine.step(final_only=True):
-                if out.finished and out.request_id in wanted:
-                    done[out.request_id] = out
+        try:
+            todo = set(ids)
+            while todo:
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine lost requests {sorted(todo)}")
+                self._pump()
+                for request_id in [i for i in todo if i in self._latest]:
+                    out = self._latest[request_id]
+                    if not out.finished:
+                        continue
+                    todo.discard(request_id)
                     bar.update(1)
                     if use_tqdm:  # vLLM's estimate: tokens of finished requests per second
                         prompt_tokens += len(out.prompt_token_ids)
@@ -159,13 +282,15 @@ class LLM:
                             f"out: {output_tokens / elapsed:.0f} tok/s",
                             refresh=False,
                         )
-        bar.close()
-        return [done[i] for i in ids]
+            return [self._latest[i] for i in ids]
+        finally:
+            bar.close()
+            self._release(ids)
 
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
@@ -175,17 +300,27 @@ class LLM:
         model_name: str = DEFAULT_CHAT_MODEL,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Chat Completions through ``deepseek_recipe``: one output per conversation.
+        """Chat Completions through ``deepseek_recipe``: one output per conversation, with
+        one ``SamplingParams`` for all or one per conversation.
 
         Each output's text is the answer; ``reasoning_content`` and ``tool_calls`` hold what
         the recipe's parser found. A ``response_format`` (with thinking off) becomes a
         structured-output constraint.
         """
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequestError("messages", "must be a non-empty list of messages")
+        convs = [messages] if isinstance(messages[0], dict) else messages
+        if not all(isinstance(c, list) for c in convs):
+            raise InvalidRequestError(
+                "messages", "must be a list of message dicts, or a list of such lists"
+            )
+        if not isinstance(thinking, bool):
+            raise InvalidRequestError("thinking", "must be a boolean")
+        params = _per_prompt(sampling_params, len(convs), SamplingParams(max_tokens=256))
         if self._chat is None:
             self._chat = ChatFormatter(self.tokenizer_path)
-        prompts = []
-        for conv in convs:
+        prompts, constrained = [], []
+        for i, (conv, given) in enumerate(zip(convs, params, strict=True)):
             body: dict[str, Any] = {"model": model_name, "messages": conv}
             body["thinking"] = {"type": "enabled" if thinking else "disabled"}
             for key, value in (
@@ -196,18 +331,21 @@ class LLM:
             ):
                 if value is not None:
                     body[key] = value
-            prompts.append(self._chat.prompt(body))
-        params = []
-        for p in prompts:
-            sp = copy.copy(sampling_params or SamplingParams(max_tokens=256))
-            if p.constraint is not None:
-                if sp.structured_outputs is not None:
-                    raise InvalidRequestError(
-                        "structured_outputs", "the request's response_format already sets one"
-                    )
-                sp.structured_outputs = p.constraint
-            params.append(sp)
-        outs = self.generate([p.token_ids for p in prompts], params, use_tqdm=use_tqdm)
+            sp = given
+            try:
+                prompt = self._chat.prompt(body)
+                if prompt.constraint is not None:
+                    if sp.structured_outputs is not None:
+                        raise InvalidRequestError(
+                            "structured_outputs", "the request's response_format already sets one"
+                        )
+                    sp = copy.copy(sp)
+                    sp.structured_outputs = prompt.constraint
+            except InvalidRequestError as exc:
+                raise exc.at(i) if len(convs) > 1 else exc from None
+            prompts.append(prompt)
+            constrained.append(sp)
+        outs = self.generate([p.token_ids for p in prompts], constrained, use_tqdm=use_tqdm)
         for prompt, out in zip(prompts, outs, strict=True):
             out.reasoning_content, out.tool_calls = [], []
             eos = self.engine.eos_token_ids
@@ -224,17 +362,59 @@ class LLM:
         return self.engine.reset_prefix_cache()
 
     def stream(
-        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
-        """Yield the growing output of one prompt after every step; close to abort it."""
-        request_id = self._add(prompt, sampling_params or SamplingParams())
-        finished = False
+        """Yield the growing output of one prompt after every step that changed it, the last
+        one finished; close the iterator to abort the request.
+
+        Other calls may run steps in between (another stream, a ``generate``): the stream
+        then yields its request's latest output, and always the final one.
+        """
+        if isinstance(prompt, (list, tuple)) and prompt and not is_token_ids(prompt):
+            raise InvalidRequestError("prompt", "stream takes one prompt, not a list of them")
+        params = _per_prompt(sampling_params, 1, SamplingParams())
+        return self._stream(self._build([prompt], params, [0]))
+
+    def _stream(self, built: list[list[Request]]) -> Iterator[RequestOutput]:
+        # Queued when first advanced: a stream never iterated leaves nothing behind.
+        (request_id,) = self._submit(built)
+        self._streaming.add(request_id)
         try:
-            while not finished:
-                for out in self.engine.step():
-                    if out.request_id == request_id:
-                        finished = out.finished
-                        yield out
+            while True:
+                out = self._latest.pop(request_id, None)
+                if out is None:
+                    if request_id not in self.engine.groups:
+                        raise RuntimeError(f"the engine lost request {request_id}")
+                    self._pump()
+                    continue
+                if out.finished:  # released before the last yield, as it may be the last call
+                    self._latest[request_id] = out
+                    self._release([request_id])
+                yield out
+                if out.finished:
+                    return
         finally:
-            if not finished:
-                self.engine.abort_request(request_id)
+            self._release([request_id])
+
+
+def _per_prompt(params: object, count: int, default: SamplingParams) -> list[SamplingParams]:
+    """One SamplingParams per prompt from one for all, a list, or None (``default``)."""
+    if params is None or isinstance(params, SamplingParams):
+        return [params or default] * count
+    if isinstance(params, Mapping):
+        raise InvalidRequestError(
+            "sampling_params", "must be SamplingParams; build one with SamplingParams.from_dict"
+        )
+    if not isinstance(params, (list, tuple)):
+        raise InvalidRequestError(
+            "sampling_params",
+            f"must be SamplingParams or a list of them, got {type(params).__name__}",
+        )
+    if len(params) != count:
+        raise InvalidRequestError("sampling_params", f"got {len(params)} for {count} prompts")
+    for i, sp in enumerate(params):
+        if not isinstance(sp, SamplingParams):
+            raise InvalidRequestError(
+                "sampling_params", f"must be SamplingParams, got {type(sp).__name__}", i
+            )
+    return list(params)

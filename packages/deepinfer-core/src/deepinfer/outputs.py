@@ -26,6 +26,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    #: Why the engine aborted this sample (finish reason "abort"), e.g. a failed step.
+    error: str | None = None
     logprobs: list[Logprobs] | None = None
     cumulative_logprob: float | None = None
 

@@ -42,6 +42,20 @@ class StructuredOutputsParams:
         ]
 
     def __post_init__(self) -> None:
+        for name, types, what in (
+            ("json", (str, dict, bool), "a JSON schema (dict, JSON text or a boolean schema)"),
+            ("json_object", (bool,), "a boolean"),
+            ("regex", (str,), "a string"),
+            ("grammar", (str,), "a string"),
+            ("choice", (list, tuple), "a list of strings"),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, types):
+                raise InvalidRequestError(
+                    f"structured_outputs.{name}", f"must be {what}, got {type(value).__name__}"
+                )
+        if isinstance(self.choice, tuple):
+            object.__setattr__(self, "choice", list(self.choice))
         chosen = self._set()
         if len(chosen) != 1:
             raise InvalidRequestError(
@@ -59,16 +73,38 @@ class StructuredOutputsParams:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StructuredOutputsParams:
-        names = {STRUCTURED_ALIASES.get(k, k): v for k, v in data.items()}
-        unknown = sorted(set(names) - set(STRUCTURED_KINDS))
+        if not isinstance(data, Mapping):
+            raise InvalidRequestError(
+                "structured_outputs",
+                f"must be StructuredOutputsParams or a dict, got {type(data).__name__}",
+            )
+        names = {STRUCTURED_ALIASES.get(k, k): v for k, v in data.items() if isinstance(k, str)}
+        unknown = sorted(
+            str(k) for k in data if STRUCTURED_ALIASES.get(k, k) not in STRUCTURED_KINDS
+        )
         if unknown:
             raise InvalidRequestError("structured_outputs", f"unknown keys {unknown}")
         return cls(**names)
 
 
+#: Most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's limit).
+MAX_LOGPROBS = 20
+_FLOAT_FIELDS = (
+    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+)  # fmt: skip
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _token_key(key: object) -> object:
     """A ``logit_bias`` key as a token id: OpenAI's JSON sends ``{"50256": -100}``."""
-    if isinstance(key, str) and key.strip().isdigit():
+    if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
         return int(key)
     return key
 
@@ -109,13 +145,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if isinstance(self.logit_bias, Mapping):  # JSON object keys arrive as strings
-            self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()}
-        if isinstance(self.structured_outputs, Mapping):
-            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
-        self._validate()
+        self.validate()
 
     @property
     def penalized(self) -> bool:
@@ -128,20 +158,95 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def _validate(self) -> None:
+    def validate(self) -> None:
+        """Check every field's type and range and normalise the accepted spellings.
+
+        Runs at construction and again when the engine takes the request: the dataclass is
+        mutable, and a field set afterwards must not reach a step unchecked. Idempotent.
+        """
+        self._check_types()
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):
+            value = getattr(self, name)
+            setattr(self, name, [] if value is None else list(value))
+        for name in ("allowed_token_ids", "bad_words"):
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
+        if isinstance(self.logit_bias, Mapping):  # JSON object keys arrive as strings
+            self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()}
+        if isinstance(self.structured_outputs, Mapping):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        self._check_values()
+        for name in _FLOAT_FIELDS:  # ints are accepted; the sampler computes in floats
+            setattr(self, name, float(getattr(self, name)))
+        if self.logit_bias is not None:
+            self.logit_bias = {t: float(v) for t, v in self.logit_bias.items()}
+
+    def _check_types(self) -> None:
+        """Each field's type, before any value is compared: a wrong type is reported with the
+        field's name instead of failing inside a comparison or a step."""
+
+        def bad(name: str, expected: str) -> None:
+            value = getattr(self, name)
+            raise InvalidRequestError(
+                name, f"must be {expected}, got {type(value).__name__} {value!r:.80}"
+            )
+
+        for name in _FLOAT_FIELDS:
+            if not _is_number(getattr(self, name)):
+                bad(name, "a number")
+        for name in ("n", "top_k", "min_tokens"):
+            if not _is_int(getattr(self, name)):
+                bad(name, "an integer")
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                bad(name, "None or an integer")
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "a boolean")
+        if not (
+            self.stop is None
+            or isinstance(self.stop, str)
+            or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))
+        ):
+            bad("stop", "a string or a list of strings")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, (list, tuple)) and all(_is_int(t) for t in value)
+            ):
+                bad(name, "a list of integer token ids")
+        if self.bad_words is not None and not (
+            isinstance(self.bad_words, (list, tuple))
+            and all(isinstance(w, str) for w in self.bad_words)
+        ):
+            bad("bad_words", "a list of strings")
+        if self.logit_bias is not None and not (
+            isinstance(self.logit_bias, Mapping)
+            and all(_is_int(_token_key(k)) for k in self.logit_bias)
+            and all(_is_number(v) for v in self.logit_bias.values())
+        ):
+            bad("logit_bias", "a dict of integer token ids (or their strings) to numbers")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, (StructuredOutputsParams, Mapping)
+        ):
+            bad("structured_outputs", "StructuredOutputsParams or a dict")
+
+    def _check_values(self) -> None:
+        """Ranges, once every field has its type."""
+
         def bad(name: str, reason: str) -> None:
-            raise InvalidRequestError(name, f"{reason}, got {getattr(self, name)!r}")
+            raise InvalidRequestError(name, f"{reason}, got {getattr(self, name)!r:.80}")
 
-        def is_int(v: object) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        if not is_int(self.n) or self.n < 1:
+        if self.n < 1:
             bad("n", "must be an integer >= 1")
         if not 0.0 <= self.temperature < float("inf"):
             bad("temperature", "must be finite and >= 0")
         if not 0.0 < self.top_p <= 1.0:
             bad("top_p", "must be in (0, 1]")
-        if not is_int(self.top_k) or self.top_k < -1:
+        if self.top_k < -1:
             bad("top_k", "must be -1, 0 (disabled) or a positive integer")
         if not 0.0 <= self.min_p <= 1.0:
             bad("min_p", "must be in [0, 1]")
@@ -150,54 +255,49 @@ class SamplingParams:
                 bad(name, "must be in [-2, 2]")
         if not 0.0 < self.repetition_penalty <= 10.0:
             bad("repetition_penalty", "must be in (0, 10]")
-        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
+        if self.seed is not None and not 0 <= self.seed < 2**63:
             bad("seed", "must be an integer in [0, 2**63)")
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if not all(self.stop):
             bad("stop", "must be non-empty strings")
-        if not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
+        if not all(t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative integers")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and self.max_tokens < 1:
             bad("max_tokens", "must be None or an integer >= 1")
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
+        if self.min_tokens < 0:
             bad("min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"must not exceed max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not is_int(value) or not 0 <= value <= 20):
-                bad(name, "must be None or an integer in [0, 20]")
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                bad(name, f"must be None or an integer in [0, {MAX_LOGPROBS}]")
         if self.logit_bias is not None and not (
-            isinstance(self.logit_bias, dict)
-            and all(is_int(t) and t >= 0 for t in self.logit_bias)
-            and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
-                for v in self.logit_bias.values()
-            )
+            all(t >= 0 for t in self.logit_bias)
+            and all(-100 <= v <= 100 for v in self.logit_bias.values())
         ):
             bad("logit_bias", "must map non-negative token ids to numbers in [-100, 100]")
-        if self.bad_words is not None and not (
-            isinstance(self.bad_words, list)
-            and all(isinstance(w, str) and w.strip() for w in self.bad_words)
-        ):
+        if self.bad_words is not None and not all(w.strip() for w in self.bad_words):
             bad("bad_words", "must be a list of strings with some non-space text")
-        if self.truncate_prompt_tokens is not None and (
-            not is_int(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1
-        ):
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             bad("truncate_prompt_tokens", "must be None or an integer >= 1")
         if self.allowed_token_ids is not None and not (
-            isinstance(self.allowed_token_ids, list)
-            and self.allowed_token_ids
-            and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)
+            self.allowed_token_ids and all(t >= 0 for t in self.allowed_token_ids)
         ):
             bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
         """Build from a JSON-like dict, accepting SGLang/OpenAI aliases; unknown keys fail."""
+        if not isinstance(data, Mapping):
+            raise InvalidRequestError(
+                "sampling_params", f"must be a dict, got {type(data).__name__}"
+            )
         known = {f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {}
         structured: dict[str, Any] = {}
         for key, value in data.items():
+            if not isinstance(key, str):
+                raise InvalidRequestError(str(key), "unknown sampling parameter")
             if key in STRUCTURED_ALIASES or key == "regex":
                 structured[STRUCTURED_ALIASES.get(key, key)] = value
                 continue

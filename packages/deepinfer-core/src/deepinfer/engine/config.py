@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from deepinfer.errors import InvalidRequestError
 
@@ -35,11 +35,39 @@ class EngineConfig:
     #: and output work overlaps the device's. None: on where it can overlap anything (a CUDA
     #: device) and batch_invariant is off; a CPU runs every op in the calling thread anyway.
     async_scheduling: bool | None = None
+    #: The ``deepinfer.grammars`` plugin that enforces structured outputs: ``"auto"`` (xgrammar,
+    #: falling back to llguidance for schemas xgrammar would enforce inexactly), ``"xgrammar"``
+    #: or ``"llguidance"`` (vLLM's backend names).
+    structured_outputs_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _OPTIONAL_BOOLS:
+                ok, expected = value is None or isinstance(value, bool), "None or a boolean"
+            elif isinstance(f.default, bool):
+                ok, expected = isinstance(value, bool), "a boolean"
+            elif isinstance(f.default, str):
+                ok, expected = isinstance(value, str), "a string"
+            else:  # the int options, max_model_len also None
+                ok = (value is None and f.name == "max_model_len") or (
+                    isinstance(value, int) and not isinstance(value, bool)
+                )
+                expected = "an integer"
+            if not ok:
+                raise InvalidRequestError(
+                    f.name, f"must be {expected}, got {type(value).__name__} {value!r:.80}"
+                )
         for name in ("max_num_seqs", "max_num_batched_tokens", "state_memory_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InvalidRequestError(name, f"must be a positive integer, got {value!r}")
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(
+                    name, f"must be a positive integer, got {getattr(self, name)}"
+                )
+        if self.prefix_cache_bytes < 0:
+            raise InvalidRequestError("prefix_cache_bytes", "must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError("max_model_len", "must be at least 2")
+
+
+#: Options whose None means "decide from the device".
+_OPTIONAL_BOOLS = frozenset({"async_scheduling"})

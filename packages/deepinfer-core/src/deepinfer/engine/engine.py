@@ -18,9 +18,10 @@ keyed (recorded) when the token is read.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 import torch
 from tokenizers import Tokenizer
@@ -42,7 +43,12 @@ from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
 
+logger = logging.getLogger(__name__)
+
 _GOLDEN = 0x9E3779B97F4A7C15
+#: Steps a request may be part of a failed step before it is aborted (a request that fails
+#: while it runs alone is aborted at once).
+MAX_FAULTS = 3
 #: Entry pages allocated at startup when decode steps are not captured (more come as needed).
 INITIAL_PAGES = 64
 #: Longest sequences whose decode graphs are captured at startup; steps over longer ones
@@ -67,10 +73,10 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config = config or EngineConfig()
         cfg = model.cfg
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         eos = cfg.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.pool = StatePool(cfg, model.dtype, config.state_memory_bytes)
+        self.max_model_len = self._fit_max_model_len(config.max_model_len)
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
@@ -149,12 +155,57 @@ class LLMEngine:
             self.model.forward_decode(ids, [state] * bucket, graphs)
             self.slots.release(state)
 
+    def _fit_max_model_len(self, wanted: int | None) -> int:
+        """The longest sequence served: ``wanted`` (default: the model's positions), which one
+        request's state must fit in the state budget, so every request that is accepted can
+        finish (alone, with every other request preempted, if it must).
+
+        A length given explicitly that does not fit is refused, naming the bytes it needs; the
+        default is lowered to the longest that fits (vLLM refuses both; a CPU user with a
+        small budget should not have to compute the length by hand)."""
+        positions = self.model.cfg.max_position_embeddings
+        if wanted is not None and wanted > positions:
+            raise InvalidRequestError(
+                "max_model_len",
+                f"{wanted} exceeds the model's max_position_embeddings ({positions})",
+            )
+        length = wanted or positions
+        pool = self.pool
+        if pool.fits_alone(length):
+            return length
+        if not pool.fits_alone(2):
+            raise InvalidRequestError(
+                "state_memory_bytes",
+                f"{pool.budget_bytes} bytes cannot hold one request's state "
+                f"({pool.bytes_for(2)} bytes at its shortest)",
+            )
+        lo, hi = 2, length  # fits(lo), not fits(hi); bytes_for grows with the length
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if pool.fits_alone(mid) else (lo, mid)
+        if wanted is not None:
+            raise InvalidRequestError(
+                "max_model_len",
+                f"one sequence of {wanted} tokens needs {pool.bytes_for(wanted)} bytes of "
+                f"state, more than state_memory_bytes ({pool.budget_bytes}); at most {lo} "
+                "tokens fit: lower max_model_len or raise state_memory_bytes",
+            )
+        logger.info(
+            "max_model_len is %d tokens: one sequence's state must fit in state_memory_bytes "
+            "(%d); the model has %d positions",
+            lo,
+            pool.budget_bytes,
+            positions,
+        )
+        return lo
+
     def grammar_backend(self) -> GrammarBackend:
-        """The ``xgrammar`` plugin, built on first use; names the extra when it is missing."""
+        """The grammar plugin named by ``structured_outputs_backend``, built on first use;
+        names the extra that installs it when it is missing."""
         if self._grammar_backend is None:
             from deepinfer import plugins
 
-            cls = plugins.grammars.load("xgrammar")
+            cls = plugins.grammars.load(self.config.structured_outputs_backend)
             self._grammar_backend = cls(
                 self.tokenizer, self.model.cfg.vocab_size, sorted(self.eos_token_ids)
             )
@@ -171,14 +222,45 @@ class LLMEngine:
         prompt: str | None = None,
         priority: int = 0,
     ) -> str:
+        """Validate and queue one request (its ``n`` samples); returns its id. A request that
+        fails validation raises :class:`InvalidRequestError` and leaves nothing queued."""
+        members = self.make_request(
+            prompt_token_ids, params, request_id, prompt=prompt, priority=priority
+        )
+        self.submit([members])
+        return members[0].group_id
+
+    def make_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+    ) -> list[Request]:
+        """Validate a request and build its samples without queueing anything, so a caller
+        with several requests can check them all before any runs (:meth:`submit`)."""
         params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(
+                "sampling_params", f"must be SamplingParams, got {type(params).__name__}"
+            )
+        params.validate()  # again: the fields may have been set after construction
+        if request_id is not None and not isinstance(request_id, str):
+            raise InvalidRequestError("request_id", "must be a string")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidRequestError("priority", f"must be an integer, got {priority!r:.40}")
         group_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if group_id in self.groups:
             raise InvalidRequestError("request_id", f"{group_id!r} is already in use")
+        if not isinstance(prompt_token_ids, (list, tuple)):
+            raise InvalidRequestError(
+                "prompt", f"token ids must be a list, got {type(prompt_token_ids).__name__}"
+            )
         if params.truncate_prompt_tokens is not None:
             prompt_token_ids = list(prompt_token_ids)[-params.truncate_prompt_tokens :]
         self._validate(prompt_token_ids, params)
-        base_seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         now = time.monotonic()
         limit = self.max_model_len
         if params.max_tokens is not None:
@@ -190,7 +272,7 @@ class LLMEngine:
                 index=i,
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
-                seed=sample_seed(base_seed, i),
+                seed=0,  # drawn when queued (submit): a refused call draws none
                 metrics=RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids)),
                 max_total_tokens=limit,
                 priority=priority,
@@ -206,18 +288,31 @@ class LLMEngine:
         if params.structured_outputs is not None:
             for req in members:  # compiled once (cached); one matcher per sample
                 req.grammar = self.grammar_backend().matcher(params.structured_outputs)
-        members[0].fork_children = members[1:]
-        self.scheduler.awaiting_fork.update(members[1:])
-        for req in members:
-            self.scheduler.add(req)
-        self.groups[group_id] = members
-        return group_id
+        return members
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def submit(self, requests: list[list[Request]]) -> None:
+        """Queue requests built by :meth:`make_request` (each a group of samples), all or
+        none: ids are checked against each other before any is queued."""
+        ids = [members[0].group_id for members in requests]
+        for group_id in ids:
+            if group_id in self.groups or ids.count(group_id) > 1:
+                raise InvalidRequestError("request_id", f"{group_id!r} is already in use")
+        for members in requests:
+            params = members[0].params
+            base_seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            for req in members:
+                req.seed = sample_seed(base_seed, req.index)
+            members[0].fork_children = members[1:]
+            self.scheduler.awaiting_fork.update(members[1:])
+            for req in members:
+                self.scheduler.add(req)
+            self.groups[members[0].group_id] = members
+
+    def _validate(self, ids: list[int] | tuple[int, ...], params: SamplingParams) -> None:
         vocab = self.model.cfg.vocab_size
         if not ids:
             raise InvalidRequestError("prompt", "is empty")
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
             raise InvalidRequestError("prompt", f"token ids must be integers in [0, {vocab})")
         image = self.model.cfg.image_token_id
         if image is not None and image in ids:
@@ -230,9 +325,9 @@ class LLMEngine:
             raise InvalidRequestError(
                 "prompt", f"has {len(ids)} tokens; max_model_len is {self.max_model_len}"
             )
-        if not self.pool.fits_alone(len(ids) + 1):
+        if params.n > self.config.max_num_seqs:
             raise InvalidRequestError(
-                "prompt", f"{len(ids)} tokens need more state memory than state_memory_bytes"
+                "n", f"{params.n} samples exceed max_num_seqs ({self.config.max_num_seqs})"
             )
         for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
             if any(t >= vocab for t in getattr(params, name) or ()):
@@ -262,10 +357,15 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, final_only: bool = False) -> list[RequestOutput]:
+    def step(self, final_only: bool = False, watch: Container[str] = ()) -> list[RequestOutput]:
         """Run one scheduling step; return the outputs of the groups that changed (only those
-        that finished, with ``final_only``: what a non-streaming caller needs, without copying
-        every running request's tokens into a new output each step).
+        that finished or are in ``watch``, with ``final_only``: what a non-streaming caller
+        needs, without copying every running request's tokens into a new output each step).
+
+        An exception inside the step is the last line of defence, as requests are validated
+        when added: the step's requests are put back to be recomputed, and run alone until
+        each has drawn a token again. One that fails alone is aborted with the error on its
+        output; no other request loses work, and the engine keeps serving.
 
         Inference mode (cheaper per op than no_grad: no version counters or view tracking; about
         12% of a CPU decode step on the tiny model) covers every tensor the engine makes: states
@@ -285,24 +385,66 @@ class LLMEngine:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
         for req in out.out_of_memory:
-            # Alone in the pool and still too big: end it rather than stall everything.
-            req.finish_reason = "length"
-            req.metrics.finished_time = now
-            self.scheduler.finish(req)
-        due = self.runner.execute(out)
-        due += self._fork(due)
-        launched = self.runner.launch_sample(due)
-        if self.async_scheduling:  # read the previous step's tokens while this one runs
-            self._pending = launched
-            launched = pending
+            # Cannot happen while max_model_len fits the budget; never cut a request silently.
+            self._fail(req, f"its state does not fit state_memory_bytes ({self.pool.budget_bytes})")
+        running_before = set(self.scheduler.running)
+        try:
+            due = self.runner.execute(out)
+            due += self._fork(due)
+            launched = self.runner.launch_sample(due)
+        except BaseException as exc:
+            if pending is not None:
+                self._read(pending, changed)
+            touched = [*out.scheduled, *(set(self.scheduler.running) - running_before)]
+            self._recover(touched, exc, changed)
+            if not isinstance(exc, Exception):
+                raise  # Ctrl-C: every request is consistent again; the caller decides
+            launched = None
+        else:
+            if self.async_scheduling:  # read the previous step's tokens while this one runs
+                self._pending = launched
+                launched = pending
         if launched is not None:
             self._read(launched, changed)
         for req in (*out.preempted, *out.out_of_memory):
             changed[req.group_id] = None
         self.num_steps += 1
         if final_only:
-            return [self.output(g) for g in changed if all(r.finished for r in self.groups[g])]
-        return [self.output(g) for g in changed]
+            changed = {
+                g: None
+                for g in changed
+                if g in watch or (g in self.groups and all(r.finished for r in self.groups[g]))
+            }
+        return [self.output(g) for g in changed if g in self.groups]
+
+    def _recover(self, reqs: list[Request], exc: BaseException, changed: dict[str, None]) -> None:
+        """Undo a failed step for ``reqs``: each goes back to be recomputed from its tokens
+        (a preemption), since the step may have advanced its state without drawing its token.
+
+        For an exception, they become suspects that the scheduler runs one at a time; a
+        request that failed alone, or in too many steps, is aborted with the error."""
+        reqs = [r for r in dict.fromkeys(reqs) if not r.finished]
+        if isinstance(exc, Exception):
+            logger.error("a step failed (%s requests): %r", len(reqs), exc, exc_info=exc)
+        alone = len({r.group_id for r in reqs}) == 1
+        for req in reqs:
+            changed[req.group_id] = None
+            if isinstance(exc, Exception):
+                req.num_faults += 1
+                if alone or req.num_faults >= MAX_FAULTS:
+                    self._fail(req, exc)
+                    continue
+                self.scheduler.suspects.add(req)
+            if req.status is RequestStatus.RUNNING:
+                self.scheduler.preempt(req)
+
+    def _fail(self, req: Request, error: BaseException | str) -> None:
+        """End ``req`` with finish reason "abort" and the error on its output."""
+        req.finish_reason = "abort"
+        req.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        req.metrics.finished_time = time.monotonic()
+        self.scheduler.finish(req)
+        logger.warning("request %s aborted: %s", req.request_id, req.error)
 
     def _fork(self, due: Due) -> Due:
         """Share a finished prompt prefill with the group's other samples (n > 1)."""
@@ -348,17 +490,29 @@ class LLMEngine:
         )
 
     def _read(self, pending: PendingSample, changed: dict[str, None]) -> None:
-        """Take in a step's tokens; those of requests that ended meanwhile are dropped."""
-        for tok in pending.resolve():
+        """Take in a step's tokens; those of requests that ended meanwhile are dropped. A
+        request whose token cannot be taken in (a bug or a plugin's error) fails alone."""
+        try:
+            tokens = pending.resolve()
+        except Exception as exc:  # the draws are lost: recompute them
+            for req in pending.requests:
+                req.num_inflight -= 1
+            self._recover(pending.requests, exc, changed)
+            return
+        for tok in tokens:
             req = tok.request
             req.num_inflight -= 1
             if not req.finished:
-                self._append(tok)
+                try:
+                    self._append(tok)
+                except Exception as exc:
+                    self._fail(req, exc)
                 changed[req.group_id] = None
 
     def _append(self, tok: SampledToken) -> None:
         req, params = tok.request, tok.request.params
         req.output_token_ids.append(tok.token_id)
+        self.scheduler.suspects.discard(req)  # it drew a token again: back to batches
         if req.pending_block is not None:
             snap, req.pending_block = req.pending_block, None
             self.runner.record_block(req, snap)
@@ -400,6 +554,7 @@ class LLMEngine:
                 token_ids=list(r.output_token_ids),
                 finish_reason=r.finish_reason,
                 stop_reason=r.stop_reason,
+                error=r.error,
                 logprobs=list(r.logprobs) if r.params.logprobs is not None else None,
                 cumulative_logprob=r.cumulative_logprob if r.params.logprobs is not None else None,
             )

@@ -52,6 +52,10 @@ class Request:
     num_inflight: int = 0
     state: ModelState | None = None
     finish_reason: str | None = None
+    #: Why the engine aborted the request, when it did (finish reason "abort").
+    error: str | None = None
+    #: Failed steps this request was part of (the engine aborts it after a few).
+    num_faults: int = 0
     stop_reason: int | str | None = None
     logprobs: list[Logprobs] = field(default_factory=list)
     cumulative_logprob: float = 0.0

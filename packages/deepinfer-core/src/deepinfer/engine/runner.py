@@ -77,9 +77,9 @@ class PendingSample:
         for i, req in enumerate(self.requests):
             top: Logprobs | None = None
             if req.params.logprobs is not None:
-                top = {tokens[i]: logprobs[i]}
-                assert top_ids is not None and top_lps is not None
+                top = {tokens[i]: logprobs[i]}  # logprobs=0: the sampled token's alone
                 for j in range(req.params.logprobs):
+                    assert top_ids is not None and top_lps is not None
                     top.setdefault(top_ids[i][j], top_lps[i][j])
             out.append(SampledToken(req, tokens[i], logprobs[i], top))
         return out
@@ -343,7 +343,9 @@ class ModelRunner:
             bias = torch.zeros(len(reqs), self.vocab_size, dtype=torch.float32)
             for i, p in enumerate(ps):
                 if p.logit_bias:
-                    bias[i, list(p.logit_bias)] = torch.tensor(list(p.logit_bias.values()))
+                    bias[i, list(p.logit_bias)] = torch.tensor(
+                        list(p.logit_bias.values()), dtype=torch.float32
+                    )
             t.logit_bias = to_device(bias, device)
         banned = [self._banned(r) for r in reqs]
         only = [p.allowed_token_ids for p in ps]

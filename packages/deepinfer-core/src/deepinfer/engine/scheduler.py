@@ -57,6 +57,9 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order
         #: Requests that wait for their group's first sample to share its prefill.
         self.awaiting_fork: set[Request] = set()
+        #: Requests of a failed step: each runs alone until it draws a token again, so the
+        #: one that caused the failure fails alone and is found.
+        self.suspects: set[Request] = set()
 
     # -- queue management ---------------------------------------------------------------------
 
@@ -73,10 +76,12 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         self.awaiting_fork.discard(req)
+        self.suspects.discard(req)
         self._drop_state(req)
         req.status = RequestStatus.FINISHED
 
-    def _preempt(self, req: Request) -> None:
+    def preempt(self, req: Request) -> None:
+        """Drop a running request's state; it waits to be recomputed from its tokens."""
         self.running.remove(req)
         self._drop_state(req)
         req.num_computed_tokens = 0
@@ -110,9 +115,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        # While a failed step's requests are suspects, one of them runs alone each step.
+        alone = min(self.suspects, key=lambda r: r.sort_key) if self.suspects else None
         for req in list(self.running):
             if budget == 0:
                 break
+            if alone is not None and req is not alone:
+                continue
             if req.status is not RequestStatus.RUNNING:  # preempted to make room for another
                 continue
             if req.num_inflight and req.num_tokens >= req.max_total_tokens:
@@ -123,7 +132,7 @@ class Scheduler:
                     out.out_of_memory.append(req)
                     break
                 victim = max(self.running, key=lambda r: r.sort_key)
-                self._preempt(victim)
+                self.preempt(victim)
                 out.preempted.append(victim)
                 if victim in out.scheduled:  # already given tokens this step: take them back
                     budget += out.scheduled.pop(victim)
@@ -133,11 +142,15 @@ class Scheduler:
                 out.scheduled[req] = n
                 budget -= n
 
-        if out.preempted:  # the pool is full: admitting now would only thrash
+        if alone is not None and alone.status is RequestStatus.WAITING:
+            self._make_room(alone, min(alone.num_tokens, budget), out)
+        elif out.preempted:  # the pool is full: admitting now would only thrash
             return out
         for req in list(self.waiting):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
+            if alone is not None and req is not alone:
+                continue
             if req in self.awaiting_fork or req.num_inflight:
                 continue
             block = self._cached_prefix(req)
@@ -164,6 +177,17 @@ class Scheduler:
             out.scheduled[req] = n
             budget -= n
         return out
+
+    def _make_room(self, req: Request, num_tokens: int, out: SchedulerOutput) -> None:
+        """Preempt running requests, lowest priority first, until ``req`` can be admitted
+        with ``num_tokens`` tokens (a suspect that must run alone waits for no one)."""
+        while self.running and (
+            len(self.running) >= self.max_num_seqs
+            or not self.pool.try_reserve(req.request_id, num_tokens)
+        ):
+            victim = max(self.running, key=lambda r: r.sort_key)
+            self.preempt(victim)
+            out.preempted.append(victim)
 
     def _cached_prefix(self, req: Request) -> Block | None:
         # Prompt logprobs need the logits of every prompt position, so they bypass the cache.
