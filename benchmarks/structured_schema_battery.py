@@ -1,26 +1,43 @@
 #!/usr/bin/env python3
 """Acceptance battery for structured outputs: does every constrained output validate?
 
-Schemas: every schema of the official JSON-Schema-Test-Suite, draft 2020-12, as vendored in the
-``jsonschema`` 4.26.0 sdist (``jsonschema-4.26.0/json/tests/draft2020-12/*.json``, 368 schemas;
-loader in ``packages/deepinfer-structured/tests/schema_suite.py``), plus a set of common regexes
-and EBNF grammars with independent recognisers. Each schema is first classified under the
-backend's policy (compiled, or refused: a listed keyword / xgrammar warned it was inexact / no
-grammar at all). Then every schema xgrammar compiles at all, refused ones included, is probed
-three ways, so the refusal list rests on evidence:
+Each grammar backend (``xgrammar``, ``llguidance`` and ``auto``, the engine's default) is run
+over the same groups of JSON schemas:
 
-- suite instances: the grammar must reject every instance the suite marks invalid
-  (serialised the way the grammar writes JSON); one accepted invalid instance = unsound;
-- fuzzing: random walks through the grammar (uniform over the allowed tokens), validated;
-- the model: the trained tiny model samples under the grammar (temperature 1, several seeds),
-  each output validated with ``jsonschema`` (draft 2020-12; ``format`` checked both as the
-  draft's default annotation and as an assertion).
+- ``suite``: every schema of the official JSON-Schema-Test-Suite, draft 2020-12, as vendored
+  in the ``jsonschema`` 4.26.0 sdist (368 schemas; loader in
+  ``packages/deepinfer-structured/tests/schema_suite.py``);
+- ``targeted``: probes of single keywords, with instances on both sides of each;
+- ``annotations``: annotations and keys no draft defines (``title``, ``deprecated``,
+  ``readOnly``, ``readonly``, ``x-intellij-enum-metadata``...) beside ``enum``, a combinator,
+  a ``$ref``, in a property and at the top: none may be refused;
+- ``schemastore/<group>``: a sample of real schemas from the SchemaStore catalog, vendored in
+  ``benchmarks/data/schemastore`` (``vendor_keys``, ``pattern_properties``, ``spread``),
+  validated by the draft each declares;
 
-An output cut by ``max_tokens`` is counted apart (xgrammar has no way to force the grammar
-closed within a budget). Usage:
+plus common regexes and EBNF grammars with independent recognisers. A schema is accepted
+(compiled) or refused with a reason. Under each accepted one:
 
-    python benchmarks/structured_schema_battery.py [--seeds 4] [--max-tokens 192] [--fuzz 64]
-        [--only FILE_PREFIX] [--out benchmarks/results/structured_schema_battery.json]
+- instances: the grammar must reject every instance the suite marks invalid (serialised the
+  way the grammar writes JSON, fed as tokens); one accepted invalid instance = unsound;
+- fuzzing: random walks through the matcher (uniform over the allowed tokens), validated;
+- the model: the trained tiny model samples under the constraint (temperature 1, several
+  seeds), each output validated with ``jsonschema`` (``format`` checked both as the draft's
+  default annotation and as an assertion; "format" counts outputs valid as annotated that a
+  format assertion would reject).
+
+A JSON text with a repeated key is validated as each common parser reads it (the first and
+the last value kept): both must validate. Outputs cut by ``max_tokens`` are counted apart
+(neither backend can force a grammar closed within a budget). ``invalid_outputs`` sums every
+output or instance that broke its schema; it must be 0.
+
+Then, for xgrammar only, the schemas its policy refuses are probed with the policy loosened
+(``per_refused_keyword``, by the refused keywords a schema uses, and ``per_xgrammar_warning``):
+the evidence that keeps each keyword refused. Usage:
+
+    python benchmarks/structured_schema_battery.py [--backends xgrammar,llguidance,auto]
+        [--seeds 2] [--max-tokens 160] [--fuzz 16] [--only GROUP_OR_NAME_PREFIX]
+        [--no-evidence] [--out benchmarks/results/structured_schema_battery.json]
 """
 
 from __future__ import annotations
@@ -33,6 +50,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -42,18 +60,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "packages" / "deepinfer-structured" / "tests"))
 
-from schema_suite import (  # noqa: E402
-    MEMBER_PREFIX,
-    SDIST,
-    SDIST_SHA256,
-    SuiteCase,
-    suite_cases,
-    validator,
-)
+from schema_suite import MEMBER_PREFIX, SDIST, SDIST_SHA256, suite_cases, validator  # noqa: E402
+from schemastore_sample import DATA as STORE_DATA  # noqa: E402
+from schemastore_sample import store_schemas, store_validator  # noqa: E402
 
 from deepinfer.errors import InvalidRequestError  # noqa: E402
 from deepinfer.llm import LLM  # noqa: E402
 from deepinfer.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
+from deepinfer_structured.auto_backend import AutoBackend  # noqa: E402
 from deepinfer_structured.matcher import XGrammarMatcher  # noqa: E402
 from deepinfer_structured.xgrammar_backend import (  # noqa: E402
     UNENFORCED_KEYWORDS,
@@ -64,14 +78,7 @@ from deepinfer_structured.xgrammar_backend import (  # noqa: E402
     unenforced_keyword,
 )
 
-#: Keywords no longer refused: xgrammar enforces them (``propertyNames`` once bounded strings are
-#: rewritten; ``unevaluated*`` once keywords beside combinators and ``$ref`` are refused), or
-#: warns, and the backend refuses, where it does not (``multipleOf`` on numbers or with a
-#: non-integer divisor).
-RELAXED_KEYWORDS = frozenset(
-    {"multipleOf", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
-)
-
+BACKENDS = ("xgrammar", "llguidance", "auto")
 PROMPTS = ["ROMEO:\n", "JULIET:\n", "HAMLET:\n", "KING LEAR:\n", "OTHELLO:\n", "PORTIA:\n"]
 
 # Common real-world regexes (full-match semantics) checked with Python's ``re``.
@@ -129,7 +136,7 @@ def _arith(text: str) -> bool:
     return all(isinstance(node, allowed) for node in ast.walk(tree))
 
 
-# EBNF grammars with an independent recogniser each.
+# EBNF grammars (GBNF-style, which both backends read) with an independent recogniser each.
 GRAMMARS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "nested_list": (
         'root ::= "(" item ("," item){0,3} ")"\nitem ::= "a" | "bb" | "ccc" | root',
@@ -156,10 +163,9 @@ GRAMMARS: dict[str, tuple[str, Callable[[str], bool]]] = {
     ),
 }
 
-
-# Targeted probes, one per refused keyword (or a variant xgrammar handles differently): each
-# schema with instances on both sides of the keyword; validity comes from ``jsonschema``.
-TARGETED: dict[str, tuple[dict[str, Any], list[Any]]] = {
+# Targeted probes, one per keyword (or a variant a backend handles differently): each schema
+# with instances on both sides of the keyword; validity comes from ``jsonschema``.
+TARGETED: dict[str, tuple[Any, list[Any]]] = {
     "multipleOf_integer": ({"type": "integer", "multipleOf": 3}, [3, 4, 0, -6, 7]),
     "multipleOf_integer_range": (
         {"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 20},
@@ -240,80 +246,173 @@ TARGETED: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "enum_with_type": ({"type": "string", "enum": [1, "a", None]}, [1, "a", None]),
     "typeless_minimum": ({"minimum": 2}, [1, 3, "x"]),
     "typeless_required": ({"properties": {"a": {}}, "required": ["a"]}, [{}, {"a": 1}, 2]),
+    # Refused by xgrammar's policy, enforced by llguidance (auto's fallback).
+    "patternProperties_overlapping_property": (
+        {
+            "type": "object",
+            "properties": {"foo": {"type": "integer"}},
+            "patternProperties": {"^f": {"type": "integer", "minimum": 3}},
+            "additionalProperties": False,
+        },
+        [{"foo": 1}, {"foo": 4}, {"fa": 2}, {"fa": 3}, {"b": 1}],
+    ),
+    "patternProperties_two_disjoint": (
+        {
+            "type": "object",
+            "patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        [{"a1": 1}, {"a1": "x"}, {"b": "x"}, {"b": 1}, {"c": 1}],
+    ),
+    "patternProperties_with_additional": (
+        {
+            "type": "object",
+            "patternProperties": {"^x-": {"type": "string"}},
+            "additionalProperties": {"type": "integer"},
+        },
+        [{"x-a": "s"}, {"x-a": 1}, {"b": 1}, {"b": "s"}],
+    ),
+    "pattern_with_maxLength": (
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+        ["abc", "abcd", "ab1", ""],
+    ),
+    "keyword_beside_enum": ({"enum": [1, 2, 3, "x"], "minimum": 2}, [1, 2, "x", 4]),
+    "oneOf_exclusive_types": (
+        {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
+        [1, "ab", "abc", None],
+    ),
+    "minProperties_map": (
+        {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
+        [{"a": 1}, {"a": 1, "b": 2}, {}],
+    ),
+}
+
+#: Annotations and undefined keys, each beside enum, a combinator, a $ref, in a property and at
+#: the top level: JSON Schema ignores them, so no backend may refuse any of these schemas.
+ANNOTATION_KEYS: dict[str, Any] = {
+    "title": "A title",
+    "description": "What it is",
+    "examples": ["a", 1],
+    "$comment": "a comment",
+    "deprecated": True,
+    "readOnly": True,
+    "writeOnly": False,
+    "default": "anything",
+    "contentMediaType": "text/plain",
+    "contentEncoding": "base64",
+    "contentSchema": {"not": {}},
+    "$anchor": "here",
+    "readonly": True,
+    "markdownDescription": "**bold**",
+    "x-intellij-enum-metadata": {"a": {"description": "A"}, "b": {"description": "B"}},
+    "x-vendor": {"not": {}, "required": ["nothing"], "minimum": 99},
+    "x-guidance": {"lenient": True, "whitespace_flexible": True},
 }
 
 
-def targeted_cases() -> list[SuiteCase]:
-    cases = []
-    for label, (schema, instances) in TARGETED.items():
+def annotation_schemas(key: str, value: Any) -> dict[str, tuple[Any, list[Any]]]:
+    return {
+        "beside_enum": ({"type": "string", "enum": ["a", "b"], key: value}, ["a", "c", 1]),
+        "beside_anyOf": (
+            {"anyOf": [{"type": "integer", "maximum": 3}, {"type": "string", "maxLength": 2}]}
+            | {key: value},
+            [2, 4, "ab", "abc"],
+        ),
+        "beside_ref": (
+            {"$defs": {"n": {"type": "integer", "minimum": 2}}, "$ref": "#/$defs/n", key: value},
+            [1, 2, "x"],
+        ),
+        "in_property": (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string", "maxLength": 3, key: value}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            [{"a": "abc"}, {"a": "abcd"}, {}],
+        ),
+        "top_level": (
+            {"type": "object", "properties": {"a": {"type": "integer"}}, key: value},
+            [{"a": 1}, {"a": "x"}, []],
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    group: str
+    schema: Any
+    tests: tuple[tuple[Any, bool], ...]
+    store: bool = False  # validated by its declared draft (no suite remotes)
+
+    def validator(self, formats: bool) -> Any:
+        if self.store:
+            return store_validator(self.schema, formats=formats)
+        return validator(self.schema, formats=formats)
+
+
+def all_cases() -> list[Case]:
+    cases = [Case(c.name, "suite", c.schema, c.tests) for c in suite_cases()]
+
+    def probed(name: str, group: str, schema: Any, instances: list[Any]) -> Case:
         check = validator(schema)
         tests = tuple((i, bool(check.is_valid(i))) for i in instances)
-        cases.append(SuiteCase(f"targeted:{label}", label, schema, tests))
+        return Case(name, group, schema, tests)
+
+    for label, (schema, instances) in TARGETED.items():
+        cases.append(probed(f"targeted:{label}", "targeted", schema, instances))
+    for key, value in ANNOTATION_KEYS.items():
+        for where, (schema, instances) in annotation_schemas(key, value).items():
+            cases.append(probed(f"annotation:{key}:{where}", "annotations", schema, instances))
+    for entry in store_schemas():
+        group = f"schemastore/{entry.group}"
+        cases.append(Case(f"schemastore:{entry.file}", group, entry.schema, (), store=True))
     return cases
 
 
-def refused_keywords_used(schema: Any) -> set[str]:
-    """Every listed keyword ``schema`` uses, at any depth (same walk as the backend's)."""
-    found: set[str] = set()
-    while (keyword := unenforced_keyword(schema, UNENFORCED_KEYWORDS - found)) is not None:
-        found.add(keyword)
-    return found
+def _pairs_first(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        out.setdefault(key, value)
+    return out
 
 
-def classify(backend: XGrammarBackend, schema: Any) -> tuple[str, str]:
-    """The backend's verdict: ("compiled", "") or ("refused_<why>", reason)."""
-    try:
-        prepare_schema(schema)
-    except UnenforcedSchemaError as exc:
-        keyword = "is not supported by this backend" in str(exc)
-        return ("refused_keyword" if keyword else "refused_structure"), str(exc)
-    try:
-        backend.compile(StructuredOutputsParams(json=schema))
-    except InvalidRequestError as exc:
-        reason = exc.reason
-        if "not enforced exactly" in reason:
-            return "refused_inexact", reason
-        return "refused_error", reason
-    return "compiled", ""
+class Checker:
+    """Validates outputs of one case: ``ok``, ``format`` (valid, but a format assertion
+    fails), ``invalid`` or ``unverifiable`` (a number beyond float range)."""
 
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self._validators: dict[bool, Any] = {}
+        self.repeated_keys = 0
 
-def probe(backend: XGrammarBackend, schema: Any) -> tuple[Any, list[str], bool]:
-    """Compile with no keyword refused and no warning refused: (compiled or None, xgrammar's
-    warnings, whether the typing rewrite applied; the raw schema where the rewrite refuses)."""
-    rewrite = True
-    try:
-        prepared = prepare_schema(schema, frozenset())
-    except UnenforcedSchemaError:
-        prepared, rewrite = schema, False
-    try:
-        text = json.dumps(prepared)
-        build = backend.compiler.compile_json_schema
-        compiled, warnings = exactly(lambda: build(text, any_whitespace=False), refuse=False)
-    except (RuntimeError, ValueError, TypeError):
-        return None, [], rewrite
-    return compiled, warnings, rewrite
+    def _valid(self, instance: Any, formats: bool) -> bool:
+        if formats not in self._validators:
+            self._validators[formats] = self.case.validator(formats)
+        return bool(self._validators[formats].is_valid(instance))
 
+    def __call__(self, text: str) -> str:
+        repeated = False
 
-def grammar_accepts(xgr: Any, compiled: Any, text: str, stop: int) -> bool:
-    matcher = xgr.GrammarMatcher(compiled)
-    return bool(matcher.accept_string(text)) and bool(matcher.accept_token(stop))
+        def last(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            nonlocal repeated
+            repeated = repeated or len({k for k, _ in pairs}) < len(pairs)
+            return dict(pairs)
 
-
-def random_walk(matcher: Any, stop: int, rng: random.Random, *, steps: int) -> list[int] | None:
-    """Token ids of one uniform random walk over the matcher's allowed tokens to the grammar's
-    end (None if cut at ``steps``)."""
-    ids: list[int] = []
-    for _ in range(steps):
-        allowed = matcher.allowed().nonzero()[:, 0].tolist()
-        token = stop if stop in allowed and rng.random() < 0.5 else rng.choice(allowed)
-        assert matcher.accept(token)
-        if token == stop:
-            return ids
-        ids.append(token)
-    return None
-
-
-_VALIDATORS: dict[tuple[str, bool], Any] = {}
+        try:
+            readings = [json.loads(text, object_pairs_hook=last)]
+            if repeated:
+                self.repeated_keys += 1
+                readings.append(json.loads(text, object_pairs_hook=_pairs_first))
+        except json.JSONDecodeError:
+            return "invalid"
+        try:
+            if not all(self._valid(r, False) for r in readings):
+                return "invalid"
+            return "ok" if all(self._valid(r, True) for r in readings) else "format"
+        except OverflowError:
+            return "unverifiable"
 
 
 def token_bytes_table(tokenizer: Any, vocab: int) -> list[bytes]:
@@ -334,8 +433,7 @@ def token_bytes_table(tokenizer: Any, vocab: int) -> list[bytes]:
 
 
 def valid_utf8(ids: list[int], table: list[bytes]) -> bool:
-    """Whether the output's bytes are UTF-8 (xgrammar lets UTF-8-encoded surrogates and some
-    overlong forms through its character classes; the detokenizer turns them into U+FFFD)."""
+    """Whether the output's bytes are UTF-8 (the detokenizer would turn others into U+FFFD)."""
     try:
         b"".join(table[t] for t in ids).decode("utf-8")
     except UnicodeDecodeError:
@@ -343,98 +441,229 @@ def valid_utf8(ids: list[int], table: list[bytes]) -> bool:
     return True
 
 
-def check_json(schema: Any, text: str) -> str:
-    """ "ok", "format" (valid, but a ``format`` assertion fails), "invalid" or "unverifiable"."""
-    try:
-        instance = json.loads(text)
-    except json.JSONDecodeError:
-        return "invalid"
-    key = json.dumps(schema, sort_keys=True)
-    for formats in (False, True):
-        if (key, formats) not in _VALIDATORS:
-            _VALIDATORS[key, formats] = validator(schema, formats=formats)
-    try:
-        if not _VALIDATORS[key, False].is_valid(instance):
-            return "invalid"
-        return "ok" if _VALIDATORS[key, True].is_valid(instance) else "format"
-    except OverflowError:  # a number beyond float range (1e999): valid JSON, not checkable here
-        return "unverifiable"
+def accepts(matcher: Any, ids: list[int], stop: int) -> bool:
+    return all(matcher.accept(t) for t in ids) and matcher.accept(stop)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--seeds", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=192)
-    p.add_argument("--fuzz", type=int, default=64, help="random walks per schema")
-    p.add_argument("--only", default="", help="only suite files starting with this")
-    p.add_argument("--out", default="benchmarks/results/structured_schema_battery.json")
-    args = p.parse_args()
-    torch.set_num_threads(1)
+def random_walk(matcher: Any, stop: int, rng: random.Random, *, steps: int) -> list[int] | None:
+    """Token ids of one uniform random walk over the matcher's allowed tokens to the grammar's
+    end (None if cut at ``steps``)."""
+    ids: list[int] = []
+    for _ in range(steps):
+        allowed = matcher.allowed().nonzero()[:, 0].tolist()
+        token = stop if stop in allowed and rng.random() < 0.5 else rng.choice(allowed)
+        assert matcher.accept(token)
+        if token == stop:
+            return ids
+        ids.append(token)
+    return None
+
+
+def _reason(reason: str) -> str:
+    """A refusal reason without the location, so that equal reasons group together."""
+    reason = reason.removeprefix("cannot be compiled: ")
+    reason = re.sub(r" at #\S*", "", reason)
+    reason = re.sub(r"(property|branch|reference|regexes?) ('[^']*'|/[^/]*/|\S+)", r"\1 …", reason)
+    return reason[:200]
+
+
+def evaluate_backend(name: str, cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
+    """Every case under one backend: verdicts, instances, fuzzing, the model."""
     started = time.time()
-    llm = LLM("tiny", dtype="float32", enable_prefix_caching=False)
+    llm = LLM("tiny", dtype="float32", enable_prefix_caching=False, structured_outputs_backend=name)
+    engine = llm.engine
+    backend = engine.grammar_backend()
+    stop = sorted(engine.eos_token_ids)[0]
+    vocab = backend.vocab_size
+    tok = llm.tokenizer
+    table = token_bytes_table(tok, vocab)
+    stats: dict[str, Counter[str]] = defaultdict(Counter)
+    reasons: dict[str, Counter[str]] = defaultdict(Counter)
+    refused_store: dict[str, str] = {}
+    failures: list[dict[str, Any]] = []
+    checkers: dict[str, Checker] = {}
+    accepted: list[Case] = []
+    for case in cases:
+        group = stats[case.group]
+        group["schemas"] += 1
+        constraint = StructuredOutputsParams(json=case.schema)
+        try:
+            if isinstance(backend, AutoBackend):
+                group[f"via_{backend.backend_for(constraint).name}"] += 1
+            backend.matcher(constraint)
+        except InvalidRequestError as exc:
+            group["refused"] += 1
+            reasons[case.group][_reason(exc.reason)] += 1
+            if case.group.startswith(("schemastore", "annotations")):
+                refused_store[case.name] = exc.reason
+            continue
+        group["accepted"] += 1
+        accepted.append(case)
+        checker = checkers[case.name] = Checker(case)
+        for instance, valid in case.tests:
+            text = json.dumps(instance, ensure_ascii=False)
+            ids = tok.encode(text, add_special_tokens=False).ids
+            taken = accepts(backend.matcher(constraint), ids, stop)
+            if taken and not valid:
+                group["suite_invalid_instances_accepted"] += 1
+                failures.append({"case": case.name, "by": "instance", "instance": instance})
+            elif valid and not taken:
+                group["suite_valid_instances_rejected"] += 1
+        rng = random.Random(case.name)
+        for _ in range(args.fuzz):
+            ids = random_walk(backend.matcher(constraint), stop, rng, steps=96)
+            if ids is None:
+                group["fuzz_cut"] += 1
+                continue
+            text = tok.decode(ids)
+            verdict = checker(text)
+            if verdict != "ok" and not valid_utf8(ids, table):
+                verdict = "invalid_utf8"
+            group[f"fuzz_{verdict}"] += 1
+            if verdict not in ("ok", "format"):
+                failures.append({"case": case.name, "by": "fuzz", "verdict": verdict, "text": text})
+    print(f"[{name}] checked {len(cases)} schemas in {time.time() - started:.0f}s", flush=True)
+
+    jobs: dict[str, tuple[str, str, int]] = {}
+    for case in accepted:
+        for seed in range(args.seeds):
+            prompt = tok.encode(PROMPTS[seed % len(PROMPTS)]).ids
+            params = SamplingParams(
+                temperature=1.0,
+                seed=seed,
+                max_tokens=args.max_tokens,
+                structured_outputs=StructuredOutputsParams(json=case.schema),
+            )
+            jobs[engine.add_request(prompt, params)] = (case.group, case.name, seed)
+    if not args.only:
+        for kind, table_ in (
+            ("regex", REGEXES),
+            ("grammar", {k: v[0] for k, v in GRAMMARS.items()}),
+        ):
+            for label, value in table_.items():
+                for seed in range(4 * args.seeds):
+                    prompt = tok.encode(PROMPTS[seed % len(PROMPTS)]).ids
+                    params = SamplingParams(
+                        temperature=1.0,
+                        seed=seed,
+                        max_tokens=args.max_tokens,
+                        structured_outputs={kind: value},
+                    )
+                    jobs[engine.add_request(prompt, params)] = (kind, f"{kind}:{label}", seed)
+    gen_start = time.time()
+    tokens = 0
+    other: dict[str, Counter[str]] = defaultdict(Counter)
+    for rid, out in engine.run(list(jobs)).items():
+        group_name, case_name, seed = jobs[rid]
+        completion = out.outputs[0]
+        tokens += len(completion.token_ids)
+        counts = stats[group_name] if group_name not in ("regex", "grammar") else other[case_name]
+        if completion.finish_reason == "length":
+            counts["model_cut"] += 1
+            continue
+        text = completion.text
+        if case_name.startswith("regex:"):
+            verdict = "ok" if re.fullmatch(REGEXES[case_name[6:]], text) else "invalid"
+        elif case_name.startswith("grammar:"):
+            verdict = "ok" if GRAMMARS[case_name[8:]][1](text) else "invalid"
+        else:
+            verdict = checkers[case_name](text)
+        if completion.finish_reason != "stop":
+            verdict = f"finished_{completion.finish_reason}"
+        elif verdict != "ok" and not valid_utf8(completion.token_ids, table):
+            verdict = "invalid_utf8"
+        counts[f"model_{verdict}"] += 1
+        if verdict not in ("ok", "format"):
+            failures.append(
+                {"case": case_name, "by": f"model seed {seed}", "verdict": verdict, "text": text}
+            )
+    gen_time = time.time() - gen_start
+    print(f"[{name}] generated {len(jobs)} outputs, {tokens} tokens in {gen_time:.0f}s", flush=True)
+    for case in accepted:
+        stats[case.group]["outputs_with_repeated_keys"] += checkers[case.name].repeated_keys
+    invalid = sum(
+        n
+        for counts in [*stats.values(), *other.values()]
+        for key, n in counts.items()
+        if key == "suite_invalid_instances_accepted"
+        or (
+            key.startswith(("fuzz_", "model_"))
+            and key.split("_", 1)[1] not in ("ok", "format", "cut")
+        )
+    )
+    groups = {
+        group: dict(counts)
+        | {"valid": _valid_outputs(counts), "refusal_reasons": dict(reasons[group].most_common())}
+        for group, counts in stats.items()
+    }
+    return {
+        "invalid_outputs": invalid,
+        "groups": groups,
+        "refused_real_schemas": refused_store,
+        "regex_and_ebnf": {k: dict(v) for k, v in other.items()},
+        "failures": failures[:100],
+        "generation": {"outputs": len(jobs), "tokens": tokens, "seconds": round(gen_time)},
+        "seconds": round(time.time() - started),
+    }
+
+
+def _valid_outputs(counts: Counter[str]) -> int:
+    """Outputs (fuzzed or sampled) that finished and validated."""
+    return sum(counts[f"{by}_{v}"] for by in ("fuzz", "model") for v in ("ok", "format"))
+
+
+def refusal_evidence(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
+    """xgrammar with its policy loosened, under the suite and targeted schemas it refuses: the
+    counterexamples that keep each keyword refused."""
+    started = time.time()
+    llm = LLM(
+        "tiny",
+        dtype="float32",
+        enable_prefix_caching=False,
+        structured_outputs_backend="xgrammar",
+    )
     engine = llm.engine
     backend = engine.grammar_backend()
     assert isinstance(backend, XGrammarBackend)
     import xgrammar as xgr
 
-    stop = backend.stop_token_ids[0]
+    stop = sorted(engine.eos_token_ids)[0]
     vocab = backend.vocab_size
-    cases = [c for c in [*suite_cases(), *targeted_cases()] if c.name.startswith(args.only)]
-    byte_table = token_bytes_table(llm.tokenizer, vocab)
-
+    cases = [c for c in cases if c.group in ("suite", "targeted")]
     verdicts: dict[str, tuple[str, str]] = {}
     probes: dict[str, tuple[Any, list[str], bool]] = {}
-    unsound: dict[str, list[Any]] = {}
-    rejected_valid: Counter[str] = Counter()
-    fuzz: dict[str, Counter[str]] = {}
-    failures: list[dict[str, Any]] = []
-    kept: Counter[bool] = Counter()
-
-    def record(failure: dict[str, Any]) -> None:
-        """Keep up to 200 failures of compiled schemas and 200 of the others."""
-        compiled = verdicts.get(failure["case"], ("",))[0] == "compiled"
-        if kept[compiled] < 200:
-            kept[compiled] += 1
-            failures.append(failure)
-
+    evidence_counts: dict[str, Counter[str]] = defaultdict(Counter)
     for case in cases:
         verdicts[case.name] = classify(backend, case.schema)
+        if verdicts[case.name][0] == "compiled":
+            continue
         compiled, warnings, rewrite = probe(backend, case.schema)
         if compiled is None:
             continue
         probes[case.name] = (compiled, warnings, rewrite)
+        counts = evidence_counts[case.name]
         for instance, valid in case.tests:
             text = json.dumps(instance, ensure_ascii=False)
-            accepted = grammar_accepts(xgr, compiled, text, stop)
-            if accepted and not valid:
-                unsound.setdefault(case.name, []).append(instance)
-            elif valid and not accepted:
-                rejected_valid[case.name] += 1
+            matcher = xgr.GrammarMatcher(compiled)
+            taken = bool(matcher.accept_string(text)) and bool(matcher.accept_token(stop))
+            if taken and not valid:
+                counts["suite_invalid_instances_accepted"] += 1
+            elif valid and not taken:
+                counts["suite_valid_instances_rejected"] += 1
         rng = random.Random(case.name)
-        counts: Counter[str] = Counter()
+        checker = Checker(case)
         for _ in range(args.fuzz):
-            matcher = XGrammarMatcher(xgr, compiled, vocab, backend.utf8)
-            ids = random_walk(matcher, stop, rng, steps=96)
-            if ids is None:
-                counts["cut"] += 1
-                continue
-            text = llm.tokenizer.decode(ids)
-            verdict = check_json(case.schema, text)
-            if verdict != "ok" and not valid_utf8(ids, byte_table):
-                verdict = "invalid_utf8"
-            counts[verdict] += 1
-            if verdict != "ok":
-                record({"case": case.name, "by": "fuzz", "verdict": verdict, "text": text})
-        fuzz[case.name] = counts
-    print(f"probed {len(probes)}/{len(cases)} schemas in {time.time() - started:.0f}s", flush=True)
-
-    # The model, under every grammar xgrammar builds (policy loosened to probe refused ones).
+            ids = random_walk(
+                XGrammarMatcher(xgr, compiled, vocab, backend.utf8), stop, rng, steps=96
+            )
+            counts[f"fuzz_{'cut' if ids is None else checker(llm.tokenizer.decode(ids))}"] += 1
     backend.refused_keywords = frozenset()
     backend.refuse_inexact = False
-    jobs: dict[str, tuple[str, int]] = {}
+    jobs: dict[str, str] = {}
     for case in cases:
         if case.name not in probes:
             continue
+        backend.rewrite_schemas = probes[case.name][2]
         for seed in range(args.seeds):
             prompt = llm.tokenizer.encode(PROMPTS[seed % len(PROMPTS)]).ids
             params = SamplingParams(
@@ -443,136 +672,142 @@ def main() -> int:
                 max_tokens=args.max_tokens,
                 structured_outputs=StructuredOutputsParams(json=case.schema),
             )
-            backend.rewrite_schemas = probes[case.name][2]
-            jobs[engine.add_request(prompt, params)] = (case.name, seed)
-    for kind, table in (("regex", REGEXES), ("grammar", {k: v[0] for k, v in GRAMMARS.items()})):
-        for label, value in table.items():
-            for seed in range(4 * args.seeds):
-                prompt = llm.tokenizer.encode(PROMPTS[seed % len(PROMPTS)]).ids
-                params = SamplingParams(
-                    temperature=1.0,
-                    seed=seed,
-                    max_tokens=args.max_tokens,
-                    structured_outputs={kind: value},
-                )
-                jobs[engine.add_request(prompt, params)] = (f"{kind}:{label}", seed)
-    model: dict[str, Counter[str]] = defaultdict(Counter)
-    tokens = 0
-    gen_start = time.time()
-    schemas = {c.name: c.schema for c in cases}
+            jobs[engine.add_request(prompt, params)] = case.name
+    by_name = {c.name: c for c in cases}
     for rid, out in engine.run(list(jobs)).items():
-        name, seed = jobs[rid]
         completion = out.outputs[0]
-        tokens += len(completion.token_ids)
-        if completion.finish_reason == "length":
-            model[name]["cut"] += 1
-            continue
-        text = completion.text
-        if name.startswith("regex:"):
-            verdict = "ok" if re.fullmatch(REGEXES[name[6:]], text) else "invalid"
-        elif name.startswith("grammar:"):
-            verdict = "ok" if GRAMMARS[name[8:]][1](text) else "invalid"
-        else:
-            verdict = check_json(schemas[name], text)
-        if verdict != "ok" and not valid_utf8(completion.token_ids, byte_table):
-            verdict = "invalid_utf8"
-        model[name][verdict] += 1
-        if verdict != "ok":
-            record({"case": name, "by": f"model seed {seed}", "verdict": verdict, "text": text})
-    gen_time = time.time() - gen_start
-    print(f"generated {len(jobs)} outputs, {tokens} tokens in {gen_time:.0f}s", flush=True)
+        name = jobs[rid]
+        verdict = (
+            "cut"
+            if completion.finish_reason == "length"
+            else Checker(by_name[name])(completion.text)
+        )
+        evidence_counts[name][f"model_{verdict}"] += 1
 
-    def evidence(names: list[str]) -> dict[str, int]:
+    def evidence(names: list[str]) -> dict[str, Any]:
         total: Counter[str] = Counter()
         for n in names:
             total["schemas"] += 1
-            total["suite_invalid_instances_accepted"] += len(unsound.get(n, []))
-            total["suite_valid_instances_rejected"] += rejected_valid[n]
-            for k, v in fuzz.get(n, {}).items():
-                total[f"fuzz_{k}"] += v
-            for k, v in model.get(n, {}).items():
-                total[f"model_{k}"] += v
-        return dict(total)
+            total.update(evidence_counts[n])
+        return dict(total) | {"cases": names}
 
-    groups: dict[str, list[str]] = defaultdict(list)
-    for case in cases:
-        status, _ = verdicts[case.name]
-        groups[status].append(case.name)
     per_keyword: dict[str, Any] = {}
-    for keyword in sorted(UNENFORCED_KEYWORDS):
-        alone = [
-            c.name
-            for c in cases
-            if c.name in probes
-            and not probes[c.name][1]
-            and probes[c.name][2]
-            and refused_keywords_used(c.schema) == {keyword}
-        ]
-        per_keyword[keyword] = evidence(alone) | {"cases": alone}
-    # Keywords taken off the refused list, with the evidence over the schemas that use them.
-    per_relaxed_keyword: dict[str, Any] = {}
-    for keyword in sorted(RELAXED_KEYWORDS):
-        using = [
-            c.name
-            for c in cases
-            if c.name in probes and unenforced_keyword(c.schema, frozenset({keyword})) is not None
-        ]
-        compiled_using = [n for n in using if verdicts[n][0] == "compiled"]
-        per_relaxed_keyword[keyword] = {
-            "compiled": evidence(compiled_using) | {"cases": compiled_using},
-            "refused_for_another_reason": {
-                n: verdicts[n][1] for n in using if verdicts[n][0] != "compiled"
-            },
-        }
+    for n, (_, warnings, rewrite) in probes.items():
+        used = refused_keywords_used(by_name[n].schema)
+        if used and not warnings and rewrite:  # refused for these keywords only
+            per_keyword.setdefault("+".join(sorted(used)), []).append(n)
+    per_keyword = {k: evidence(v) for k, v in sorted(per_keyword.items())}
     warned: dict[str, list[str]] = defaultdict(list)
-    for name, (_, warnings, _) in probes.items():
+    for n, (_, warnings, _) in probes.items():
         for w in sorted(set(re.sub(r" but got .*", "", w) for w in warnings)):
-            warned[w].append(name)
-    result = {
-        "source": {
-            "suite": "JSON-Schema-Test-Suite, draft 2020-12",
-            "sdist": SDIST,
-            "sdist_sha256": SDIST_SHA256,
-            "path": MEMBER_PREFIX + "*.json",
-            "schemas": sum(not c.name.startswith("targeted:") for c in cases),
-            "targeted_schemas_added": sum(c.name.startswith("targeted:") for c in cases),
+            warned[w].append(n)
+    structure = [n for n, (v, _) in verdicts.items() if v == "refused_structure"]
+    return {
+        "policy": dict(Counter(v for v, _ in verdicts.values())),
+        "per_refused_keyword": per_keyword,
+        "per_xgrammar_warning": {w: evidence(names) for w, names in warned.items()},
+        "refused_structure": {n: verdicts[n][1] for n in structure},
+        "refused_structure_evidence": evidence([n for n in structure if n in probes]),
+        "seconds": round(time.time() - started),
+    }
+
+
+def refused_keywords_used(schema: Any) -> set[str]:
+    """Every listed keyword ``schema`` uses, at any depth (same walk as the backend's)."""
+    found: set[str] = set()
+    while (keyword := unenforced_keyword(schema, UNENFORCED_KEYWORDS - found)) is not None:
+        found.add(keyword)
+    return found
+
+
+def classify(backend: XGrammarBackend, schema: Any) -> tuple[str, str]:
+    """xgrammar's verdict: ("compiled", "") or ("refused_<why>", reason)."""
+    try:
+        prepare_schema(schema)
+    except UnenforcedSchemaError as exc:
+        keyword = "is not supported by this backend" in str(exc)
+        return ("refused_keyword" if keyword else "refused_structure"), str(exc)
+    try:
+        backend.compile(StructuredOutputsParams(json=schema))
+    except InvalidRequestError as exc:
+        if "not enforced exactly" in exc.reason:
+            return "refused_inexact", exc.reason
+        return "refused_error", exc.reason
+    return "compiled", ""
+
+
+def probe(backend: XGrammarBackend, schema: Any) -> tuple[Any, list[str], bool]:
+    """Compile with no keyword refused and no warning refused: (compiled or None, xgrammar's
+    warnings, whether the typing rewrite applied; the raw schema where the rewrite refuses)."""
+    rewrite = True
+    try:
+        prepared = prepare_schema(schema, frozenset())
+    except UnenforcedSchemaError:
+        prepared, rewrite = schema, False
+    try:
+        text = json.dumps(prepared)
+        build = backend.compiler.compile_json_schema
+        compiled, warnings = exactly(lambda: build(text, any_whitespace=False), refuse=False)
+    except (RuntimeError, ValueError, TypeError):
+        return None, [], rewrite
+    return compiled, warnings, rewrite
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--fuzz", type=int, default=16, help="random walks per schema")
+    p.add_argument("--only", default="", help="only cases whose group or name starts with this")
+    p.add_argument("--no-evidence", action="store_true", help="skip the xgrammar probes")
+    p.add_argument("--out", default="benchmarks/results/structured_schema_battery.json")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    started = time.time()
+    cases = [
+        c for c in all_cases() if c.group.startswith(args.only) or c.name.startswith(args.only)
+    ]
+    results = {name: evaluate_backend(name, cases, args) for name in args.backends.split(",")}
+    manifest = json.loads((STORE_DATA / "manifest.json").read_text())
+    result: dict[str, Any] = {
+        "sources": {
+            "suite": {
+                "name": "JSON-Schema-Test-Suite, draft 2020-12",
+                "sdist": SDIST,
+                "sdist_sha256": SDIST_SHA256,
+                "path": MEMBER_PREFIX + "*.json",
+            },
+            "schemastore": {
+                "path": "benchmarks/data/schemastore (see its README)",
+                "schemas": len(manifest),
+                "bytes": sum(m["bytes"] for m in manifest),
+            },
         },
-        "xgrammar": version("xgrammar"),
+        "versions": {"xgrammar": version("xgrammar"), "llguidance": version("llguidance")},
         "model": "tiny (trained DeepSeek-V4.1, embedded)",
         "sampling": {"temperature": 1.0, "seeds": args.seeds, "max_tokens": args.max_tokens},
         "fuzz_walks_per_schema": args.fuzz,
-        "refused_keywords": sorted(UNENFORCED_KEYWORDS),
-        "policy": {k: len(v) for k, v in sorted(groups.items())},
-        "policy_suite_only": {
-            k: sum(not n.startswith("targeted:") for n in v) for k, v in sorted(groups.items())
+        "invalid_outputs": sum(r["invalid_outputs"] for r in results.values()),
+        "summary": {
+            name: {
+                group: {
+                    k: r["groups"][group].get(k, 0)
+                    for k in ("schemas", "accepted", "refused", "valid")
+                }
+                for group in sorted(r["groups"])
+            }
+            for name, r in results.items()
         },
-        "compiled": evidence(groups["compiled"]),
-        "compiled_failures": [
-            f for f in failures if verdicts.get(f["case"], ("",))[0] == "compiled"
-        ],
-        "compiled_model_cut_by_case": dict(
-            sorted(
-                ((n, model[n]["cut"]) for n in groups["compiled"] if model[n]["cut"]),
-                key=lambda item: -item[1],
-            )
-        ),
-        "regex_and_ebnf": {name: dict(counts) for name, counts in model.items() if ":" in name},
-        "per_refused_keyword": per_keyword,
-        "per_relaxed_keyword": per_relaxed_keyword,
-        "per_xgrammar_warning": {
-            w: evidence(names) | {"cases": names} for w, names in warned.items()
-        },
-        "refused_structure": {n: verdicts[n][1] for n in groups["refused_structure"]},
-        "refused_structure_evidence": evidence(groups["refused_structure"]),
-        "refused_error": {n: verdicts[n][1] for n in groups["refused_error"]},
-        "unsound_cases": {n: len(v) for n, v in unsound.items()},
-        "failures_sample": failures[:120],
-        "generation": {"outputs": len(jobs), "tokens": tokens, "seconds": round(gen_time)},
-        "seconds": round(time.time() - started),
+        "backends": results,
     }
+    if not args.no_evidence and "xgrammar" in results:
+        result["xgrammar_refused_keywords"] = sorted(UNENFORCED_KEYWORDS)
+        result["xgrammar_refusal_evidence"] = refusal_evidence(cases, args)
+    result["seconds"] = round(time.time() - started)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(json.dumps({k: result[k] for k in ("policy", "compiled", "generation")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("invalid_outputs", "summary")}, indent=1))
     return 0
 
 

@@ -67,8 +67,9 @@ def constrained(kind: str, value: object, seed: int, n: int = 1) -> SamplingPara
     )
 
 
-def test_every_output_satisfies_its_constraint(make_engine) -> None:  # type: ignore[no-untyped-def]
-    engine = make_engine(max_num_batched_tokens=64)
+@pytest.mark.parametrize("backend", ["auto", "xgrammar"])
+def test_every_output_satisfies_its_constraint(make_engine, backend: str) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(max_num_batched_tokens=64, structured_outputs_backend=backend)
     prompts = [[5 + i, 300 + i, 77] for i in range(6)]
     jobs = []
     for seed in range(6):
@@ -95,12 +96,15 @@ def test_every_output_satisfies_its_constraint(make_engine) -> None:  # type: ig
             jsonschema.validate(json.loads(text), SCHEMA)
 
 
-def test_n_samples_preemption_and_prefix_cache_keep_constraints(make_engine) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_n_samples_preemption_and_prefix_cache_keep_constraints(make_engine, backend: str) -> None:  # type: ignore[no-untyped-def]
     from deepinfer.cache.pools import state_bytes
 
     engine0 = make_engine()
     budget = 3 * state_bytes(engine0.model.cfg, engine0.model.dtype, 150)
-    engine = make_engine(max_num_batched_tokens=48, state_memory_bytes=budget)
+    engine = make_engine(
+        max_num_batched_tokens=48, state_memory_bytes=budget, structured_outputs_backend=backend
+    )
     prefix = [(i * 37) % 8000 + 3 for i in range(140)]
     ids = [
         engine.add_request([*prefix, i], constrained("json", SCHEMA, seed=i, n=2)) for i in range(4)
@@ -111,7 +115,7 @@ def test_n_samples_preemption_and_prefix_cache_keep_constraints(make_engine) -> 
             jsonschema.validate(json.loads(out.text), SCHEMA)
     assert engine.prefix_cache.stats.hits > 0
     # Seeded constrained sampling is reproducible alone.
-    alone = make_engine()
+    alone = make_engine(structured_outputs_backend=backend)
     rid = alone.add_request([*prefix, 0], constrained("json", SCHEMA, seed=0, n=2))
     assert alone.run([rid])[rid].outputs[0].token_ids == final[ids[0]].outputs[0].token_ids
 
@@ -134,11 +138,13 @@ def test_bad_constraints_fail_at_submit_alone(make_engine, kind, value, construc
     assert len(engine.run([good])[good].outputs[0].token_ids) == 3
 
 
-def test_missing_plugin_names_the_extra(make_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("backend", ["auto", "xgrammar", "llguidance"])
+def test_missing_plugin_names_the_extra(make_engine, monkeypatch, backend: str) -> None:  # type: ignore[no-untyped-def]
     empty = Registry("deepinfer.grammars_none", "grammar backend", plugins.grammars.hints)
     monkeypatch.setattr(plugins, "grammars", empty)
+    engine = make_engine(structured_outputs_backend=backend)
     with pytest.raises(PluginNotFoundError, match=r"pip install 'deepinfer\[structured\]'"):
-        make_engine().add_request([5], constrained("regex", "a+", 0))
+        engine.add_request([5], constrained("regex", "a+", 0))
 
 
 def test_draft_masks_truncate_at_the_first_violation(make_engine) -> None:  # type: ignore[no-untyped-def]

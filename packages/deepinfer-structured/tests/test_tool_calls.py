@@ -92,7 +92,17 @@ def test_required_and_named_tool_calls_parse_and_validate(
     assert done >= max(2, cut), (done, cut)
 
 
-def test_random_walks_through_the_tool_grammar_parse_and_validate(trained) -> None:  # type: ignore[no-untyped-def]
+def backend_named(trained: Any, name: str) -> Any:
+    """A grammar backend of the trained model's vocabulary (its engine uses ``auto``)."""
+    from deepinfer import plugins
+
+    engine = trained.engine
+    cls = plugins.grammars.load(name)
+    return cls(engine.tokenizer, engine.model.cfg.vocab_size, sorted(engine.eos_token_ids))
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
+def test_random_walks_through_the_tool_grammar_parse_and_validate(trained, name: str) -> None:  # type: ignore[no-untyped-def]
     formatter = ChatFormatter(trained.tokenizer_path)
     prompt = formatter.prompt(
         {
@@ -104,7 +114,7 @@ def test_random_walks_through_the_tool_grammar_parse_and_validate(trained) -> No
         }
     )
     assert prompt.constraint is not None
-    backend = trained.engine.grammar_backend()
+    backend = backend_named(trained, name)
     rng = random.Random(0)
     complete = 0
     for _ in range(40):
@@ -125,7 +135,8 @@ def test_random_walks_through_the_tool_grammar_parse_and_validate(trained) -> No
     assert complete >= 30
 
 
-def test_tags_are_the_control_token_and_values_never_hold_it(trained) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
+def test_tags_are_the_control_token_and_values_never_hold_it(trained, name: str) -> None:  # type: ignore[no-untyped-def]
     formatter = ChatFormatter(trained.tokenizer_path)
     prompt = formatter.prompt(
         {
@@ -139,7 +150,7 @@ def test_tags_are_the_control_token_and_values_never_hold_it(trained) -> None:  
     tok = trained.tokenizer
     dsml = tok.token_to_id("｜DSML｜")
     added = set(tok.get_added_tokens_decoder())
-    matcher = trained.engine.grammar_backend().matcher(prompt.constraint)
+    matcher = backend_named(trained, name).matcher(prompt.constraint)
     for token in tok.encode("<", add_special_tokens=False).ids:
         assert matcher.accept(token)
     assert matcher.allowed().nonzero()[:, 0].tolist() == [dsml]  # the tag needs the token

@@ -10,6 +10,7 @@ import codecs
 import itertools
 import random
 
+import pytest
 import torch
 
 from deepinfer.assets import tiny_tokenizer
@@ -75,8 +76,9 @@ def _byte_token(byte: int) -> str:
     return chr(256 + [b for b in range(256) if b not in printable].index(byte))
 
 
-def test_control_tokens_are_never_text_under_a_grammar(make_engine) -> None:  # type: ignore[no-untyped-def]
-    engine = make_engine()
+@pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
+def test_control_tokens_are_never_text_under_a_grammar(make_engine, name: str) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(structured_outputs_backend=name)
     backend = engine.grammar_backend()
     added = set(engine.tokenizer.get_added_tokens_decoder())
     matcher = backend.matcher(StructuredOutputsParams(json={"type": "string"}))
@@ -89,14 +91,15 @@ def test_control_tokens_are_never_text_under_a_grammar(make_engine) -> None:  # 
     assert matcher.allowed().nonzero()[:, 0].tolist() == [1]  # then only the stop token
 
 
-def test_batched_bitmask_rows_equal_the_bool_masks(make_engine) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
+def test_batched_bitmask_rows_equal_the_bool_masks(make_engine, name: str) -> None:  # type: ignore[no-untyped-def]
     """``fill_bitmask`` (for samplers that apply packed masks) agrees with ``allowed``, through
     free reasoning, the end of it and a JSON answer."""
     import xgrammar as xgr
 
     from deepinfer.structured import ReplyConstraint
 
-    engine = make_engine()
+    engine = make_engine(structured_outputs_backend=name)
     tok = engine.tokenizer
     backend = engine.grammar_backend()
     end = tok.token_to_id("</think>")

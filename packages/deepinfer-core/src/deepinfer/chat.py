@@ -86,9 +86,18 @@ class ChatFormatter:
             )
         if oc.kind == "tool_call_required":
             dialect = "v4.1" if request.model_version == dr.ModelVersion.DeepseekV41Flash else "v4"
-            return ReplyConstraint(tool_calls=_dsml_tools(oc.schema), dsml=dialect, **reasoning)
+            tools = _dsml_tools(oc.schema, _declared_parameters(body))
+            return ReplyConstraint(tool_calls=tools, dsml=dialect, **reasoning)
         if oc.kind == "json":
-            kind: dict[str, Any] = {"json": oc.schema} if oc.schema else {"json_object": True}
+            kind: dict[str, Any] = {"json_object": True}
+            if oc.schema:
+                # The recipe's strict-mode schema keeps only the keywords of OpenAI's strict
+                # subset (no maxLength, minItems, const...): enforce the user's schema, closed
+                # the way strict mode closes it.
+                normalized = json.loads(oc.schema)
+                user = request.conversation.response_schema
+                schema = normalized if user is None else _with_strict_closure(user, normalized)
+                kind = {"json": schema}
         elif oc.kind == "regex":
             kind = {"regex": oc.schema}
         else:
@@ -117,15 +126,64 @@ class ChatFormatter:
         )
 
 
-def _dsml_tools(listed: str) -> tuple[DsmlTool, ...]:
-    """The recipe's tool list (compact JSON, OpenAI shape) as the tools a DSML call may name."""
+def _dsml_tools(listed: str, declared: dict[str, Any]) -> tuple[DsmlTool, ...]:
+    """The recipe's tool list (compact JSON, OpenAI shape) as the tools a DSML call may name;
+    a strict tool's arguments follow the parameters as declared (``declared``, by name), closed
+    the way strict mode closes them."""
     tools = []
     for entry in json.loads(listed):
         function = entry.get("function") or {}
         parameters = function.get("parameters")
+        name = function["name"]
+        if function.get("strict") and parameters is not None and name in declared:
+            parameters = _with_strict_closure(declared[name], parameters)
         text = json.dumps(parameters, separators=(",", ":")) if parameters is not None else ""
-        tools.append(DsmlTool(name=function["name"], parameters=text))
+        tools.append(DsmlTool(name=name, parameters=text))
     return tuple(tools)
+
+
+def _declared_parameters(body: dict[str, Any]) -> dict[str, Any]:
+    """Each tool's ``parameters`` as the request declared them, by tool name."""
+    declared: dict[str, Any] = {}
+    for entry in body.get("tools") or []:
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and function.get("parameters") is not None
+        ):
+            declared[function["name"]] = function["parameters"]
+    return declared
+
+
+def _with_strict_closure(user: Any, strict: Any) -> Any:
+    """The user's schema ``user`` with what strict mode adds to it, as ``strict`` (the recipe's
+    normalized copy) shows: every object closed (``additionalProperties: false``) and all its
+    properties required.
+
+    The normalized copy keeps only the keywords of the strict subset, so it is never enforced
+    by itself; every keyword of ``user`` is kept. Both schemas walk the same nodes
+    (``properties``, ``items``, ``anyOf``); strict mode only ever narrows, so the result's
+    instances are valid under both.
+    """
+    if not isinstance(user, dict) or not isinstance(strict, dict):
+        return user
+    out = dict(user)
+    for key, value in strict.items():
+        mine = user.get(key)
+        if key not in user:
+            out[key] = value
+        elif key == "additionalProperties" and value is False:
+            out[key] = False
+        elif key == "required" and isinstance(value, list) and isinstance(mine, list):
+            out[key] = [*mine, *(name for name in value if name not in mine)]
+        elif key == "properties" and isinstance(value, dict) and isinstance(mine, dict):
+            out[key] = {k: _with_strict_closure(v, value.get(k)) for k, v in mine.items()}
+        elif key == "items":
+            out[key] = _with_strict_closure(mine, value)
+        elif key == "anyOf" and isinstance(value, list) and isinstance(mine, list):
+            out[key] = [_with_strict_closure(u, s) for u, s in zip(mine, value, strict=False)]
+    return out
 
 
 class ChatStream:

@@ -139,7 +139,11 @@ speculators = Registry(
     "speculator",
     {"dspark": "deepinfer[spec]", "mtp": "deepinfer[spec]"},
 )
-grammars = Registry("deepinfer.grammars", "grammar backend", {"xgrammar": "deepinfer[structured]"})
+grammars = Registry(
+    "deepinfer.grammars",
+    "grammar backend",
+    {name: "deepinfer[structured]" for name in ("auto", "xgrammar", "llguidance")},
+)
 models = Registry("deepinfer.models", "model", {})
 
 REGISTRIES: tuple[Registry, ...] = (backends, speculators, grammars, models)

@@ -1,6 +1,7 @@
 """What the engine needs from a grammar backend (the ``deepinfer.grammars`` plugins).
 
-Core only knows these protocols; ``deepinfer-structured`` implements them on xgrammar. A backend
+Core only knows these protocols; ``deepinfer-structured`` implements them on xgrammar and on
+llguidance (and ``auto``, which picks one per constraint). A backend
 is built once per engine from the tokenizer, compiles a request's constraint at submit time
 (errors fail that request alone) and gives each sequence its own matcher.
 

@@ -9,11 +9,17 @@ so the output is valid UTF-8 and decodes to the text the grammar checked.
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from deepinfer.errors import InvalidRequestError
+from deepinfer.plugins import Availability
+from deepinfer.sampling_params import StructuredOutputsParams
+from deepinfer.structured import ReplyConstraint
 from deepinfer_structured.bits import pack_bitmask, unpack_words
 from deepinfer_structured.utf8 import INVALID, Utf8Guard
 
@@ -195,3 +201,34 @@ class ReasoningMatcher:
 
     def draft_masks(self, draft: list[int]) -> tuple[Tensor, int]:
         return draft_masks(self, draft)
+
+
+def library_availability(module: str) -> Availability:
+    """Whether the grammar library a backend wraps is importable, with the install hint."""
+    if importlib.util.find_spec(module) is None:
+        return Availability(
+            False, f"{module} is not installed: pip install 'deepinfer[structured]'"
+        )
+    return Availability(True)
+
+
+def sequence_matcher(
+    constraint: StructuredOutputsParams,
+    compiled: Callable[[], Matcher],
+    tokenizer: Any,
+    stop_token_ids: list[int],
+    vocab_size: int,
+) -> Matcher:
+    """One sequence's matcher: the backend's (``compiled``), behind a free reasoning part when
+    the chat layer asked for one (``ReplyConstraint.reasoning_end``). Shared by the backends so
+    the reasoning rules are the same whichever grammar library enforces the answer."""
+    inner = compiled() if constraint.kind != "reasoning" else None
+    end = constraint.reasoning_end if isinstance(constraint, ReplyConstraint) else None
+    if end is None:
+        assert inner is not None
+        return inner
+    assert isinstance(constraint, ReplyConstraint)
+    end_id = tokenizer.token_to_id(end)
+    if end_id is None or end_id >= vocab_size:
+        raise InvalidRequestError("thinking", f"the tokenizer has no {end!r} token")
+    return ReasoningMatcher(inner, end_id, stop_token_ids, vocab_size, constraint.reasoning_budget)

@@ -20,41 +20,52 @@ suite's invalid instances, and fuzzed and model-sampled outputs must validate), 
   pattern over non-control characters;
 - ignores ``required`` names missing from ``properties`` (strict mode then forbids them), and
   every keyword beside a ``$ref``; it cannot resolve a ``$ref`` that is not a local JSON pointer;
+- writes a key twice where ``additionalProperties``/``patternProperties`` allow it, so a
+  ``minProperties`` above 1 that the required properties do not meet is refused;
 - never checks the keywords of :data:`UNENFORCED_KEYWORDS`.
 
-What it loosens with a warning (``oneOf`` read as ``anyOf``, ``multipleOf`` with a range or on
-numbers, ...) is caught by the backend, which refuses any compile that warns.
+Before that, keywords that constrain nothing as written are dropped
+(``schema_keywords.drop_noops``), as are keywords beside ``$ref`` where the declared draft
+(4, 6 or 7) ignores them, and a ``oneOf`` whose branches provably exclude each other becomes
+``anyOf`` (``one_of``). What it loosens with a warning (``oneOf`` read as ``anyOf``,
+``multipleOf`` with a range or on numbers, ...) is caught by the backend, which refuses any
+compile that warns. Annotations and keys no draft defines (``x-*``, ``readonly``) are never
+read: JSON Schema ignores them, so they neither count as siblings of ``enum``, a combinator or
+``$ref`` nor have their values searched for keywords.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from typing import Any
 
+from deepinfer_structured.one_of import exclusive_one_of
+from deepinfer_structured.schema_keywords import (
+    COUNTS,
+    ONE_SCHEMA,
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    VALIDATING,
+    drop_noops,
+    drop_ref_siblings,
+    repeated_keys_may_count,
+    resolve_pointer,
+    schema_location,
+    walk,
+)
+
 #: Keywords xgrammar does not enforce, so a schema using them (at any depth) is refused rather
 #: than allowed to generate output that fails validation. Each stays listed because the grammar
 #: accepted instances the official test suite marks invalid, or sampled outputs failed
-#: validation (``benchmarks/results/structured_schema_battery.json``, ``per_refused_keyword``).
+#: validation (``benchmarks/results/structured_schema_battery.json``, ``per_refused_keyword``);
+#: ``dependencies`` and ``$recursiveRef`` (drafts before 2020-12) xgrammar does not read at all.
 UNENFORCED_KEYWORDS = frozenset(
     {
         "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "uniqueItems",
-        "contains", "minContains", "maxContains", "$dynamicRef", "$dynamicAnchor",
-    }
-)  # fmt: skip
-#: Keys whose values map names to subschemas, and keys whose values are data, not schemas.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-_DATA_KEYS = frozenset({"enum", "const", "default", "examples", "required", "description"})
-
-#: Where subschemas sit, by keyword.
-_MAP_OF_SCHEMAS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-_LIST_OF_SCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_ONE_SCHEMA = frozenset(
-    {
-        "items", "additionalProperties", "not", "if", "then", "else", "contains",
-        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
+        "contains", "minContains", "maxContains", "$dynamicRef", "dependencies",
+        "$recursiveRef",
     }
 )  # fmt: skip
 _COMBINATORS = frozenset({"allOf", "anyOf", "oneOf"})
@@ -80,21 +91,6 @@ _TYPE_FAMILIES = {
         }
     ),
 }  # fmt: skip
-#: Keywords whose value is a count, which xgrammar takes only as an integer (2.0 means 2).
-_COUNTS = frozenset(
-    {
-        "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-        "minContains", "maxContains",
-    }
-)  # fmt: skip
-#: Keys that never constrain an instance (or only say where subschemas live).
-_ANNOTATIONS = frozenset(
-    {
-        "$schema", "$id", "$anchor", "$comment", "$defs", "definitions", "title",
-        "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-        "contentMediaType", "contentEncoding", "format",
-    }
-)  # fmt: skip
 
 
 class UnenforcedSchemaError(ValueError):
@@ -102,21 +98,12 @@ class UnenforcedSchemaError(ValueError):
 
 
 def unenforced_keyword(schema: Any, refused: frozenset[str] = UNENFORCED_KEYWORDS) -> str | None:
-    """The first keyword of ``schema`` (at any depth) in ``refused``."""
-    if isinstance(schema, list):
-        return next((k for item in schema if (k := unenforced_keyword(item, refused))), None)
-    if not isinstance(schema, dict):
-        return None
-    for key, value in schema.items():
-        if key in refused:
-            return key
-        if key in _DATA_KEYS:
-            continue
-        children = value.values() if key in _SCHEMA_MAPS and isinstance(value, dict) else [value]
-        for child in children:
-            found = unenforced_keyword(child, refused)
-            if found:
-                return found
+    """The first keyword of ``schema`` (at any depth) in ``refused``; keys are read at keyword
+    positions only, so a vendor key's value (``x-...``: data) never counts."""
+    for _, node in walk(schema):
+        for key in node:
+            if key in refused:
+                return key
     return None
 
 
@@ -154,12 +141,40 @@ def prepare_schema(
     Raises UnenforcedSchemaError naming the construct when there is none. ``rewrite`` False
     applies only the keyword list (the policy before the typing rewrite, for comparison).
     """
+    schema = exclusive_one_of(drop_noops(drop_ref_siblings(schema)))
     if (keyword := unenforced_keyword(schema, refused)) is not None:
         raise UnenforcedSchemaError(f"keyword '{keyword}' is not supported by this backend")
     if not rewrite:
         return schema
     has_ref = _contains_ref(schema)
-    return _prepare(schema, "#", has_ref, root=True)
+    out = _prepare(schema, "#", has_ref, root=True)
+    # A reference may point into a key no draft defines ("#/definitions/a/full"): the walk
+    # above left that schema as data, so prepare it where it is.
+    targets = sorted({ref for ref in _local_refs(schema) if not schema_location(ref)})
+    for ref in targets:
+        target = resolve_pointer(schema, ref)
+        if target is None:
+            raise UnenforcedSchemaError(f"reference {ref!r} cannot be resolved")
+        out = _place(out, ref, _prepare(target, ref, has_ref))
+    return out
+
+
+def _local_refs(schema: Any) -> list[str]:
+    """Every local ``$ref`` of ``schema``'s schema objects (vendor keys followed by ``walk``)."""
+    return [n["$ref"] for _, n in walk(schema) if isinstance(n.get("$ref"), str)]
+
+
+def _place(document: Any, ref: str, value: Any) -> Any:
+    """A copy of ``document`` with ``value`` at the JSON pointer ``ref`` (copying the path)."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
+    root = copy.copy(document)
+    node = root
+    for part in parts[:-1]:
+        key: Any = int(part) if isinstance(node, list) else part
+        node[key] = copy.copy(node[key])
+        node = node[key]
+    node[int(parts[-1]) if isinstance(node, list) else parts[-1]] = value
+    return root
 
 
 def _prepare(
@@ -175,7 +190,7 @@ def _prepare(
         schema = {**schema, "type": inherited}
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key in _MAP_OF_SCHEMAS and isinstance(value, dict):
+        if key in SCHEMA_MAPS and isinstance(value, dict):
             out[key] = {k: _prepare(v, f"{where}/{key}/{k}", has_ref) for k, v in value.items()}
         elif key in _COMBINATORS and isinstance(value, list):
             parent = schema.get("type")
@@ -183,15 +198,15 @@ def _prepare(
                 _prepare(v, f"{where}/{key}/{i}", has_ref, inherited=parent)
                 for i, v in enumerate(value)
             ]
-        elif key in _LIST_OF_SCHEMAS and isinstance(value, list):
+        elif key in SCHEMA_LISTS and isinstance(value, list):
             out[key] = [_prepare(v, f"{where}/{key}/{i}", has_ref) for i, v in enumerate(value)]
-        elif key in _ONE_SCHEMA:
+        elif key in ONE_SCHEMA:
             out[key] = _prepare(value, f"{where}/{key}", has_ref)
-        elif key in _COUNTS and isinstance(value, float) and value.is_integer():
+        elif key in COUNTS and isinstance(value, float) and value.is_integer():
             out[key] = int(value)
         else:
             out[key] = value
-    validating = set(out) - _ANNOTATIONS
+    validating = {key for key in out if key in VALIDATING}  # annotations and vendor keys: none
     combinators = sorted(_COMBINATORS & validating)
     if combinators:
         _check_combinator(out, combinators, validating, where)
@@ -299,6 +314,10 @@ def _check_combinator(
 
 def _check_object(schema: dict[str, Any], where: str) -> None:
     """Object keywords xgrammar reads only partly: properties it would let through unchecked."""
+    if repeated_keys_may_count(schema):
+        raise UnenforcedSchemaError(
+            f"'minProperties' at {where} could be met by a repeated key: not enforced"
+        )
     required = schema.get("required") or []
     declared = schema.get("properties") or {}
     missing = [name for name in required if name not in declared]

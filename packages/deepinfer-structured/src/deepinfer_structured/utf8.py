@@ -11,6 +11,8 @@ the stop token only between characters.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from tokenizers import Tokenizer
@@ -61,6 +63,17 @@ def _step(state: int, byte: int) -> int:
     if not low <= byte <= high:
         return INVALID
     return 0 if need == 1 else _INDEX[need - 1, 0x80, 0xBF]
+
+
+def require_byte_level(tokenizer: Tokenizer) -> None:
+    """Refuse a tokenizer whose tokens are not byte-level BPE pieces: every grammar backend
+    here reads each token's bytes, and only DeepSeek's byte-level vocabulary has them."""
+    decoder = (json.loads(tokenizer.to_str()).get("decoder") or {}).get("type")
+    if decoder != "ByteLevel":
+        raise NotImplementedError(
+            f"structured outputs need a byte-level BPE tokenizer (DeepSeek's); this one "
+            f"decodes with {decoder!r}"
+        )
 
 
 def token_bytes(tokenizer: Tokenizer, vocab_size: int) -> list[bytes | None]:

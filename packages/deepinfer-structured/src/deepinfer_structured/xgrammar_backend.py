@@ -20,7 +20,6 @@ with one schema compile it once. Each sequence gets its own matcher.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -36,14 +35,19 @@ from deepinfer.plugins import Availability
 from deepinfer.sampling_params import StructuredOutputsParams
 from deepinfer.structured import ReplyConstraint
 from deepinfer_structured.dsml import tool_call_tag
-from deepinfer_structured.matcher import Matcher, ReasoningMatcher, XGrammarMatcher
+from deepinfer_structured.matcher import (
+    Matcher,
+    XGrammarMatcher,
+    library_availability,
+    sequence_matcher,
+)
 from deepinfer_structured.schema_policy import (
     UNENFORCED_KEYWORDS,
     UnenforcedSchemaError,
     prepare_schema,
     unenforced_keyword,
 )
-from deepinfer_structured.utf8 import Utf8Guard
+from deepinfer_structured.utf8 import Utf8Guard, require_byte_level
 
 CACHE_SIZE = 256
 DSML_TOKEN = "｜DSML｜"
@@ -114,21 +118,12 @@ class XGrammarBackend:
 
     @classmethod
     def availability(cls) -> Availability:
-        if importlib.util.find_spec("xgrammar") is None:
-            return Availability(
-                False, "xgrammar is not installed: pip install 'deepinfer[structured]'"
-            )
-        return Availability(True)
+        return library_availability("xgrammar")
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         import xgrammar as xgr
 
-        decoder = (json.loads(tokenizer.to_str()).get("decoder") or {}).get("type")
-        if decoder != "ByteLevel":
-            raise NotImplementedError(
-                f"structured outputs need a byte-level BPE tokenizer (DeepSeek's); this one "
-                f"decodes with {decoder!r}"
-            )
+        require_byte_level(tokenizer)
         self._xgr = xgr
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -244,20 +239,14 @@ class XGrammarBackend:
     # -- matchers -----------------------------------------------------------------------------
 
     def matcher(self, constraint: StructuredOutputsParams) -> Matcher:
-        inner: Matcher | None = None
-        if constraint.kind != "reasoning":
-            compiled = self.compile(constraint)
-            inner = XGrammarMatcher(self._xgr, compiled, self.vocab_size, self.utf8)
-        end = constraint.reasoning_end if isinstance(constraint, ReplyConstraint) else None
-        if end is None:
-            assert inner is not None
-            return inner
-        assert isinstance(constraint, ReplyConstraint)
-        end_id = self.tokenizer.token_to_id(end)
-        if end_id is None or end_id >= self.vocab_size:
-            raise InvalidRequestError("thinking", f"the tokenizer has no {end!r} token")
-        return ReasoningMatcher(
-            inner, end_id, self.stop_token_ids, self.vocab_size, constraint.reasoning_budget
+        return sequence_matcher(
+            constraint,
+            lambda: XGrammarMatcher(
+                self._xgr, self.compile(constraint), self.vocab_size, self.utf8
+            ),
+            self.tokenizer,
+            self.stop_token_ids,
+            self.vocab_size,
         )
 
 
