@@ -93,9 +93,6 @@ class StatePool:
     def free(self, request_id: str) -> None:
         self.used_bytes -= self._charged.pop(request_id, 0)
 
-    def is_charged(self, request_id: str) -> bool:
-        return request_id in self._charged
-
 
 def state_nbytes(state: ModelState) -> int:
     """Bytes actually held by a state's tensors (to check the pool's accounting)."""

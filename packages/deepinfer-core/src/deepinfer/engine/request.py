@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from torch import Tensor
-
 from deepinfer.cache.prefix import Block, Snapshot
 from deepinfer.models.state import ModelState
 from deepinfer.outputs import Logprobs, RequestMetrics
@@ -60,8 +58,6 @@ class Request:
     logprobs: list[Logprobs] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     prompt_logprobs: list[Logprobs | None] | None = None
-    #: Last-position logits handed over by the group's first sample (n > 1 shares the prefill).
-    forked_logits: Tensor | None = None
     #: Group members that will copy this request's state when its prefill completes.
     fork_children: list[Request] = field(default_factory=list)
     #: ``params.bad_words`` as token sequences (each word as is and after a space).
