@@ -68,7 +68,7 @@ def test_hc_mix_matches_float64(rows: int, d: int) -> None:
     flat = x.reshape(rows, -1).double()
     want = (flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + 1e-6)) @ fn.double().T
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got, ref._hc_mix(x, fn, 1e-6), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, ref.hc_mix(x, fn, 1e-6), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -22,7 +22,7 @@ def test_matches_the_reference(lead: tuple[int, ...], iters: int) -> None:
     scale = torch.rand(3, generator=g) + 0.5
     ref = TorchBackend("cpu")
     want = ref.mhc_weights(x, fn, base, scale, norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=iters)
-    mix = ref._hc_mix(x, fn, 1e-6).to(DEVICE)
+    mix = ref.hc_mix(x, fn, 1e-6).to(DEVICE)
     got = mhc_weights_from_mix(
         mix, base.to(DEVICE), scale.to(DEVICE), hc=hc, hc_eps=1e-6, sinkhorn_iters=iters
     )

@@ -65,12 +65,12 @@ class Sm100Backend(TorchBackend):
     ) -> tuple[Tensor, Tensor, Tensor]:
         from deepinfer_kernels_sm100.mhc import mhc_weights_from_mix
 
-        mix = self._hc_mix(x, fn, norm_eps)
+        mix = self.hc_mix(x, fn, norm_eps)
         return mhc_weights_from_mix(
             mix, base, scale, hc=x.shape[-2], hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
         )
 
-    def _hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+    def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
         from deepinfer_kernels_sm100.mhc import hc_mix
 
         return hc_mix(x, fn, norm_eps)

@@ -1,12 +1,14 @@
-"""The Backend protocol: the op table the model and the sampler call.
+"""The Backend interface: the op table the model and the sampler call.
 
-A backend is a class registered under the ``deepinfer.backends`` entry-point group. Hardware
-packages subclass :class:`deepinfer.backends.torch_ref.TorchBackend` and override only the ops they
-accelerate, so every op always has the torch reference to fall back on and to be tested against.
+Every op is an abstract public method, so the table is the interface: the torch reference
+(:class:`deepinfer.backends.torch_ref.TorchBackend`) implements all of them, and hardware
+packages subclass it and override only public ops they accelerate, so every op always has the
+reference to fall back on and to be tested against.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Availability", "Backend"]
 
 
-class Backend:
+class Backend(ABC):
     """Base of every backend: availability check and the device it runs on.
 
     ``availability()`` is a classmethod so that discovery and ``deepinfer info`` can ask without
@@ -33,8 +35,9 @@ class Backend:
     device_types: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    @abstractmethod
     def availability(cls) -> Availability:
-        raise NotImplementedError(f"{cls.__name__} must implement availability()")
+        """Whether this backend can run on this machine, and why not."""
 
     @classmethod
     def default_device(cls) -> torch.device:
@@ -67,18 +70,19 @@ class Backend:
     # n mHC streams, E experts, k routed experts per token. A kernel backend overrides a subset;
     # the torch reference implements all of them.
 
+    @abstractmethod
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """``x @ weight.T`` in the weight's dtype (FP8/FP4 backends dequantise or run natively)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement linear")
 
+    @abstractmethod
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """Block-diagonal projection: ``x`` [..., g, i], ``weight`` [g*o, i] -> [..., g, o]."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement grouped_linear")
 
+    @abstractmethod
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         """RMSNorm over the last dim, fp32 statistics; ``weight=None`` is the unweighted form."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement rms_norm")
 
+    @abstractmethod
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
         """Interleaved RoPE on the trailing ``2*cos.shape[-1]`` channels of ``x`` [B, S, H, D].
 
@@ -86,8 +90,8 @@ class Backend:
         of a batch sit at different positions. ``inverse`` rotates by the
         negative angle, which attention uses to de-rotate its output at the query position.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement rope")
 
+    @abstractmethod
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
         """Shared-KV MQA with one sink logit per head.
 
@@ -95,8 +99,8 @@ class Backend:
         (True = visible), ``sinks`` [H] fp32. Returns [B, S, H, D]. The sink joins the softmax
         denominator only.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement attention")
 
+    @abstractmethod
     def sparse_attention(
         self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
     ) -> Tensor:
@@ -107,8 +111,8 @@ class Backend:
         hundred keys out of the whole chunk's, so the work follows K instead of L. Equal to
         ``attention`` with ``mask[b, s, l] = l in index[b, s]``.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement sparse_attention")
 
+    @abstractmethod
     def sampling_uniform(
         self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
     ) -> Tensor:
@@ -116,8 +120,8 @@ class Backend:
         counter RNG keyed by each row's ``seeds`` and ``positions`` (int64, [rows]); must equal
         :func:`deepinfer.sampling.rng.sampling_uniform` bit for bit, so a seeded request draws
         the same tokens on every backend."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement sampling_uniform")
 
+    @abstractmethod
     def compress(
         self,
         kv: Tensor,
@@ -133,8 +137,8 @@ class Backend:
         window w; ``prev_kv``/``prev_score`` [B, r, D] supply window -1 (None: no such window).
         Returns [B, n, D] fp32.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement compress")
 
+    @abstractmethod
     def indexer_topk(
         self,
         q: Tensor,
@@ -150,8 +154,8 @@ class Backend:
         positions) = entries each query may see. Returns [B, S, min(topk, T)] int64 with
         -1 where a pick falls outside the visible entries.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement indexer_topk")
 
+    @abstractmethod
     def topk_picks(
         self,
         scores: Tensor,
@@ -165,13 +169,13 @@ class Backend:
         never depend on how many unseen entries follow). Entries a row may not see, past
         ``n_visible`` [...] or where ``allowed`` [..., T] is False, count as -inf and come back
         as -1. Returns [..., k] int64."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement topk_picks")
 
-    def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
-        """Project [..., n, n] logits towards a doubly-stochastic matrix (softmax, then
-        alternate column/row normalisation)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement sinkhorn")
+    @abstractmethod
+    def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+        """mHC's mixer logits: the streams [..., n, d] flattened, RMS-normalised (no weight) and
+        projected by ``fn`` [m, n * d], in fp32. Returns [..., m]."""
 
+    @abstractmethod
     def mhc_pre(
         self,
         x: Tensor,
@@ -185,12 +189,12 @@ class Backend:
     ) -> tuple[Tensor, Tensor, Tensor]:
         """mHC entry: from streams ``x`` [B, S, n, d] compute (collapsed input [B, S, d],
         post weights [B, S, n] fp32, comb [B, S, n, n] fp32)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_pre")
 
+    @abstractmethod
     def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
         """mHC exit: ``X'[k] = post[k] * y + sum_j comb[j, k] * X[j]``."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_post")
 
+    @abstractmethod
     def mhc_weights(
         self,
         x: Tensor,
@@ -205,26 +209,26 @@ class Backend:
         """The three mHC weight sets from streams ``x`` [B, S, n, d]: (pre [B, S, n], post
         [B, S, n], comb [B, S, n, n]), all fp32. V4.1's lagged pre-mix applies ``pre`` to the
         next sublayer's streams, so it is returned instead of being used here."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_weights")
 
+    @abstractmethod
     def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
         """``sum_i pre[i] * X[i]`` over the streams of ``x`` [B, S, n, d] in fp32, cast back."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement mhc_collapse")
 
+    @abstractmethod
     def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
         """Raw indexer scores ``sum_h weights * relu(q . k)``: ``q`` [B, S, h, c], ``keys``
         [B, T, c] (decode rows: in their pages), ``weights`` [B, S, h] -> [B, S, T] fp32,
         nothing masked (V4.1 masks and picks in the model because of its candidate blocks)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement indexer_scores")
 
+    @abstractmethod
     def engram_gate(
         self, h: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     ) -> Tensor:
         """Engram gate per stream: ``h``, ``key`` [B, S, n, d], weights [n, d] -> [B, S, n] fp32,
         ``sigmoid(sign(s) * sqrt(max(|s|, 1e-6)))`` with ``s`` the scaled dot product of the
         RMS-normalised (weighted) stream and key."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement engram_gate")
 
+    @abstractmethod
     def hc_head(
         self,
         x: Tensor,
@@ -236,8 +240,8 @@ class Backend:
         hc_eps: float,
     ) -> Tensor:
         """Final stream collapse before the last norm: sigmoid weights, no Sinkhorn."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement hc_head")
 
+    @abstractmethod
     def moe_route(
         self,
         x: Tensor,
@@ -255,8 +259,8 @@ class Backend:
         ``bias`` only steers selection (aux-free balancing); ``fixed_indices`` (hash routing)
         replaces selection entirely while the scores still weight the experts.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement moe_route")
 
+    @abstractmethod
     def moe_experts(
         self,
         x: Tensor,
@@ -273,10 +277,9 @@ class Backend:
         is [E, d, I]. ``weights``/``indices`` [N, k] come from :meth:`moe_route`; an index < 0
         means "no expert" (expert-parallel ranks mask the experts they do not own).
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement moe_experts")
 
+    @abstractmethod
     def swiglu_mlp(
         self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
     ) -> Tensor:
         """Dense clamped SwiGLU (the shared expert); returns fp32 [..., d]."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement swiglu_mlp")

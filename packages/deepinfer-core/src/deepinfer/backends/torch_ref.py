@@ -121,6 +121,17 @@ def combine_slots(y: Tensor, order: Tensor, live: Tensor, k: int) -> Tensor:
     return per_slot.view(-1, k, y.shape[-1]).sum(dim=1)
 
 
+def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
+    """Project [..., n, n] logits towards a doubly-stochastic matrix (softmax, then alternate
+    column/row normalisation): part of ``mhc_pre``, not an op of its own."""
+    comb = torch.softmax(logits.float(), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
 class TorchBackend(Backend):
     """Plain-torch ops on any device torch itself supports."""
 
@@ -316,15 +327,7 @@ class TorchBackend(Backend):
 
     # -- mHC ------------------------------------------------------------------------------------
 
-    def sinkhorn(self, logits: Tensor, iters: int, eps: float) -> Tensor:
-        comb = torch.softmax(logits.float(), dim=-1) + eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-        for _ in range(iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-        return comb
-
-    def _hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+    def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
         flat = x.flatten(-2).float()
         flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
         return F.linear(flat, fn.float())
@@ -357,13 +360,13 @@ class TorchBackend(Backend):
         sinkhorn_iters: int,
     ) -> tuple[Tensor, Tensor, Tensor]:
         n = x.shape[-2]
-        mix = self._hc_mix(x, fn, norm_eps)
+        mix = self.hc_mix(x, fn, norm_eps)
         base = base.float()
         scale = scale.float()
         pre = torch.sigmoid(mix[..., :n] * scale[0] + base[:n]) + hc_eps
         post = 2 * torch.sigmoid(mix[..., n : 2 * n] * scale[1] + base[n : 2 * n])
         comb_logits = mix[..., 2 * n :] * scale[2] + base[2 * n :]
-        comb = self.sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
+        comb = sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
         return pre, post, comb
 
     def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
@@ -384,7 +387,7 @@ class TorchBackend(Backend):
         norm_eps: float,
         hc_eps: float,
     ) -> Tensor:
-        mix = self._hc_mix(x, fn, norm_eps)
+        mix = self.hc_mix(x, fn, norm_eps)
         pre = torch.sigmoid(mix * scale.float() + base.float()) + hc_eps
         return self.mhc_collapse(x, pre)
 
