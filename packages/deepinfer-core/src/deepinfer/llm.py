@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import difflib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,8 +15,9 @@ from tqdm import tqdm
 from deepinfer import plugins
 from deepinfer.backends.base import Backend
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter
+from deepinfer.checks import is_int
 from deepinfer.device import select_backend
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import engine_config, state_budget
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
 from deepinfer.errors import DeepInferError, InvalidRequestError
@@ -61,64 +60,6 @@ def load(
     return net, path / "tokenizer.json"
 
 
-#: vLLM options accepted so vLLM code runs unchanged: what each means here.
-VLLM_OPTIONS = {
-    "tensor_parallel_size": "1 only: several GPUs serve one model by data + expert parallelism",
-    "gpu_memory_utilization": "the share of the GPU's memory for weights and state (GPU only)",
-    "trust_remote_code": "accepted and ignored: DeepInfer never runs code from a checkpoint",
-}
-#: Headroom left on the GPU, beyond the weights, for activations and captured graphs when
-#: ``gpu_memory_utilization`` sizes the state budget.
-ACTIVATION_HEADROOM_BYTES = 2 << 30
-
-
-def engine_config(options: dict[str, object]) -> tuple[EngineConfig, float | None]:
-    """The engine options of ``LLM(**options)`` and ``gpu_memory_utilization`` (applied once
-    the weights are on the device). Unknown names are refused with the closest known ones."""
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    for name in options:
-        if name not in known and name not in VLLM_OPTIONS:
-            close = difflib.get_close_matches(name, [*known, *VLLM_OPTIONS], n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise InvalidRequestError(name, f"unknown option{hint}")
-    tp = options.pop("tensor_parallel_size", 1)
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise InvalidRequestError("tensor_parallel_size", f"must be a positive integer, got {tp!r}")
-    if tp != 1:
-        raise InvalidRequestError(
-            "tensor_parallel_size",
-            "tensor parallelism is not implemented; DeepInfer serves large models with "
-            "attention data parallelism and expert parallelism",
-        )
-    if not isinstance(options.pop("trust_remote_code", False), bool):
-        raise InvalidRequestError("trust_remote_code", "must be a boolean")
-    util = options.pop("gpu_memory_utilization", None)
-    if util is not None and (
-        not isinstance(util, (int, float)) or isinstance(util, bool) or not 0 < util <= 1
-    ):
-        raise InvalidRequestError("gpu_memory_utilization", f"must be in (0, 1], got {util!r}")
-    if util is not None and "state_memory_bytes" in options:
-        raise InvalidRequestError(
-            "gpu_memory_utilization", "give it or state_memory_bytes, not both"
-        )
-    return EngineConfig(**options), util  # type: ignore[arg-type]
-
-
-def _state_budget(device: str, utilization: float) -> int:
-    """State bytes that keep weights + state within ``utilization`` of the GPU's memory."""
-    index = torch.device(device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
-    budget = int(utilization * total) - torch.cuda.memory_reserved(index)
-    budget -= ACTIVATION_HEADROOM_BYTES
-    if budget <= 0:
-        raise InvalidRequestError(
-            "gpu_memory_utilization",
-            f"{utilization} of {total} bytes leaves no room for state beyond the weights "
-            f"({torch.cuda.memory_reserved(index)} bytes) and activations",
-        )
-    return budget
-
-
 class LLM:
     """Generate from prompts (strings, token-id lists, vLLM prompt dicts) with continuous
     batching.
@@ -131,7 +72,7 @@ class LLM:
     ``batch_invariant``, ``enforce_eager``, ``async_scheduling``,
     ``structured_outputs_backend``) are those of :class:`EngineConfig`; vLLM's
     ``tensor_parallel_size`` (1), ``gpu_memory_utilization`` and ``trust_remote_code`` are
-    accepted too (:data:`VLLM_OPTIONS`).
+    accepted too (``deepinfer.engine.config.VLLM_OPTIONS``).
 
     Every call validates all of its requests before queueing any; a call that fails or is
     interrupted (Ctrl-C) leaves nothing queued. Each call owns its requests' outputs, so
@@ -154,9 +95,7 @@ class LLM:
             raise InvalidRequestError("device", f"must be a string, got {device!r:.80}")
         if not isinstance(dtype, (str, torch.dtype)):
             raise InvalidRequestError("dtype", f"must be a string, got {dtype!r:.80}")
-        if num_threads is not None and (
-            not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1
-        ):
+        if num_threads is not None and (not is_int(num_threads) or num_threads < 1):
             raise InvalidRequestError("num_threads", "must be a positive integer or None")
         config, utilization = engine_config(dict(engine_options))
         choice = select_backend(device)
@@ -170,7 +109,7 @@ class LLM:
         self.backend: Backend = plugins.backends.load(choice.backend)(choice.device)
         net, self.tokenizer_path = load(model, dtype, choice.device, self.backend)
         if utilization is not None and choice.device.startswith("cuda"):
-            config.state_memory_bytes = _state_budget(choice.device, utilization)
+            config.state_memory_bytes = state_budget(choice.device, utilization)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         self._chat: ChatFormatter | None = None
         self.engine = LLMEngine(net, tokenizer, config)
@@ -216,11 +155,17 @@ class LLM:
         self._owned.update(ids)
         return ids
 
-    def _pump(self) -> None:
-        """One engine step; each output goes to the call that owns its request."""
-        for out in self.engine.step(final_only=True, watch=self._streaming):
-            if out.request_id in self._owned:
-                self._latest[out.request_id] = out
+    def _pump(self) -> list[RequestOutput]:
+        """One engine step; each output goes to the call that owns its request (returned
+        too, for the caller that ran the step)."""
+        outs = [
+            out
+            for out in self.engine.step(final_only=True, watch=self._streaming)
+            if out.request_id in self._owned
+        ]
+        for out in outs:
+            self._latest[out.request_id] = out
+        return outs
 
     def _release(self, ids: list[str]) -> None:
         """Forget a call's requests, aborting those it leaves unfinished (an error or Ctrl-C
@@ -254,9 +199,7 @@ class LLM:
         if priority is not None and not isinstance(priority, (list, tuple)):
             raise InvalidRequestError("priority", "must be a list of ints, one per prompt")
         priorities = [0] * len(items) if priority is None else list(priority)
-        if len(priorities) != len(items) or not all(
-            isinstance(p, int) and not isinstance(p, bool) for p in priorities
-        ):
+        if len(priorities) != len(items):  # each one's type is the engine's to check
             raise InvalidRequestError("priority", f"must be {len(items)} ints, one per prompt")
         ids = self._submit(self._build(items, params, priorities))
         bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
@@ -266,12 +209,10 @@ class LLM:
             while todo:
                 if not self.engine.has_unfinished_requests():
                     raise RuntimeError(f"the engine lost requests {sorted(todo)}")
-                self._pump()
-                for request_id in [i for i in todo if i in self._latest]:
-                    out = self._latest[request_id]
-                    if not out.finished:
+                for out in self._pump():  # only this call's steps finish its requests
+                    if not out.finished or out.request_id not in todo:
                         continue
-                    todo.discard(request_id)
+                    todo.discard(out.request_id)
                     bar.update(1)
                     if use_tqdm:  # vLLM's estimate: tokens of finished requests per second
                         prompt_tokens += len(out.prompt_token_ids)

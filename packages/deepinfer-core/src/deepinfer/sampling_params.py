@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from deepinfer.checks import is_int, is_number
 from deepinfer.errors import InvalidRequestError
 
 #: SGLang / OpenAI spellings accepted by :meth:`SamplingParams.from_dict`.
@@ -92,14 +93,6 @@ MAX_LOGPROBS = 20
 _FLOAT_FIELDS = (
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
 )  # fmt: skip
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _token_key(key: object) -> object:
@@ -194,14 +187,14 @@ class SamplingParams:
             )
 
         for name in _FLOAT_FIELDS:
-            if not _is_number(getattr(self, name)):
+            if not is_number(getattr(self, name)):
                 bad(name, "a number")
         for name in ("n", "top_k", "min_tokens"):
-            if not _is_int(getattr(self, name)):
+            if not is_int(getattr(self, name)):
                 bad(name, "an integer")
         for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
             value = getattr(self, name)
-            if value is not None and not _is_int(value):
+            if value is not None and not is_int(value):
                 bad(name, "None or an integer")
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
@@ -215,7 +208,7 @@ class SamplingParams:
         for name in ("stop_token_ids", "allowed_token_ids"):
             value = getattr(self, name)
             if value is not None and not (
-                isinstance(value, (list, tuple)) and all(_is_int(t) for t in value)
+                isinstance(value, (list, tuple)) and all(is_int(t) for t in value)
             ):
                 bad(name, "a list of integer token ids")
         if self.bad_words is not None and not (
@@ -225,8 +218,8 @@ class SamplingParams:
             bad("bad_words", "a list of strings")
         if self.logit_bias is not None and not (
             isinstance(self.logit_bias, Mapping)
-            and all(_is_int(_token_key(k)) for k in self.logit_bias)
-            and all(_is_number(v) for v in self.logit_bias.values())
+            and all(is_int(_token_key(k)) for k in self.logit_bias)
+            and all(is_number(v) for v in self.logit_bias.values())
         ):
             bad("logit_bias", "a dict of integer token ids (or their strings) to numbers")
         if self.structured_outputs is not None and not isinstance(

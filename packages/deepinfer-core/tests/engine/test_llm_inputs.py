@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 from reference import greedy_reference
+from tokenizers import Tokenizer
 
+from deepinfer.assets import TINY_TOKENIZER
 from deepinfer.errors import InvalidRequestError
 from deepinfer.llm import LLM
 from deepinfer.sampling_params import SamplingParams
@@ -208,8 +210,9 @@ def test_vllm_options_are_accepted() -> None:
         max_model_len=256,
     )
     assert llm.engine.max_model_len == 256
-    assert llm.get_tokenizer() is llm.tokenizer
-    assert llm.get_tokenizer().encode("ROMEO:").ids
+    text = "ROMEO: But soft!"
+    from_file = Tokenizer.from_file(str(TINY_TOKENIZER)).encode(text).ids
+    assert llm.get_tokenizer().encode(text).ids == from_file
 
 
 # -- chat --------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Engine options, with vLLM's names where vLLM has one."""
+"""Engine options, with vLLM's names where vLLM has one, and the vLLM options accepted for
+compatibility (:func:`engine_config` reads ``LLM(**options)``)."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, fields
 
+from deepinfer.checks import is_int, is_number
 from deepinfer.errors import InvalidRequestError
 
 
@@ -50,9 +53,7 @@ class EngineConfig:
             elif isinstance(f.default, str):
                 ok, expected = isinstance(value, str), "a string"
             else:  # the int options, max_model_len also None
-                ok = (value is None and f.name == "max_model_len") or (
-                    isinstance(value, int) and not isinstance(value, bool)
-                )
+                ok = (value is None and f.name == "max_model_len") or is_int(value)
                 expected = "an integer"
             if not ok:
                 raise InvalidRequestError(
@@ -71,3 +72,61 @@ class EngineConfig:
 
 #: Options whose None means "decide from the device".
 _OPTIONAL_BOOLS = frozenset({"async_scheduling"})
+
+
+#: vLLM options accepted so vLLM code runs unchanged: what each means here.
+VLLM_OPTIONS = {
+    "tensor_parallel_size": "1 only: several GPUs serve one model by data + expert parallelism",
+    "gpu_memory_utilization": "the share of the GPU's memory for weights and state (GPU only)",
+    "trust_remote_code": "accepted and ignored: DeepInfer never runs code from a checkpoint",
+}
+#: Headroom left on the GPU, beyond the weights, for activations and captured graphs when
+#: ``gpu_memory_utilization`` sizes the state budget.
+ACTIVATION_HEADROOM_BYTES = 2 << 30
+
+
+def engine_config(options: dict[str, object]) -> tuple[EngineConfig, float | None]:
+    """The engine options of ``LLM(**options)`` and ``gpu_memory_utilization`` (applied once
+    the weights are on the device). Unknown names are refused with the closest known ones."""
+    known = {f.name for f in fields(EngineConfig)}
+    for name in options:
+        if name not in known and name not in VLLM_OPTIONS:
+            close = difflib.get_close_matches(name, [*known, *VLLM_OPTIONS], n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise InvalidRequestError(name, f"unknown option{hint}")
+    tp = options.pop("tensor_parallel_size", 1)
+    if not is_int(tp) or tp < 1:
+        raise InvalidRequestError("tensor_parallel_size", f"must be a positive integer, got {tp!r}")
+    if tp != 1:
+        raise InvalidRequestError(
+            "tensor_parallel_size",
+            "tensor parallelism is not implemented; DeepInfer serves large models with "
+            "attention data parallelism and expert parallelism",
+        )
+    if not isinstance(options.pop("trust_remote_code", False), bool):
+        raise InvalidRequestError("trust_remote_code", "must be a boolean")
+    util = options.pop("gpu_memory_utilization", None)
+    if util is not None and (not is_number(util) or not 0 < util <= 1):
+        raise InvalidRequestError("gpu_memory_utilization", f"must be in (0, 1], got {util!r}")
+    if util is not None and "state_memory_bytes" in options:
+        raise InvalidRequestError(
+            "gpu_memory_utilization", "give it or state_memory_bytes, not both"
+        )
+    return EngineConfig(**options), util  # type: ignore[arg-type]
+
+
+def state_budget(device: str, utilization: float) -> int:
+    """State bytes that keep weights + state within ``utilization`` of the GPU's memory."""
+    import torch
+
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    in_use = torch.cuda.memory_reserved(index)
+    budget = int(utilization * total) - in_use - ACTIVATION_HEADROOM_BYTES
+    if budget <= 0:
+        raise InvalidRequestError(
+            "gpu_memory_utilization",
+            f"{utilization} of {total} bytes leaves no room for state beyond the weights "
+            f"({in_use} bytes) and activations",
+        )
+    return budget

@@ -32,14 +32,16 @@ from deepinfer.cache.pools import StatePool
 from deepinfer.cache.prefix import PrefixCache
 from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
-from deepinfer.engine.detokenizer import Detokenizer, find_stop
+from deepinfer.engine.detokenizer import Detokenizer
+from deepinfer.engine.output_processor import check_stop, request_output
+from deepinfer.engine.processor import InputProcessor, fit_max_model_len
 from deepinfer.engine.request import Request, RequestStatus
 from deepinfer.engine.runner import Due, ModelRunner, PendingSample, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs, entry_buckets
-from deepinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
 
@@ -76,7 +78,9 @@ class LLMEngine:
         eos = cfg.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.pool = StatePool(cfg, model.dtype, config.state_memory_bytes)
-        self.max_model_len = self._fit_max_model_len(config.max_model_len)
+        self.max_model_len = fit_max_model_len(
+            self.pool, config.max_model_len, cfg.max_position_embeddings
+        )
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
@@ -126,11 +130,13 @@ class LLMEngine:
         #: The last step's draws while the host has not read them (asynchronous scheduling).
         self._pending: PendingSample | None = None
         self.detokenizer = Detokenizer(tokenizer)
+        self.processor = InputProcessor(
+            cfg, tokenizer, config, self.max_model_len, self.eos_token_ids
+        )
         self._seeds = random.Random(config.seed)
         self._ids = itertools.count()
         self.groups: dict[str, list[Request]] = {}
         self.num_steps = 0
-        self._grammar_backend: GrammarBackend | None = None
         if graphs is not None:
             self._capture_decode_graphs(graphs)
 
@@ -155,63 +161,11 @@ class LLMEngine:
             self.model.forward_decode(ids, [state] * bucket, graphs)
             self.slots.release(state)
 
-    def _fit_max_model_len(self, wanted: int | None) -> int:
-        """The longest sequence served: ``wanted`` (default: the model's positions), which one
-        request's state must fit in the state budget, so every request that is accepted can
-        finish (alone, with every other request preempted, if it must).
-
-        A length given explicitly that does not fit is refused, naming the bytes it needs; the
-        default is lowered to the longest that fits (vLLM refuses both; a CPU user with a
-        small budget should not have to compute the length by hand)."""
-        positions = self.model.cfg.max_position_embeddings
-        if wanted is not None and wanted > positions:
-            raise InvalidRequestError(
-                "max_model_len",
-                f"{wanted} exceeds the model's max_position_embeddings ({positions})",
-            )
-        length = wanted or positions
-        pool = self.pool
-        if pool.fits_alone(length):
-            return length
-        if not pool.fits_alone(2):
-            raise InvalidRequestError(
-                "state_memory_bytes",
-                f"{pool.budget_bytes} bytes cannot hold one request's state "
-                f"({pool.bytes_for(2)} bytes at its shortest)",
-            )
-        lo, hi = 2, length  # fits(lo), not fits(hi); bytes_for grows with the length
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if pool.fits_alone(mid) else (lo, mid)
-        if wanted is not None:
-            raise InvalidRequestError(
-                "max_model_len",
-                f"one sequence of {wanted} tokens needs {pool.bytes_for(wanted)} bytes of "
-                f"state, more than state_memory_bytes ({pool.budget_bytes}); at most {lo} "
-                "tokens fit: lower max_model_len or raise state_memory_bytes",
-            )
-        logger.info(
-            "max_model_len is %d tokens: one sequence's state must fit in state_memory_bytes "
-            "(%d); the model has %d positions",
-            lo,
-            pool.budget_bytes,
-            positions,
-        )
-        return lo
+    # -- requests -----------------------------------------------------------------------------
 
     def grammar_backend(self) -> GrammarBackend:
-        """The grammar plugin named by ``structured_outputs_backend``, built on first use;
-        names the extra that installs it when it is missing."""
-        if self._grammar_backend is None:
-            from deepinfer import plugins
-
-            cls = plugins.grammars.load(self.config.structured_outputs_backend)
-            self._grammar_backend = cls(
-                self.tokenizer, self.model.cfg.vocab_size, sorted(self.eos_token_ids)
-            )
-        return self._grammar_backend
-
-    # -- requests -----------------------------------------------------------------------------
+        """The grammar plugin that compiles this engine's constraints (built on first use)."""
+        return self.processor.grammar_backend()
 
     def add_request(
         self,
@@ -241,54 +195,14 @@ class LLMEngine:
     ) -> list[Request]:
         """Validate a request and build its samples without queueing anything, so a caller
         with several requests can check them all before any runs (:meth:`submit`)."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(
-                "sampling_params", f"must be SamplingParams, got {type(params).__name__}"
-            )
-        params.validate()  # again: the fields may have been set after construction
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidRequestError("request_id", "must be a string")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise InvalidRequestError("priority", f"must be an integer, got {priority!r:.40}")
         group_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if group_id in self.groups:
             raise InvalidRequestError("request_id", f"{group_id!r} is already in use")
-        if not isinstance(prompt_token_ids, (list, tuple)):
-            raise InvalidRequestError(
-                "prompt", f"token ids must be a list, got {type(prompt_token_ids).__name__}"
-            )
-        if params.truncate_prompt_tokens is not None:
-            prompt_token_ids = list(prompt_token_ids)[-params.truncate_prompt_tokens :]
-        self._validate(prompt_token_ids, params)
-        now = time.monotonic()
-        limit = self.max_model_len
-        if params.max_tokens is not None:
-            limit = min(limit, len(prompt_token_ids) + params.max_tokens)
-        members = [
-            Request(
-                request_id=group_id if params.n == 1 else f"{group_id}#{i}",
-                group_id=group_id,
-                index=i,
-                prompt_token_ids=list(prompt_token_ids),
-                params=params,
-                seed=0,  # drawn when queued (submit): a refused call draws none
-                metrics=RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids)),
-                max_total_tokens=limit,
-                priority=priority,
-                prompt=prompt,
-                prompt_logprobs=[] if params.prompt_logprobs is not None and i == 0 else None,
-            )
-            for i in range(params.n)
-        ]
-        if params.bad_words:
-            banned = self._bad_word_ids(params.bad_words)
-            for req in members:
-                req.bad_words = banned
-        if params.structured_outputs is not None:
-            for req in members:  # compiled once (cached); one matcher per sample
-                req.grammar = self.grammar_backend().matcher(params.structured_outputs)
-        return members
+        return self.processor.make_request(
+            group_id, prompt_token_ids, params, prompt=prompt, priority=priority
+        )
 
     def submit(self, requests: list[list[Request]]) -> None:
         """Queue requests built by :meth:`make_request` (each a group of samples), all or
@@ -307,31 +221,6 @@ class LLMEngine:
             for req in members:
                 self.scheduler.add(req)
             self.groups[members[0].group_id] = members
-
-    def _validate(self, ids: list[int] | tuple[int, ...], params: SamplingParams) -> None:
-        vocab = self.model.cfg.vocab_size
-        if not ids:
-            raise InvalidRequestError("prompt", "is empty")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
-            raise InvalidRequestError("prompt", f"token ids must be integers in [0, {vocab})")
-        image = self.model.cfg.image_token_id
-        if image is not None and image in ids:
-            raise InvalidRequestError(
-                "prompt",
-                f"holds the image placeholder id {image}; images need the vision tower's "
-                "embeddings, which this engine does not compute (text prompts only)",
-            )
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                "prompt", f"has {len(ids)} tokens; max_model_len is {self.max_model_len}"
-            )
-        if params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(
-                "n", f"{params.n} samples exceed max_num_seqs ({self.config.max_num_seqs})"
-            )
-        for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
-            if any(t >= vocab for t in getattr(params, name) or ()):
-                raise InvalidRequestError(name, f"token ids must be below the vocabulary ({vocab})")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop every sample of ``request_id``; returns its final output (None if unknown)."""
@@ -387,7 +276,6 @@ class LLMEngine:
         for req in out.out_of_memory:
             # Cannot happen while max_model_len fits the budget; never cut a request silently.
             self._fail(req, f"its state does not fit state_memory_bytes ({self.pool.budget_bytes})")
-        running_before = set(self.scheduler.running)
         try:
             due = self.runner.execute(out)
             due += self._fork(due)
@@ -395,8 +283,10 @@ class LLMEngine:
         except BaseException as exc:
             if pending is not None:
                 self._read(pending, changed)
-            touched = [*out.scheduled, *(set(self.scheduler.running) - running_before)]
-            self._recover(touched, exc, changed)
+            # The step's requests and the samples it may have forked from them (n > 1).
+            groups = {r.group_id for r in out.scheduled}
+            touched = [r for g in groups if g in self.groups for r in self.groups[g]]
+            self._recover([r for r in touched if r.status is RequestStatus.RUNNING], exc, changed)
             if not isinstance(exc, Exception):
                 raise  # Ctrl-C: every request is consistent again; the caller decides
             launched = None
@@ -465,17 +355,6 @@ class LLMEngine:
                 req.fork_children = []
         return extra
 
-    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
-        """Each word's token sequences, as is and after a space (vLLM's rule: a word is banned
-        at the start of the text and inside it), without repeats."""
-        out: list[list[int]] = []
-        for word in words:
-            for text in (word.lstrip(), " " + word.lstrip()):
-                ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-                if ids and ids not in out:
-                    out.append(ids)
-        return out
-
     def _needs_tokens(self, pending: PendingSample) -> bool:
         """Whether the next step needs ``pending``'s tokens on the host before it is scheduled:
         their masks or penalties depend on them (a multi-token bad word, on the last ones)."""
@@ -510,7 +389,7 @@ class LLMEngine:
                 changed[req.group_id] = None
 
     def _append(self, tok: SampledToken) -> None:
-        req, params = tok.request, tok.request.params
+        req = tok.request
         req.output_token_ids.append(tok.token_id)
         self.scheduler.suspects.discard(req)  # it drew a token again: back to batches
         if req.pending_block is not None:
@@ -522,58 +401,18 @@ class LLMEngine:
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = time.monotonic()
         new_text = self.detokenizer.update(req)
-        n_out = len(req.output_token_ids)
-        reason: str | None = None
-        if req.grammar is not None and not req.grammar.accept(tok.token_id):
-            reason = "abort"  # cannot happen while the mask is applied; never emit invalid text
-        elif (tok.token_id in self.eos_token_ids and not params.ignore_eos) or (
-            req.grammar is not None and req.grammar.is_terminated()
-        ):
-            reason = "stop"
-        elif tok.token_id in params.stop_token_ids:
-            reason, req.stop_reason = "stop", tok.token_id
-        elif params.stop and (hit := find_stop(req.text, len(new_text), params.stop)):
-            stop, idx = hit
-            reason, req.stop_reason = "stop", stop
-            keep = idx + len(stop) if params.include_stop_str_in_output else idx
-            req.text = req.text[:keep]
-        elif req.num_prompt_tokens + n_out >= req.max_total_tokens:
-            reason = "length"
+        reason = check_stop(req, tok.token_id, new_text, self.eos_token_ids)
         if reason is not None:
             req.finish_reason = reason
             req.metrics.finished_time = time.monotonic()
             self.scheduler.finish(req)
 
     def output(self, group_id: str) -> RequestOutput:
-        members = self.groups[group_id]
-        first = members[0]
-        outputs = [
-            CompletionOutput(
-                index=r.index,
-                text=r.text,
-                token_ids=list(r.output_token_ids),
-                finish_reason=r.finish_reason,
-                stop_reason=r.stop_reason,
-                error=r.error,
-                logprobs=list(r.logprobs) if r.params.logprobs is not None else None,
-                cumulative_logprob=r.cumulative_logprob if r.params.logprobs is not None else None,
-            )
-            for r in members
-        ]
-        finished = all(r.finished for r in members)
-        if finished:
+        """The group's output; a finished group is forgotten once its output is made."""
+        out = request_output(group_id, self.groups[group_id])
+        if out.finished:
             del self.groups[group_id]
-        return RequestOutput(
-            request_id=group_id,
-            prompt=first.prompt,
-            prompt_token_ids=list(first.prompt_token_ids),
-            outputs=outputs,
-            finished=finished,
-            prompt_logprobs=list(first.prompt_logprobs)
-            if first.prompt_logprobs is not None
-            else None,
-            metrics=first.metrics,
-        )
+        return out
 
     def run(self, groups: Iterable[str] | None = None) -> dict[str, RequestOutput]:
         """Step until every request (or the given groups) finished; return final outputs."""
