@@ -136,8 +136,6 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
     raw_choice = _tool_choice(d["tool_choice"], dropped)
     # With tool choice `none` the tools are not offered, so their schemas are not checked.
     tools = [] if raw_choice == "none" else _build_tools(declared)
-    if not tools and raw_choice != "none":
-        raw_choice = "auto"  # Nothing to call: forcing a call is impossible.
     choice, tools = resolve_tool_choice(raw_choice, tools, thinking)
     messages = resolve_loaded_tools(messages, tools)
     check_sampling_ranges(d["temperature"], d["top_p"])

@@ -163,8 +163,7 @@ class ChatCompletionResponse:
         if self._message is None:
             self._message = {"role": "assistant", "content": None}
         msg = self._message
-        if "reasoning_content" in delta and "reasoning_content" not in msg:
-            msg["reasoning_content"] = None
+        # Reasoning appears only once some arrived: a prefix answer's continuation has none.
         for key in ("content", "reasoning_content"):
             value = delta.get(key)
             if value is not None:
@@ -192,9 +191,6 @@ class ChatCompletionResponse:
             out["choices"] = []
         else:
             message = dict(self._message)
-            # Reasoning that never arrived (a prefix answer's continuation) is left out.
-            if message.get("reasoning_content", "") is None:
-                del message["reasoning_content"]
             if self._tool_calls:
                 message["tool_calls"] = self._tool_calls
             out["choices"] = [

@@ -32,7 +32,7 @@ from deepseek_recipe.request_checks import (
     range_error,
     stop_sequences,
 )
-from deepseek_recipe.schema import check_parameters, check_tool_name
+from deepseek_recipe.schema import check_tool_name, tool_parameters
 from deepseek_recipe.strict_schema import normalize_strict
 
 
@@ -57,7 +57,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
         check_tool_name(index, tool["name"])
     if not d["messages"]:
         raise ConversionError("Empty input messages")
-    messages = build_messages(d["messages"], version, thinking, options, bool(d["tools"]))
+    messages = build_messages(d["messages"], version, thinking, options, bool(raw_tools))
     rf = d["response_format"] or {"type": "text"}
     if rf["type"] == "json_object" and not any("json" in m.content.lower() for m in messages):
         raise ConversionError(
@@ -71,7 +71,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ConversationReque
     if messages and messages[-1].prefix:  # empty system messages leave no message at all
         if rf["type"] == "json_object":
             raise ConversionError("response_format json_object should not be used with prefix")
-        if d["tools"] or any(m.tool_calls for m in messages):
+        if raw_tools or any(m.tool_calls for m in messages):
             raise ConversionError("Function call should not be used with prefix")
     stops = stop_sequences(d["stop"])
     if d["stream_options"] is not None and not d["stream"]:
@@ -140,7 +140,7 @@ def _check_settings(d: dict[str, Any], options: ConversionOptions, thinking: boo
 def _build_tools(raw: list[dict[str, Any]]) -> list[ToolDefinition]:
     """Check each offered tool in turn: a unique name, then its parameter schema.
 
-    Strict tools get their schema normalized; names were checked up front.
+    The names' spelling was checked up front.
     """
     tools: list[ToolDefinition] = []
     seen: set[str] = set()
@@ -148,11 +148,6 @@ def _build_tools(raw: list[dict[str, Any]]) -> list[ToolDefinition]:
         if t["name"] in seen:
             raise ConversionError("Tool names must be unique.")
         seen.add(t["name"])
-        params = {"type": "object"} if t["parameters"] is None else t["parameters"]
-        if t["strict"]:
-            params = normalize_strict(params, for_tool=True)
-        else:
-            check_parameters(t["name"], t["parameters"])
-            params = t["parameters"] or {}
+        params = tool_parameters(t["name"], t["parameters"], t["strict"])
         tools.append(ToolDefinition(t["name"], t["description"], params, t["strict"]))
     return tools

@@ -7,10 +7,10 @@ any semantic validation, because that is the order the official package uses
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from deepseek_recipe import body as b
+from deepseek_recipe import serde_decode as s
 
 _EFFORT_NAMES = ["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
 
@@ -21,113 +21,46 @@ def decode_request(obj: dict[str, Any]) -> dict[str, Any]:
     As serde does, fields are checked in the order the body lists them, and a
     missing required field is reported only after all present ones passed.
     """
-    out: dict[str, Any] = dict(_DEFAULTS)
-    for key in obj:
-        decode = _FIELDS.get(key)
-        if decode is not None:
-            out[key] = decode(obj)
-    for key in ("model", "messages"):
-        if key not in obj:
-            raise b.missing(key)
-    return out
+    return s.decode_fields(obj, _FIELDS, _BY_NAME)
 
 
-def _messages(obj: dict[str, Any]) -> list[b.DecodedMessage]:
-    messages = obj["messages"]
-    if not isinstance(messages, list):
-        raise b.invalid_type(messages, "a sequence")
-    return [b.decode_message(m) for m in messages]
-
-
-def _thinking(obj: dict[str, Any]) -> str | None:
-    thinking = obj.get("thinking")
-    if thinking is None:
-        return None
-    t = b.as_map(thinking, "struct ChatCompletionThinking")
+def _thinking(value: Any) -> str:
+    t = b.as_map(value, "struct ChatCompletionThinking")
     if "type" not in t:
         raise b.missing("type")
     return b.variant(t["type"], ["adaptive", "enabled", "disabled"])
 
 
-def _effort(obj: dict[str, Any]) -> str | None:
-    effort = obj.get("reasoning_effort")
-    if effort is None:
-        return None
-    if isinstance(effort, dict):
-        key = next(iter(effort), "")
+def _effort(value: Any) -> str:
+    if isinstance(value, dict):
+        key = next(iter(value), "")
         raise b.unknown_variant(key, _EFFORT_NAMES)
-    if not isinstance(effort, str):
-        raise b.invalid_type(effort, "string or map")
-    return b.variant(effort, _EFFORT_NAMES)
+    if not isinstance(value, str):
+        raise b.invalid_type(value, "string or map")
+    return b.variant(value, _EFFORT_NAMES)
 
 
-def _stream_options(obj: dict[str, Any]) -> Any:
-    stream_options = obj.get("stream_options")
-    if stream_options is not None:
-        b.as_map(stream_options, "struct ChatCompletionStreamOptions")
-    return stream_options
+def _flag(value: Any) -> bool:
+    """A boolean that `null` leaves at its default, false."""
+    return value is not None and s.boolean(value)
 
 
-def _stop(obj: dict[str, Any]) -> str | list[str] | None:
-    stop = obj.get("stop")
-    if stop is None or isinstance(stop, str):
-        return stop
-    if isinstance(stop, list):
-        for item in stop:
+def _stream_options(value: Any) -> dict[str, Any]:
+    return b.as_map(value, "struct ChatCompletionStreamOptions")
+
+
+def _stop(value: Any) -> str | list[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for item in value:
             if not isinstance(item, str):
                 raise b.invalid_type(item, "a string")
-        return list(stop)
+        return list(value)
     raise b.body_error("expected a string or a list")
 
 
-_DEFAULTS: dict[str, Any] = {
-    "model": None,
-    "messages": [],
-    "thinking": None,
-    "reasoning_effort": None,
-    "tools": None,
-    "tool_choice": None,
-    "response_format": None,
-    "max_tokens": None,
-    "n": None,
-    "temperature": None,
-    "top_p": None,
-    "frequency_penalty": None,
-    "presence_penalty": None,
-    "seed": None,
-    "logprobs": False,
-    "top_logprobs": None,
-    "stream": False,
-    "stream_options": None,
-    "stop": None,
-}
-#: How each known field is read from the body (unknown fields are ignored, as by serde).
-_FIELDS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "model": lambda o: b.get_str(o, "model", required=True),
-    "messages": _messages,
-    "thinking": _thinking,
-    "reasoning_effort": _effort,
-    "tools": lambda o: _decode_tools(o.get("tools")),
-    "tool_choice": lambda o: _decode_tool_choice(o.get("tool_choice")),
-    "response_format": lambda o: _decode_response_format(o.get("response_format")),
-    "max_tokens": lambda o: b.get_uint(o, "max_tokens", 32),
-    "n": lambda o: b.get_uint(o, "n", 8),
-    "temperature": lambda o: b.get_float(o, "temperature"),
-    "top_p": lambda o: b.get_float(o, "top_p"),
-    "frequency_penalty": lambda o: b.get_float(o, "frequency_penalty"),
-    "presence_penalty": lambda o: b.get_float(o, "presence_penalty"),
-    "seed": lambda o: b.get_uint(o, "seed", 64),
-    "logprobs": lambda o: bool(b.get_bool(o, "logprobs")),
-    "top_logprobs": lambda o: b.get_uint(o, "top_logprobs", 8),
-    "stream": lambda o: bool(b.get_bool(o, "stream")),
-    "stream_options": _stream_options,
-    "stop": _stop,
-}
-
-
-def _decode_tools(value: Any) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
+def _decode_tools(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise b.invalid_type(value, "a sequence")
     tools = []
@@ -150,9 +83,7 @@ def _decode_tools(value: Any) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _decode_tool_choice(value: Any) -> str | dict[str, str] | None:
-    if value is None:
-        return None
+def _decode_tool_choice(value: Any) -> str | dict[str, str]:
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
             raise b.body_error("expected one of `none`, `auto`, `required` or a tool")
@@ -182,9 +113,7 @@ def _decode_tool_choice(value: Any) -> str | dict[str, str] | None:
     raise b.body_error("expected one of `none`, `auto`, `required` or a tool")
 
 
-def _decode_response_format(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
+def _decode_response_format(value: Any) -> dict[str, Any]:
     obj = b.as_map(value, "internally tagged enum ChatCompletionResponseFormat")
     if "type" not in obj:
         raise b.missing("type")
@@ -201,3 +130,29 @@ def _decode_response_format(value: Any) -> dict[str, Any] | None:
             raise b.missing("regex")
         return {"type": kind, "regex": b.get_str(obj, "regex", required=True)}
     return {"type": kind}
+
+
+#: The body's fields in declaration order (which orders the missing-field reports); `null`
+#: means absent for all but the required two.  Unknown fields are ignored, as by serde.
+_FIELDS = [
+    s.required("model", s.string),
+    s.required("messages", s.seq(b.decode_message)),
+    s.Field("thinking", _thinking),
+    s.Field("reasoning_effort", _effort),
+    s.Field("tools", _decode_tools),
+    s.Field("tool_choice", _decode_tool_choice),
+    s.Field("response_format", _decode_response_format),
+    s.Field("max_tokens", s.uint(32)),
+    s.Field("n", s.uint(8)),
+    s.Field("temperature", s.f32),
+    s.Field("top_p", s.f32),
+    s.Field("frequency_penalty", s.f32),
+    s.Field("presence_penalty", s.f32),
+    s.Field("seed", s.uint(64)),
+    s.defaulted("logprobs", _flag, False),
+    s.Field("top_logprobs", s.uint(8)),
+    s.defaulted("stream", _flag, False),
+    s.Field("stream_options", _stream_options),
+    s.Field("stop", _stop),
+]
+_BY_NAME = {f.name: f for f in _FIELDS}

@@ -41,7 +41,7 @@ from deepseek_recipe.responses_tools import (
     declare_tools,
     namespace_map,
 )
-from deepseek_recipe.schema import check_parameters
+from deepseek_recipe.schema import tool_parameters
 from deepseek_recipe.strict_schema import normalize_strict
 
 
@@ -102,25 +102,13 @@ def _build_tools(declared: list[DeclaredTool]) -> list[ToolDefinition]:
         if t.name in seen:
             raise ConversionError("Tool names must be unique.")
         seen.add(t.name)
-        params = {} if t.parameters is None else t.parameters
-        if t.strict:
-            declared = {"type": "object"} if t.parameters is None else t.parameters
-            params = normalize_strict(declared, for_tool=True)
-        else:
-            check_parameters(t.name, t.parameters)
+        params = tool_parameters(t.name, t.parameters, t.strict)
         tools.append(ToolDefinition(t.name, t.description, params, t.strict, t.deferred))
     return tools
 
 
-def _named_choice(raw: str | dict[str, Any] | None, offered: bool) -> str | dict[str, str] | None:
-    """Function and custom choices name a tool; web-search choices fall back to `auto`.
-
-    Without any tool to offer, only `none` keeps its meaning: forcing a call is impossible.
-    """
-    if raw is None or raw == "none":
-        return raw
-    if not offered:
-        return "auto"
+def _named_choice(raw: str | dict[str, Any] | None) -> str | dict[str, str] | None:
+    """Function and custom choices name a tool; web-search choices fall back to `auto`."""
     if isinstance(raw, dict):
         if raw["type"] in ("function", "custom"):
             return {"name": raw["name"]}
@@ -167,7 +155,7 @@ def _convert(d: dict[str, Any], options: ConversionOptions) -> ResponsesConversa
     # With tool choice `none` the tools are not offered, so their schemas are not checked.
     offered = [] if choice_raw == "none" else declared.tools + loaded.tools
     tools = _build_tools(offered)
-    choice, tools = resolve_tool_choice(_named_choice(choice_raw, bool(tools)), tools, thinking)
+    choice, tools = resolve_tool_choice(_named_choice(choice_raw), tools, thinking)
     messages = resolve_loaded_tools(messages, tools)
     strict_schema = fmt["type"] == "json_schema" and bool(fmt.get("strict"))
     schema = fmt["schema"] if fmt["type"] == "json_schema" else None

@@ -1,6 +1,7 @@
-"""Tool declaration checks: names and the parameter schemas of non-strict tools.
+"""Tool declaration checks: names and parameter schemas.
 
-Strict parameter schemas are decoded and normalized in `strict_schema`.
+Strict parameter schemas are decoded and normalized in `strict_schema`; the
+others only have to be JSON Schemas of an object.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from deepseek_recipe.errors import ConversionError
 from deepseek_recipe.pyjson import dumps_compact
+from deepseek_recipe.strict_schema import normalize_strict
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 
@@ -47,3 +49,17 @@ def check_parameters(name: str, parameters: Any) -> None:
             f"Invalid schema for function '{name}': schema must be a JSON Schema of 'type: "
             f"\"object\"', got 'type: {dumps_compact(kind)}'."
         )
+
+
+def tool_parameters(name: str, parameters: Any, strict: bool | None) -> Any:
+    """The parameter schema a function tool is offered with, once it passed its checks.
+
+    A strict schema is normalized (no parameters count as an empty object); any
+    other is kept as declared, no parameters becoming `{}`.  Chat Completions and
+    Responses treat function tools alike.
+    """
+    if strict:
+        declared = {"type": "object"} if parameters is None else parameters
+        return normalize_strict(declared, for_tool=True)
+    check_parameters(name, parameters)
+    return {} if parameters is None else parameters

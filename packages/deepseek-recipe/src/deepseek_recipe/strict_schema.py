@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from deepseek_recipe.body import describe
@@ -60,11 +60,11 @@ class _Typed:
     """A node with a single `type`; `fields` holds its decoded scalar keywords."""
 
     kind: str
-    fields: dict[str, Any] = field(default_factory=dict)
-    properties: list[tuple[str, _Node]] | None = None
-    items: _Node | None = None
-    required: list[str] | None = None
-    additional: bool | None = None
+    fields: dict[str, Any]
+    properties: list[tuple[str, _Node]] | None
+    items: _Node | None
+    required: list[str] | None
+    additional: bool | None
 
 
 @dataclass
@@ -165,13 +165,15 @@ def _typed(value: Any) -> _Typed:
     for key in _REQUIRED_FIELDS.get(kind, ()):
         if key not in decoded:
             raise _Invalid(f"missing field `{key}`")
-    node = _Typed(kind)
-    node.properties = decoded.pop("properties", None)
-    node.items = decoded.pop("items", None)
-    node.required = decoded.pop("required", None)
-    node.additional = decoded.pop("additionalProperties", None)
-    node.fields = {key: decoded[key] for key in decoders if key in decoded}
-    return node
+    return _Typed(
+        kind,
+        properties=decoded.pop("properties", None),
+        items=decoded.pop("items", None),
+        required=decoded.pop("required", None),
+        additional=decoded.pop("additionalProperties", None),
+        # What is left are the scalar keywords, kept in the kind's output order.
+        fields={key: decoded[key] for key in decoders if key in decoded},
+    )
 
 
 def _description(obj: dict[str, Any]) -> str | None:

@@ -10,10 +10,15 @@ split across chunks.
 
 from __future__ import annotations
 
-import copy
 import json
 import random
+import runpy
+from pathlib import Path
 from typing import Any
+
+load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
+SCHEMAS = load("schemas")
+BROKEN = load("problems")
 
 MODELS = ["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash"]
 WORDS = [
@@ -42,175 +47,6 @@ PNG = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgAAIAAAUA"
     "AaJPWgAAAABJRU5ErkJggg=="
 )
-
-
-STRICT_SCHEMAS: list[dict[str, Any]] = [
-    {
-        "type": "object",
-        "properties": {
-            "a": {
-                "type": "array",
-                "items": {"type": "object", "properties": {"x": {"type": "string"}}},
-            }
-        },
-    },
-    {
-        "type": "object",
-        "properties": {
-            "a": {
-                "anyOf": [
-                    {"type": "object", "properties": {"y": {"type": "integer"}}},
-                    {"type": "string"},
-                ],
-                "description": "d",
-                "title": "t",
-            }
-        },
-    },
-    {
-        "type": "object",
-        "properties": {"a": {"$ref": "#/$defs/A", "description": "d"}},
-        "$defs": {"A": {"type": "string"}},
-    },
-    {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
-    {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {"a": {"type": "string"}},
-        "required": ["a"],
-        "description": "top",
-        "title": "T",
-    },
-    {"type": "object"},
-    {"properties": {"a": {"type": "string"}}},
-    {"type": "object", "properties": {"a": {"type": "object"}}},
-    {"type": "object", "properties": {"a": {"type": ["object", "null"]}}},
-    {"type": "object", "properties": {"a": {"type": ["string", "null"], "enum": ["x", None]}}},
-    {"anyOf": [{"type": "object", "properties": {"q": {"type": "string"}}}]},
-    {
-        "type": "object",
-        "properties": {
-            "s": {
-                "type": "string",
-                "format": "email",
-                "pattern": "^a",
-                "enum": ["a"],
-                "default": "a",
-                "minLength": 1,
-                "description": "d",
-            }
-        },
-    },
-    {"type": "object", "properties": {"s": {"type": "string", "format": "date"}}},
-    {
-        "type": "object",
-        "properties": {
-            "n": {
-                "type": "number",
-                "minimum": 0,
-                "maximum": 5,
-                "exclusiveMinimum": 1,
-                "exclusiveMaximum": 3,
-                "multipleOf": 2,
-                "default": 1,
-                "enum": [1],
-                "title": "t",
-                "description": "d",
-            },
-            "i": {"type": "integer", "maximum": 3},
-        },
-    },
-    {
-        "type": "object",
-        "properties": {
-            "b": {"type": "boolean", "default": True},
-            "z": {"type": "null"},
-            "arr": {"type": "array", "items": {"type": "integer"}, "minItems": 1},
-        },
-    },
-    {"type": "object", "properties": {"arr": {"type": "array"}}},
-    {"type": "object", "properties": {"c": {"const": "k"}}},
-    {
-        "type": "object",
-        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
-        "required": ["b", "a"],
-    },
-    {"type": "object", "properties": {"a": {"type": "string"}}, "required": []},
-]
-
-
-def _string_format(value: Any, **extra: Any) -> dict[str, Any]:
-    return {"type": "string", "format": value, **extra}
-
-
-#: Strict schemas around `format`: supported and unsupported names, values that are not names
-#: (serde also reads a one-key map as a name), formats in nested and `anyOf` nodes, and formats
-#: beside problems the official converter only finds after decoding the whole schema.
-FORMAT_SCHEMAS: list[dict[str, Any]] = (
-    [
-        {"type": "object", "properties": {"s": _string_format(f)}}
-        for f in ("uuid", "hostname", "ipv4", "date-time", "uri", "time", "EMAIL", "")
-    ]
-    + [
-        {"type": "object", "properties": {"s": _string_format(f)}}
-        for f in (5, 1.5, True, None, ["email"], {}, {"ipv6": None}, {"ipv6": {}}, {"date": None})
-    ]
-    + [
-        {"type": "object", "properties": {"s": _string_format({"email": 5})}},
-        {"type": "object", "properties": {"s": _string_format({"email": None, "uuid": None})}},
-        {"type": "object", "properties": {"n": {"type": "integer", "format": "date"}}},
-        {"type": "object", "properties": {"s": {"type": ["string", "null"], "format": 5}}},
-        {
-            "type": "object",
-            "properties": {"a": {"anyOf": [_string_format("uri"), {"type": "null"}]}},
-        },
-        {
-            "type": "object",
-            "properties": {
-                "a": {"anyOf": [{"type": "object", "properties": {"b": _string_format("date")}}]}
-            },
-        },
-        {"type": "object", "properties": {"a": {"type": "array", "items": _string_format("ipv5")}}},
-        {
-            "type": "object",
-            "properties": {"o": {"type": "object", "properties": {"s": _string_format("uri")}}},
-        },
-        {
-            "type": "object",
-            "properties": {"s": _string_format("date"), "t": {"type": "string"}},
-            "required": ["s"],
-            "additionalProperties": True,
-        },
-        {"type": "object", "properties": {"o": {"type": "object"}, "s": _string_format("date")}},
-        {"type": "object", "properties": {"s": _string_format("date"), "x": {"description": "d"}}},
-        {"type": "object", "properties": {"s": {"description": 5, **_string_format("date")}}},
-        {"type": "object", "properties": {"s": _string_format("uuid", pattern=5)}},
-        {"type": "object", "properties": {"t": {"type": "wat"}, "s": _string_format("email")}},
-        {"type": "string", "format": "date"},
-        {
-            "type": "object",
-            "properties": {"s": _string_format("email", enum=["a@b.c", None], description=None)},
-        },
-        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "a"]},
-        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]},
-        {
-            "type": "object",
-            "required": ["z"],
-            "properties": {
-                "o": {
-                    "type": "object",
-                    "properties": {"a": _string_format("email")},
-                    "required": [],
-                }
-            },
-        },
-    ]
-)
-
-
-def strict_schema(rng: random.Random) -> dict[str, Any]:
-    """A schema for a strict tool or response format; two in five are about `format`."""
-    return rng.choice(FORMAT_SCHEMAS if rng.random() < 0.4 else STRICT_SCHEMAS)
 
 
 def _text(rng: random.Random, n: int = 3) -> str:
@@ -251,7 +87,7 @@ def _tool(rng: random.Random, name: str, strict: bool | None) -> dict[str, Any]:
     if strict is not None:
         fn["strict"] = strict
         if strict and rng.random() < 0.5:
-            fn["parameters"] = strict_schema(rng)
+            fn["parameters"] = SCHEMAS.strict_schema(rng)
     return {"type": "function", "function": fn}
 
 
@@ -399,7 +235,7 @@ def random_body(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.5:
             js["strict"] = True
             if rng.random() < 0.5:
-                js["schema"] = strict_schema(rng)
+                js["schema"] = SCHEMAS.strict_schema(rng)
         body["response_format"] = {"type": "json_schema", "json_schema": js}
     elif roll < 0.22:
         body["response_format"] = {"type": "regex", "regex": "[a-z]+"}
@@ -420,277 +256,16 @@ def random_body(rng: random.Random) -> dict[str, Any]:
     return body
 
 
-def _problems() -> list[dict[str, Any]]:
-    """Patches to a minimal valid request, each adding one known problem."""
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    problems: list[dict[str, Any]] = [
-        {"model": "gpt-4o"},
-        {"messages": []},
-        {"messages": [{"role": "developer", "content": "x"}]},
-        {"messages": [{"content": "x"}]},
-        {"messages": [{"role": "user"}]},
-        {"messages": [{"role": "user", "content": 5}]},
-        {"messages": [{"role": "user", "content": None}]},
-        {"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
-        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
-        {"messages": [{"role": "user", "content": [{"text": "a"}]}]},
-        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-        {
-            "messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": "http://x"}]}
-            ]
-        },
-        {"messages": [{"role": "tool", "content": "x"}]},
-        {"messages": [{"role": "tool", "tool_call_id": "a", "content": "x"}]},
-        {"messages": [{"role": "latest_reminder", "content": [{"type": "text", "text": "a"}]}]},
-        {"n": 2},
-        {"n": 0},
-        {"max_tokens": 0},
-        {"max_tokens": 393217},
-        {"max_tokens": -5},
-        {"max_tokens": 1.5},
-        {"max_tokens": "10"},
-        {"temperature": 2.5},
-        {"top_p": 0},
-        {"top_p": 1.5},
-        {"frequency_penalty": 3},
-        {"presence_penalty": -2.5},
-        {"seed": -1},
-        {"top_logprobs": 3},
-        {"top_logprobs": 25, "logprobs": True},
-        {"stop": ""},
-        {"stop": ["a", ""]},
-        {"stop": ["s"] * 17},
-        {"stop": 3},
-        {"reasoning_effort": 5},
-        {"reasoning_effort": "huge"},
-        {"thinking": {"type": "auto"}},
-        {"tools": [tool], "tool_choice": "required"},
-        {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}},
-        {
-            "tools": [tool],
-            "tool_choice": {"type": "function", "function": {"name": "g"}},
-            "thinking": {"type": "disabled"},
-        },
-        {"tools": [tool], "tool_choice": "sometimes"},
-        {"tools": [tool, tool]},
-        {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
-        {"tools": [{"type": "function", "function": {"name": ""}}]},
-        {"tools": [{"type": "web", "function": {"name": "f"}}]},
-        {
-            "tools": [
-                {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
-            ]
-        },
-        {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}, tool]},
-        {"tools": [tool], "response_format": {"type": "json_object"}},
-        {"response_format": {"type": "xml"}},
-        {"response_format": {"type": "json_schema"}},
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "n"}}},
-        {
-            "messages": [{"role": "user", "content": "hi"}],
-            "response_format": {"type": "json_object"},
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {"role": "assistant", "content": "a", "prefix": True},
-                {"role": "user", "content": "b"},
-            ]
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {"role": "assistant", "content": "", "tool_calls": []},
-            ]
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": "a",
-                            "type": "function",
-                            "function": {"name": "f", "arguments": "{}"},
-                        }
-                    ],
-                },
-            ]
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f"}}],
-                },
-            ]
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": "a",
-                            "type": "function",
-                            "function": {"name": "f", "arguments": "{}"},
-                        },
-                        {
-                            "id": "a",
-                            "type": "function",
-                            "function": {"name": "f", "arguments": "{}"},
-                        },
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "a", "content": "r"},
-            ]
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": "a",
-                            "type": "function",
-                            "function": {"name": "f", "arguments": "{}"},
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "zz", "content": "r"},
-            ]
-        },
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {
-                    "role": "assistant",
-                    "content": [{"type": "image_url", "image_url": {"url": "http://x"}}],
-                },
-            ]
-        },
-    ]
-    problems += [
-        {"model": 5},
-        {"messages": "hi"},
-        {"messages": ["hi"]},
-        {"messages": [{"role": 1, "content": "x"}]},
-        {"temperature": "0.5"},
-        {"n": "2"},
-        {"seed": 1.5},
-        {"stream": "yes"},
-        {"tools": {"a": 1}},
-        {"tools": ["f"]},
-        {"tools": [{"type": "function", "function": "f"}]},
-        {"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]},
-        {"tools": [tool], "tool_choice": {"type": "function"}, "thinking": {"type": "disabled"}},
-        {"tools": [tool], "tool_choice": {"type": "x", "function": {"name": "f"}}},
-        {"response_format": "json_object"},
-        {"response_format": {}},
-        {"response_format": {"type": "regex"}},
-        {"thinking": "enabled"},
-        {"thinking": {}},
-        {"reasoning_effort": ["low"]},
-        {"stop": [1]},
-        {"messages": [{"role": "user", "content": True}]},
-        {"messages": [{"role": "user", "content": ["hi"]}]},
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-        {
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": "u", "detail": "max"}}],
-                }
-            ]
-        },
-        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 5}]},
-        {
-            "messages": [
-                {"role": "user", "content": "q"},
-                {"role": "assistant", "content": "x", "tool_calls": {"id": "a"}},
-            ]
-        },
-        {"stream": True, "stream_options": "x"},
-        {"stream_options": {"include_usage": True}},
-        {"max_tokens": 2**40},
-    ]
-    return problems + _more_problems()
-
-
-def _more_problems() -> list[dict[str, Any]]:
-    """Problems, and near misses the official package accepts, in four corners of conversion.
-
-    A tool choice that forces or names a call while no tools are declared; an
-    assistant message with neither content nor tool calls; strict schemas with a
-    string `format` outside the supported set (or not a string); and prefix
-    messages whose content is only newlines.
-    """
-    q = {"role": "user", "content": "q json"}
-    result = {"role": "tool", "tool_call_id": "k", "content": "r"}
-    call = {"id": "k", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-
-    def strict_format(value: Any) -> dict[str, Any]:
-        return {"type": "object", "properties": {"s": {"type": "string", "format": value}}}
-
-    any_format = {"type": "string", "format": "ipv5"}
-
-    def strict_tool(schema: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": "s", "parameters": schema, "strict": True}}
-
-    def strict_format_rf(value: Any) -> dict[str, Any]:
-        spec = {"name": "n", "schema": strict_format(value), "strict": True}
-        return {"type": "json_schema", "json_schema": spec}
-
-    return [
-        {"tool_choice": "required"},
-        {"tool_choice": "required", "tools": []},
-        {"tool_choice": {"type": "function", "function": {"name": "f"}}},
-        {"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": []},
-        {"tool_choice": "required", "thinking": {"type": "disabled"}},
-        {"messages": [q, {"role": "assistant"}]},
-        {"messages": [q, {"role": "assistant", "content": None, "reasoning_content": "r"}, q]},
-        {"messages": [q, {"role": "assistant", "content": None, "tool_calls": [call]}, result]},
-        {"messages": [q, {"role": "assistant", "tool_calls": None}, q]},
-        {"messages": [q, {"role": "assistant", "prefix": True}]},
-        {"messages": [q, {"role": "assistant", "content": "\n\n", "prefix": True}]},
-        {"response_format": strict_format_rf("date-time")},
-        {"response_format": strict_format_rf(5)},
-        {"response_format": strict_format_rf({"email": None})},
-        {"tools": [strict_tool(strict_format("uri"))]},
-        {"tools": [strict_tool(strict_format(None))]},
-        {"tools": [strict_tool({"type": "object", "properties": {"a": {"anyOf": [any_format]}}})]},
-    ]
-
-
-PROBLEMS = _problems()
-
-
 def broken_body(rng: random.Random) -> dict[str, Any]:
-    """A request with one known problem, sometimes two (then the official order decides)."""
+    """A request with one known problem, sometimes two (then the official order decides).
+
+    A second problem adds its messages and tools to the first one's.
+    """
     body = {"model": rng.choice(MODELS), "messages": [{"role": "user", "content": "hi json"}]}
-    body.update(copy.deepcopy(rng.choice(PROBLEMS)))
+    body = BROKEN.merge(body, rng.choice(BROKEN.PROBLEMS))
     if rng.random() < 0.3:
-        _add_problem(body, copy.deepcopy(rng.choice(PROBLEMS)))
+        body = BROKEN.merge(body, rng.choice(BROKEN.PROBLEMS), joined=("messages", "tools"))
     return body
-
-
-def _add_problem(body: dict[str, Any], problem: dict[str, Any]) -> None:
-    """Merge a second problem: message lists and tool lists are joined, other keys replaced."""
-    for key, value in problem.items():
-        old = body.get(key)
-        if key in ("messages", "tools") and isinstance(old, list) and isinstance(value, list):
-            body[key] = old + value
-        else:
-            body[key] = value
 
 
 def _dsml_block(rng: random.Random, v41: bool, names: list[str]) -> str:

@@ -15,7 +15,6 @@ loaded, Messages `defer_loading` tools, `tool_reference` results and
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import runpy
@@ -25,6 +24,8 @@ from typing import Any
 load = runpy.run_path(str(Path(__file__).with_name("_oracle.py")))["load"]
 
 BASE = load("generate")
+SCHEMAS = load("schemas")
+BROKEN = load("problems")
 MODELS = ["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash"]
 EFFORTS = [None, "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]
 PNG_DATA = BASE.PNG.split(",", 1)[1]
@@ -72,7 +73,7 @@ def _r_function(rng: random.Random, name: str, strict: bool | None) -> dict[str,
     if strict is not None:
         tool["strict"] = strict
         if strict:
-            schemas = BASE.FORMAT_SCHEMAS if rng.random() < 0.3 else BASE.STRICT_SCHEMAS[:6]
+            schemas = SCHEMAS.FORMAT_SCHEMAS if rng.random() < 0.3 else SCHEMAS.STRICT_SCHEMAS[:6]
             tool["parameters"] = rng.choice(schemas)
     return tool
 
@@ -367,7 +368,7 @@ def responses_body(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.5:
             fmt["strict"] = rng.choice([True, False])
             if fmt["strict"] and rng.random() < 0.5:
-                fmt["schema"] = BASE.strict_schema(rng)
+                fmt["schema"] = SCHEMAS.strict_schema(rng)
         if rng.random() < 0.3:
             fmt["description"] = "d"
         body["text"] = {"format": fmt}
@@ -628,7 +629,12 @@ R_PROBLEMS: list[dict[str, Any]] = [
     },
     {
         "input": _search_exchange(
-            {"type": "function", "name": "s", "strict": True, "parameters": BASE.STRICT_SCHEMAS[0]}
+            {
+                "type": "function",
+                "name": "s",
+                "strict": True,
+                "parameters": SCHEMAS.STRICT_SCHEMAS[0],
+            }
         )
     },
     {
@@ -648,14 +654,19 @@ R_PROBLEMS: list[dict[str, Any]] = [
                 "type": "function",
                 "name": "s1",
                 "strict": True,
-                "parameters": BASE.STRICT_SCHEMAS[0],
+                "parameters": SCHEMAS.STRICT_SCHEMAS[0],
             },
             {"type": "function", "name": "s2"},
         ]
     },
     {
         "tools": [
-            {"type": "function", "name": "s1", "strict": True, "parameters": BASE.STRICT_SCHEMAS[0]}
+            {
+                "type": "function",
+                "name": "s1",
+                "strict": True,
+                "parameters": SCHEMAS.STRICT_SCHEMAS[0],
+            }
         ],
         "text": {"format": {"type": "text"}},
     },
@@ -663,13 +674,8 @@ R_PROBLEMS: list[dict[str, Any]] = [
 
 
 def _merge(body: dict[str, Any], problem: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(body)
-    for key, value in copy.deepcopy(problem).items():
-        if key == "tools" and isinstance(out.get("tools"), list) and isinstance(value, list):
-            out["tools"] = out["tools"] + value
-        else:
-            out[key] = value
-    return out
+    """`body` with `problem` applied; a problem's tools are added to the body's."""
+    return BROKEN.merge(body, problem, joined=("tools",))
 
 
 def responses_cases(seed: int, count: int) -> list[dict[str, Any]]:
