@@ -60,6 +60,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "packages" / "deepinfer-structured" / "tests"))
 
+from matcher_walks import random_walk  # noqa: E402
 from schema_suite import MEMBER_PREFIX, SDIST, SDIST_SHA256, suite_cases, validator  # noqa: E402
 from schemastore_sample import DATA as STORE_DATA  # noqa: E402
 from schemastore_sample import store_schemas, store_validator  # noqa: E402
@@ -445,20 +446,6 @@ def accepts(matcher: Any, ids: list[int], stop: int) -> bool:
     return all(matcher.accept(t) for t in ids) and matcher.accept(stop)
 
 
-def random_walk(matcher: Any, stop: int, rng: random.Random, *, steps: int) -> list[int] | None:
-    """Token ids of one uniform random walk over the matcher's allowed tokens to the grammar's
-    end (None if cut at ``steps``)."""
-    ids: list[int] = []
-    for _ in range(steps):
-        allowed = matcher.allowed().nonzero()[:, 0].tolist()
-        token = stop if stop in allowed and rng.random() < 0.5 else rng.choice(allowed)
-        assert matcher.accept(token)
-        if token == stop:
-            return ids
-        ids.append(token)
-    return None
-
-
 def _reason(reason: str) -> str:
     """A refusal reason without the location, so that equal reasons group together."""
     reason = reason.removeprefix("cannot be compiled: ")
@@ -632,6 +619,7 @@ def refusal_evidence(cases: list[Case], args: argparse.Namespace) -> dict[str, A
     cases = [c for c in cases if c.group in ("suite", "targeted")]
     verdicts: dict[str, tuple[str, str]] = {}
     probes: dict[str, tuple[Any, list[str], bool]] = {}
+    checkers: dict[str, Checker] = {}  # one per probed case: its validators are built once
     evidence_counts: dict[str, Counter[str]] = defaultdict(Counter)
     for case in cases:
         verdicts[case.name] = classify(backend, case.schema)
@@ -651,7 +639,7 @@ def refusal_evidence(cases: list[Case], args: argparse.Namespace) -> dict[str, A
             elif valid and not taken:
                 counts["suite_valid_instances_rejected"] += 1
         rng = random.Random(case.name)
-        checker = Checker(case)
+        checker = checkers[case.name] = Checker(case)
         for _ in range(args.fuzz):
             ids = random_walk(
                 XGrammarMatcher(xgr, compiled, vocab, backend.utf8), stop, rng, steps=96
@@ -677,11 +665,7 @@ def refusal_evidence(cases: list[Case], args: argparse.Namespace) -> dict[str, A
     for rid, out in engine.run(list(jobs)).items():
         completion = out.outputs[0]
         name = jobs[rid]
-        verdict = (
-            "cut"
-            if completion.finish_reason == "length"
-            else Checker(by_name[name])(completion.text)
-        )
+        verdict = "cut" if completion.finish_reason == "length" else checkers[name](completion.text)
         evidence_counts[name][f"model_{verdict}"] += 1
 
     def evidence(names: list[str]) -> dict[str, Any]:

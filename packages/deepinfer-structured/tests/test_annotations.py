@@ -15,6 +15,7 @@ import random
 from typing import Any
 
 import pytest
+from matcher_walks import random_walk
 from schema_suite import validator
 from schemastore_sample import store_schema, store_validator
 
@@ -63,15 +64,8 @@ def walks_validate(backend: Any, schema: Any, check: Any, count: int = 6) -> Non
     done = 0
     for _ in range(count):
         matcher = backend.matcher(StructuredOutputsParams(json=schema))
-        ids: list[int] = []
-        for _ in range(48):
-            allowed = matcher.allowed().nonzero()[:, 0].tolist()
-            token = 1 if 1 in allowed and rng.random() < 0.5 else rng.choice(allowed)
-            assert matcher.accept(token)
-            if token == 1:
-                break
-            ids.append(token)
-        if matcher.is_terminated():
+        ids = random_walk(matcher, 1, rng, steps=48)
+        if ids is not None:
             done += 1
             text = backend.tokenizer.decode(ids)
             assert check.is_valid(json.loads(text)), (schema, text)

@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from matcher_walks import rollback_walk
 from test_constrained import CHOICES, EBNF, REGEX, SCHEMA, accepts_ebnf, constrained
 from test_vocabulary import decodes
 
@@ -80,28 +81,19 @@ def test_rollback_draft_masks_and_bitmask_rows_agree_with_a_replay(backend) -> N
     for t in tokens:
         assert matcher.accept(t)
     assert matcher.is_terminated() and not matcher.accept(5)
-    rng = random.Random(0)
-    position = len(tokens)
     bitmask = torch.zeros(2, (backend.vocab_size + 31) // 32, dtype=torch.int32)
-    for _ in range(12):
-        back = rng.randint(0, position)
-        matcher.rollback(back)
-        position -= back
-        replay = backend.matcher(constraint)
-        for t in tokens[:position]:
-            assert replay.accept(t)
-        allowed = matcher.allowed()
-        assert torch.equal(allowed, replay.allowed()), position
+
+    def bitmask_and_rejection_agree(matcher: Any, allowed: torch.Tensor) -> None:
         matcher.fill_bitmask(bitmask, 1)
         bits = ((bitmask[1].view(-1, 1) >> torch.arange(32)) & 1).flatten().bool()
         assert torch.equal(bits[: backend.vocab_size], allowed)
         rejected = int((~allowed).nonzero()[0, 0])
         assert not matcher.accept(rejected)  # refused, and nothing changed
         assert torch.equal(matcher.allowed(), allowed)
-        forward = rng.randint(0, len(tokens) - position)
-        for t in tokens[position : position + forward]:
-            assert matcher.accept(t)
-        position += forward
+
+    position = rollback_walk(
+        backend, constraint, matcher, tokens, check=bitmask_and_rejection_agree
+    )
     matcher.rollback(position)
     before = matcher.allowed()
     masks, accepted = matcher.draft_masks([*tokens[:5], tok.token_to_id("x"), *tokens[6:8]])

@@ -8,12 +8,12 @@ to any point must allow exactly what a fresh matcher replaying the same tokens a
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import jsonschema
 import pytest
 import torch
+from matcher_walks import rollback_walk
 
 from deepinfer.chat import ChatFormatter
 from deepinfer.errors import InvalidRequestError
@@ -106,20 +106,7 @@ def test_rollback_across_the_end_of_reasoning_matches_a_replay(trained) -> None:
     for t in tokens:
         assert matcher.accept(t)
     assert matcher.is_terminated()
-    rng = random.Random(0)
-    position = len(tokens)
-    for _ in range(12):
-        back = rng.randint(0, position)
-        matcher.rollback(back)
-        position -= back
-        replay = backend.matcher(constraint)
-        for t in tokens[:position]:
-            assert replay.accept(t)
-        assert torch.equal(matcher.allowed(), replay.allowed()), position
-        forward = rng.randint(0, len(tokens) - position)
-        for t in tokens[position : position + forward]:
-            assert matcher.accept(t)
-        position += forward
+    position = rollback_walk(backend, constraint, matcher, tokens)
     # Drafts that cross the end of the reasoning verify like single steps, and leave no trace.
     matcher.rollback(position)
     before = matcher.allowed()

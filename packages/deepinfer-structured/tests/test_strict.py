@@ -88,9 +88,10 @@ def test_llm_chat_strict_response_format(trained) -> None:  # type: ignore[no-un
         response_format=RESPONSE_FORMAT,
         use_tqdm=False,
     )
-    for out in outs:
-        if out.outputs[0].finish_reason == "stop":
-            check(out.outputs[0].text, SCHEMA, STRICT)
+    finished = [out for out in outs if out.outputs[0].finish_reason == "stop"]
+    assert finished  # the check below must see outputs
+    for out in finished:
+        check(out.outputs[0].text, SCHEMA, STRICT)
 
 
 @pytest.mark.parametrize("model_name", ["DeepSeek-V4.1-Flash", "DeepSeek-V4-Pro"])

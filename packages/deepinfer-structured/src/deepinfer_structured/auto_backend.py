@@ -12,31 +12,20 @@ construct. The choice is made once per constraint and cached.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
-from typing import Any
 
 from tokenizers import Tokenizer
 
 from deepinfer.errors import InvalidRequestError
 from deepinfer.plugins import Availability
 from deepinfer.sampling_params import StructuredOutputsParams
-from deepinfer.structured import ReplyConstraint
+from deepinfer_structured.backend import LibraryBackend, constraint_key
 from deepinfer_structured.llguidance_backend import LLGuidanceBackend
 from deepinfer_structured.matcher import Matcher
 from deepinfer_structured.xgrammar_backend import XGrammarBackend
 
 CACHE_SIZE = 1024
 _PREFIX = "cannot be compiled: "
-
-
-def _constraint_key(constraint: StructuredOutputsParams) -> str:
-    kind = constraint.kind
-    value = getattr(constraint, kind, None)
-    if kind == "tool_calls":
-        assert isinstance(constraint, ReplyConstraint)
-        return json.dumps([kind, constraint.dsml, [[t.name, t.parameters] for t in value]])
-    return json.dumps([kind, value], sort_keys=True)
 
 
 class AutoBackend:
@@ -56,7 +45,7 @@ class AutoBackend:
         self.stop_token_ids = list(stop_token_ids)
         self.xgrammar = XGrammarBackend(tokenizer, vocab_size, stop_token_ids)
         self._llguidance: LLGuidanceBackend | None = None
-        self._chosen: OrderedDict[str, str] = OrderedDict()
+        self._chosen: OrderedDict[str, LibraryBackend] = OrderedDict()
 
     @property
     def llguidance(self) -> LLGuidanceBackend:
@@ -67,21 +56,19 @@ class AutoBackend:
             )
         return self._llguidance
 
-    def backend_for(
-        self, constraint: StructuredOutputsParams
-    ) -> XGrammarBackend | LLGuidanceBackend:
+    def backend_for(self, constraint: StructuredOutputsParams) -> LibraryBackend:
         """The backend that enforces ``constraint`` (compiled there, cached); raises
         InvalidRequestError with both backends' reasons when neither does."""
         if constraint.kind == "reasoning":
             return self.xgrammar
-        key = _constraint_key(constraint)
+        key = constraint_key(constraint)
         chosen = self._chosen.get(key)
         if chosen is not None:
             self._chosen.move_to_end(key)
-            return self.xgrammar if chosen == "xgrammar" else self.llguidance
+            return chosen
         try:
             self.xgrammar.compile(constraint)
-            backend: XGrammarBackend | LLGuidanceBackend = self.xgrammar
+            backend: LibraryBackend = self.xgrammar
         except InvalidRequestError as first:
             if not LLGuidanceBackend.availability().ok:
                 raise InvalidRequestError(
@@ -96,15 +83,10 @@ class AutoBackend:
                     f"llguidance: {_strip(second.reason)}",
                 ) from second
             backend = self.llguidance
-        self._chosen[key] = backend.name
+        self._chosen[key] = backend
         if len(self._chosen) > CACHE_SIZE:
             self._chosen.popitem(last=False)
         return backend
-
-    def compile(self, constraint: StructuredOutputsParams) -> tuple[str, Any]:
-        """(the backend's name, its compiled grammar) for ``constraint``."""
-        backend = self.backend_for(constraint)
-        return backend.name, backend.compile(constraint)
 
     def matcher(self, constraint: StructuredOutputsParams) -> Matcher:
         return self.backend_for(constraint).matcher(constraint)

@@ -26,7 +26,6 @@ measured like xgrammar's (``llguidance_policy``).
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -35,9 +34,9 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from deepinfer.errors import InvalidRequestError
-from deepinfer.plugins import Availability
 from deepinfer.sampling_params import StructuredOutputsParams
 from deepinfer.structured import ReplyConstraint
+from deepinfer_structured.backend import LibraryBackend
 from deepinfer_structured.bits import unpack_words
 from deepinfer_structured.dsml import tool_call_lark
 from deepinfer_structured.llguidance_policy import (
@@ -47,16 +46,9 @@ from deepinfer_structured.llguidance_policy import (
     prepare_schema,
     unknown_format,
 )
-from deepinfer_structured.matcher import (
-    Matcher,
-    draft_masks,
-    library_availability,
-    sequence_matcher,
-)
-from deepinfer_structured.utf8 import require_byte_level, token_bytes
+from deepinfer_structured.matcher import Matcher, draft_masks
+from deepinfer_structured.utf8 import token_bytes
 
-CACHE_SIZE = 256
-DSML_TOKEN = "｜DSML｜"
 #: llguidance's JSON options, applied over whatever the schema's own ``x-guidance`` says.
 JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
@@ -144,24 +136,17 @@ def _choice_lark(choices: list[str]) -> str:
     return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
-class LLGuidanceBackend:
+class LLGuidanceBackend(LibraryBackend):
     """Builds llguidance's tokenizer once and compiles constraints against it."""
 
     name = "llguidance"
-
-    @classmethod
-    def availability(cls) -> Availability:
-        return library_availability("llguidance")
+    library = "llguidance"
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         import llguidance
 
-        require_byte_level(tokenizer)
+        super().__init__(tokenizer, vocab_size, stop_token_ids)
         self._llg = llguidance
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.stop_token_ids = list(stop_token_ids)
-        self.dsml_token_id = tokenizer.token_to_id(DSML_TOKEN)
         self.ll_tokenizer = llguidance.LLTokenizer(
             llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, self.stop_token_ids)),
             n_vocab=vocab_size,
@@ -170,7 +155,9 @@ class LLGuidanceBackend:
         #: The refusal policy (``llguidance_policy``); an evaluation may loosen it to probe.
         self.refused_keywords: frozenset[str] = UNENFORCED_KEYWORDS
         self.refuse_warnings = True
-        self._cache: OrderedDict[tuple[str, str, frozenset[str], bool], Any] = OrderedDict()
+
+    def policy(self) -> tuple[Any, ...]:
+        return (self.refused_keywords, self.refuse_warnings)
 
     # -- compiling ----------------------------------------------------------------------------
 
@@ -213,8 +200,6 @@ class LLGuidanceBackend:
             compiled, _ = self.json_schema(schema)
         except (LLGuidanceCompileError, ValueError, TypeError) as exc:
             raise InvalidRequestError(where, f"cannot be compiled: {exc}") from exc
-        if compiled is True:
-            compiled = {}
         return "%json " + json.dumps({**compiled, "x-guidance": JSON_OPTIONS})
 
     def grammar(self, kind: str, value: Any, constraint: StructuredOutputsParams) -> str:
@@ -236,57 +221,27 @@ class LLGuidanceBackend:
             grammar = llm.grammar_from_lark(_choice_lark(value))
         elif kind == "tool_calls":
             assert isinstance(constraint, ReplyConstraint)
-            if self.dsml_token_id is None:
-                raise InvalidRequestError(
-                    "tool_choice", f"the tokenizer has no {DSML_TOKEN} token for tool calls"
-                )
-            lark = tool_call_lark(value, constraint.dsml, self.dsml_token_id, self.json_value_lark)
+            dsml = self.require_dsml()
+            lark = tool_call_lark(value, constraint.dsml, dsml, self.json_value_lark)
             grammar = llm.grammar_from_lark(lark)
         else:
             raise ValueError(f"unknown constraint kind {kind!r}")
         self._check(grammar)
         return grammar
 
-    def compile(self, constraint: StructuredOutputsParams) -> Any:
-        """A started llguidance matcher for ``constraint`` (cached; copy it per sequence)."""
-        kind = constraint.kind
-        value = getattr(constraint, kind)
-        if kind == "tool_calls":
-            assert isinstance(constraint, ReplyConstraint)
-            text = json.dumps([constraint.dsml, [[t.name, t.parameters] for t in value]])
-        else:
-            text = json.dumps(value, sort_keys=True)
-        key = (kind, text, self.refused_keywords, self.refuse_warnings)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        field = "tools" if kind == "tool_calls" else f"structured_outputs.{kind}"
-        try:
-            grammar = self.grammar(kind, value, constraint)
-            compiled = self._llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
-            if compiled.is_error():
-                raise LLGuidanceCompileError(_reason(compiled.get_error()))
-        except InvalidRequestError:
-            raise
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise InvalidRequestError(field, f"cannot be compiled: {_reason(str(exc))}") from exc
-        self._cache[key] = compiled
-        if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+    def _build(self, kind: str, value: Any, constraint: StructuredOutputsParams) -> Any:
+        """A started llguidance matcher for ``constraint`` (copied per sequence)."""
+        grammar = self.grammar(kind, value, constraint)
+        compiled = self._llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        if compiled.is_error():
+            raise LLGuidanceCompileError(_reason(compiled.get_error()))
         return compiled
 
-    # -- matchers -----------------------------------------------------------------------------
+    def _reason(self, exc: Exception) -> str:
+        return _reason(str(exc))
 
-    def matcher(self, constraint: StructuredOutputsParams) -> Matcher:
-        return sequence_matcher(
-            constraint,
-            lambda: LLGuidanceMatcher(
-                self.compile(constraint).deep_copy(), self.vocab_size, self.stop_token_ids
-            ),
-            self.tokenizer,
-            self.stop_token_ids,
-            self.vocab_size,
-        )
+    def _start(self, compiled: Any) -> Matcher:
+        return LLGuidanceMatcher(compiled.deep_copy(), self.vocab_size, self.stop_token_ids)
 
 
 def _reason(message: str) -> str:

@@ -36,11 +36,9 @@ import copy
 import re
 from typing import Any
 
-from deepinfer_structured.one_of import exclusive_one_of
+from deepinfer_structured.one_of import normalize
 from deepinfer_structured.schema_keywords import (
     COUNTS,
-    drop_noops,
-    drop_ref_siblings,
     repeated_keys_may_count,
     walk,
 )
@@ -63,8 +61,9 @@ def prepare_schema(schema: Any, refused: frozenset[str] = UNENFORCED_KEYWORDS) -
     raises LLGuidanceSchemaError naming the construct when there is none."""
     if schema is True:
         return {}  # llguidance applies its options to an object schema only
-    schema = exclusive_one_of(drop_noops(drop_ref_siblings(schema)))
-    for where, node in walk(schema):
+    schema = normalize(schema)
+    nodes = list(walk(schema))
+    for where, node in nodes:
         for key in list(node):
             if key in refused:
                 raise LLGuidanceSchemaError(
@@ -77,10 +76,9 @@ def prepare_schema(schema: Any, refused: frozenset[str] = UNENFORCED_KEYWORDS) -
             raise LLGuidanceSchemaError(
                 f"'minProperties' at {where} could be met by a repeated key: not enforced"
             )
-    nodes = [node for _, node in walk(schema)]
     for anchor, ref in (("$dynamicAnchor", "$dynamicRef"), ("$recursiveAnchor", "$recursiveRef")):
-        if not any(ref in node for node in nodes):
-            for node in nodes:  # an anchor only: llguidance refuses the key, nothing uses it
+        if not any(ref in node for _, node in nodes):
+            for _, node in nodes:  # an anchor only: llguidance refuses the key, nothing uses it
                 node.pop(anchor, None)
     if isinstance(schema, dict):
         schema.pop("x-guidance", None)

@@ -9,7 +9,6 @@ so the output is valid UTF-8 and decodes to the text the grammar checked.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -17,7 +16,6 @@ import torch
 from torch import Tensor
 
 from deepinfer.errors import InvalidRequestError
-from deepinfer.plugins import Availability
 from deepinfer.sampling_params import StructuredOutputsParams
 from deepinfer.structured import ReplyConstraint
 from deepinfer_structured.bits import pack_bitmask, unpack_words
@@ -201,15 +199,6 @@ class ReasoningMatcher:
 
     def draft_masks(self, draft: list[int]) -> tuple[Tensor, int]:
         return draft_masks(self, draft)
-
-
-def library_availability(module: str) -> Availability:
-    """Whether the grammar library a backend wraps is importable, with the install hint."""
-    if importlib.util.find_spec(module) is None:
-        return Availability(
-            False, f"{module} is not installed: pip install 'deepinfer[structured]'"
-        )
-    return Availability(True)
 
 
 def sequence_matcher(

@@ -15,6 +15,9 @@ same, so the rewrite is exact. The proof here is deliberately simple and sound:
   discriminator, ``"kind": {"const": "a"}``).
 
 Anything it cannot prove stays ``oneOf`` (and is refused, or enforced, as before).
+:func:`normalize` applies it after the rewrites of ``schema_keywords`` (keywords the draft
+ignores beside ``$ref`` and keywords that constrain nothing dropped): the schema that both
+backends' policies then judge.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ import copy
 import itertools
 from typing import Any
 
-from deepinfer_structured.schema_keywords import resolve_pointer, walk
+from deepinfer_structured.schema_keywords import (
+    drop_noops,
+    drop_ref_siblings,
+    resolve_pointer,
+    walk,
+)
 
 _ALL = frozenset({"null", "boolean", "string", "array", "object", "number"})
 _DEPTH = 16
@@ -68,9 +76,7 @@ class _Prover:
         earlier ignore them, so the target alone is a superset either way."""
         while isinstance(schema, dict) and "$ref" in schema and depth < _DEPTH:
             ref = schema["$ref"]
-            if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-                return None
-            schema = self.root if ref == "#" else resolve_pointer(self.root, ref)
+            schema = resolve_pointer(self.root, ref) if isinstance(ref, str) else None
             depth += 1
         return schema
 
@@ -158,3 +164,11 @@ def exclusive_one_of(schema: Any) -> Any:
         if all(prover.disjoint(x, y) for x, y in itertools.combinations(branches, 2)):
             node["anyOf"] = node.pop("oneOf")
     return schema
+
+
+def normalize(schema: Any) -> Any:
+    """A copy of ``schema`` with the same instances that both policies judge instead of it:
+    keywords its draft ignores beside ``$ref`` and keywords that constrain nothing dropped,
+    provably exclusive ``oneOf`` made ``anyOf``. Shared so that the two backends refuse or
+    accept a schema for its constraints, never for how it happens to be written."""
+    return exclusive_one_of(drop_noops(drop_ref_siblings(schema)))

@@ -111,11 +111,19 @@ def _unescape(part: str) -> str:
     return part.replace("~1", "/").replace("~0", "~")
 
 
+def pointer_parts(ref: str) -> list[str]:
+    """The unescaped reference tokens of a local JSON pointer (``#/a~1b/0``: ``a/b``, ``0``);
+    none for ``#``, the whole document."""
+    return [_unescape(part) for part in ref[2:].split("/")] if ref.startswith("#/") else []
+
+
 def resolve_pointer(document: Any, ref: str) -> Any:
-    """The value a local reference (``#/a/b``) points at, or None when there is none."""
+    """The value a local reference (``#``, ``#/a/b``) points at, or None when there is none
+    (a remote or anchor reference points at nothing in ``document``)."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
     node = document
-    for raw in ref[2:].split("/") if ref.startswith("#/") else []:
-        part = _unescape(raw)
+    for part in pointer_parts(ref):
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -132,7 +140,7 @@ def schema_location(ref: str) -> bool:
         return True
     if not ref.startswith("#/"):
         return False
-    parts = [_unescape(p) for p in ref[2:].split("/")]
+    parts = pointer_parts(ref)
     i = 0
     while i < len(parts):
         key = parts[i]

@@ -41,15 +41,14 @@ import math
 import re
 from typing import Any
 
-from deepinfer_structured.one_of import exclusive_one_of
+from deepinfer_structured.one_of import normalize
 from deepinfer_structured.schema_keywords import (
     COUNTS,
     ONE_SCHEMA,
     SCHEMA_LISTS,
     SCHEMA_MAPS,
     VALIDATING,
-    drop_noops,
-    drop_ref_siblings,
+    pointer_parts,
     repeated_keys_may_count,
     resolve_pointer,
     schema_location,
@@ -141,7 +140,7 @@ def prepare_schema(
     Raises UnenforcedSchemaError naming the construct when there is none. ``rewrite`` False
     applies only the keyword list (the policy before the typing rewrite, for comparison).
     """
-    schema = exclusive_one_of(drop_noops(drop_ref_siblings(schema)))
+    schema = normalize(schema)
     if (keyword := unenforced_keyword(schema, refused)) is not None:
         raise UnenforcedSchemaError(f"keyword '{keyword}' is not supported by this backend")
     if not rewrite:
@@ -166,7 +165,7 @@ def _local_refs(schema: Any) -> list[str]:
 
 def _place(document: Any, ref: str, value: Any) -> Any:
     """A copy of ``document`` with ``value`` at the JSON pointer ``ref`` (copying the path)."""
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
+    parts = pointer_parts(ref)
     root = copy.copy(document)
     node = root
     for part in parts[:-1]:

@@ -24,33 +24,24 @@ import json
 import os
 import sys
 import tempfile
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from deepinfer.errors import InvalidRequestError
-from deepinfer.plugins import Availability
 from deepinfer.sampling_params import StructuredOutputsParams
 from deepinfer.structured import ReplyConstraint
+from deepinfer_structured.backend import LibraryBackend
 from deepinfer_structured.dsml import tool_call_tag
-from deepinfer_structured.matcher import (
-    Matcher,
-    XGrammarMatcher,
-    library_availability,
-    sequence_matcher,
-)
+from deepinfer_structured.matcher import Matcher, XGrammarMatcher
 from deepinfer_structured.schema_policy import (
     UNENFORCED_KEYWORDS,
     UnenforcedSchemaError,
     prepare_schema,
     unenforced_keyword,
 )
-from deepinfer_structured.utf8 import Utf8Guard, require_byte_level
-
-CACHE_SIZE = 256
-DSML_TOKEN = "｜DSML｜"
+from deepinfer_structured.utf8 import Utf8Guard
 
 
 class InexactGrammarError(ValueError):
@@ -111,24 +102,17 @@ def _reason(exc: Exception) -> str:
     return reason.split(": ", 1)[-1] if reason.startswith("[") else reason
 
 
-class XGrammarBackend:
+class XGrammarBackend(LibraryBackend):
     """Builds xgrammar's tokenizer info once and compiles constraints against it."""
 
     name = "xgrammar"
-
-    @classmethod
-    def availability(cls) -> Availability:
-        return library_availability("xgrammar")
+    library = "xgrammar"
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         import xgrammar as xgr
 
-        require_byte_level(tokenizer)
+        super().__init__(tokenizer, vocab_size, stop_token_ids)
         self._xgr = xgr
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.stop_token_ids = list(stop_token_ids)
-        self.dsml_token_id = tokenizer.token_to_id(DSML_TOKEN)
         encoded = [""] * vocab_size
         for token, index in tokenizer.get_vocab(with_added_tokens=True).items():
             if index < vocab_size:
@@ -155,8 +139,10 @@ class XGrammarBackend:
         self.utf8 = Utf8Guard(tokenizer, vocab_size, self.stop_token_ids)
         self._tool_vocab = encoded
         self._tool_compiler: Any = None
-        self._cache: OrderedDict[tuple[str, str, frozenset[str], bool, bool], Any] = OrderedDict()
         self._make_compiler = compiler
+
+    def policy(self) -> tuple[Any, ...]:
+        return (self.refused_keywords, self.rewrite_schemas, self.refuse_inexact)
 
     # -- compiling ----------------------------------------------------------------------------
 
@@ -165,12 +151,8 @@ class XGrammarBackend:
         ``ÿ`` in byte-level form): no text rule can match it, only the grammar's token
         references, so DSML tags come out as the control token the chat parser looks for."""
         if self._tool_compiler is None:
-            if self.dsml_token_id is None:
-                raise InvalidRequestError(
-                    "tool_choice", f"the tokenizer has no {DSML_TOKEN} token for tool calls"
-                )
             vocab = list(self._tool_vocab)
-            vocab[self.dsml_token_id] = "ÿ"
+            vocab[self.require_dsml()] = "ÿ"
             self._tool_compiler = self._make_compiler(vocab)
         return self._tool_compiler
 
@@ -208,46 +190,16 @@ class XGrammarBackend:
         if kind == "tool_calls":
             assert isinstance(constraint, ReplyConstraint)
             compiler = self._tool_calls_compiler()
-            tag = tool_call_tag(value, constraint.dsml, self.dsml_token_id, self.json_value_grammar)
+            dsml = self.require_dsml()
+            tag = tool_call_tag(value, constraint.dsml, dsml, self.json_value_grammar)
             return self._exactly(lambda: compiler.compile_structural_tag(tag))
         raise ValueError(f"unknown constraint kind {kind!r}")
 
-    def compile(self, constraint: StructuredOutputsParams) -> Any:
-        kind = constraint.kind
-        value = getattr(constraint, kind)
-        if kind == "tool_calls":
-            assert isinstance(constraint, ReplyConstraint)
-            text = json.dumps([constraint.dsml, [[t.name, t.parameters] for t in value]])
-        else:
-            text = json.dumps(value, sort_keys=True)
-        key = (kind, text, self.refused_keywords, self.rewrite_schemas, self.refuse_inexact)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        try:
-            compiled = self._build(kind, value, constraint)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            if isinstance(exc, InvalidRequestError):
-                raise
-            field = "tools" if kind == "tool_calls" else f"structured_outputs.{kind}"
-            raise InvalidRequestError(field, f"cannot be compiled: {_reason(exc)}") from exc
-        self._cache[key] = compiled
-        if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
-        return compiled
+    def _reason(self, exc: Exception) -> str:
+        return _reason(exc)
 
-    # -- matchers -----------------------------------------------------------------------------
-
-    def matcher(self, constraint: StructuredOutputsParams) -> Matcher:
-        return sequence_matcher(
-            constraint,
-            lambda: XGrammarMatcher(
-                self._xgr, self.compile(constraint), self.vocab_size, self.utf8
-            ),
-            self.tokenizer,
-            self.stop_token_ids,
-            self.vocab_size,
-        )
+    def _start(self, compiled: Any) -> Matcher:
+        return XGrammarMatcher(self._xgr, compiled, self.vocab_size, self.utf8)
 
 
 __all__ = [
