@@ -13,7 +13,7 @@ import random
 import time
 from pathlib import Path
 
-from deepinfer.cli import UsageError, check_interrupted
+from deepinfer.cli import UsageError, check_interrupted, deferred_interrupts
 from deepinfer.sampling_params import SamplingParams
 
 
@@ -50,9 +50,10 @@ def check_writable(path: Path) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from deepinfer.llm import LLM  # torch: only once the options are known to be good
-
     check_options(args)
+    with deferred_interrupts():  # torch: only once the options are known to be good
+        from deepinfer.llm import LLM
+
     llm = LLM(
         args.model,
         device=args.device,

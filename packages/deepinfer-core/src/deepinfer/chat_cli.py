@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter, ChatPrompt
-from deepinfer.cli import check_interrupted, sampling_params
+from deepinfer.cli import check_interrupted
 from deepinfer.errors import DeepInferError
 from deepinfer.llm import LLM
 from deepinfer.sampling_params import SamplingParams
@@ -34,8 +34,9 @@ def _read_line(prompt: str) -> str | None:
         return None
 
 
-def run_chat(args: argparse.Namespace) -> int:
-    params = sampling_params(args)
+def run_chat(args: argparse.Namespace, params: SamplingParams) -> int:
+    """The conversation; ``params`` are built from ``args`` by :func:`deepinfer.cli.sampling_params`
+    before this module (and torch with it) is imported, so bad options fail at once."""
     if sys.stdin is None or sys.stdin.closed:
         return 0  # nothing can ever be asked: do not load the model for nothing
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)

@@ -182,19 +182,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    sampling_params(args)  # bad options fail before torch is even imported
+    params = sampling_params(args)  # bad options fail before torch is even imported
     with deferred_interrupts():
         from deepinfer.chat_cli import run_chat
 
-    return run_chat(args)
+    return run_chat(args, params)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from deepinfer.bench import check_options
-
-    check_options(args)  # before torch is even imported
-    with deferred_interrupts():
-        from deepinfer.bench import run_bench
+    from deepinfer.bench import run_bench  # light: it checks the options before torch loads
 
     return run_bench(args)
 
@@ -232,26 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="offline throughput: N sequences of random input/output lengths"
     )
     _add_model_args(p_bench)
-    positive = _int_at_least(1)
-    p_bench.add_argument("--num-seqs", type=positive, default=16, help="sequences to generate")
-    p_bench.add_argument(
-        "--min-input-len", type=positive, default=16, help="shortest prompt, in tokens"
-    )
-    p_bench.add_argument(
-        "--max-input-len", type=positive, default=256, help="longest prompt, in tokens"
-    )
-    p_bench.add_argument(
-        "--min-output-len", type=positive, default=16, help="fewest tokens a sequence generates"
-    )
-    p_bench.add_argument(
-        "--max-output-len", type=positive, default=64, help="most tokens a sequence generates"
-    )
-    p_bench.add_argument(
-        "--max-num-seqs", type=positive, default=256, help="most sequences decoded together"
-    )
-    p_bench.add_argument(
-        "--max-num-batched-tokens", type=positive, default=8192, help="token budget of one step"
-    )
+    positive = _int_at_least(1)  # a count or length of zero makes no benchmark
+    for flag, default, what in (
+        ("--num-seqs", 16, "sequences to generate"),
+        ("--min-input-len", 16, "shortest prompt, in tokens"),
+        ("--max-input-len", 256, "longest prompt, in tokens"),
+        ("--min-output-len", 16, "fewest tokens a sequence generates"),
+        ("--max-output-len", 64, "most tokens a sequence generates"),
+        ("--max-num-seqs", 256, "most sequences decoded together"),
+        ("--max-num-batched-tokens", 8192, "token budget of one step"),
+    ):
+        p_bench.add_argument(flag, type=positive, default=default, help=what)
     p_bench.add_argument(
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (GPU)"
     )

@@ -8,29 +8,28 @@ any ratio (for example a tiny test model with HCA ratio 16) loads without a look
 V4.1 (``model_type: deepseek_v41``) nests the text model's fields under ``text_config`` next to a
 ``vision_config`` and a top-level ``quantization_config``. We flatten the text fields into the same
 dataclass (V4.1-only fields default to "off", so V4 configs parse exactly as before) and keep the
-outer keys so :meth:`ModelConfig.to_dict` writes the nested layout back.
+outer keys so :meth:`ModelConfig.to_dict` writes the nested layout back
+(:mod:`deepinfer.config_v41`).
 
 Every field is checked against its annotation (and sizes against their ranges) when the config
-is built, so a hand-edited or foreign config.json fails with a ConfigError naming the field
-instead of a TypeError deep inside the model.
+is built (:mod:`deepinfer.config_types`), so a hand-edited or foreign config.json fails with a
+ConfigError naming the field instead of a TypeError deep inside the model.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal
 
-from deepinfer.errors import DeepInferError
+from deepinfer.config_types import ConfigError, UnsupportedConfigError, check_field_types, str_list
+from deepinfer.config_v41 import V41_TYPE, v41_kwargs, v41_to_dict, validate_v41
 
 AttnKind = Literal["swa", "csa", "hca", "sparse"]
 
-#: model_type values of the two families; V4.1's text part is ``deepseek_v41_text``.
+#: model_type of the V4 family; V4.1's is V41_TYPE, from :mod:`deepinfer.config_v41`.
 V4_TYPE = "deepseek_v4"
-V41_TYPE = "deepseek_v41"
 
 #: The ratio the official code treats as "overlapping compressor + lightning indexer" (CSA).
 CSA_RATIO = 4
@@ -40,21 +39,6 @@ _HF_LAYER_TYPES: dict[str, AttnKind] = {
     "compressed_sparse_attention": "csa",
     "heavily_compressed_attention": "hca",
 }
-
-
-class ConfigError(DeepInferError, ValueError):
-    """A config.json field is missing, malformed, or describes a model we do not implement.
-
-    ``field`` names the offending config.json key where there is one, so tools can point at it.
-    """
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class UnsupportedConfigError(ConfigError, NotImplementedError):
-    """A well-formed config describing a variant DeepInfer does not implement."""
 
 
 @dataclass
@@ -157,7 +141,7 @@ class ModelConfig:
     outer_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_field_types(self)
+        check_field_types(self)
         n_all = self.num_hidden_layers + self.num_nextn_predict_layers
         if not self.compress_ratios:
             self.compress_ratios = [0] * n_all
@@ -167,7 +151,6 @@ class ModelConfig:
                 f"num_hidden_layers={self.num_hidden_layers}"
             )
         # MTP layers without an entry of their own are sliding-window only, as published.
-        self.compress_ratios = [int(r) for r in self.compress_ratios]
         self.compress_ratios += [0] * (n_all - len(self.compress_ratios))
         kind_of = _v41_kind_of_ratio if self.is_v41 else _kind_of_ratio
         self.attn_kinds = list(self.attn_kinds) + [
@@ -203,7 +186,7 @@ class ModelConfig:
                 f"hidden_act={self.hidden_act!r}: only silu is implemented", "hidden_act"
             )
         if self.is_v41:
-            _validate_v41(self)
+            validate_v41(self)
 
     @property
     def is_v41(self) -> bool:
@@ -248,7 +231,7 @@ class ModelConfig:
                 f"config.json: model_type must be a string, got {model_type!r}", "model_type"
             )
         if "text_config" in raw or model_type.startswith(V41_TYPE):
-            return cls(**_v41_kwargs(raw, {f.name for f in fields(cls)}))
+            return cls(**v41_kwargs(raw, {f.name for f in fields(cls)}))
         if model_type != V4_TYPE:
             raise ConfigError(f"model_type={model_type!r} is not a DeepSeek-V4 config")
         names = {f.name for f in fields(cls)} - {"attn_kinds", "extra"} - V41_FIELDS
@@ -256,7 +239,7 @@ class ModelConfig:
         if "dtype" in raw and "torch_dtype" not in kwargs:
             kwargs["torch_dtype"] = raw.pop("dtype")
         # transformers-style schedules are accepted too, so HF configs convert without edits.
-        layer_types = _str_list(raw.pop("layer_types", None), "layer_types")
+        layer_types = str_list(raw.pop("layer_types", None), "layer_types")
         compress_rates = raw.pop("compress_rates", None)
         if not isinstance(compress_rates, dict | None):
             raise ConfigError("config.json: compress_rates must be an object", "compress_rates")
@@ -264,7 +247,7 @@ class ModelConfig:
             kwargs["compress_ratios"], kwargs["attn_kinds"] = _from_layer_types(
                 layer_types, compress_rates or {}
             )
-        mlp_layer_types = _str_list(raw.pop("mlp_layer_types", None), "mlp_layer_types")
+        mlp_layer_types = str_list(raw.pop("mlp_layer_types", None), "mlp_layer_types")
         if mlp_layer_types is not None and "num_hash_layers" not in kwargs:
             kwargs["num_hash_layers"] = _hash_prefix(mlp_layer_types)
         if kwargs.get("rope_scaling") is None and isinstance(raw.get("rope_parameters"), dict):
@@ -288,7 +271,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The published format (``compress_ratios``, ``num_hash_layers``), ready for json.dump."""
         if self.is_v41:
-            return _v41_to_dict(self)
+            return v41_to_dict(self)
         out: dict[str, Any] = {
             "architectures": ["DeepseekV4ForCausalLM"],
             **self.extra,
@@ -307,155 +290,6 @@ class ModelConfig:
 #: ``extra`` as before.
 _FIELD_NAMES = [f.name for f in fields(ModelConfig)]
 V41_FIELDS = frozenset(_FIELD_NAMES[_FIELD_NAMES.index("kv_source_layer_ids") :])
-
-
-# ----------------------------------------------------------------------------------------------
-# Field types: config.json is JSON written by hand or by other tools, so a field of the wrong
-# type must be named here rather than surface later as a TypeError deep inside the model.
-
-#: Sizes and counts that must be at least 1; every other integer field must be at least 0.
-_POSITIVE_FIELDS = frozenset(
-    {
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "q_lora_rank",
-        "o_groups",
-        "o_lora_rank",
-        "moe_intermediate_size",
-        "n_routed_experts",
-        "num_experts_per_tok",
-        "sliding_window",
-        "index_n_heads",
-        "index_head_dim",
-        "index_topk",
-        "hc_mult",
-        "hc_sinkhorn_iters",
-        "max_position_embeddings",
-        "rope_theta",
-        "compress_rope_theta",
-    }
-)
-#: Integers with no sign constraint (a seed).
-_SIGNED_FIELDS = frozenset({"engram_seed"})
-
-
-@functools.cache
-def _field_types() -> dict[str, Any]:
-    return get_type_hints(ModelConfig)
-
-
-def _describe(hint: Any) -> str:
-    """The expected type in the words of JSON, for error messages."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin is list:
-        plural = {int: "integers", float: "numbers", str: "strings"}
-        return f"a list of {plural.get(args[0], f'items that are {_describe(args[0])}')}"
-    if origin is dict or hint is dict:
-        return "an object"
-    return {
-        bool: "true or false",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        type(None): "null",
-    }.get(hint, str(hint))
-
-
-class _Mismatch(Exception):
-    """A value does not have the annotated type (internal to :func:`_conform`)."""
-
-
-def _conform(value: Any, hint: Any) -> Any:
-    """``value`` if it has type ``hint`` (ints accepted and converted where floats are
-    expected, tuples where lists are); raises :class:`_Mismatch` otherwise."""
-    origin, args = get_origin(hint), get_args(hint)
-    if hint is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        for arm in args:
-            try:
-                return _conform(value, arm)
-            except _Mismatch:
-                continue
-        raise _Mismatch
-    if origin is Literal:
-        if value in args and isinstance(value, str):
-            return value
-        raise _Mismatch
-    if origin is list:
-        if not isinstance(value, list | tuple):
-            raise _Mismatch
-        return [_conform(v, args[0]) for v in value]
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise _Mismatch
-        return value
-    if hint is type(None):
-        if value is not None:
-            raise _Mismatch
-        return None
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise _Mismatch
-        return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _Mismatch
-        return value
-    if hint is float:
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise _Mismatch
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise _Mismatch
-        return value
-    raise TypeError(f"ModelConfig annotation {hint!r} has no JSON type check")
-
-
-def _numbers(value: Any) -> list[int | float]:
-    if isinstance(value, list):
-        return [v for item in value for v in _numbers(item)]
-    return [value] if isinstance(value, int | float) and not isinstance(value, bool) else []
-
-
-def _check_field_types(cfg: ModelConfig) -> None:
-    """Check every field against its annotation and every size against its range, in place."""
-    hints = _field_types()
-    for f in fields(cfg):
-        hint = hints[f.name]
-        value = getattr(cfg, f.name)
-        try:
-            setattr(cfg, f.name, _conform(value, hint))
-        except _Mismatch:
-            raise ConfigError(
-                f"config.json: {f.name} must be {_describe(hint)}, got {value!r} "
-                f"({type(value).__name__})",
-                f.name,
-            ) from None
-        low = 1 if f.name in _POSITIVE_FIELDS else 0
-        if f.name in _SIGNED_FIELDS or f.name in ("extra", "outer_extra"):
-            continue
-        bad = [v for v in _numbers(getattr(cfg, f.name)) if v < low]
-        if bad:
-            bound = "positive" if low else "non-negative"
-            raise ConfigError(f"config.json: {f.name} must be {bound}, got {value!r}", f.name)
-
-
-def _str_list(value: Any, name: str) -> list[str] | None:
-    if value is not None and not (
-        isinstance(value, list) and all(isinstance(v, str) for v in value)
-    ):
-        raise ConfigError(f"config.json: {name} must be a list of strings, got {value!r}", name)
-    return value
 
 
 def _latest_at_or_before(ids: list[int], layer_id: int) -> int | None:
@@ -495,119 +329,3 @@ def _hash_prefix(mlp_layer_types: list[str]) -> int:
     if "hash_moe" in mlp_layer_types[n:]:
         raise ConfigError("hash_moe layers must form a prefix of mlp_layer_types")
     return n
-
-
-# ----------------------------------------------------------------------------------------------
-# V4.1: nested text_config
-
-#: Top-level keys of a V4.1 config.json that belong to the text model's fields.
-_V41_OUTER_FIELDS = (
-    "quantization_config",
-    "image_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "vision_config",
-    "tie_word_embeddings",
-)
-
-#: What V4.1 switches on when its text_config does not say (SGLang's runtime flags for V4.1).
-_V41_DEFAULTS: dict[str, Any] = {
-    "num_hash_layers": 0,  # no tid2eid tables in V4.1
-    "hc_pre_from_prev_sublayer": True,
-    "q_head_norm": False,
-    "moe_image_bias": True,
-}
-
-
-def _v41_kwargs(raw: dict[str, Any], names: set[str]) -> dict[str, Any]:
-    model_type = raw.pop("model_type", V41_TYPE)
-    if not str(model_type).startswith(V41_TYPE):
-        raise ConfigError(f"model_type={model_type!r} with a text_config is not DeepSeek-V4.1")
-    text = raw.pop("text_config", None)
-    if text is None:  # an already flattened V4.1 text config
-        text, raw = raw, {}
-    if not isinstance(text, dict):
-        raise ConfigError(f"text_config must be an object, got {type(text).__name__}")
-    text = dict(text)
-    text.pop("model_type", None)
-    names = names - {"attn_kinds", "extra", "outer_extra", "model_type"}
-    kwargs: dict[str, Any] = dict(_V41_DEFAULTS)
-    kwargs.update({k: text.pop(k) for k in list(text) if k in names})
-    if "dtype" in text and "torch_dtype" not in kwargs:
-        kwargs["torch_dtype"] = text.pop("dtype")
-    for key in _V41_OUTER_FIELDS:
-        if key in raw:
-            kwargs[key] = raw.pop(key)
-    if "dtype" in raw:
-        kwargs["torch_dtype"] = raw.pop("dtype")
-    kwargs["model_type"] = V41_TYPE
-    kwargs["extra"] = text
-    kwargs["outer_extra"] = raw
-    return kwargs
-
-
-def _v41_to_dict(cfg: ModelConfig) -> dict[str, Any]:
-    text: dict[str, Any] = {"model_type": f"{V41_TYPE}_text", **cfg.extra}
-    out: dict[str, Any] = {
-        "architectures": ["DeepseekV41ForCausalLM"],
-        **cfg.outer_extra,
-        "model_type": V41_TYPE,
-    }
-    skip = {"attn_kinds", "extra", "outer_extra", "model_type", "expert_dtype", "torch_dtype"}
-    for f in fields(cfg):
-        if f.name in skip:
-            continue
-        value = getattr(cfg, f.name)
-        if f.name in _V41_OUTER_FIELDS:
-            if value is not None:
-                out[f.name] = value
-        else:
-            text[f.name] = value
-    out["dtype"] = cfg.torch_dtype
-    if cfg.expert_dtype is not None:
-        text["expert_dtype"] = cfg.expert_dtype
-    out["text_config"] = text
-    return out
-
-
-def _validate_v41(cfg: ModelConfig) -> None:
-    """Check the layer-group wiring once, so the model can follow it without re-checking."""
-    n = cfg.num_hidden_layers
-    for name in ("kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids"):
-        ids = getattr(cfg, name)
-        if sorted(set(ids)) != list(ids) or any(not 0 <= i < n for i in ids):
-            raise ConfigError(f"{name}={ids} must be increasing layer ids below {n}")
-    for layer in range(n):
-        ratio = cfg.compress_ratios[layer]
-        if ratio == 0:
-            if layer in cfg.kv_source_layer_ids or layer in cfg.index_source_layer_ids:
-                raise ConfigError(f"layer {layer} has compress ratio 0 but is a KV/index source")
-            continue
-        if ratio not in (1, 2):
-            raise UnsupportedConfigError(
-                f"compress ratio {ratio} at layer {layer}: V4.1 compressors have ratio 1 or 2"
-            )
-        kv_src = cfg.kv_source_of(layer)
-        idx_src = cfg.index_source_of(layer)
-        if kv_src is None or cfg.compress_ratios[kv_src] != ratio:
-            raise ConfigError(
-                f"layer {layer} (ratio {ratio}) has no KV-source layer of the same ratio at or "
-                f"before it in kv_source_layer_ids={cfg.kv_source_layer_ids}"
-            )
-        if idx_src is None or idx_src < kv_src:
-            raise ConfigError(
-                f"layer {layer} reads layer {kv_src}'s entries but no index source at or after "
-                f"{kv_src} precedes it (index_source_layer_ids={cfg.index_source_layer_ids})"
-            )
-    cand = cfg.candidate_source_layer_id
-    if cand is not None:
-        if cand not in cfg.index_source_layer_ids:
-            raise ConfigError(f"candidate_source_layer_id={cand} is not an index source")
-        if cfg.candidate_topk_blocks < 1 or cfg.candidate_block_size < 1:
-            raise ConfigError("candidate_topk_blocks and candidate_block_size must be >= 1")
-    if cfg.engram_layer_ids:
-        if cfg.engram_max_ngram_size < 2 or cfg.engram_n_heads < 1 or cfg.engram_head_dim < 1:
-            raise ConfigError("Engram needs engram_max_ngram_size >= 2, heads and head_dim >= 1")
-        if cfg.engram_compressed_vocab_size < 1:
-            raise ConfigError("Engram needs engram_compressed_vocab_size >= 1")

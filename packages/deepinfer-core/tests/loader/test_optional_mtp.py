@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -25,19 +24,15 @@ from deepinfer.errors import DeepInferError
 from deepinfer.models import load_model
 from deepinfer.models.errors import CheckpointError
 
-pytestmark = pytest.mark.skipif(
-    not (TINY_DIR / "model.safetensors").is_file(), reason="the trained tiny model is not embedded"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (TINY_DIR / "model.safetensors").is_file(),
+        reason="the trained tiny model is not embedded",
+    ),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 IDS = torch.tensor([[0, 311, 45, 1027, 9, 77, 3000, 12, 5, 640, 41, 8000]])
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @cache

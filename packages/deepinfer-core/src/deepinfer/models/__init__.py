@@ -42,14 +42,16 @@ def load_model(
     rounded once into each parameter's dtype: ``dtype`` for projections and the embedding, fp32
     for norms, mHC, sinks, position biases, the router bias and the head. Reading in fp32 keeps
     the checkpoint's fp32 tensors exact; the fp32 copy lives for one tensor at a time.
-    A checkpoint without MTP weights loads without MTP layers (see ``loader.model_config``).
+    A checkpoint without MTP weights loads without MTP layers (see ``model_config``).
     """
-    from deepinfer.models.loader import iter_checkpoint_tensors, model_config
+    from deepinfer.models.checkpoint_config import model_config
+    from deepinfer.models.loader import iter_checkpoint_tensors, resolve_layout
 
-    cfg = model_config(path)
+    layout = resolve_layout(path)  # every shard header read and checked, once
+    cfg = model_config(layout)
     cls = model_class(cfg.model_type)
     model = cls(cfg, dtype=dtype, device=device, backend=backend)
-    model.load_state(iter_checkpoint_tensors(path, torch.float32, device))
+    model.load_state(iter_checkpoint_tensors(layout, torch.float32, device))
     return model.eval()
 
 

@@ -108,6 +108,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         return len(self.mtp) > 0
 
     def _require_mtp(self) -> None:
+        """Fail a drafting entry point with the reason, rather than an IndexError on ``mtp``."""
         if not self.has_mtp:
             raise CheckpointError(
                 "this checkpoint has no MTP weights (num_nextn_predict_layers=0 or no mtp.* "

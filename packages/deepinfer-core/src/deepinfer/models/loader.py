@@ -11,33 +11,28 @@ dequantised on the fly and their `.scale` companions are consumed:
 * every other float tensor is cast to the requested dtype.
 
 The FP8 block size comes from `quantization_config.weight_block_size` when a config.json sits
-next to the shards; otherwise it is inferred from the weight and scale shapes among the layouts
-the family is known to use (see `_KNOWN_FP8_BLOCKS`).
+next to the shards (`checkpoint_config.quant_settings`); otherwise it is inferred from the weight
+and scale shapes among the layouts the family is known to use (see `_KNOWN_FP8_BLOCKS`).
 
 Before any tensor is read, every shard's header is checked against the file's size, so a
-truncated, empty or foreign file fails at once with its name (`read_shard_header`).
-`model_config` reconciles config.json's MTP layer count with the tensors actually present, so
-checkpoints saved without MTP weights load as the main model alone.
+truncated, empty or foreign file fails at once with its name (`shard_check`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import json
-import logging
-import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from deepinfer.config import ModelConfig
+from deepinfer.models.checkpoint_config import CONFIG_FILE, quant_settings, read_config
 from deepinfer.models.errors import CheckpointError, QuantFormatError
 from deepinfer.models.quant import (
     dequant_fp4_e2m1,
@@ -47,22 +42,14 @@ from deepinfer.models.quant import (
     is_scale_dtype,
     is_ue8m0_dtype,
 )
+from deepinfer.models.shard_check import check_listed_shards, open_shard, read_shard_header
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 WEIGHT_SUFFIX = ".weight"
 SCALE_SUFFIX = ".scale"
 FP4_GROUP = 32
 _TRIM_EVERY_BYTES = 64 << 20
-MTP_PREFIX = "mtp."
-#: The key under which config.json counts the MTP layers (V4: top level; V4.1: text_config).
-MTP_KEY = "num_nextn_predict_layers"
-#: safetensors' own cap on the JSON header; a larger length field means the file is not one.
-_MAX_HEADER_BYTES = 100_000_000
-_LFS_POINTER = b"version https://git-lfs"
-
-logger = logging.getLogger(__name__)
 
 # V4 dense FP8 uses 128 x 128, V4.1 uses 32 x 32; V4.1 Engram tables use one scale per 32 values
 # of a row, i.e. a (1, 32) block. The (1, 32) Engram layout is inferred from the model reference
@@ -71,160 +58,6 @@ _KNOWN_FP8_BLOCKS: tuple[tuple[int, int], ...] = ((128, 128), (32, 32), (1, 32))
 
 _FP4_X2_DTYPE: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)
 _PACKED_FP4_DTYPES = tuple(d for d in (torch.uint8, torch.int8, _FP4_X2_DTYPE) if d is not None)
-
-
-# ----------------------------------------------------------------------------------------------
-# Config
-
-
-def read_config(path: str | Path) -> dict[str, Any]:
-    """Load config.json (from a checkpoint directory or the file itself) as published.
-
-    The dict is returned unflattened: V4.1 keeps its nested `text_config` / `vision_config` and
-    the top-level `quantization_config`; V4 keeps its top-level `expert_dtype`. Interpreting those
-    fields is the model config's job; `quant_settings` covers what the loader itself needs.
-    """
-    p = Path(path)
-    file = p / CONFIG_FILE if p.is_dir() else p
-    if not file.is_file():
-        raise CheckpointError(f"no {CONFIG_FILE} at {file}")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{file} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{file} must hold a JSON object, found {type(config).__name__}")
-    for key in ("text_config", "vision_config", "quantization_config"):
-        if key in config and not isinstance(config[key], dict):
-            raise CheckpointError(
-                f"{file}: `{key}` must be an object, found {type(config[key]).__name__}"
-            )
-    return config
-
-
-@dataclass(frozen=True)
-class QuantSettings:
-    """The quantisation facts the loader needs, wherever the config variant put them."""
-
-    weight_block_size: tuple[int, int] | None = None
-    scale_fmt: str | None = None
-    expert_dtype: str | None = None
-    quant_method: str | None = None
-
-
-def quant_settings(config: Mapping[str, Any]) -> QuantSettings:
-    """Read quantisation fields from V4 (top level + `expert_dtype`) or V4.1 (nested) configs."""
-    text = config.get("text_config") or {}
-    qc = config.get("quantization_config") or text.get("quantization_config") or {}
-    block = qc.get("weight_block_size")
-    if block is not None:
-        if not (isinstance(block, list | tuple) and len(block) == 2):
-            raise CheckpointError(
-                f"quantization_config.weight_block_size must be [n, k], got {block}"
-            )
-        block = (int(block[0]), int(block[1]))
-    expert_dtype = qc.get("expert_dtype", config.get("expert_dtype", text.get("expert_dtype")))
-    return QuantSettings(
-        weight_block_size=block,
-        scale_fmt=qc.get("scale_fmt"),
-        expert_dtype=expert_dtype,
-        quant_method=qc.get("quant_method"),
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# Shard headers
-
-
-def read_shard_header(path: Path) -> list[str]:
-    """The tensor names of one safetensors file, after checking that the file is complete.
-
-    safetensors itself answers a truncated, empty or foreign file with a bare ``SafetensorError``
-    ("header too small", "incomplete metadata") that names no file. Reading the header here costs
-    one small read per shard and turns each failure into a CheckpointError naming the file and
-    what is wrong with it, before any weight is read: a truncated last shard of a large
-    checkpoint is reported at once, not after the shards before it have loaded.
-    """
-    raw = b""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            start = f.read(len(_LFS_POINTER))
-            n = struct.unpack("<Q", start[:8])[0] if len(start) >= 8 else 0
-            if len(start) >= 8 and n <= min(size - 8, _MAX_HEADER_BYTES):
-                f.seek(8)
-                raw = f.read(n)
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"shard {path} does not exist") from exc
-    except OSError as exc:
-        raise CheckpointError(f"cannot read shard {path}: {exc}") from exc
-    if size == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes), not a safetensors file")
-    if start == _LFS_POINTER:
-        raise CheckpointError(
-            f"{path} is a Git LFS pointer ({size} bytes), not the weights: fetch them with "
-            "`git lfs pull`"
-        )
-    if size < 8:
-        raise CheckpointError(
-            f"{path} is truncated: {size} bytes, shorter than a safetensors header length field"
-        )
-    if n > _MAX_HEADER_BYTES:
-        raise CheckpointError(
-            f"{path} is not a safetensors file: its first 8 bytes give a header of {n} bytes"
-        )
-    if n > size - 8:
-        raise CheckpointError(
-            f"{path} is truncated: {size} bytes, but its header alone needs {8 + n}"
-        )
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not a safetensors file: its header is not JSON") from exc
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path} is not a safetensors file: its header is not an object")
-    names: list[str] = []
-    data_end = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(isinstance(o, int) and o >= 0 for o in offsets)
-        ):
-            raise CheckpointError(
-                f"{path} is not a valid safetensors file: tensor {name!r} has no data_offsets"
-            )
-        names.append(name)
-        data_end = max(data_end, offsets[1])
-    expected = 8 + n + data_end
-    if size < expected:
-        raise CheckpointError(
-            f"{path} is truncated: {size} bytes, but its header describes {expected} "
-            f"({expected - size} bytes missing)"
-        )
-    if size > expected:
-        raise CheckpointError(
-            f"{path} is corrupted: {size} bytes, {size - expected} more than its header "
-            f"describes ({expected})"
-        )
-    return names
-
-
-@contextlib.contextmanager
-def open_shard(path: Path) -> Iterator[Any]:
-    """``safetensors.safe_open`` whose failures name the file (anything read_shard_header let
-    through, such as an unknown dtype or overlapping tensors)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
-    with handle:
-        yield handle
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,19 +108,8 @@ def resolve_layout(path: str | Path) -> CheckpointLayout:
     names_by_shard: dict[str, list[str]] = defaultdict(list)
     for name, shard in shard_of.items():
         names_by_shard[shard].append(name)
-    for shard in names_by_shard:
-        if not (root / shard).is_file():
-            raise CheckpointError(f"shard {shard} listed in the index is missing from {root}")
-    if p.suffix == ".json":
-        # Every listed shard is checked before any is read (a single file was just checked).
-        for shard, names in names_by_shard.items():
-            present = set(read_shard_header(root / shard))
-            absent = [n for n in names if n not in present]
-            if absent:
-                raise CheckpointError(
-                    f"index places {absent[0]} in shard {shard}, but that shard does not hold it"
-                    + (f" ({len(absent) - 1} more such tensors)" if len(absent) > 1 else "")
-                )
+    if p.suffix == ".json":  # a single file was checked as its names were read
+        check_listed_shards(root, names_by_shard)
     config = read_config(root) if (root / CONFIG_FILE).is_file() else None
     return CheckpointLayout(
         root=root,
@@ -296,50 +118,6 @@ def resolve_layout(path: str | Path) -> CheckpointLayout:
         names_by_shard={k: sorted(v) for k, v in names_by_shard.items()},
         config=config,
     )
-
-
-def mtp_depths(names: Iterable[str]) -> int:
-    """How many MTP layers a checkpoint's tensor names hold: one past the highest ``mtp.{i}.``.
-
-    V4.1 keeps DSpark head tensors under ``mtp.<word>.``; they are not MTP layers.
-    """
-    depth = 0
-    for name in names:
-        if name.startswith(MTP_PREFIX):
-            index = name[len(MTP_PREFIX) :].split(".", 1)[0]
-            if index.isdigit():
-                depth = max(depth, int(index) + 1)
-    return depth
-
-
-def model_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of a checkpoint, with its MTP layer count checked against the tensors.
-
-    Checkpoints re-saved by other tools (fine-tunes, conversions) often drop the MTP layers, and
-    some configs omit ``num_nextn_predict_layers``. The main model does not need the MTP layers
-    (they only draft tokens for speculative decoding), so rather than refusing such a checkpoint
-    for its missing ``mtp.*`` tensors, this builds a model without them and says so once;
-    ``model.cfg.num_nextn_predict_layers == 0`` then tells a speculator that MTP is unavailable.
-    A config that omits the count gets the one the tensors show. A checkpoint that holds only
-    some of an MTP layer's tensors is still rejected by the strict load, naming them.
-    """
-    raw = read_config(path)
-    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
-    declared = text.get(MTP_KEY)
-    found = mtp_depths(resolve_layout(path).shard_of)
-    if declared is None:
-        text[MTP_KEY] = found
-        if found == 0:
-            logger.info("%s: no MTP layers (config.json omits %s; no mtp.* tensors)", path, MTP_KEY)
-    elif found == 0 and isinstance(declared, int) and not isinstance(declared, bool) and declared:
-        text[MTP_KEY] = 0
-        logger.warning(
-            "%s: config.json declares %d MTP layer(s) but the checkpoint holds no mtp.* tensors; "
-            "loading the main model only (MTP speculative decoding is unavailable)",
-            path,
-            declared,
-        )
-    return ModelConfig.from_dict(raw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -463,12 +241,7 @@ def _prefetch_foreign_scales(layout: CheckpointLayout, shard: str) -> dict[str, 
     found: dict[str, torch.Tensor] = {}
     for home, scales in wanted.items():
         with open_shard(layout.root / home) as handle:
-            present = set(handle.keys())
-            for scale in scales:
-                if scale not in present:
-                    raise CheckpointError(
-                        f"index places {scale} in shard {home}, but that shard does not hold it"
-                    )
+            for scale in scales:  # resolve_layout has checked that the shard holds them
                 found[scale] = handle.get_tensor(scale).clone()
     return found
 
@@ -550,7 +323,7 @@ class _ShardReader:
 
 
 def iter_checkpoint_tensors(
-    path: str | Path,
+    path: str | Path | CheckpointLayout,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     *,
@@ -561,6 +334,8 @@ def iter_checkpoint_tensors(
 
     Floats come out as `dtype` on `device`, quantised weights dequantised, integers as int64.
     Raw bytes are moved to `device` before dequantising so a GPU does the arithmetic.
+    `path`: what `resolve_layout` accepts, or a layout it returned (so that a caller who has
+    resolved it already does not read every shard header again).
     `progress`: tqdm bar over shards; None shows it only on a terminal. `block_size` overrides
     the FP8 block from config.json (tests and exotic checkpoints only).
     Consumers should drop each tensor once they have copied it into place; the iterator itself
@@ -570,7 +345,7 @@ def iter_checkpoint_tensors(
 
     if not dtype.is_floating_point:
         raise CheckpointError(f"dtype must be a floating-point dtype, got {dtype}")
-    layout = resolve_layout(path)
+    layout = path if isinstance(path, CheckpointLayout) else resolve_layout(path)
     if block_size is None and layout.config is not None:
         block_size = quant_settings(layout.config).weight_block_size
     target = torch.device(device)
@@ -586,15 +361,10 @@ def iter_checkpoint_tensors(
         for shard in bar:
             foreign_scales = _prefetch_foreign_scales(layout, shard)
             with open_shard(layout.root / shard) as handle:
-                present = set(handle.keys())
                 reader = _ShardReader(
                     layout, shard, handle, foreign_scales, dtype, target, block_size
                 )
                 for name in layout.names_by_shard[shard]:
-                    if name not in present:
-                        raise CheckpointError(
-                            f"index places {name} in shard {shard}, but that shard does not hold it"
-                        )
                     if since_trim >= _TRIM_EVERY_BYTES:
                         # The consumer has normally dropped what it was given by now; hand those
                         # pages back before allocating more (amortised: one call per 64 MiB).
