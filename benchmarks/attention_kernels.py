@@ -47,6 +47,8 @@ from typing import Any
 import torch
 from _results import write_result
 
+from deepinfer.models.batch import ForwardBatch
+
 #: Rows that never come: a variant that keeps BLOCK_DV at any launch size.
 NEVER = 1 << 30
 #: name: (BLOCK_H, BLOCK_L, BLOCK_DV, NUM_WARPS, QK_NATIVE, TARGET_PROGRAMS, PV_PARTS,
@@ -201,7 +203,7 @@ INDEXER_VARIANTS: dict[str, tuple[int, int, int, bool]] = {
 
 
 def indexer_rows(att: Any, indexer: Any) -> list[dict[str, Any]]:
-    from deepinfer.cache.pages import PagedEntries
+    from deepinfer.paging import PagedEntries
 
     g = torch.Generator(device="cuda").manual_seed(2)
     chosen = (indexer.BLOCK_H, indexer.BLOCK_T, indexer.NUM_WARPS, att.QK_NATIVE)
@@ -315,7 +317,8 @@ def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dic
 
     from deepinfer.cache.slots import StateSlots
     from deepinfer.models.graphs import DecodeGraphs
-    from deepinfer.models.state import gather_rows, page_table_of, scatter_rows
+    from deepinfer.models.layouts import page_table_of
+    from deepinfer.models.state_rows import gather_rows, scatter_rows
 
     rows = []
     for arch in ("v41", "v4"):
@@ -324,7 +327,7 @@ def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dic
         prompt = torch.randint(3, 8000, (context,), generator=g).cuda()
         alone = model.new_state(1)
         for start in range(0, context, 4096):
-            model(prompt[None, start : start + 4096], alone)
+            model.step(prompt[None, start : start + 4096], alone)
         for b in (1, 32):
             batch = model.new_state(b)
             gather_rows([alone] * b, batch)
@@ -345,12 +348,12 @@ def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dic
                     mhc.HC_MIX_SPLIT = split
                     graphs = DecodeGraphs(b)
                     for _ in range(3):  # capture and warm up
-                        model.forward_decode(ids, states, graphs)
+                        model(ForwardBatch.decode(ids, states), graphs)
                     times = []
                     for _ in range(20):
                         torch.cuda.synchronize()
                         start = time.perf_counter()
-                        model.forward_decode(ids, states, graphs)
+                        model(ForwardBatch.decode(ids, states), graphs)
                         torch.cuda.synchronize()
                         times.append(time.perf_counter() - start)
                     ms = round(statistics.median(times) * 1e3, 3)

@@ -28,6 +28,7 @@ from _results import write_result
 from deepinfer import plugins
 from deepinfer.assets import random_tiny_model, tiny_model
 from deepinfer.cache.slots import StateSlots
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 
@@ -40,12 +41,12 @@ def agreement(m: DeepseekV4ForCausalLM, top: int, g: torch.Generator, dev: str) 
     for _ in range(4):
         lengths = torch.randint(1, 90, (n,), generator=g).tolist()
         chunks = [torch.randint(3, top, (k,), generator=g).to(dev) for k in lengths]
-        want = torch.stack([m(c[None], sep[i])[0, -1] for i, c in enumerate(chunks)])
-        worst = max(worst, float((want - m.forward_packed(chunks, bat)).abs().max()))
+        want = torch.stack([m.step(c[None], sep[i])[0, -1] for i, c in enumerate(chunks)])
+        worst = max(worst, float((want - m(ForwardBatch.build(chunks, bat)).logits).abs().max()))
         for _ in range(10):
             ids = torch.randint(3, top, (n,), generator=g).to(dev)
-            want = torch.stack([m(ids[i].view(1, 1), sep[i])[0, 0] for i in range(n)])
-            worst = max(worst, float((want - m.forward_decode(ids, bat)).abs().max()))
+            want = torch.stack([m.step(ids[i].view(1, 1), sep[i])[0, 0] for i in range(n)])
+            worst = max(worst, float((want - m(ForwardBatch.decode(ids, bat)).logits).abs().max()))
     return worst
 
 
@@ -54,7 +55,7 @@ def rollback_error(m: DeepseekV4ForCausalLM, top: int, g: torch.Generator, dev: 
     for step in range(40):
         k = int(torch.randint(1, 7, (1,), generator=g))
         new = torch.randint(3, top, (k,), generator=g).tolist()
-        logits = m(torch.tensor([new], device=dev), state)[0, -1]
+        logits = m.step(torch.tensor([new], device=dev), state)[0, -1]
         tokens += new
         if step % 5 == 0:
             ref = m.forward_logits(torch.tensor([tokens], device=dev))[0, -1]
@@ -78,14 +79,18 @@ def step_ms(
         slots = StateSlots(lambda: m.new_state(1), max_slots=b, max_len=4096, initial_slots=b)
         states = [slots.new_state() for _ in range(b)]
     graphs = DecodeGraphs(b) if layout == "slots_graph" else None
-    m.forward_packed([torch.randint(3, top, (64,), generator=g).to(dev) for _ in range(b)], states)
+    m(
+        ForwardBatch.build(
+            [torch.randint(3, top, (64,), generator=g).to(dev) for _ in range(b)], states
+        )
+    )
     times = []
     for _ in range(15):
         ids = torch.randint(3, top, (b,), generator=g).to(dev)
         if dev != "cpu":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        m.forward_decode(ids, states, graphs)
+        m(ForwardBatch.decode(ids, states), graphs)
         if dev != "cpu":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)

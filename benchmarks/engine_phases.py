@@ -6,9 +6,9 @@ and once with each phase timed (on a GPU, synchronised before and after the mode
 sampler, so the GPU time lands in the phase that queued it). Reported per engine step:
 ``plain_ms_per_step`` (unsynchronised, with the engine's default scheduling: asynchronous on a
 GPU), ``sync_plain_ms_per_step`` (the same with ``async_scheduling`` off), and, timed on the
-synchronous engine, ``schedule``, ``execute`` (model calls, prefill included),
-``forward_decode`` (the decode part of it), ``sample`` and ``append`` (detokenising, stop
-checks). ``execute - forward_decode`` is the prefill's share.
+synchronous engine, ``schedule``, ``execute`` (the step's batch, the model and block
+recording), ``forward`` (the model's one forward, prefill included), ``sample`` and ``append``
+(detokenising, stop checks). ``execute - forward`` is the runner's own host work.
 
     python benchmarks/engine_phases.py [--device cuda] [--batches 1 32 128]
 """
@@ -54,7 +54,7 @@ def profile(llm: LLM, batch: int, vocab_top: int, output_len: int) -> dict[str, 
         (eng.runner, "execute", True),
         (eng.runner, "launch_sample", True),
         (eng, "_append", False),
-        (eng.model, "forward_decode", True),
+        (eng.model, "forward", True),
     ]
     for obj, name, synced in phases:
         label = {"launch_sample": "sample"}.get(name, name.strip("_"))

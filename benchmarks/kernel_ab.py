@@ -31,6 +31,7 @@ from _results import write_result
 from deepinfer.assets import random_tiny_model, tiny_model
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.state import ModelState
 from deepinfer_kernels_sm100.backend import Sm100Backend
@@ -45,11 +46,11 @@ class MhcOnly(TorchBackend):
 def block_ms(
     m: DeepseekV4ForCausalLM, ids: torch.Tensor, states: list[ModelState], steps: int = 16
 ) -> float:
-    m.forward_decode(ids, states)
+    m(ForwardBatch.decode(ids, states))
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
-        m.forward_decode(ids, states)
+        m(ForwardBatch.decode(ids, states))
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / steps * 1e3
 
@@ -78,7 +79,7 @@ def main() -> int:
                 g = torch.Generator().manual_seed(b)
                 states = [m.new_state(1) for _ in range(b)]
                 prompts = [torch.randint(3, top, (64,), generator=g).cuda() for _ in range(b)]
-                m.forward_packed(prompts, states)
+                m(ForwardBatch.build(prompts, states))
                 ids = torch.randint(3, top, (b,), generator=g).cuda()
                 times: dict[str, list[float]] = {k: [] for k in tables}
                 for _ in range(args.repeats):

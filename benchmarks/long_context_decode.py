@@ -37,9 +37,12 @@ from deepinfer.assets import TINY_DIR, init_random_weights
 from deepinfer.cache.slots import StateSlots
 from deepinfer.config import ModelConfig
 from deepinfer.models import model_class
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs
-from deepinfer.models.state import clone_state, gather_rows, page_table_of, scatter_rows
+from deepinfer.models.layouts import page_table_of
+from deepinfer.models.state_rows import gather_rows, scatter_rows
+from deepinfer.models.state_views import clone_state
 
 ATTENTION = {
     "num_attention_heads": 64,
@@ -119,7 +122,7 @@ def measure(
     prompt = torch.randint(3, 8000, (context,), generator=g).to(device)
     alone = model.new_state(1)
     for start in range(0, context, 4096):
-        model(prompt[None, start : start + 4096], alone)
+        model.step(prompt[None, start : start + 4096], alone)
     rows = []
     for b in batches:
         batch = model.new_state(b)
@@ -144,14 +147,16 @@ def measure(
         before = torch.cuda.memory_allocated() if cuda else 0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        logits = model.forward_decode(ids, states, graphs)  # captures this bucket's step
-        want = model(ids[:1, None], reference)[0, -1]
+        logits = model(
+            ForwardBatch.decode(ids, states), graphs
+        ).logits  # captures this bucket's step
+        want = model.step(ids[:1, None], reference)[0, -1]
         error = float((logits[0] - want).abs().max())
         times = []
         for _ in range(23):
             sync()
             start = time.perf_counter()
-            model.forward_decode(ids, states, graphs)
+            model(ForwardBatch.decode(ids, states), graphs)
             sync()
             times.append(time.perf_counter() - start)
         peak = torch.cuda.max_memory_allocated() - before if cuda else 0

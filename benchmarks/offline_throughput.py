@@ -51,6 +51,7 @@ from _results import write_result
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer.cache.slots import StateSlots
+from deepinfer.models.batch import ForwardBatch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -295,17 +296,17 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
             initial_slots=prompts.shape[0],
         )
         states = [slots.new_state() for _ in range(prompts.shape[0])]
-        model.forward_packed(list(prompts), states)
+        model(ForwardBatch.build(list(prompts), states))
         # Each timed call advances the states by one token; the step's cost does not depend on it.
         graphs = llm.engine.runner.graphs  # as the engine runs it (CUDA graphs on a GPU)
-        ours = _median_ms(lambda: model.forward_decode(ids, states, graphs), device)
+        ours = _median_ms(lambda: model(ForwardBatch.decode(ids, states), graphs).logits, device)
     # The floor is captured outside inference mode, where composite ops (linear, einsum) reach
     # the dispatch mode already lowered to the matmuls it records.
     states = [model.new_state(1) for _ in range(prompts.shape[0])]
-    model.forward_packed(list(prompts), states)
+    model(ForwardBatch.build(list(prompts), states))
     capture = _CaptureMatmuls()
     with capture:
-        model.forward_decode(ids, states)
+        model(ForwardBatch.decode(ids, states))
     floor = _median_ms(lambda: [f(*a, **k) for f, a, k in capture.calls], device)
     flops = sum(_flops(f, a) for f, a, _ in capture.calls)
     peak = peak_gflops(device)
@@ -334,7 +335,7 @@ def prefill_floor(llm: Any, prompts: torch.Tensor, device: str) -> dict[str, flo
     states = [model.new_state(1) for _ in range(prompts.shape[0])]
     capture = _CaptureMatmuls()
     with capture:
-        model.forward_packed(list(prompts), states)
+        model(ForwardBatch.build(list(prompts), states))
     floor = _median_ms(lambda: [f(*a, **k) for f, a, k in capture.calls], device, repeats=3)
     flops = sum(_flops(f, a) for f, a, _ in capture.calls)
     return {

@@ -55,17 +55,17 @@ def midsize(device: str, prompt_len: int, decode_tokens: int) -> dict[str, float
     def prefill() -> None:
         state = model.new_state(1)
         for start in range(0, prompt_len, 256):
-            model(ids[:, start : start + 256], state)
+            model.step(ids[:, start : start + 256], state)
 
     prefill_s = timed(prefill, device, reps=3)
     state = model.new_state(1)
     for start in range(0, prompt_len, 256):
-        model(ids[:, start : start + 256], state)
+        model.step(ids[:, start : start + 256], state)
     step = ids[:, :1]
 
     def decode() -> None:
         for _ in range(decode_tokens):
-            model(step, state)
+            model.step(step, state)
 
     decode_s = timed(decode, device, reps=2)
     return {

@@ -320,7 +320,7 @@ def sample(
 ) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     state = model.new_state(1)
-    logits = model(torch.tensor([ids]), state)[0, -1]
+    logits = model.step(torch.tensor([ids]), state)[0, -1]
     out: list[int] = []
     for _ in range(n):
         probs = torch.softmax(logits / temperature, dim=-1)
@@ -328,7 +328,7 @@ def sample(
         if nxt == stop:
             break
         out.append(nxt)
-        logits = model(torch.tensor([[nxt]]), state)[0, -1]
+        logits = model.step(torch.tensor([[nxt]]), state)[0, -1]
     return out
 
 

@@ -55,7 +55,7 @@ def test_instantiates_with_random_weights_and_runs_a_forward() -> None:
     init_random_weights(model, seed=0)
     ids = torch.randint(3, 129280, (1, 8), generator=torch.Generator().manual_seed(0))
     state = model.new_state(1)
-    logits = torch.cat([model(ids[:, :5], state), model(ids[:, 5:], state)], dim=1)
+    logits = torch.cat([model.step(ids[:, :5], state), model.step(ids[:, 5:], state)], dim=1)
     assert logits.shape == (1, 8, 129280)
     assert torch.isfinite(logits).all()
     assert time.perf_counter() - start < 600

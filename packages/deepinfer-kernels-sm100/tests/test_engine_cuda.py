@@ -112,26 +112,21 @@ def test_a_failing_step_aborts_only_its_request_with_graphs_and_async() -> None:
     want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     poison = 4242
     model = llm.engine.model
-    decode, packed = model.forward_decode, model.forward_packed_at
+    forward = model.forward
 
-    def guarded_decode(ids, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if bool((ids == poison).any()):
-            raise RuntimeError("poisoned decode row")
-        return decode(ids, *args, **kwargs)
+    def guarded(batch, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if bool((batch.input_ids == poison).any()):
+            raise RuntimeError("poisoned token in the step")
+        return forward(batch, *args, **kwargs)
 
-    def guarded_packed(chunks, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if any(bool((c == poison).any()) for c in chunks):
-            raise RuntimeError("poisoned prefill chunk")
-        return packed(chunks, *args, **kwargs)
-
-    model.forward_decode, model.forward_packed_at = guarded_decode, guarded_packed
+    model.forward = guarded  # every step goes through the model's one forward
     try:
         forced = SamplingParams(
             temperature=0.0, max_tokens=16, ignore_eos=True, allowed_token_ids=[poison]
         )
         outs = llm.generate([*PROMPTS, "ROMEO:"], [params] * 4 + [forced], use_tqdm=False)
     finally:
-        del model.forward_decode, model.forward_packed_at
+        del model.forward
     assert [o.outputs[0].token_ids for o in outs[:4]] == want
     bad = outs[4].outputs[0]
     assert bad.finish_reason == "abort" and "poisoned" in (bad.error or "")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer.cache.pages import PagedEntries
+from deepinfer.paging import PagedEntries
 from deepinfer_kernels_sm100.backend import Sm100Backend
 from deepinfer_kernels_sm100.indexer import paged_indexer_scores
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from deepinfer.assets import random_tiny_model, tiny_model
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
@@ -40,8 +41,8 @@ def test_logits_match_the_reference(name: str) -> None:
 
     def run() -> list[torch.Tensor]:
         states = [model.new_state(1) for _ in prompts]
-        out = [model.forward_packed(prompts, states)]
-        out += [model.forward_decode(ids, states) for ids in steps]
+        out = [model(ForwardBatch.build(prompts, states)).logits]
+        out += [model(ForwardBatch.decode(ids, states)).logits for ids in steps]
         return out
 
     want = run()

@@ -23,12 +23,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from deepinfer.config_types import ConfigError, UnsupportedConfigError, check_field_types, str_list
-from deepinfer.config_v41 import V41_TYPE, v41_kwargs, v41_to_dict, validate_v41
+from deepinfer.config_types import (
+    V41_TYPE,
+    ConfigError,
+    UnsupportedConfigError,
+    check_field_types,
+    str_list,
+)
 
 AttnKind = Literal["swa", "csa", "hca", "sparse"]
 
-#: model_type of the V4 family; V4.1's is V41_TYPE, from :mod:`deepinfer.config_v41`.
+#: model_type of the V4 family; V4.1's is V41_TYPE (:mod:`deepinfer.config_v41` reads it).
 V4_TYPE = "deepseek_v4"
 
 #: The ratio the official code treats as "overlapping compressor + lightning indexer" (CSA).
@@ -186,6 +191,8 @@ class ModelConfig:
                 f"hidden_act={self.hidden_act!r}: only silu is implemented", "hidden_act"
             )
         if self.is_v41:
+            from deepinfer.config_v41 import validate_v41  # V4.1's module builds on this one
+
             validate_v41(self)
 
     @property
@@ -231,6 +238,8 @@ class ModelConfig:
                 f"config.json: model_type must be a string, got {model_type!r}", "model_type"
             )
         if "text_config" in raw or model_type.startswith(V41_TYPE):
+            from deepinfer.config_v41 import v41_kwargs
+
             return cls(**v41_kwargs(raw, {f.name for f in fields(cls)}))
         if model_type != V4_TYPE:
             raise ConfigError(f"model_type={model_type!r} is not a DeepSeek-V4 config")
@@ -271,6 +280,8 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The published format (``compress_ratios``, ``num_hash_layers``), ready for json.dump."""
         if self.is_v41:
+            from deepinfer.config_v41 import v41_to_dict
+
             return v41_to_dict(self)
         out: dict[str, Any] = {
             "architectures": ["DeepseekV4ForCausalLM"],

@@ -17,6 +17,9 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from deepinfer.checks import is_int, is_number
 from deepinfer.errors import DeepInferError
 
+#: model_type of the V4.1 family; its text part is ``deepseek_v41_text``.
+V41_TYPE = "deepseek_v41"
+
 
 class ConfigError(DeepInferError, ValueError):
     """A config.json field is missing, malformed, or describes a model we do not implement.

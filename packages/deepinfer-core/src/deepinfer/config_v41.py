@@ -10,13 +10,10 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from deepinfer.config_types import ConfigError, UnsupportedConfigError
+from deepinfer.config_types import V41_TYPE, ConfigError, UnsupportedConfigError
 
 if TYPE_CHECKING:
     from deepinfer.config import ModelConfig
-
-#: model_type of the V4.1 family; its text part is ``deepseek_v41_text``.
-V41_TYPE = "deepseek_v41"
 
 #: Top-level keys of a V4.1 config.json that belong to the text model's fields.
 V41_OUTER_FIELDS = (

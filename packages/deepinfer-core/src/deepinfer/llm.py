@@ -22,7 +22,7 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.inputs import PromptType, is_token_ids, parse_prompt, split_prompts
-from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
@@ -44,7 +44,7 @@ def _resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 
 def load(
     model: str, dtype: str | torch.dtype, device: str, backend: Backend | None = None
-) -> tuple[DeepseekV4ForCausalLM, Path]:
+) -> tuple[DeepseekCausalLM, Path]:
     """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``."""
     from deepinfer import assets
 

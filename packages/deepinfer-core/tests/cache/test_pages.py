@@ -14,8 +14,9 @@ import random
 import pytest
 import torch
 
-from deepinfer.cache.pages import PAGE_TOKENS, PageTable, page_size
+from deepinfer.cache.pages import PageTable
 from deepinfer.models.state import CompressorPool
+from deepinfer.paging import PAGE_TOKENS, page_size
 
 RATIOS = (4, 16)
 DIMS = (3, 5)

@@ -54,13 +54,13 @@ def assert_same_outputs(got: list[RequestOutput], want: list[RequestOutput]) -> 
 def count_inflight_decodes(engine: LLMEngine) -> list[int]:
     """Per decode step, how many rows fed a token the host had not read yet."""
     counts: list[int] = []
-    decode = engine.runner._decode
+    decode = engine.runner._decode_ids
 
     def spy(reqs):  # type: ignore[no-untyped-def]
         counts.append(sum(1 for r in reqs if r.num_inflight))
         return decode(reqs)
 
-    engine.runner._decode = spy  # type: ignore[method-assign]
+    engine.runner._decode_ids = spy  # type: ignore[method-assign]
     return counts
 
 
@@ -154,8 +154,8 @@ def test_length_limits_with_a_token_in_flight(model, tokenizer) -> None:  # type
     prompts = random_prompts(3, 30, 30, seed=35)
     engine = engine_for(model, tokenizer, max_model_len=40)
     calls: list[int] = []
-    decode = engine.runner._decode
-    engine.runner._decode = lambda reqs: calls.append(len(reqs)) or decode(reqs)  # type: ignore[method-assign]
+    decode = engine.runner._decode_ids
+    engine.runner._decode_ids = lambda reqs: calls.append(len(reqs)) or decode(reqs)  # type: ignore[method-assign]
     params = [
         SamplingParams(temperature=0, ignore_eos=True),
         SamplingParams(temperature=0, ignore_eos=True, max_tokens=4),

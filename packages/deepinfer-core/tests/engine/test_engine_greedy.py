@@ -35,8 +35,8 @@ def test_greedy_matches_reference(model, tokenizer, expected, options) -> None: 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_preemption_by_a_small_pool_keeps_outputs(model, tokenizer, async_scheduling) -> None:  # type: ignore[no-untyped-def]
-    from deepinfer.cache.pages import PAGE_TOKENS
     from deepinfer.cache.pools import state_bytes
+    from deepinfer.paging import PAGE_TOKENS
 
     prompts = random_prompts(5, 100, 120, seed=1)
     expected = [greedy_reference(model, p, 40, eos=1) for p in prompts]

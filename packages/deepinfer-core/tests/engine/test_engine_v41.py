@@ -41,7 +41,7 @@ def test_greedy_with_prefix_hits_and_chunking_matches_reference(v41) -> None:  #
 def test_pool_accounting_bounds_v41_state(v41) -> None:  # type: ignore[no-untyped-def]
     for n in (1, 7, 128, 300):
         state = v41.new_state(1)
-        v41(torch.randint(3, 8000, (1, n)), state)
+        v41.step(torch.randint(3, 8000, (1, n)), state)
         assert state_nbytes(state) <= state_bytes(v41.cfg, v41.dtype, n)
 
 

@@ -55,7 +55,7 @@ def test_stream_grows_and_close_aborts(llm: LLM) -> None:
 def test_pool_accounting_bounds_real_state(model) -> None:  # type: ignore[no-untyped-def]
     for n in (1, 5, 127, 128, 300):
         state = model.new_state(1)
-        model(torch.randint(3, 8000, (1, n)), state)
+        model.step(torch.randint(3, 8000, (1, n)), state)
         assert state_nbytes(state) <= state_bytes(model.cfg, model.dtype, n)
 
 

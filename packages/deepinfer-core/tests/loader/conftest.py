@@ -1,5 +1,4 @@
-"""Fixtures for checkpoint-reader tests: independent float64 decoders, a checkpoint writer, and
-``one_thread`` for the tests that run a whole (tiny) model.
+"""Fixtures for checkpoint-reader tests: independent float64 decoders and a checkpoint writer.
 
 The reference decoders work from raw bytes and the published format definitions (model reference
 §6.3) with numpy in float64, sharing no code with `deepinfer.models.quant`, so a test comparing
@@ -9,7 +8,7 @@ the two checks the format rather than our code against itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,15 +131,3 @@ def checkpoint(tmp_path: Path) -> WriteCheckpoint:
         return write_checkpoint(tmp_path / name, shards, config, index)
 
     return make
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Tiny ops are dominated by thread hand-off on a shared CPU; one thread is faster.
-
-    Opt-in (``pytest.mark.usefixtures``): the other tests here time and measure the reader itself.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from deepinfer.assets import TINY_DIR, load_checkpoint
 from deepinfer.errors import DeepInferError
 from deepinfer.models import load_model
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.errors import CheckpointError
 
 pytestmark = [
@@ -80,7 +81,7 @@ def test_checkpoint_without_mtp_tensors_loads_the_main_model(
 
     # what drafting would call says why it cannot, as a DeepInferError
     state = model.new_state(1)
-    _, streams = model.forward_with_streams(IDS, state)
+    streams = _streams(model, IDS, state)
     with pytest.raises(CheckpointError, match="no MTP weights"):
         model.mtp_forward(streams, IDS, state)
     with pytest.raises(DeepInferError, match="no MTP weights"):
@@ -115,3 +116,9 @@ def test_engine_generates_from_a_checkpoint_without_mtp(tmp_path: Path) -> None:
         for model in ("tiny", str(root))
     ]
     assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
+
+
+def _streams(model, ids: torch.Tensor, state):  # type: ignore[no-untyped-def]
+    """The final residual streams [B, S, hc, d] of a step over ``ids`` [B, S]."""
+    out = model(ForwardBatch.of(ids, state, return_streams=True))
+    return out.streams.unflatten(0, tuple(ids.shape))

@@ -1,8 +1,8 @@
-"""Continuous-batching forwards equal one ``forward`` per sequence.
+"""Continuous-batching steps equal one step per sequence.
 
-``forward_packed`` (chunks of several sequences in one [1, N] pass) and ``forward_decode`` (one
-token per sequence, each at its own position) must leave every sequence exactly where separate
-``forward`` calls leave it; the single-sequence ``forward`` is itself checked against
+A batch of prefill chunks (one packed [1, N] pass) and a batch of decode rows (one token per
+sequence, each at its own position) must leave every sequence exactly where separate
+single-sequence steps leave it; the single-sequence ``forward`` is itself checked against
 transformers (V4) and float64 re-implementations (V4.1) in the other model tests. The sequences
 are driven past the sliding window, past index_topk compressed entries and through every
 compressor phase, so ring wrap-around, per-row visibility and top-k selection all matter.
@@ -18,8 +18,12 @@ import torch
 from _tiny_models import text_ids, tiny_models
 
 from deepinfer.cache.slots import StateSlots
-from deepinfer.models.deepseek_v4 import MAX_PADDING, DeepseekV4ForCausalLM, lockstep_groups
-from deepinfer.models.state import ModelState, clone_state, entry_bytes_per_token
+from deepinfer.models.batch import ForwardBatch, SequenceSpan
+from deepinfer.models.causal_lm import DeepseekCausalLM as DeepseekV4ForCausalLM
+from deepinfer.models.packing import MAX_PADDING, lockstep_groups
+from deepinfer.models.state import ModelState
+from deepinfer.models.state_rows import entry_bytes_per_token
+from deepinfer.models.state_views import clone_state
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
 
@@ -87,18 +91,18 @@ def _check_against_separate(
         rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
         chunks = [text_ids(model, gen, rnd.choice(CHUNK_LENGTHS)) for _ in rows]
         want = torch.stack(
-            [model(c[None], separate[i])[0, -1] for i, c in zip(rows, chunks, strict=True)]
+            [model.step(c[None], separate[i])[0, -1] for i, c in zip(rows, chunks, strict=True)]
         )
-        got = model.forward_packed(chunks, [batched[i] for i in rows])
+        got = model(ForwardBatch.build(chunks, [batched[i] for i in rows])).logits
         worst = max(worst, float((want - got).abs().max()))
         # ... then a few decode steps of another subset.
         for _ in range(rnd.randint(1, 9)):
             rows = sorted(rnd.sample(range(n_seq), rnd.randint(1, n_seq)))
             ids = text_ids(model, gen, len(rows))
             want = torch.stack(
-                [model(ids[j].view(1, 1), separate[i])[0, 0] for j, i in enumerate(rows)]
+                [model.step(ids[j].view(1, 1), separate[i])[0, 0] for j, i in enumerate(rows)]
             )
-            got = model.forward_decode(ids, [batched[i] for i in rows])
+            got = model(ForwardBatch.decode(ids, [batched[i] for i in rows])).logits
             worst = max(worst, float((want - got).abs().max()))
     assert [s.pos for s in batched] == [s.pos for s in separate]
     longest = max(s.pos for s in batched)
@@ -109,14 +113,14 @@ def _check_against_separate(
 
 def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM) -> None:
     states = [model.new_state(1), model.new_state(1)]
+    with pytest.raises(ValueError, match="input_ids must be"):
+        model(ForwardBatch.decode(torch.tensor([5]), states))
     with pytest.raises(ValueError, match="2 states"):
-        model.forward_decode(torch.tensor([5]), states)
-    with pytest.raises(ValueError, match="2 states"):
-        model.forward_packed([torch.tensor([5, 6])], states)
+        model(ForwardBatch.build([torch.tensor([5, 6])], states))
     with pytest.raises(ValueError, match="at least one token"):
-        model.forward_packed([torch.tensor([5]), torch.tensor([], dtype=torch.long)], states)
-    with pytest.raises(ValueError, match="batch_size 1"):
-        model.forward_decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)])
+        model(ForwardBatch.build([torch.tensor([5]), torch.tensor([], dtype=torch.long)], states))
+    with pytest.raises(ValueError, match="batch of its own"):
+        model(ForwardBatch.decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)]))
 
 
 @pytest.mark.parametrize("start", ["fresh", "continuing"])
@@ -147,13 +151,13 @@ def test_lockstep_groups_equal_separate_forwards(
     separate = [model.new_state(1) for _ in range(n)]
     batched = [new_state() for _ in range(n)]
     warm = text_ids(model, gen, 9)  # sequence 0 is under way before the others start
-    model(warm[None], separate[0])
-    model.forward_packed([warm], batched[:1])
+    model.step(warm[None], separate[0])
+    model(ForwardBatch.build([warm], batched[:1]))
     if start == "continuing":  # all but sequence 0 at one position, open windows everywhere
         for j in range(1, n):
             prefix = text_ids(model, gen, model.cfg.sliding_window + 7)
-            model(prefix[None], separate[j])
-            model.forward_packed([prefix], batched[j : j + 1])
+            model.step(prefix[None], separate[j])
+            model(ForwardBatch.build([prefix], batched[j : j + 1]))
     length = model.cfg.sliding_window + 3  # the ring wraps inside the prompt
     # Padded: 13 to 10 tokens short of the longest, past a compressor window (CSA ratio 4,
     # HCA 16), so the rollback rebuilds entries, open windows and ring rows.
@@ -161,17 +165,19 @@ def test_lockstep_groups_equal_separate_forwards(
     chunks = [text_ids(model, gen, 5)] + [text_ids(model, gen, k) for k in sizes]
     chunks.append(text_ids(model, gen, 4 * length))  # alone: it would pad the others too much
     monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)  # on the CPU too
-    groups = lockstep_groups(chunks, batched)
+    groups = lockstep_groups(_spans(chunks, batched))
     assert groups == [[1, 2, 3, 4]]
     assert (len({chunks[i].numel() for i in groups[0]}) == 1) == (lengths == "equal")
-    want = torch.stack([model(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)])
-    got = model.forward_packed(chunks, batched)
+    want = torch.stack(
+        [model.step(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)]
+    )
+    got = model(ForwardBatch.build(chunks, batched)).logits
     torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
     assert [s.pos for s in batched] == [s.pos for s in separate]
     for _ in range(9):  # past the next CSA entries and the ring rows written by the prompt
         ids = text_ids(model, gen, n)
-        want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
-        got = model.forward_decode(ids, batched)
+        want = torch.stack([model.step(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
+        got = model(ForwardBatch.decode(ids, batched)).logits
         torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
 
 
@@ -187,17 +193,23 @@ def test_lockstep_rows_rolled_back_inside_their_open_window(
     batched = [model.new_state(1) for _ in range(3)]
     for a, b in zip(separate, batched, strict=True):
         prefix = text_ids(model, gen, p0)
-        model(prefix[None], a)
-        model.forward_packed([prefix], [b])
+        model.step(prefix[None], a)
+        model(ForwardBatch.build([prefix], [b]))
     chunks = [text_ids(model, gen, k) for k in (1, 2, 12)]
     monkeypatch.setattr(model, "prefill_padding", 10.0)
-    assert lockstep_groups(chunks, batched, 10.0) == [[0, 1, 2]]
-    want = torch.stack([model(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)])
-    torch.testing.assert_close(model.forward_packed(chunks, batched), want, rtol=0, atol=5e-5)
+    assert lockstep_groups(_spans(chunks, batched), 10.0) == [[0, 1, 2]]
+    want = torch.stack(
+        [model.step(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)]
+    )
+    torch.testing.assert_close(
+        model(ForwardBatch.build(chunks, batched)).logits, want, rtol=0, atol=5e-5
+    )
     for _ in range(6):
         ids = text_ids(model, gen, 3)
-        want = torch.stack([model(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
-        torch.testing.assert_close(model.forward_decode(ids, batched), want, rtol=0, atol=5e-5)
+        want = torch.stack([model.step(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
+        torch.testing.assert_close(
+            model(ForwardBatch.decode(ids, batched)).logits, want, rtol=0, atol=5e-5
+        )
 
 
 def test_lockstep_groups_bound_the_entries_they_copy(model: DeepseekV4ForCausalLM) -> None:
@@ -205,7 +217,7 @@ def test_lockstep_groups_bound_the_entries_they_copy(model: DeepseekV4ForCausalL
     growing before those copies pass ``max_gather_bytes`` (fresh prompts copy none)."""
     gen = torch.Generator().manual_seed(3)
     states = [model.new_state(1) for _ in range(3)]
-    model.forward_packed([text_ids(model, gen, 32) for _ in states], states)
+    model(ForwardBatch.build([text_ids(model, gen, 32) for _ in states], states))
     entries = sum(
         comp.entries.numel() * comp.entries.element_size()
         for layer in states[0].layers
@@ -214,12 +226,16 @@ def test_lockstep_groups_bound_the_entries_they_copy(model: DeepseekV4ForCausalL
     )
     assert entries == 32 * entry_bytes_per_token(states[0]) > 0
     chunks = [text_ids(model, gen, 5) for _ in states]
-    assert lockstep_groups(chunks, states, 0.0) == [[0, 1, 2]]
-    assert lockstep_groups(chunks, states, 0.0, max_gather_bytes=2 * entries) == [[0, 1]]
-    assert lockstep_groups(chunks, states, 0.0, max_gather_bytes=entries) == []
+    assert lockstep_groups(_spans(chunks, states), 0.0) == [[0, 1, 2]]
+    assert lockstep_groups(_spans(chunks, states), 0.0, max_gather_bytes=2 * entries) == [[0, 1]]
+    assert lockstep_groups(_spans(chunks, states), 0.0, max_gather_bytes=entries) == []
     fresh = [model.new_state(1) for _ in states]
-    assert lockstep_groups(chunks, fresh, 0.0, max_gather_bytes=0) == [[0, 1, 2]]
-    assert lockstep_groups(chunks, states, 0.0, continuing=False) == []
+    assert lockstep_groups(_spans(chunks, fresh), 0.0, max_gather_bytes=0) == [[0, 1, 2]]
+    assert lockstep_groups(_spans(chunks, states), 0.0, continuing=False) == []
+
+
+def _spans(chunks: list[torch.Tensor], states: list[ModelState]) -> tuple[SequenceSpan, ...]:
+    return ForwardBatch.build(chunks, states).spans
 
 
 def _assert_same_state(got: ModelState, want: ModelState) -> None:
@@ -271,20 +287,21 @@ def test_states_at_marks_equal_states_of_cut_chunks(
     cut = [model.new_state(1) for _ in chunks]
     for start, s, c in zip(starts, states, cut, strict=True):
         if start:
-            model.forward_packed([warm], [s])
-            model(warm[None], c)
+            model(ForwardBatch.build([warm], [s]))
+            model.step(warm[None], c)
     if layout != "spans":
-        assert lockstep_groups(chunks, states) == [[0, 1, 2]]
-    logits, views = model.forward_packed_at(chunks, states, marks)
+        assert lockstep_groups(_spans(chunks, states)) == [[0, 1, 2]]
+    out = model(ForwardBatch.build(chunks, states, record_at=marks))
+    logits, views = out.logits, out.states_at
     for i, (chunk, start, state) in enumerate(zip(chunks, starts, cut, strict=True)):
         assert len(views[i]) == len(marks[i])
         done = start
         for length, view in zip(marks[i], views[i], strict=True):
-            model(chunk[None, done - start : length - start], state)
+            model.step(chunk[None, done - start : length - start], state)
             done = length
             _assert_same_state(view, state)
-        last = model(chunk[None, done - start :], state)[0, -1]
+        last = model.step(chunk[None, done - start :], state)[0, -1]
         torch.testing.assert_close(logits[i], last, rtol=0, atol=5e-5)
         _assert_same_state(states[i], state)
-    with pytest.raises(ValueError, match="not inside the chunk"):
-        model.forward_packed_at([chunks[0]], [model.new_state(1)], [[0]])
+    with pytest.raises(ValueError, match="not inside"):
+        ForwardBatch.build([chunks[0]], [model.new_state(1)], record_at=[[0]])

@@ -28,8 +28,8 @@ def test_cuda_fp32_matches_transformers_and_bf16_runs(tmp_path: Path) -> None:
     full = model.forward_logits(ids.cuda()).cpu()
     assert (full - ref).abs().max().item() < 1e-4
     state = model.new_state(2)
-    chunks = [model(ids[:, :41].cuda(), state)]
-    chunks += [model(ids[:, t : t + 1].cuda(), state) for t in range(41, 90)]
+    chunks = [model.step(ids[:, :41].cuda(), state)]
+    chunks += [model.step(ids[:, t : t + 1].cuda(), state) for t in range(41, 90)]
     assert (torch.cat(chunks, dim=1).cpu() - ref).abs().max().item() < 1e-4
 
     bf16 = load_model(tmp_path, dtype=torch.bfloat16, device="cuda")

@@ -16,6 +16,7 @@ from deepinfer import plugins
 from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.cache.slots import StateSlots
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.graphs import DecodeGraphs, decode_buckets, entry_bucket, entry_buckets
 from deepinfer.models.state import ModelState
 
@@ -73,12 +74,12 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
             prompt = text_ids(model, gen, 20 + 7 * len(eager) if eager else 125).cuda()
             eager.append(model.new_state(1))
             graphed.append(new_state())
-            model.forward_packed([prompt], eager[-1:])
-            model.forward_packed([prompt], graphed[-1:])
+            model(ForwardBatch.build([prompt], eager[-1:]))
+            model(ForwardBatch.build([prompt], graphed[-1:]))
         for _ in range(steps):
             ids = text_ids(model, gen, n)
-            want = model.forward_decode(ids, eager[:n])
-            got = model.forward_decode(ids, graphed[:n], graphs)
+            want = model(ForwardBatch.decode(ids, eager[:n])).logits
+            got = model(ForwardBatch.decode(ids, graphed[:n]), graphs).logits
             worst = max(worst, float((want - got).abs().max()))
     # V4.1 fp32 on CUDA differs by ~1e-5 between batchings already (index top-k near-ties).
     assert worst < 5e-5, worst
@@ -112,12 +113,12 @@ def test_capturable_step_equals_per_row_decode(name: str) -> None:
         # Lengths around the compress boundaries, and one that passes 128 tokens while decoding
         # (entry bucket 1 page, then 4).
         prompt = text_ids(model, gen, 9 + 13 * i if i < 4 else 125)
-        model.forward_packed([prompt], [a])
-        model.forward_packed([prompt], [b])
+        model(ForwardBatch.build([prompt], [a]))
+        model(ForwardBatch.build([prompt], [b]))
     graphs = DecodeGraphs(max_batch=8)
     for _ in range(6):
         ids = text_ids(model, gen, 5)
-        want = model.forward_decode(ids, own)
-        got = model.forward_decode(ids, slotted, graphs)
+        want = model(ForwardBatch.decode(ids, own)).logits
+        got = model(ForwardBatch.decode(ids, slotted), graphs).logits
         # Reading the whole bucket changes matmul shapes, so fp32 rounding may differ.
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)

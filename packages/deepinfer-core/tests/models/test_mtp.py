@@ -16,6 +16,7 @@ from _v4_oracle import build_hf, load_export_tool
 from torch import Tensor
 
 from deepinfer.models import DeepseekV4ForCausalLM, load_model
+from deepinfer.models.batch import ForwardBatch
 
 TOL = 1e-4
 SEQ = 40
@@ -99,7 +100,7 @@ def test_mtp_matches_composed_reference(setup: tuple[MTPOracle, DeepseekV4ForCau
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(0, oracle.main.config.vocab_size, (2, SEQ + 1), generator=gen)
     state = ours.new_state(2)
-    _, streams = ours.forward_with_streams(ids[:, :SEQ], state)
+    streams = _streams(ours, ids[:, :SEQ], state)
     ref_streams = oracle.streams(ids[:, :SEQ])
     # The streams grow to ~50 over the layers: fp32 rounding alone reaches 1e-4 there.
     torch.testing.assert_close(streams, ref_streams, rtol=1e-5, atol=TOL)
@@ -118,9 +119,15 @@ def test_mtp_chunked_equals_reference(setup: tuple[MTPOracle, DeepseekV4ForCausa
     state = ours.new_state(1)
     outs, pos = [], 0
     for n in (7, 1, 1, 20, 11):
-        _, streams = ours.forward_with_streams(ids[:, pos : pos + n], state)
+        streams = _streams(ours, ids[:, pos : pos + n], state)
         logits, _ = ours.mtp_forward(streams, ids[:, pos + 1 : pos + n + 1], state)
         outs.append(logits)
         pos += n
     err = (torch.cat(outs, dim=1) - ref).abs().max().item()
     assert err < TOL, f"max abs diff {err:.3g}"
+
+
+def _streams(model, ids: torch.Tensor, state):  # type: ignore[no-untyped-def]
+    """The final residual streams [B, S, hc, d] of a step over ``ids`` [B, S]."""
+    out = model(ForwardBatch.of(ids, state, return_streams=True))
+    return out.streams.unflatten(0, tuple(ids.shape))

@@ -14,6 +14,7 @@ import pytest
 import torch
 from _tiny_models import text_ids, tiny_models
 
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
 
@@ -28,16 +29,18 @@ def test_rollback_equals_never_having_run(model: DeepseekV4ForCausalLM, slack: i
     gen = torch.Generator().manual_seed(slack)
     state = model.new_state(1, slack=slack)
     other = model.new_state(1)  # a decode-batch neighbour
-    model(text_ids(model, gen, 9)[None], other)
+    model.step(text_ids(model, gen, 9)[None], other)
     tokens: list[int] = []
     rolled = worst = 0.0
     for step in range(70):
         new = text_ids(model, gen, rnd.choice([1, 1, 2, 3, slack, slack + 1, 19])).tolist()
         if len(new) == 1 and step % 2:
             nbr = text_ids(model, gen, 1)
-            logits = model.forward_decode(torch.cat((torch.tensor(new), nbr)), [state, other])[0]
+            logits = model(
+                ForwardBatch.decode(torch.cat((torch.tensor(new), nbr)), [state, other])
+            ).logits[0]
         else:
-            logits = model(torch.tensor([new]), state)[0, -1]
+            logits = model.step(torch.tensor([new]), state)[0, -1]
         tokens += new
         if step % 4 == 0:
             want = model.forward_logits(torch.tensor([tokens]))[0, -1]
@@ -55,17 +58,17 @@ def test_rollback_equals_never_having_run(model: DeepseekV4ForCausalLM, slack: i
 def test_rollback_refuses_what_it_cannot_do_exactly(model: DeepseekV4ForCausalLM) -> None:
     ids = text_ids(model, torch.Generator().manual_seed(0), 30).tolist()
     plain = model.new_state(1)
-    model(torch.tensor([ids]), plain)
+    model.step(torch.tensor([ids]), plain)
     with pytest.raises(ValueError, match="keeps 0"):
         model.rollback(plain, 29, ids)
     state = model.new_state(1, slack=4)
-    model(torch.tensor([ids]), state)
+    model.step(torch.tensor([ids]), state)
     with pytest.raises(ValueError, match="cannot roll back 5 tokens"):
         model.rollback(state, 25, ids)
     with pytest.raises(ValueError, match="back to 31"):
         model.rollback(state, 31, ids)
     model.rollback(state, 28, ids)
-    model(torch.tensor([ids[28:30]]), state)
+    model.step(torch.tensor([ids[28:30]]), state)
     with pytest.raises(ValueError, match="first 28 tokens final"):
         model.rollback(state, 27, ids)
     if getattr(model, "engram_history", 0):  # V4.1 Engram rebuilds its look-back from ids

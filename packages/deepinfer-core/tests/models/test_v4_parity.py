@@ -20,7 +20,7 @@ from torch import Tensor
 
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models import DeepseekV4ForCausalLM, load_model
-from deepinfer.models.state import clone_state
+from deepinfer.models.state_views import clone_state
 
 TOL = 1e-4
 
@@ -185,7 +185,7 @@ def test_chunked_prefill_matches_transformers(loaded: Loaded) -> None:
     state = loaded.ours.new_state(loaded.case.batch)
     outs, pos = [], 0
     for n in loaded.case.chunks:
-        outs.append(loaded.ours(loaded.ids[:, pos : pos + n], state))
+        outs.append(loaded.ours.step(loaded.ids[:, pos : pos + n], state))
         pos += n
     assert pos == loaded.case.seq and state.pos == pos
     err = (torch.cat(outs, dim=1) - loaded.ref).abs().max().item()
@@ -195,8 +195,10 @@ def test_chunked_prefill_matches_transformers(loaded: Loaded) -> None:
 def test_token_by_token_decode_matches_transformers(loaded: Loaded) -> None:
     state = loaded.ours.new_state(loaded.case.batch)
     start = loaded.case.decode_from
-    outs = [loaded.ours(loaded.ids[:, :start], state)] if start else []
-    outs += [loaded.ours(loaded.ids[:, t : t + 1], state) for t in range(start, loaded.case.seq)]
+    outs = [loaded.ours.step(loaded.ids[:, :start], state)] if start else []
+    outs += [
+        loaded.ours.step(loaded.ids[:, t : t + 1], state) for t in range(start, loaded.case.seq)
+    ]
     err = (torch.cat(outs, dim=1) - loaded.ref).abs().max().item()
     assert err < TOL, f"max abs diff {err:.3g}"
 
@@ -206,10 +208,10 @@ def test_cloned_state_branches_independently(loaded: Loaded) -> None:
     ours, ids, ref = loaded.ours, loaded.ids, loaded.ref
     split = loaded.case.seq // 2
     state = ours.new_state(loaded.case.batch)
-    head = ours(ids[:, :split], state)
+    head = ours.step(ids[:, :split], state)
     branch = clone_state(state)
     other = torch.randint(0, ours.cfg.vocab_size, ids[:, split:].shape)
-    ours(other, state)  # the original wanders off on different tokens
-    tail = ours(ids[:, split:], branch)
+    ours.step(other, state)  # the original wanders off on different tokens
+    tail = ours.step(ids[:, split:], branch)
     err = (torch.cat((head, tail), dim=1) - ref).abs().max().item()
     assert err < TOL, f"max abs diff {err:.3g}"

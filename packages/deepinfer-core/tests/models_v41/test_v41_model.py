@@ -7,6 +7,8 @@ import torch
 from _tiny import IMAGE_TOKEN, TEXT, VOCAB, tiny_model
 from _v41_ref import Reference
 
+from deepinfer.models.batch import ForwardBatch
+
 S = 37
 
 
@@ -30,7 +32,7 @@ def _run_chunks(model, ids: torch.Tensor, sizes: list[int], images: torch.Tensor
         if images is not None:
             n = int((part == IMAGE_TOKEN).sum())
             emb, used = images[used : used + n], used + n
-        out.append(model(part, state, emb))
+        out.append(model.step(part, state, emb))
         i += size
     assert i == ids.shape[1] and state.pos == i
     return torch.cat(out, dim=1), state
@@ -78,12 +80,12 @@ def test_images_replace_embeddings_at_image_tokens(model) -> None:
         model.forward_logits(ids)
     with pytest.raises(ValueError, match=r"\[4, 64\]"):
         model.forward_logits(ids, image_embeds=images[:3])
-    # The batched engine paths take text only, and say so before touching any state.
+    # Batches of several spans take text only, and say so before touching any state.
     state = model.new_state(1)
-    with pytest.raises(ValueError, match="text chunks"):
-        model.forward_packed([ids[0, :3], ids[0]], [model.new_state(1), state])
-    with pytest.raises(ValueError, match="text tokens"):
-        model.forward_decode(ids[0, 4:5], [state])
+    with pytest.raises(ValueError, match="images go in a batch of one span"):
+        model(ForwardBatch.build([ids[0, :3], ids[0]], [model.new_state(1), state]))
+    with pytest.raises(ValueError, match="no image_embeds"):
+        model(ForwardBatch.decode(ids[0, 4:5], [state]))
     assert state.pos == 0
 
 
@@ -119,7 +121,7 @@ def test_engram_needs_a_token_map() -> None:
 
 def test_mtp_drafting_is_not_implemented(model) -> None:
     state = model.new_state(1)
-    _, streams = model.forward_with_streams(_ids(7, batch=1, length=4), state)
+    streams = _streams(model, _ids(7, batch=1, length=4), state)
     with pytest.raises(NotImplementedError, match="MTP"):
         model.mtp_forward(streams, _ids(8, batch=1, length=4), state)
 
@@ -132,3 +134,9 @@ def test_v4_style_residual_switch() -> None:
     full = model.forward_logits(ids)
     one, _ = _run_chunks(model, ids, [1] * 13)
     assert (one - full).abs().max().item() < 1e-4
+
+
+def _streams(model, ids: torch.Tensor, state):  # type: ignore[no-untyped-def]
+    """The final residual streams [B, S, hc, d] of a step over ``ids`` [B, S]."""
+    out = model(ForwardBatch.of(ids, state, return_streams=True))
+    return out.streams.unflatten(0, tuple(ids.shape))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from deepinfer.backends.base import Availability
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer.cache.pages import PagedEntries
+from deepinfer.paging import PagedEntries
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
 

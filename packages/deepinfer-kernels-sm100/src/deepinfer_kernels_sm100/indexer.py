@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer.cache.pages import PagedEntries
+from deepinfer.paging import PagedEntries
 from deepinfer_kernels_sm100.attention import dot_precision, native_dot
 
 

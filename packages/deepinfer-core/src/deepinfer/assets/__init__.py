@@ -17,7 +17,9 @@ from tokenizers import Tokenizer
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.deepseek_v41 import DeepseekV41ForCausalLM
 
 ASSETS = Path(__file__).resolve().parent
 TINY_DIR = ASSETS / "tiny"
@@ -54,7 +56,7 @@ def tiny_config() -> ModelConfig:
 
 
 @torch.no_grad()
-def init_random_weights(model: DeepseekV4ForCausalLM, seed: int = 0) -> None:
+def init_random_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
     """Fill every parameter from a seeded generator, at scales that keep activations O(1)."""
     g = torch.Generator().manual_seed(seed)
     n_experts = model.cfg.n_routed_experts
@@ -94,23 +96,23 @@ def tiny_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     backend: Backend | None = None,
-) -> DeepseekV4ForCausalLM:
+) -> DeepseekCausalLM:
     """The trained tiny model, read by the public loader like any checkpoint."""
     return load_checkpoint(TINY_DIR, dtype, device, backend)
 
 
 def load_checkpoint(
     path: Path, dtype: torch.dtype, device: str | torch.device, backend: Backend | None = None
-) -> DeepseekV4ForCausalLM:
+) -> DeepseekCausalLM:
     """``load_model`` plus what V4.1 needs beside the weights: Engram's token map, which is a
     function of the tokenizer and therefore not stored in the checkpoint. ``backend``: the op
     table (default: the torch reference on ``device``)."""
     from deepinfer.models import load_model
 
     model = load_model(path, dtype=dtype, device=device, backend=backend)
-    if getattr(model.cfg, "engram_layer_ids", None):
+    if isinstance(model, DeepseekV41ForCausalLM) and model.cfg.engram_layer_ids:
         from deepinfer.models.layers.engram_hash import build_compressed_token_map
 
         tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-        model.set_engram_token_map(build_compressed_token_map(tokenizer))  # type: ignore[attr-defined]
+        model.set_engram_token_map(build_compressed_token_map(tokenizer))
     return model

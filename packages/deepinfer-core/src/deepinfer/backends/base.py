@@ -18,7 +18,7 @@ from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
 
 if TYPE_CHECKING:
-    from deepinfer.cache.pages import PagedEntries
+    from deepinfer.paging import PagedEntries
 
 __all__ = ["Availability", "Backend"]
 

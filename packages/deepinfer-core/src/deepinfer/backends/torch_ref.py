@@ -3,21 +3,56 @@
 It is the CPU default and the numeric reference that every accelerated kernel is tested against.
 It also runs on a CUDA device (plain torch ops), which is how kernel packages inherit the ops they
 do not accelerate.
+
+This module keeps the op dispatch, the blocking of long prefills and the top-k picks. The maths
+of three op families is in modules of its own, which read (and are reused) without the backend:
+:mod:`~deepinfer.backends.attention_ref` (sink attention, indexer scores, KV compression),
+:mod:`~deepinfer.backends.moe_ref` (expert grouping and matmuls) and
+:mod:`~deepinfer.backends.mhc_ref` (hyper-connection weights, Sinkhorn). The helpers that were
+once defined here stay importable from here.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from deepinfer.backends.attention_ref import (
+    indexer_dot_scores,
+    pool_windows,
+    sink_attention,
+    sparse_sink_attention,
+)
 from deepinfer.backends.base import Availability, Backend
-from deepinfer.cache.pages import PagedEntries, dense_entries
+from deepinfer.backends.mhc_ref import mhc_weights_from_mix, sinkhorn
+from deepinfer.backends.moe_ref import (
+    GROUPED_MM,
+    combine_slots,
+    expert_outputs,
+    group_by_expert,
+    sort_by_expert,
+)
+from deepinfer.paging import PagedEntries, dense_entries
+
+# Public names importable from here, including those defined here before the maths moved out.
+__all__ = [
+    "CPU_SCORE_ELEMENTS",
+    "MAX_SCORE_ELEMENTS",
+    "TorchBackend",
+    "combine_slots",
+    "group_by_expert",
+    "sinkhorn",
+    "sort_by_expert",
+    "stable_topk",
+]
+
+#: The grouped-matmul choices under their name from before the move (the same dict object, so
+#: patching an entry here patches :data:`deepinfer.backends.moe_ref.GROUPED_MM`).
+_GROUPED_MM = GROUPED_MM
 
 #: Largest score tensor (elements) the reference materialises at once; longer prefills are
 #: processed in query blocks so a long prompt does not need O(S^2 * heads) memory.
@@ -29,6 +64,8 @@ CPU_SCORE_ELEMENTS = 1 << 20
 
 
 def _rows_per_chunk(elements_per_row: int, rows: int, device: torch.device) -> int:
+    """Query rows per block so one block's score tensor stays within the limits above (read
+    from this module's globals at each call, so tests can shrink them to force blocking)."""
     limit = MAX_SCORE_ELEMENTS
     if device.type == "cpu":
         limit = min(limit, CPU_SCORE_ELEMENTS)
@@ -49,87 +86,6 @@ def stable_topk(scores: Tensor, k: int) -> Tensor:
     t = s.shape[-1]
     low = (t - 1) - torch.arange(t, device=s.device, dtype=torch.int64)
     return torch.topk((ordered.to(torch.int64) << 32) | low, k, dim=-1).indices
-
-
-GroupedMM = Callable[..., Tensor]
-_GROUPED_MM: dict[tuple[str, torch.dtype], GroupedMM | None] = {}
-
-
-def _grouped_mm_for(device: torch.device, dtype: torch.dtype) -> GroupedMM | None:
-    """torch's grouped matmul if it runs for this device and dtype here, else None.
-
-    It is new (public as ``F.grouped_mm`` from torch 2.10) and its kernels cover only some
-    device/dtype pairs (CUDA wants bf16 on Hopper), so one tiny call decides, once per pair;
-    without it the experts run one matmul each.
-    """
-    key = (device.type, dtype)
-    if key not in _GROUPED_MM:
-        fn = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-        if fn is not None:
-            try:
-                a = torch.ones(4, 16, dtype=dtype, device=device)
-                b = torch.ones(2, 16, 16, dtype=dtype, device=device)
-                ends = torch.tensor([1, 4], dtype=torch.int32, device=device)
-                got = fn(a, b.transpose(1, 2), offs=ends)
-                fn = fn if bool((got.float() == 16).all()) else None
-            except (RuntimeError, NotImplementedError, TypeError):
-                fn = None
-        _GROUPED_MM[key] = fn
-    return _GROUPED_MM[key]
-
-
-def group_by_expert(
-    weights: Tensor, indices: Tensor, num_experts: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Group the (token, slot) pairs of a routing by expert, without a host sync.
-
-    Returns (token row of each sorted pair [P], the sort order [P], each expert's end offset
-    in the sorted pairs [E] int32, the router weights [P, 1] fp32, which sorted pairs have an
-    expert [P]). The sort is stable: within an expert, pairs keep their (token, slot) order.
-    "No expert" (-1) pairs sort after every expert's group, outside every offset, so grouped
-    matmuls skip them.
-    """
-    k = indices.shape[-1]
-    flat = indices.reshape(-1)
-    key = torch.where(flat >= 0, flat, num_experts)
-    order = key.argsort(stable=True)
-    ordered = key[order]
-    # Group ends by binary search in the sorted keys: unlike bincount, no host sync.
-    experts = torch.arange(num_experts, device=indices.device, dtype=ordered.dtype)
-    ends = torch.searchsorted(ordered, experts, right=True).to(torch.int32)
-    scale = weights.reshape(-1)[order, None].float()
-    return order // k, order, ends, scale, ordered < num_experts
-
-
-def sort_by_expert(
-    x: Tensor, weights: Tensor, indices: Tensor, w13: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """:func:`group_by_expert` and the inputs of the sorted pairs [P, d] in the weights' dtype:
-    (rows, order, ends, inputs, router weights, live)."""
-    rows, order, ends, scale, live = group_by_expert(weights, indices, w13.shape[0])
-    return rows, order, ends, x[rows].to(w13.dtype), scale, live
-
-
-def combine_slots(y: Tensor, order: Tensor, live: Tensor, k: int) -> Tensor:
-    """Sum the expert outputs of each token [P, d] (sorted pairs) -> [N, d], in slot order.
-
-    Pairs without an expert contribute zero (their rows were never computed). The sum runs
-    over each token's k slots in a fixed order, so it is deterministic on any device.
-    """
-    y = torch.where(live[:, None], y, 0.0)
-    per_slot = torch.empty_like(y).index_copy_(0, order, y)
-    return per_slot.view(-1, k, y.shape[-1]).sum(dim=1)
-
-
-def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
-    """Project [..., n, n] logits towards a doubly-stochastic matrix (softmax, then alternate
-    column/row normalisation): part of ``mhc_pre``, not an op of its own."""
-    comb = torch.softmax(logits.float(), dim=-1) + eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    return comb
 
 
 class TorchBackend(Backend):
@@ -183,12 +139,7 @@ class TorchBackend(Backend):
                 ],
                 dim=1,
             )
-        kvf = kv.float()
-        logits = torch.einsum("bshd,bld->bhsl", q.float(), kvf) * scale
-        logits = logits.masked_fill(~mask[:, None], float("-inf"))
-        sink = sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)
-        probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
-        return torch.einsum("bhsl,bld->bshd", probs, kvf).to(q.dtype)
+        return sink_attention(q, kv, mask, sinks, scale)
 
     def sparse_attention(
         self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
@@ -208,13 +159,7 @@ class TorchBackend(Backend):
                 ],
                 dim=1,
             )
-        batch = torch.arange(b, device=kv.device)[:, None, None]
-        keys = kv[batch, index.clamp(min=0)].float()  # [B, S, K, D]
-        logits = torch.matmul(q.float(), keys.transpose(-1, -2)) * scale  # [B, S, H, K]
-        logits = logits.masked_fill((index < 0)[:, :, None], float("-inf"))
-        sink = sinks.float().view(1, 1, h, 1).expand(b, s, h, 1)
-        probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
-        return torch.matmul(probs, keys).to(q.dtype)
+        return sparse_sink_attention(q, kv, index, sinks, scale)
 
     def sampling_uniform(
         self, seeds: Tensor, positions: Tensor, width: int, stream: int = 0
@@ -231,21 +176,7 @@ class TorchBackend(Backend):
         prev_score: Tensor | None,
         overlap: bool,
     ) -> Tensor:
-        if overlap:
-            dim = kv.shape[-1] // 2
-            b, _, r, _ = kv.shape
-            # First half of each window feeds the next entry; window -1 gets weight 0 when absent.
-            first_kv = kv[..., :dim]
-            first_sc = score[..., :dim]
-            if prev_kv is None or prev_score is None:
-                prev_kv = kv.new_zeros(b, r, dim)
-                prev_score = score.new_full((b, r, dim), float("-inf"))
-            shifted_kv = torch.cat((prev_kv[:, None].to(kv.dtype), first_kv[:, :-1]), dim=1)
-            shifted_sc = torch.cat((prev_score[:, None].to(score.dtype), first_sc[:, :-1]), dim=1)
-            kv = torch.cat((shifted_kv, kv[..., dim:]), dim=2)
-            score = torch.cat((shifted_sc, score[..., dim:]), dim=2)
-        weights = torch.softmax(score.float(), dim=2)
-        return (weights * kv.float()).sum(dim=2)
+        return pool_windows(kv, score, prev_kv, prev_score, overlap)
 
     def indexer_topk(
         self,
@@ -313,8 +244,7 @@ class TorchBackend(Backend):
                 ],
                 dim=1,
             )
-        dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
-        return (dots * weights.float()[..., None]).sum(dim=2)
+        return indexer_dot_scores(q, keys, weights)
 
     def engram_gate(
         self, h: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
@@ -359,15 +289,10 @@ class TorchBackend(Backend):
         hc_eps: float,
         sinkhorn_iters: int,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        n = x.shape[-2]
         mix = self.hc_mix(x, fn, norm_eps)
-        base = base.float()
-        scale = scale.float()
-        pre = torch.sigmoid(mix[..., :n] * scale[0] + base[:n]) + hc_eps
-        post = 2 * torch.sigmoid(mix[..., n : 2 * n] * scale[1] + base[n : 2 * n])
-        comb_logits = mix[..., 2 * n :] * scale[2] + base[2 * n :]
-        comb = sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
-        return pre, post, comb
+        return mhc_weights_from_mix(
+            mix, base, scale, hc=x.shape[-2], hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
+        )
 
     def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
         return (pre.float()[..., None] * x.float()).sum(dim=-2).to(x.dtype)
@@ -442,32 +367,17 @@ class TorchBackend(Backend):
         w2: Tensor,
         swiglu_limit: float,
     ) -> Tensor:
-        rows, order, ends, xs, scale, live = sort_by_expert(x, weights, indices, w13)
-        y = None
-        grouped = _grouped_mm_for(x.device, w13.dtype)
-        if grouped is not None:
-            try:
-                gate, up = grouped(xs, w13.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-                h = self._clamped_swiglu(gate, up, swiglu_limit) * scale  # scaled before w2
-                y = grouped(h.to(w2.dtype), w2.transpose(1, 2), offs=ends).float()
-            except RuntimeError as exc:  # e.g. a CUDA kernel's alignment rule on these dims
-                _GROUPED_MM[(x.device.type, w13.dtype)] = None
-                warnings.warn(
-                    f"grouped matmul failed for experts {tuple(w13.shape)} on {x.device} "
-                    f"({exc}); running one matmul per expert from now on",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        if y is None:
-            y = torch.zeros(len(rows), x.shape[-1], dtype=torch.float32, device=x.device)
-            start = 0
-            for e, stop in enumerate(ends.tolist()):
-                if stop > start:
-                    part = slice(start, stop)
-                    gate, up = F.linear(xs[part], w13[e]).chunk(2, dim=-1)
-                    h = self._clamped_swiglu(gate, up, swiglu_limit) * scale[part]
-                    y[part] = F.linear(h.to(w2.dtype), w2[e]).float()
-                start = stop
+        _, order, ends, xs, scale, live = sort_by_expert(x, weights, indices, w13)
+        # The activation is passed as this backend's method: subclasses may override it.
+        y = expert_outputs(
+            xs,
+            ends,
+            scale,
+            w13=w13,
+            w2=w2,
+            swiglu_limit=swiglu_limit,
+            activation=self._clamped_swiglu,
+        )
         return combine_slots(y, order, live, indices.shape[-1])
 
     def swiglu_mlp(

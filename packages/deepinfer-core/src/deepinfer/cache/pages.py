@@ -26,33 +26,15 @@ stays visible, even to a masked read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from deepinfer.models.state import CompressorPool
+from deepinfer.paging import PAGE_TOKENS, PagedEntries, page_size, pages_for
 from deepinfer.transfer import to_device
 
-if TYPE_CHECKING:
-    from deepinfer.models.state import CompressorPool
-
-#: Tokens whose entries one page holds: the prefix cache's block size.
-PAGE_TOKENS = 128
-
-
-def pages_for(num_tokens: int) -> int:
-    """Pages that hold the entries of ``num_tokens`` tokens (one per started block)."""
-    return -(-num_tokens // PAGE_TOKENS)
-
-
-def page_size(ratio: int) -> int:
-    """Entries of one compressor in a page."""
-    if PAGE_TOKENS % ratio:
-        raise NotImplementedError(
-            f"paged entries need compression ratios that divide {PAGE_TOKENS}, got {ratio}"
-        )
-    return PAGE_TOKENS // ratio
+__all__ = ["PAGE_TOKENS", "PageTable", "PagedEntries", "page_size", "pages_for"]
 
 
 class PageTable:
@@ -219,47 +201,3 @@ class PageTable:
             pool.pages = bigger
         self._free = list(range(new, old, -1)) + self._free
         self.num_pages = new
-
-
-@dataclass
-class PagedEntries:
-    """Entries ``:limit`` of each row of a decode batch, read in place from their pages.
-
-    A decode step used to copy every row's entries into a dense [B, limit, D] tensor per
-    layer, although a top-k layer attends to only ``index_topk`` of them: with V4.1's ratio-1
-    layers at 64k tokens that is 64 MiB a row in bf16, written and read again each step. A
-    top-k layer now gathers just its picked rows (:meth:`take`), a backend may score keys in
-    their pages directly, and the rest (dense attention over HCA entries, the reference
-    scoring) asks for the copy (:meth:`dense`).
-    """
-
-    pages: Tensor  # [num_pages + 1, rows, D]: one compressor's pages
-    index: Tensor  # [B, pages_for(limit)]: the page of each row's blocks
-    limit: int
-    #: [B] entries each row holds (at most ``limit``; None: unknown). A captured step's
-    #: ``limit`` is its entry bucket's, up to 4x a row's own count: readers may skip the rest.
-    counts: Tensor | None = None
-
-    @property
-    def shape(self) -> torch.Size:
-        """The dense copy's shape, [B, limit, D]."""
-        return torch.Size((self.index.shape[0], self.limit, self.pages.shape[-1]))
-
-    def dense(self) -> Tensor:
-        """[B, limit, D]: row i's entries ``:limit`` (past its own count: whatever its pages
-        hold there, zeros or provisional entries; callers mask by each row's count)."""
-        return self.pages[self.index].flatten(1, 2)[:, : self.limit]
-
-    def take(self, entry: Tensor) -> Tensor:
-        """[B, K, D]: row i's entries ``entry[i]`` [B, K] (each in ``0..limit-1``)."""
-        rows = self.pages.shape[1]
-        flat = self.index.gather(1, entry // rows) * rows + entry % rows
-        # One row index into the flattened pages gathers whole rows at a time (index_select);
-        # a (page, slot) index pair goes element by element, several times slower on a GPU.
-        picked = self.pages.flatten(0, 1).index_select(0, flat.flatten())
-        return picked.view(*entry.shape, *self.pages.shape[2:])
-
-
-def dense_entries(entries: Tensor | PagedEntries) -> Tensor:
-    """``entries`` as a dense [B, T, D] tensor (a paged view is copied out)."""
-    return entries.dense() if isinstance(entries, PagedEntries) else entries

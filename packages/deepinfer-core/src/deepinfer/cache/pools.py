@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.cache.pages import PAGE_TOKENS, pages_for
 from deepinfer.config import CSA_RATIO, ModelConfig
 from deepinfer.models.state import BUFFERS, ModelState
+from deepinfer.paging import PAGE_TOKENS, pages_for
 
 
 def state_bytes(cfg: ModelConfig, dtype: torch.dtype, num_tokens: int) -> int:

@@ -24,14 +24,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from deepinfer.cache.pages import PAGE_TOKENS, PageTable
-from deepinfer.models.state import (
-    CompressorPool,
-    CompressorState,
-    ModelState,
-    clone_or_none,
-    page_table_of,
-)
+from deepinfer.cache.pages import PageTable
+from deepinfer.models.layouts import page_table_of
+from deepinfer.models.state import CompressorPool, CompressorState, ModelState, clone_or_none
+from deepinfer.paging import PAGE_TOKENS
 
 #: A block's compressed entries fill whole entry pages.
 BLOCK_SIZE = PAGE_TOKENS

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from deepinfer.cache.pages import PAGE_TOKENS, PageTable, pages_for
+from deepinfer.cache.pages import PageTable
 from deepinfer.models.state import BUFFERS, CompressorPool, CompressorState, ModelState
+from deepinfer.paging import PAGE_TOKENS, pages_for
 
 
 @dataclass(frozen=True)

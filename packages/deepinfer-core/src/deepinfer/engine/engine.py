@@ -25,22 +25,21 @@ from collections.abc import Container, Iterable
 
 import torch
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
-from deepinfer.cache.pages import PAGE_TOKENS
 from deepinfer.cache.pools import StatePool
 from deepinfer.cache.prefix import PrefixCache
 from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.detokenizer import Detokenizer
+from deepinfer.engine.graph_capture import capture_decode_graphs
 from deepinfer.engine.output_processor import check_stop, request_output
 from deepinfer.engine.processor import InputProcessor, fit_max_model_len
 from deepinfer.engine.request import Request, RequestStatus
 from deepinfer.engine.runner import Due, ModelRunner, PendingSample, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.errors import InvalidRequestError
-from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
-from deepinfer.models.graphs import DecodeGraphs, entry_buckets
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
@@ -53,10 +52,6 @@ _GOLDEN = 0x9E3779B97F4A7C15
 MAX_FAULTS = 3
 #: Entry pages allocated at startup when decode steps are not captured (more come as needed).
 INITIAL_PAGES = 64
-#: Longest sequences whose decode graphs are captured at startup; steps over longer ones
-#: capture theirs on first use (each entry bucket's graphs hold that many tokens' entries
-#: per row, which for long contexts is best not reserved before it is needed).
-STARTUP_CAPTURE_TOKENS = 2048
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -67,7 +62,7 @@ def sample_seed(seed: int, index: int) -> int:
 class LLMEngine:
     def __init__(
         self,
-        model: DeepseekV4ForCausalLM,
+        model: DeepseekCausalLM,
         tokenizer: Tokenizer,
         config: EngineConfig | None = None,
     ) -> None:
@@ -138,28 +133,7 @@ class LLMEngine:
         self.groups: dict[str, list[Request]] = {}
         self.num_steps = 0
         if graphs is not None:
-            self._capture_decode_graphs(graphs)
-
-    @torch.inference_mode()
-    def _capture_decode_graphs(self, graphs: DecodeGraphs) -> None:
-        """Capture the decode step of every batch bucket and every entry bucket up to
-        :data:`STARTUP_CAPTURE_TOKENS` now, as vLLM does at startup, instead of on first use
-        inside a run (about 0.1 s each on the H200, 35 batch buckets at the default
-        max_num_seqs). Each decodes once on a throwaway state, placed at the entry bucket's
-        last position, whose slot and pages are then handed back (and reset when reused)."""
-        table = self.slots.page_table
-        lengths = [1]
-        if table is not None:
-            fits = min(STARTUP_CAPTURE_TOKENS // PAGE_TOKENS, table.max_pages)
-            pages = [b for b in entry_buckets(table.pages_per_slot) if b <= max(fits, 1)]
-            lengths = [b * PAGE_TOKENS for b in pages]
-        todo = [(n, bucket) for n in lengths for bucket in graphs.buckets]
-        for num_tokens, bucket in tqdm(todo, desc="capturing decode graphs", disable=None):
-            state = self.slots.new_state()
-            state.pos = min(num_tokens, self.max_model_len) - 1
-            ids = torch.zeros(bucket, dtype=torch.long)
-            self.model.forward_decode(ids, [state] * bucket, graphs)
-            self.slots.release(state)
+            capture_decode_graphs(self.model, self.slots, graphs, self.max_model_len)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -277,8 +251,9 @@ class LLMEngine:
             # Cannot happen while max_model_len fits the budget; never cut a request silently.
             self._fail(req, f"its state does not fit state_memory_bytes ({self.pool.budget_bytes})")
         try:
-            due = self.runner.execute(out)
-            due += self._fork(due)
+            ran = self.runner.execute(out)
+            self.scheduler.update_from_output(ran.num_computed)
+            due = ran.due + self._fork(ran.due)
             launched = self.runner.launch_sample(due)
         except BaseException as exc:
             if pending is not None:
@@ -349,7 +324,6 @@ class LLMEngine:
                     if self.scheduler.try_fork(req, child):
                         assert req.state is not None
                         child.state = self.slots.clone(req.state)
-                        child.num_computed_tokens = req.num_computed_tokens
                         child.metrics.first_scheduled_time = time.monotonic()
                         extra.append(([child], rows[i : i + 1]))
                 req.fork_children = []

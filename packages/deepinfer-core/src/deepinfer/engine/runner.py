@@ -1,13 +1,12 @@
-"""Runs one scheduled step: model forwards for every scheduled span, then one batched sample.
+"""Runs one scheduled step: one model forward over every scheduled span, then one batched sample.
 
-States are per-request objects. Requests that decode one token go through the model together
-(``forward_decode``: one pass over the layers for the whole batch, each row at its own position);
-prefill chunks of all other requests are packed into one forward (``forward_packed_at``,
-which runs sequences at one position with chunks of similar length as one lockstep batch).
-The sampler then draws for every request that reached the end of its known tokens in one
-batched call. With the prefix cache on, the packed forward also hands back each request's
-state at the 128-token boundaries inside its chunk (copies taken as the layers pass them),
-so recording the blocks costs no cut.
+The runner reads the scheduler's output (never writes it), describes the step as one
+:class:`~deepinfer.models.batch.ForwardBatch` (decode rows first, then prefill chunks; prompt
+logprobs keep every position's logits; the prefix cache's block ends inside a chunk are record
+points), runs ``model(batch)``, records the blocks the step completed, and returns a
+:class:`ModelRunnerOutput` that the scheduler applies: the scheduler is the only writer of a
+request's progress. The sampler then draws for every request that reached the end of its known
+tokens in one batched call.
 
 In batch-invariant mode every token runs through the model on its own, so a request's logits
 never depend on its batch neighbours (a batched decode sums in a batch-dependent order).
@@ -21,7 +20,7 @@ on the device, and the next decode step takes its input ids from there.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -29,7 +28,8 @@ from torch import Tensor
 from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache, Snapshot
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
-from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.batch import ForwardBatch, SequenceSpan
+from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 from deepinfer.outputs import Logprobs
@@ -39,6 +39,15 @@ from deepinfer.transfer import to_device
 #: Requests due a token and their last-position logits [n, V], in the batches the model made
 #: them (one stack of rows per decode step, so sampling needs no per-row gather).
 Due = list[tuple[list[Request], Tensor]]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What a step did, for the scheduler to apply: it alone writes request progress."""
+
+    #: Tokens now in each scheduled request's state.
+    num_computed: dict[Request, int] = field(default_factory=dict)
+    due: Due = field(default_factory=list)
 
 
 @dataclass
@@ -98,7 +107,7 @@ def _to_host(t: Tensor | None) -> Tensor | None:
 class ModelRunner:
     def __init__(
         self,
-        model: DeepseekV4ForCausalLM,
+        model: DeepseekCausalLM,
         eos_token_ids: set[int],
         prefix_cache: PrefixCache | None = None,
         batch_invariant: bool = False,
@@ -117,35 +126,62 @@ class ModelRunner:
         #: The latest draws; decode rows whose input token is still in flight read it here.
         self.last_sample: PendingSample | None = None
 
-    def execute(self, out: SchedulerOutput) -> Due:
-        """Run the model; return the last-position logits of the requests due a token."""
-        due: Due = []
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the scheduled spans; the scheduler applies the returned progress."""
+        result = ModelRunnerOutput()
         if self.batch_invariant:
             for req, n in out.scheduled.items():
-                logits = self._advance(req, n)
-                if req.num_computed_tokens == req.num_tokens:
-                    due.append(([req], logits[None]))
-            return due
-        decode = [r for r, n in out.scheduled.items() if self._is_decode(r, n)]
-        # A lone decode token runs as a one-token chunk, except with graphs (where the decode
-        # step of even one row is captured) or while the token is still on the device.
-        if len(decode) >= 2 or (decode and (self.graphs is not None or decode[0].num_inflight)):
-            due.append(self._decode(decode))
-        else:
-            decode = []
-        batched = set(decode)
-        chunks = {r: n for r, n in out.scheduled.items() if r not in batched}
-        for req, n in chunks.items():
-            if req.prompt_logprobs is not None:  # needs every position's logits
-                logits = self._advance(req, n)
-                if req.num_computed_tokens == req.num_tokens:
-                    due.append(([req], logits[None]))
-        packed = {
-            r: r.num_computed_tokens + n for r, n in chunks.items() if r.prompt_logprobs is None
-        }
-        if packed:
-            due.extend(self._prefill(packed))
-        return due
+                logits = self._one_by_one(req, n)
+                result.num_computed[req] = req.num_computed_tokens + n
+                if req.num_computed_tokens + n == req.num_tokens:
+                    result.due.append(([req], logits[None]))
+            return result
+        batch, reqs = self._build_batch(out.scheduled)
+        output = self.model(batch, self.graphs)
+        all_decode = len(batch.decode_rows) == len(batch.spans)
+        if all_decode:  # the common decode step: its logits are one stack of rows already
+            result.due.append((reqs, output.logits))
+        per_span = [] if all_decode else output.split(batch)
+        for i, (req, span) in enumerate(zip(reqs, batch.spans, strict=True)):
+            for view in output.states_at[i]:
+                self.record_block(req, view)
+            end = span.start + span.num_tokens
+            result.num_computed[req] = end
+            self._maybe_record(req)
+            if all_decode:
+                continue
+            logits = per_span[i]
+            if req.prompt_logprobs is not None:
+                self._prompt_logprobs(req, span.start, logits)
+            if end == req.num_tokens:
+                result.due.append(([req], logits[-1:]))
+        return result
+
+    def _build_batch(self, scheduled: dict[Request, int]) -> tuple[ForwardBatch, list[Request]]:
+        """The step's batch: decode rows first (their ids may still be on the device, where
+        the previous step drew them), then every other span with its tokens from the host."""
+        decode = [r for r, n in scheduled.items() if self._is_decode(r, n)]
+        others = [r for r in scheduled if r not in set(decode)]
+        spans, pieces = [], []
+        if decode:
+            pieces.append(self._decode_ids(decode))
+        for req in decode:
+            assert req.state is not None
+            spans.append(SequenceSpan.decode_row(req.state))
+        for req in others:
+            start, n = req.num_computed_tokens, scheduled[req]
+            assert req.state is not None
+            # A prefill never reaches a token still in flight (the scheduler waits for it).
+            ids = req.all_token_ids[start : start + n]
+            assert len(ids) == n
+            pieces.append(torch.tensor(ids, dtype=torch.long))
+            keep = n if req.prompt_logprobs is not None else 1
+            spans.append(
+                SequenceSpan.new(req.state, n, keep, tuple(self._boundaries(req, start + n)))
+            )
+        device = pieces[0].device
+        ids = torch.cat([to_device(p, device) for p in pieces]) if len(pieces) > 1 else pieces[0]
+        return ForwardBatch(ids, tuple(spans)), [*decode, *others]
 
     @staticmethod
     def _is_decode(req: Request, n: int) -> bool:
@@ -155,16 +191,6 @@ class ModelRunner:
             and req.num_computed_tokens >= req.num_prompt_tokens
             and req.num_computed_tokens + 1 == req.num_tokens
         )
-
-    def _decode(self, reqs: list[Request]) -> tuple[list[Request], Tensor]:
-        """All single-token rows in one batched pass, each at its own position."""
-        states = [r.state for r in reqs]
-        assert all(s is not None for s in states)
-        logits = self.model.forward_decode(self._decode_ids(reqs), states, self.graphs)  # type: ignore[arg-type]
-        for req in reqs:
-            req.num_computed_tokens += 1
-            self._maybe_record(req)
-        return reqs, logits
 
     def _decode_ids(self, reqs: list[Request]) -> Tensor:
         """The token each decode row feeds: from the host, or, while it is in flight, from the
@@ -186,31 +212,6 @@ class ModelRunner:
             return gathered
         return torch.where(index >= 0, gathered, to_device(torch.tensor(host), drawn.device))
 
-    def _prefill(self, ends: dict[Request, int]) -> Due:
-        """Advance every request to its scheduled end with one packed forward.
-
-        With the prefix cache on, the forward also returns each request's state at the
-        128-token boundaries inside its chunk, and those blocks are recorded.
-        """
-        reqs = list(ends)
-        chunks = [torch.tensor(r.all_token_ids[r.num_computed_tokens : ends[r]]) for r in reqs]
-        # A prefill never reaches a token still in flight (the scheduler waits for it).
-        assert all(
-            c.numel() == ends[r] - r.num_computed_tokens for c, r in zip(chunks, reqs, strict=True)
-        )
-        states = [r.state for r in reqs]
-        marks = [self._boundaries(r, ends[r]) for r in reqs]
-        logits, views = self.model.forward_packed_at(chunks, states, marks)  # type: ignore[arg-type]
-        due: Due = []
-        for i, req in enumerate(reqs):
-            for view in views[i]:
-                self.record_block(req, view)
-            req.num_computed_tokens = ends[req]
-            self._maybe_record(req)
-            if ends[req] == req.num_tokens:
-                due.append(([req], logits[i : i + 1]))
-        return due
-
     def _boundaries(self, req: Request, end: int) -> list[int]:
         """The block boundaries strictly inside the request's next chunk (none without a
         prefix cache)."""
@@ -219,29 +220,27 @@ class ModelRunner:
         first = (req.num_computed_tokens // BLOCK_SIZE + 1) * BLOCK_SIZE
         return list(range(first, end, BLOCK_SIZE))
 
-    def _piece_end(self, req: Request, end: int) -> int:
-        """Where a per-request forward stops: the first block boundary before ``end``."""
-        return next(iter(self._boundaries(req, end)), end)
-
     def _maybe_record(self, req: Request) -> None:
-        if self.prefix_cache is not None and req.num_computed_tokens % BLOCK_SIZE == 0:
-            assert req.state is not None
-            self.record_block(req, req.state)
+        """Record the block that ends where the request's state now stands, if one does."""
+        state = req.state
+        if self.prefix_cache is not None and state is not None and state.pos % BLOCK_SIZE == 0:
+            self.record_block(req, state)
 
-    def _advance(self, req: Request, n: int) -> Tensor:
-        """Per-request forwards (batch-invariant mode, prompt logprobs)."""
-        assert req.state is not None
+    def _one_by_one(self, req: Request, n: int) -> Tensor:
+        """Batch-invariant mode: every token runs through the model on its own, so a request's
+        logits never depend on its batch neighbours (a batched decode sums in a
+        batch-dependent order). Returns the last position's logits."""
+        state = req.state
+        assert state is not None
         tokens = req.all_token_ids
         end = req.num_computed_tokens + n
         last: Tensor | None = None
-        while req.num_computed_tokens < end:
-            start = req.num_computed_tokens
-            stop = start + 1 if self.batch_invariant else self._piece_end(req, end)
-            ids = torch.tensor([tokens[start:stop]], dtype=torch.long)
-            logits = self.model(ids, req.state)[0]
+        while state.pos < end:
+            start = state.pos
+            ids = torch.tensor([tokens[start : start + 1]], dtype=torch.long)
+            logits = self.model(ForwardBatch.of(ids, state)).logits
             if req.prompt_logprobs is not None:
                 self._prompt_logprobs(req, start, logits)
-            req.num_computed_tokens = stop
             last = logits[-1]
             self._maybe_record(req)
         assert last is not None

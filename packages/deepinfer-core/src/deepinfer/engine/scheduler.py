@@ -108,9 +108,16 @@ class Scheduler:
         self.waiting.remove(child)
         self.running.append(child)
         child.status = RequestStatus.RUNNING
+        child.num_computed_tokens = parent.num_computed_tokens
         return True
 
     # -- the step -----------------------------------------------------------------------------
+
+    def update_from_output(self, num_computed: dict[Request, int]) -> None:
+        """Apply a step's progress (the runner's :class:`ModelRunnerOutput`): the tokens now in
+        each scheduled request's state. The scheduler is the only writer of this count."""
+        for req, n in num_computed.items():
+            req.num_computed_tokens = n
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -8,18 +8,19 @@ import torch
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer.models.state import ModelState
 
 #: model_type in config.json -> model class (also registered under ``deepinfer.models``).
-MODEL_CLASSES: dict[str, type[DeepseekV4ForCausalLM]] = {
+MODEL_CLASSES: dict[str, type[DeepseekCausalLM]] = {
     "deepseek_v4": DeepseekV4ForCausalLM,
     "deepseek_v41": DeepseekV41ForCausalLM,
 }
 
 
-def model_class(model_type: str) -> type[DeepseekV4ForCausalLM]:
+def model_class(model_type: str) -> type[DeepseekCausalLM]:
     """The class for a config's ``model_type``: a ``deepinfer.models`` plugin first, then ours."""
     from deepinfer import plugins
 

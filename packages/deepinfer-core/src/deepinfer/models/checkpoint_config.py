@@ -12,15 +12,12 @@ import copy
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deepinfer.config import ModelConfig
 from deepinfer.models.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from deepinfer.models.loader import CheckpointLayout
 
 CONFIG_FILE = "config.json"
 MTP_PREFIX = "mtp."
@@ -97,6 +94,17 @@ def mtp_depths(names: Iterable[str]) -> int:
             if index.isdigit():
                 depth = max(depth, int(index) + 1)
     return depth
+
+
+@dataclass
+class CheckpointLayout:
+    """Where each tensor lives: shard file name per tensor, in the order shards are read."""
+
+    root: Path
+    shards: list[str]
+    shard_of: dict[str, str]
+    names_by_shard: dict[str, list[str]] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
 
 
 def model_config(layout: CheckpointLayout) -> ModelConfig:

@@ -6,7 +6,7 @@ captured, once per batch bucket, and replayed with one launch:
 
 * a whole step, when every state of the batch lives in the shared slot tensors (V4 and V4.1,
   Engram history included): the step is then a fixed sequence of device ops over those
-  tensors (``DeepseekV4ForCausalLM._slot_step``). It reads the entry pages up to a bucket of
+  tensors (``deepinfer.models.decode``). It reads the entry pages up to a bucket of
   the batch's longest sequence (1, 4, 16, ... pages, :func:`entry_buckets`), so there is one
   graph per batch bucket and entry bucket, and a step reads at most 4x the pages it needs;
 * otherwise each layer's FFN half (mHC, RMSNorm, router, routed and shared experts), a pure

@@ -26,13 +26,18 @@ import functools
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from deepinfer.models.checkpoint_config import CONFIG_FILE, quant_settings, read_config
+from deepinfer.models.checkpoint_config import (
+    CONFIG_FILE,
+    CheckpointLayout,
+    quant_settings,
+    read_config,
+)
 from deepinfer.models.errors import CheckpointError, QuantFormatError
 from deepinfer.models.quant import (
     dequant_fp4_e2m1,
@@ -62,17 +67,6 @@ _PACKED_FP4_DTYPES = tuple(d for d in (torch.uint8, torch.int8, _FP4_X2_DTYPE) i
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoint layout
-
-
-@dataclass
-class CheckpointLayout:
-    """Where each tensor lives: shard file name per tensor, in the order shards are read."""
-
-    root: Path
-    shards: list[str]
-    shard_of: dict[str, str]
-    names_by_shard: dict[str, list[str]] = field(default_factory=dict)
-    config: dict[str, Any] | None = None
 
 
 def resolve_layout(path: str | Path) -> CheckpointLayout:

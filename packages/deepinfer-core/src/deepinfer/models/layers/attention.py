@@ -17,15 +17,17 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.cache.pages import dense_entries
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedKV
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.visibility import visible_mask
 from deepinfer.models.layers.window import chunk_window, window_keys
-from deepinfer.models.state import LayerState, LayerStates, Packed, SWARing, compressor_states
+from deepinfer.models.layouts import LayerStates, Packed, compressor_states
+from deepinfer.models.state import LayerState, SWARing
+from deepinfer.paging import dense_entries
 
 
 def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -202,6 +204,4 @@ class Attention(MQA):
                 ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
             )
             return LongRange(entries, picks=picks)
-        visible = torch.arange(n, device=x.device) < ((positions + 1) // self.ratio)[..., None]
-        visible = visible.expand(x.shape[0], x.shape[1], n)
-        return LongRange(entries, visible=visible)
+        return LongRange(entries, visible=visible_mask(positions, self.ratio, n, x.shape[0]))

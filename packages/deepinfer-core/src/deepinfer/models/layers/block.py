@@ -16,7 +16,8 @@ from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm
 from deepinfer.models.layers.rope import Rotary, per_call
-from deepinfer.models.state import LayerState, LayerStates
+from deepinfer.models.layouts import LayerStates
+from deepinfer.models.state import LayerState
 
 
 @dataclass

@@ -24,10 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.cache.pages import PagedEntries, dense_entries
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
+from deepinfer.paging import PagedEntries, dense_entries
 
 
 @dataclass

@@ -15,10 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.cache.pages import PagedEntries
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
+from deepinfer.models.layouts import CompressorRows, CompressorStates
+from deepinfer.models.state import CompressorState
+from deepinfer.paging import PagedEntries
 from deepinfer.transfer import to_device
 
 

@@ -15,7 +15,8 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.state import CompressorStates
+from deepinfer.models.layers.visibility import visible_count
+from deepinfer.models.layouts import CompressorStates
 
 
 class Indexer(nn.Module):
@@ -48,5 +49,4 @@ class Indexer(nn.Module):
         cos, sin = rotary.cos_sin(positions)
         q = ops.rope(q, cos, sin)
         weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
-        n_visible = (positions + 1) // self.ratio
-        return ops.indexer_topk(q, keys, weights, n_visible, self.topk)
+        return ops.indexer_topk(q, keys, weights, visible_count(positions, self.ratio), self.topk)

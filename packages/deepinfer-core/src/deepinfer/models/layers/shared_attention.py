@@ -20,13 +20,9 @@ from deepinfer.models.layers.candidate_indexer import LongRange, SharedIndexer, 
 from deepinfer.models.layers.compressor import write_slot_entries
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
-from deepinfer.models.state import (
-    CompressorState,
-    LayerState,
-    SlotRows,
-    SWARing,
-    compressor_states,
-)
+from deepinfer.models.layers.visibility import visible_mask
+from deepinfer.models.layouts import SlotRows, compressor_states
+from deepinfer.models.state import CompressorState, LayerState, SWARing
 
 
 class SharedAttention(MQA):
@@ -134,8 +130,7 @@ class SharedAttention(MQA):
             assert self.indexer is not None
             keys = shared.keys[self.kv_source]
             t = keys.shape[1]
-            visible = torch.arange(t, device=x.device) < ((positions + 1) // self.ratio)[..., None]
-            visible = visible.expand(x.shape[0], x.shape[1], t)
+            visible = visible_mask(positions, self.ratio, t, x.shape[0])
             scores = self.indexer.scores(ops, x, qr, positions, rotary=rotary, keys=keys)
             picks, candidates = self.indexer.select(
                 ops,

@@ -24,7 +24,8 @@ from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary, per_call
 from deepinfer.models.layers.shared_attention import SharedAttention
-from deepinfer.models.state import LayerState, LayerStates
+from deepinfer.models.layouts import LayerStates
+from deepinfer.models.state import LayerState
 
 
 @dataclass

@@ -21,7 +21,8 @@ from deepinfer.models.layers.compressor import (
     slot_windows,
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
-from deepinfer.models.state import CompressorRows, CompressorState, CompressorStates
+from deepinfer.models.layouts import CompressorRows, CompressorStates
+from deepinfer.models.state import CompressorState
 from deepinfer.transfer import to_device
 
 

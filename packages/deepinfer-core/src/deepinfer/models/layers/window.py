@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deepinfer.models.state import LayerState, SlotRows
+from deepinfer.models.layouts import SlotRows
+from deepinfer.models.state import LayerState
 from deepinfer.transfer import to_device
 
 

@@ -1,0 +1,78 @@
+"""Attention maths of the torch reference, one block of query rows at a time.
+
+DeepSeek V4's compressed sparse attention has four numeric pieces: the KV compressor's softmax
+pooling of token windows into entries, the lightning indexer's scores that pick the entries
+each query reads, and shared-KV multi-query attention with a per-head sink logit, either over a
+mask (dense) or over a list of key rows (sparse).
+
+They live here, apart from :class:`~deepinfer.backends.torch_ref.TorchBackend`, so that the
+formulas read on their own. The backend keeps the splitting of long prefills into blocks of
+query rows (whose size tests shrink through ``torch_ref.MAX_SCORE_ELEMENTS``) and calls these
+on each block; nothing here bounds memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sink_attention(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+    """``Backend.attention`` in fp32: ``q`` [B, S, H, D], ``kv`` [B, L, D], ``mask`` [B, S, L]
+    -> [B, S, H, D] in ``q``'s dtype; the sink joins the softmax denominator only."""
+    b, s, h, _ = q.shape
+    kvf = kv.float()
+    logits = torch.einsum("bshd,bld->bhsl", q.float(), kvf) * scale
+    logits = logits.masked_fill(~mask[:, None], float("-inf"))
+    sink = sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)
+    probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("bhsl,bld->bshd", probs, kvf).to(q.dtype)
+
+
+def sparse_sink_attention(
+    q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
+) -> Tensor:
+    """``Backend.sparse_attention`` in fp32: each query's listed ``kv`` rows (``index``
+    [B, S, K], -1 = none) are gathered into [B, S, K, D] and attended like a mask would."""
+    b, s, h, _ = q.shape
+    batch = torch.arange(b, device=kv.device)[:, None, None]
+    keys = kv[batch, index.clamp(min=0)].float()  # [B, S, K, D]
+    logits = torch.matmul(q.float(), keys.transpose(-1, -2)) * scale  # [B, S, H, K]
+    logits = logits.masked_fill((index < 0)[:, :, None], float("-inf"))
+    sink = sinks.float().view(1, 1, h, 1).expand(b, s, h, 1)
+    probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs, keys).to(q.dtype)
+
+
+def pool_windows(
+    kv: Tensor,
+    score: Tensor,
+    prev_kv: Tensor | None,
+    prev_score: Tensor | None,
+    overlap: bool,
+) -> Tensor:
+    """``Backend.compress``: softmax-pool each window's rows [B, n, r, c*D] -> [B, n, D] fp32;
+    with ``overlap`` an entry pools the first half of the window before it and its own second
+    half (``prev_*`` [B, r, D]: the window before the first; None: weight 0)."""
+    if overlap:
+        dim = kv.shape[-1] // 2
+        b, _, r, _ = kv.shape
+        # First half of each window feeds the next entry; window -1 gets weight 0 when absent.
+        first_kv = kv[..., :dim]
+        first_sc = score[..., :dim]
+        if prev_kv is None or prev_score is None:
+            prev_kv = kv.new_zeros(b, r, dim)
+            prev_score = score.new_full((b, r, dim), float("-inf"))
+        shifted_kv = torch.cat((prev_kv[:, None].to(kv.dtype), first_kv[:, :-1]), dim=1)
+        shifted_sc = torch.cat((prev_score[:, None].to(score.dtype), first_sc[:, :-1]), dim=1)
+        kv = torch.cat((shifted_kv, kv[..., dim:]), dim=2)
+        score = torch.cat((shifted_sc, score[..., dim:]), dim=2)
+    weights = torch.softmax(score.float(), dim=2)
+    return (weights * kv.float()).sum(dim=2)
+
+
+def indexer_dot_scores(q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
+    """``Backend.indexer_scores`` on dense keys: ``sum_h weights * relu(q . k)``, ``q``
+    [B, S, h, c], ``keys`` [B, T, c], ``weights`` [B, S, h] -> [B, S, T] fp32."""
+    dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
+    return (dots * weights.float()[..., None]).sum(dim=2)

@@ -1,0 +1,45 @@
+"""Manifold-constrained hyper-connection (mHC) weight maths of the torch reference.
+
+A block's hyper-connection mixer yields, per token, ``(2 + n) * n`` numbers for ``n`` residual
+streams: the weights that collapse the streams into the block's input (``pre``), the weights
+that spread its output back (``post``) and the stream-to-stream mixing matrix (``comb``), made
+nearly doubly stochastic by Sinkhorn normalisation.
+
+It is a module of its own, apart from :class:`~deepinfer.backends.torch_ref.TorchBackend`,
+because it is pure maths on the mixer's output: it is the float reference that fused kernels
+(``deepinfer_kernels_sm100.mhc.mhc_weights_from_mix``, same signature) are tested against, and
+:func:`sinkhorn` is checked on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
+    """Project [..., n, n] logits towards a doubly-stochastic matrix (softmax, then alternate
+    column/row normalisation): part of ``mhc_pre``, not an op of its own."""
+    comb = torch.softmax(logits.float(), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
+def mhc_weights_from_mix(
+    mix: Tensor, base: Tensor, scale: Tensor, *, hc: int, hc_eps: float, sinkhorn_iters: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(pre [..., n], post [..., n], comb [..., n, n]) fp32 from the mixer output [..., (2+n)n].
+
+    ``scale`` [3] scales the three parts and ``base`` [(2+n)n] shifts them; ``hc`` is ``n``.
+    """
+    n = hc
+    base = base.float()
+    scale = scale.float()
+    pre = torch.sigmoid(mix[..., :n] * scale[0] + base[:n]) + hc_eps
+    post = 2 * torch.sigmoid(mix[..., n : 2 * n] * scale[1] + base[n : 2 * n])
+    comb_logits = mix[..., 2 * n :] * scale[2] + base[2 * n :]
+    comb = sinkhorn(comb_logits.unflatten(-1, (n, n)), sinkhorn_iters, hc_eps)
+    return pre, post, comb

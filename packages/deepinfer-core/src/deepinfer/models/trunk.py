@@ -1,0 +1,90 @@
+"""What the ways of running a step need from a model version: one pass over its layers.
+
+V4 and V4.1 share everything around their layer stacks: the batch description, the state, the
+three ways spans run (one sequence or lockstep batch, a batch of single-token rows, a packed pass
+over many spans; :mod:`.decode`, :mod:`.packing`) and the output head. A version supplies
+:meth:`StepModel.run_layers` (its layers and how their outputs reach the head) and
+:meth:`StepModel.engram_ids` (V4.1's hashed look-back; none in V4), and the step code calls them
+the same way for every kind of row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from deepinfer.backends.base import Backend
+from deepinfer.config import ModelConfig
+from deepinfer.models.graphs import DecodeGraphs
+from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layouts import LayerStates
+from deepinfer.models.state import ModelState
+from deepinfer.transfer import to_device
+
+
+@dataclass
+class LayerInputs:
+    """One pass over the layers."""
+
+    input_ids: Tensor  # [B, S] on the model's device
+    positions: Tensor  # [S] for a chunk or packed spans; [B, 1] for a batch of decode rows
+    layer_states: Sequence[LayerStates]  # one per layer, in the layout the rows need
+    #: V4.1 Engram: compressed ids with the look-back in front, [B, history + S] (one such
+    #: tensor per span when packed); None without Engram.
+    engram_ids: Tensor | list[Tensor] | None = None
+    #: The positions whose logits to compute (:func:`take_rows`); None: all.
+    rows: Tensor | None = None
+    #: Decode steps on a GPU: CUDA graphs of each layer's FFN half.
+    graphs: DecodeGraphs | None = None
+    #: Image embeddings already in place: [B, S] True at image tokens; None: text only.
+    embeds: Tensor | None = None
+    image_mask: Tensor | None = None
+
+
+class StepModel(Protocol):
+    """The model as the step code sees it."""
+
+    cfg: ModelConfig
+    dtype: torch.dtype
+    ops: Backend
+    rotary: dict[str, Rotary]
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def new_state(self, batch_size: int = 1, slack: int = 0) -> ModelState: ...
+
+    def run_layers(self, inputs: LayerInputs) -> tuple[Tensor, Tensor]:
+        """(fp32 logits at ``inputs.rows`` [B, R, V], final residual streams [B, S, hc, d])."""
+        ...
+
+    def engram_ids(
+        self, input_ids: Tensor, history: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(compressed ids with the look-back in front, the look-back after ``input_ids``)."""
+        ...
+
+
+def take_rows(x: Tensor, rows: Tensor | None) -> Tensor:
+    """``x`` [B, S, ...] at sequence positions ``rows``: [R] the same for every row, [B, 1]
+    one per row (a padded lockstep batch), or None for all."""
+    if rows is None:
+        return x
+    if rows.dim() == 1:
+        return x[:, rows]
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], rows]
+
+
+def history_after(
+    before: Tensor | None, chunk: Tensor, n: int, device: torch.device
+) -> Tensor | None:
+    """The Engram look-back (the last ids, oldest first) after the first ``n`` ids of
+    ``chunk``, from the look-back ``before`` it; None for a model without one."""
+    if before is None:
+        return None
+    ids = to_device(chunk.reshape(1, -1)[:, :n], device)
+    return torch.cat((before, ids), dim=1)[:, -before.shape[1] :]

@@ -1,0 +1,124 @@
+"""Steps that mix every kind of row give the token-by-token reference's logits.
+
+Speculative verification feeds k drafted tokens per request and needs the logits at every one of
+them, in the same step as other requests' prefill chunks and single-token decode rows. Each step
+here is one ``model(ForwardBatch)`` over such a mix, in a shuffled order: fresh prompts, chunks
+that continue a sequence, 1-token rows, and rows of 2-6 tokens that keep every position's
+logits. The reference runs each sequence one token at a time with a state of its own, so every
+kept logit is checked against an independent path (the single-token step is itself checked
+against transformers for V4 and a float64 re-implementation for V4.1 in the other model tests).
+The sequences run past the sliding window and through every compressor phase, with states of
+their own and as rows of the engine's shared slot tensors and entry pages.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+from _tiny_models import text_ids
+
+from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
+from deepinfer.cache.slots import StateSlots
+from deepinfer.models.batch import ForwardBatch, SequenceSpan
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.state import ModelState
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SEQUENCES = 6
+ROUNDS = 9
+
+
+def _backend(device: str, kind: str):  # type: ignore[no-untyped-def]
+    if kind == "torch":
+        return None
+    sm100 = pytest.importorskip("deepinfer_kernels_sm100.backend")
+    return sm100.Sm100Backend(torch.device(device))
+
+
+def _model(name: str, device: str, kind: str) -> DeepseekCausalLM:
+    backend = _backend(device, kind)
+    if name == "v4":
+        model = random_tiny_model(torch.float32, device=device, seed=5)
+        if backend is not None:
+            model.ops = backend
+        return model
+    if not (TINY_DIR / "model.safetensors").is_file():
+        pytest.skip("the embedded V4.1 tiny model is not in this checkout")
+    return tiny_model(torch.float32, device=device, backend=backend)
+
+
+CASES = [(d, k) for d in DEVICES for k in (("torch", "sm100") if d == "cuda" else ("torch",))]
+
+
+@pytest.fixture(scope="module", params=["v4", "v41"])
+def name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _spans_for_round(
+    rnd: random.Random, model: DeepseekCausalLM, gen: torch.Generator, first: bool
+) -> list[tuple[int, torch.Tensor, int]]:
+    """(sequence, ids, logits kept) for each sequence this round: a prompt chunk, a decode
+    row, a k-token verification row or a continuing chunk (some sequences sit a round out)."""
+    out = []
+    for seq in range(SEQUENCES):
+        kind = "prompt" if first else rnd.choice(["decode", "decode", "k", "k", "chunk", "idle"])
+        if kind == "idle":
+            continue
+        n = {
+            "prompt": rnd.randint(40, 150),
+            "decode": 1,
+            "k": rnd.randint(2, 6),
+            "chunk": rnd.randint(7, 40),
+        }[kind]
+        keep = n if kind in ("k", "decode") or rnd.random() < 0.3 else 1
+        out.append((seq, text_ids(model, gen, n), keep))
+    rnd.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["own", "slots"])
+@pytest.mark.parametrize(("device", "backend"), CASES)
+def test_mixed_k_token_steps_equal_token_by_token(
+    name: str, device: str, backend: str, layout: str
+) -> None:
+    model = _model(name, device, backend)
+    new_state: Callable[[], ModelState] = lambda: model.new_state(1)  # noqa: E731
+    if layout == "slots":
+        new_state = StateSlots(new_state, max_slots=SEQUENCES, max_len=1024).new_state
+    states = [new_state() for _ in range(SEQUENCES)]
+    reference = [model.new_state(1) for _ in range(SEQUENCES)]
+    rnd, gen = random.Random(7), torch.Generator().manual_seed(7)
+    tol = 5e-5 if device == "cpu" else 2e-4
+    kinds: set[tuple[int, int]] = set()
+    for step in range(ROUNDS):
+        plan = _spans_for_round(rnd, model, gen, first=step == 0)
+        ids = [chunk.to(device) for _, chunk, _ in plan]
+        batch = ForwardBatch.build(ids, [states[s] for s, _, _ in plan], [k for *_, k in plan])
+        got = model(batch).split(batch)
+        for (seq, chunk, keep), logits in zip(plan, got, strict=True):
+            want = torch.stack(
+                [model.step(t.view(1, 1).to(device), reference[seq])[0, 0] for t in chunk]
+            )[chunk.numel() - keep :]
+            torch.testing.assert_close(logits, want, rtol=0, atol=tol, msg=f"step {step}")
+            kinds.add((min(chunk.numel(), 7), keep))
+    assert [s.pos for s in states] == [s.pos for s in reference]
+    assert max(s.pos for s in states) > model.cfg.sliding_window  # the rings wrapped
+    assert {(1, 1)} < kinds and any(1 < n <= 6 and k == n for n, k in kinds)
+
+
+def test_a_batch_runs_once(name: str) -> None:
+    """A batch whose states moved since it was built is refused, not run on stale positions."""
+    model = _model(name, "cpu", "torch")
+    state = model.new_state(1)
+    batch = ForwardBatch.build([torch.tensor([5, 6, 7])], [state])
+    model(batch)
+    with pytest.raises(ValueError, match="runs once"):
+        model(batch)
+    with pytest.raises(ValueError, match="appears in two spans"):
+        ForwardBatch(
+            torch.tensor([5, 6]), (SequenceSpan.decode_row(state), SequenceSpan.decode_row(state))
+        )
