@@ -122,3 +122,28 @@ def test_a_batch_runs_once(name: str) -> None:
         ForwardBatch(
             torch.tensor([5, 6]), (SequenceSpan.decode_row(state), SequenceSpan.decode_row(state))
         )
+
+
+@pytest.mark.parametrize("layout", ["own", "slots"])
+def test_verification_rows_roll_back_exactly(name: str, layout: str) -> None:
+    """Speculative decoding's loop on one sequence: feed k drafted tokens as one row that
+    keeps every logit, keep a prefix of them, roll the state back to it. The kept logits and
+    the next row's logits equal a from-scratch forward over the accepted tokens, with the
+    state's rings and buffers in shared slot tensors and entry pages too."""
+    model = _model(name, "cpu", "torch")
+    new_state: Callable[[], ModelState] = lambda: model.new_state(1, slack=6)  # noqa: E731
+    if layout == "slots":
+        new_state = StateSlots(new_state, max_slots=2, max_len=1024).new_state
+    state = new_state()
+    rnd, gen = random.Random(3), torch.Generator().manual_seed(3)
+    accepted: list[int] = []
+    while len(accepted) <= model.cfg.sliding_window:  # until the ring has wrapped
+        draft = text_ids(model, gen, rnd.randint(2, 6))
+        k = draft.numel()
+        got = model(ForwardBatch.build([draft], [state], num_logits=[k])).logits
+        keep = rnd.randint(1, k)
+        accepted += draft[:keep].tolist()
+        model.rollback(state, len(accepted), accepted)
+        want = model.forward_logits(torch.tensor([accepted]))[0, -keep:]
+        torch.testing.assert_close(got[:keep], want, rtol=0, atol=5e-5)
+    assert state.pos == len(accepted)

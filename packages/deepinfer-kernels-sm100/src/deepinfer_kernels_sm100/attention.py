@@ -29,6 +29,7 @@ divisibility class of them (mid-run compiles of a second or more): they are not 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -211,6 +212,25 @@ QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 #: exact and only the fp32 sums round, as in an IEEE fp32 dot on CUDA cores (64 heads x 512,
 #: 640 keys, 32 rows: 72 -> 60 us; two parts 55 us but no longer exact products).
 PV_PARTS = 3
+#: Blackwell (compute capability 10) holds tensor-core accumulators in tensor memory, 512
+#: columns an SM. Triton gives the PV_PARTS bf16 dots into a 64 x 256 fp32 accumulator 544 of
+#: them and refuses the launch, so there wide programs keep BLOCK_DV columns (found by
+#: compiling for sm_100a on the CPU, ``tests/test_aot_compile.py``; not yet timed there).
+TENSOR_MEMORY_MAJOR = 10
+
+
+@functools.cache
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def wide_block_dv(device: torch.device, pv_parts: int) -> int:
+    """Output columns of a wide program on ``device`` (see :data:`TENSOR_MEMORY_MAJOR`)."""
+    if pv_parts and device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if _capability_major(index) >= TENSOR_MEMORY_MAJOR:
+            return BLOCK_DV
+    return WIDE_BLOCK_DV
 
 
 def native_dot(a: Tensor, b: Tensor) -> bool:
@@ -247,7 +267,8 @@ def _launch(
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
     wide = b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
-    block_dk, block_dv = min(width, BLOCK_DK), min(width, WIDE_BLOCK_DV if wide else BLOCK_DV)
+    wide_dv = wide_block_dv(kv.device, pv_parts) if wide else BLOCK_DV
+    block_dk, block_dv = min(width, BLOCK_DK), min(width, wide_dv)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
     if splits is None:
         splits = num_splits(blocks[0] * blocks[1] * blocks[2], keys)

@@ -40,8 +40,9 @@ class LayerInputs:
     rows: Tensor | None = None
     #: Decode steps on a GPU: CUDA graphs of each layer's FFN half.
     graphs: DecodeGraphs | None = None
-    #: Image embeddings already in place: [B, S] True at image tokens; None: text only.
+    #: [B, S, d] token embeddings with any image embeddings in place (None: embed the ids).
     embeds: Tensor | None = None
+    #: [B, S] True at image tokens (None: text only).
     image_mask: Tensor | None = None
 
 

@@ -1,0 +1,717 @@
+"""Every launched sm100 Triton kernel, compiled ahead of time for sm_100a and sm_90a on the CPU.
+
+CI has no NVIDIA GPU: the package's other tests run the kernels in Triton's CPU interpreter, which
+never lowers them through the NVIDIA backend. A construct the interpreter accepts but the
+compiler rejects for Blackwell or Hopper (a dot's shape or operand types, a layout conversion,
+a shared- or tensor-memory budget, a ptxas error) would first show on a GPU. Triton's compiler
+takes an explicit ``GPUTarget`` and needs neither a GPU nor a driver, so here each kernel goes
+through TTIR, TTGIR, LLVM IR and PTX, and with the ptxas bundled in the Triton wheel to a cubin, for
+both targets, with the argument types, specialisations and constexprs its launch site passes
+for DeepSeek-V4-Flash shapes (hidden 4096, 64 heads of 512, 256 experts of 2048, top-6, index
+heads of 128, 4 hyper-connection streams): ``AOT_SPECS`` below, one entry per launch
+configuration whose generated code differs (dtype, constexpr branch, tile shape, warps).
+
+A kernel that a launch site calls (``kernel[grid](...)``) without an entry fails
+``test_every_launched_kernel_has_an_aot_spec``; ``@triton.jit`` helpers called only from other
+kernels are compiled as part of those.
+
+The compiles run in subprocesses, one per target and in parallel. On a machine without a GPU
+the root conftest sets ``TRITON_INTERPRET=1``, under which ``triton.jit`` makes interpreter
+functions that cannot be compiled, and the kernel modules pick their interpreter-only code paths
+(``attention.QK_NATIVE``, ``moe._WIDEN``); the subprocesses get an environment without
+``TRITON_*`` settings (tool paths aside) and a fresh cache directory, so every run compiles the
+kernels as a GPU process would.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+if TYPE_CHECKING:
+    from triton.runtime.jit import JITFunction
+
+pytestmark = pytest.mark.slow  # about 30 s of compiling per target
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "deepinfer_kernels_sm100"
+PACKAGE = "deepinfer_kernels_sm100"
+
+#: CUDA compute capabilities compiled for: Triton names capability >= 90 ``sm_<cap>a``.
+ARCHS: tuple[int, ...] = (100, 90)
+#: Shared memory one block may opt into on H100/H200 and B200 (227 KiB): Triton refuses to
+#: launch a kernel that needs more, so a kernel over it compiles but cannot run.
+MAX_SHARED_BYTES = 232448
+#: Tensor-memory columns of a Blackwell SM (sm_100a): Triton refuses to launch a kernel whose
+#: tcgen05 accumulators need more (and compiles its body to a bare ``trap``).
+MAX_TMEM_COLUMNS = 512
+#: Seconds one target's worker may take (each takes about 30 s of one core).
+WORKER_TIMEOUT_S = 600
+
+#: A parameter's value at a typical launch: ``"*bf16"`` etc. for a tensor of that dtype (taken
+#: as 16-byte aligned, as torch's CUDA allocations are), an int or float as the launch passes
+#: it (Triton specialises ints on their value: see ``_bind``), or a constexpr's value.
+Value = str | int | float | bool
+
+#: (spec id, arch) -> why it does not compile to a kernel that can launch: a named
+#: limitation, reported as xfail (and as a failure once it compiles, so the entry goes).
+KNOWN_FAILURES: dict[tuple[str, int], str] = {}
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    """One launch configuration of a kernel: its parameters by name, as the launch site passes
+    them, and the launch's ``num_warps``."""
+
+    kernel: str  # "<module>.<kernel>" in deepinfer_kernels_sm100
+    variant: str
+    params: Mapping[str, Value]
+    num_warps: int = 4
+    #: The targets whose launch sites pick this configuration (the wrapper may choose by
+    #: compute capability).
+    archs: tuple[int, ...] = ARCHS
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}[{self.variant}]"
+
+
+# -- the launch configurations -------------------------------------------------------------------
+# V4-Flash: hidden 4096, 64 query heads x 512 (rope 64), 256 experts x 2048, top-6, index heads
+# 64 x 128, index top-k 512, hc 4, vocab 129280; a decode batch of 32 rows. "bf16" is the model
+# dtype in production, "fp32" the dtype the CPU-parity and tiny-model runs use.
+
+
+def _norm_specs() -> Iterator[AotSpec]:
+    k = "elementwise._rms_norm_kernel"
+    # RMSNorm weights stay fp32; an unweighted norm passes the input again as the weight.
+    for dt in ("bf16", "fp32"):
+        yield AotSpec(
+            k,
+            f"{dt}-hidden",
+            {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096, "eps": 1e-6,
+             "HAS_WEIGHT": True, "BLOCK": 4096},
+        )  # fmt: skip
+    yield AotSpec(
+        k,
+        "bf16-query-head-unweighted",
+        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dim": 512, "eps": 1e-6,
+         "HAS_WEIGHT": False, "BLOCK": 512},
+    )  # fmt: skip
+
+
+def _rope_specs() -> Iterator[AotSpec]:
+    k = "elementwise._rope_kernel"
+    for dt in ("bf16", "fp32"):
+        yield AotSpec(
+            k,
+            f"{dt}-query-heads",
+            {"x_ptr": f"*{dt}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": f"*{dt}",
+             "heads": 64, "dim": 512, "rot_start": 448, "half": 32, "sign": 1.0,
+             "BLOCK_H": 16, "BLOCK_D": 512},
+        )  # fmt: skip
+    # kv rows and compressed entries: one head, which Triton specialises to a constant
+    yield AotSpec(
+        k,
+        "bf16-single-head",
+        {"x_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16",
+         "heads": 1, "dim": 512, "rot_start": 448, "half": 32, "sign": -1.0,
+         "BLOCK_H": 1, "BLOCK_D": 512},
+    )  # fmt: skip
+
+
+def _swiglu_specs() -> Iterator[AotSpec]:
+    for dt, limit in (("bf16", 10.0), ("fp32", 0.0)):
+        yield AotSpec(
+            "elementwise._swiglu_kernel",
+            f"{dt}-{'clamped' if limit > 0 else 'unclamped'}",
+            {"gate_ptr": f"*{dt}", "up_ptr": f"*{dt}", "out_ptr": f"*{dt}", "n": 32 * 2048,
+             "limit": limit, "CLAMP": limit > 0, "BLOCK": 1024},
+        )  # fmt: skip
+
+
+def _sampling_specs() -> Iterator[AotSpec]:
+    yield AotSpec(
+        "sampling._uniform_kernel",
+        "vocab",
+        {"seed_ptr": "*i64", "pos_ptr": "*i64", "out_ptr": "*fp32", "width": 129280, "stream": 0,
+         "BLOCK": 1024},
+    )  # fmt: skip
+
+
+def _router_specs() -> Iterator[AotSpec]:
+    k = "router._route_kernel"
+    # without a bias (or fixed experts) the launch passes the logits (the indices) in their place
+    cases = (
+        ("sqrtsoftplus-biased", 256, 6, 0, True, False, True),  # V4's noaux_tc router
+        ("hash-layer-fixed", 256, 6, 0, False, True, True),  # V4's tid2eid layers
+        ("sigmoid-biased", 256, 8, 1, True, False, True),
+        ("softmax", 64, 6, 2, False, False, False),
+    )
+    for variant, experts, topk, scoring, bias, fixed, norm in cases:
+        yield AotSpec(
+            k,
+            variant,
+            {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "fixed_ptr": "*i64",
+             "weights_ptr": "*fp32", "indices_ptr": "*i64", "experts": experts, "scaling": 1.5,
+             "K": topk, "K_PAD": max(2, 1 << (topk - 1).bit_length()), "E_PAD": max(16, experts),
+             "SCORING": scoring, "HAS_BIAS": bias, "FIXED": fixed, "NORM": norm},
+        )  # fmt: skip
+
+
+def _mhc_specs() -> Iterator[AotSpec]:
+    yield AotSpec(
+        "mhc._mhc_weights_kernel",
+        "hc4",
+        {"mix_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
+         "post_ptr": "*fp32", "comb_ptr": "*fp32", "rows": 32, "iters": 20, "hc_eps": 1e-6,
+         "N": 4, "NP": 4, "BLOCK": 16},
+    )  # fmt: skip
+    for dt in ("bf16", "fp32"):
+        # streams [32, 4, 4096] flattened: 16384 columns in splits of 128, (2 + 4) * 4 outputs
+        yield AotSpec(
+            "mhc._hc_mix_kernel",
+            f"{dt}-hc4",
+            {"x_ptr": f"*{dt}", "fn_ptr": "*fp32", "out_ptr": "*fp32", "squares_ptr": "*fp32",
+             "rows": 32, "k_dim": 16384, "width": 24, "norm_eps": 1e-6,
+             "SPLIT": 128, "BLOCK_R": 16, "BLOCK_W": 32, "BLOCK_K": 64},
+        )  # fmt: skip
+    yield AotSpec(
+        "mhc._hc_mix_finish_kernel",
+        "hc4",
+        {"part_ptr": "*fp32", "squares_ptr": "*fp32", "out_ptr": "*fp32", "rows": 32,
+         "splits": 128, "k_dim": 16384, "width": 24, "norm_eps": 1e-6,
+         "BLOCK_S": 128, "BLOCK_W": 32},
+    )  # fmt: skip
+    for dt in ("bf16", "fp32"):
+        yield AotSpec(
+            "mhc._mhc_post_kernel",
+            f"{dt}-hc4",
+            {"y_ptr": f"*{dt}", "x_ptr": f"*{dt}", "post_ptr": "*fp32", "comb_ptr": "*fp32",
+             "out_ptr": f"*{dt}", "dim": 4096, "N": 4, "NP": 4, "BLOCK_D": 256},
+        )  # fmt: skip
+        yield AotSpec(
+            "mhc._mhc_collapse_kernel",
+            f"{dt}-hc4",
+            {"x_ptr": f"*{dt}", "pre_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096,
+             "N": 4, "NP": 4, "BLOCK_D": 512},
+        )  # fmt: skip
+
+
+def _moe_specs() -> Iterator[AotSpec]:
+    # decode: 32 tokens x 6 slots; the largest batch one program sorts: 4096 pairs, 8 warps
+    for variant, pairs, warps in (("decode", 192, 4), ("largest", 4096, 8)):
+        yield AotSpec(
+            "moe._group_kernel",
+            variant,
+            {"idx_ptr": "*i64", "weight_ptr": "*fp32", "token_ptr": "*i32", "order_ptr": "*i32",
+             "scale_ptr": "*fp32", "ends_ptr": "*i32", "pairs": pairs, "k": 6,
+             "num_experts": 256, "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": 256},
+            num_warps=warps,
+        )  # fmt: skip
+    # BLOCK_M 16 up to 64 pairs per expert on average, 64 past it; fp32 weights: IEEE dots
+    for dt, block_m in (("bf16", 16), ("bf16", 64), ("fp32", 16)):
+        ieee = dt == "fp32"
+        yield AotSpec(
+            "moe._gate_up_kernel",
+            f"{dt}-block-m{block_m}",
+            {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": f"*{dt}", "scale_ptr": "*fp32",
+             "ends_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048, "k_dim": 4096, "limit": 10.0,
+             "CLAMP": True, "IEEE": ieee, "WIDEN": False,
+             "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64},
+        )  # fmt: skip
+        yield AotSpec(
+            "moe._down_kernel",
+            f"{dt}-block-m{block_m}",
+            {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "ends_ptr": "*i32", "order_ptr": "*i32",
+             "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, "IEEE": ieee, "WIDEN": False,
+             "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64},
+        )  # fmt: skip
+
+
+def _indexer_specs() -> Iterator[AotSpec]:
+    # 16-bit queries and keys meet in tensor-core dots as they are; fp32 ones in IEEE dots.
+    # Pages hold 128 / ratio entries: 32 for V4's ratio-4 layers, 128 for V4.1's ratio-1.
+    for dt, page_rows in (("bf16", 32), ("bf16", 128), ("fp32", 32)):
+        native = dt == "bf16"
+        yield AotSpec(
+            "indexer._paged_scores_kernel",
+            f"{dt}-page-rows{page_rows}",
+            {"q_ptr": f"*{dt}", "w_ptr": "*fp32", "pages_ptr": f"*{dt}", "index_ptr": "*i64",
+             "count_ptr": "*i64", "out_ptr": "*fp32", "seq": 1, "heads": 64, "limit": 8192,
+             "index_cols": 8192 // page_rows, "dim": 128, "PAGE_ROWS": page_rows,
+             "NATIVE": native, "PRECISION": "tf32" if native else "ieee",
+             "BLOCK_H": 32, "BLOCK_T": 128, "BLOCK_C": 128},
+            num_warps=8,
+        )  # fmt: skip
+
+
+#: which entries a top-k row may see (topk.ALL / PREFIX / MASK), and the pointers the launch
+#: passes for them: n_visible int64 (PREFIX), allowed bool (MASK), else the scores again
+_TOPK_MODES: dict[str, tuple[int, str, str]] = {
+    "all": (0, "*fp32", "*fp32"),
+    "prefix": (1, "*i64", "*fp32"),
+    "mask": (2, "*fp32", "*u1"),
+}
+
+
+def _topk_specs() -> Iterator[AotSpec]:
+    # 32 decode rows x 32768 entries, k = 512: 16 segments of 2048 entries per row
+    common = {"entries": 32768, "k": 512, "segment": 2048, "score_stride": 32768}
+    for mode, passes in (("prefix", (0, 1, 2, 3)), ("mask", (0, 3)), ("all", (0,))):
+        code, n_vis, allowed = _TOPK_MODES[mode]
+        for p in passes:
+            yield AotSpec(
+                "topk._histogram_kernel",
+                f"{mode}-pass{p}",
+                {"score_ptr": "*fp32", "n_vis_ptr": n_vis, "allowed_ptr": allowed,
+                 "hist_ptr": "*i32", **common, "PASS": p, "MODE": code, "BLOCK": 1024},
+                num_warps=8,
+            )  # fmt: skip
+    for mode in ("prefix", "mask"):
+        code, n_vis, allowed = _TOPK_MODES[mode]
+        for write in (False, True):
+            yield AotSpec(
+                "topk._collect_kernel",
+                f"{mode}-{'write' if write else 'count'}",
+                {"score_ptr": "*fp32", "n_vis_ptr": n_vis, "allowed_ptr": allowed,
+                 "hist_ptr": "*i32", "count_ptr": "*i32", "scratch_ptr": "*i64", **common,
+                 "WRITE": write, "MODE": code, "K_PAD": 512, "SEGMENTS_PAD": 16, "BLOCK": 1024},
+                num_warps=8,
+            )  # fmt: skip
+    # the index top-k (512), and the largest k the register sort takes (topk.MAX_K)
+    for mode, k_pad in (("prefix", 512), ("mask", 512), ("prefix", 4096)):
+        code, n_vis, allowed = _TOPK_MODES[mode]
+        yield AotSpec(
+            "topk._sort_kernel",
+            f"{mode}-k{k_pad}",
+            {"n_vis_ptr": n_vis, "allowed_ptr": allowed, "scratch_ptr": "*i64", "out_ptr": "*i64",
+             "entries": 32768, "k": k_pad, "MODE": code, "K_PAD": k_pad},
+        )  # fmt: skip
+
+
+def _attention_specs() -> Iterator[AotSpec]:
+    k = "attention._mqa_sink_kernel"
+    # (variant, dtype, sparse, split, heads, dim, BLOCK_H, BLOCK_DK, BLOCK_DV, warps), as
+    # attention._launch picks them: a decode batch of 8 rows cuts its keys into ranges
+    # (flash-decoding) over programs of 128 output columns; from 32 (row, head block) pairs on
+    # a program takes 256 columns (WIDE_BLOCK_DV), and 32 rows still split their keys in two;
+    # a prefill chunk of 512 queries gives programs enough unsplit. On Blackwell bf16 values
+    # keep 128 columns even then (attention.wide_block_dv: tensor memory). The embedded "tiny"
+    # model (4 heads of 32) pads its heads to 16-row dots on 4 warps.
+    hopper, blackwell = (90,), (100,)
+    cases = (
+        ("bf16-decode8-dense-split", "bf16", False, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("bf16-decode32-dense-wide-split", "bf16", False, True, 64, 512, 64, 64, 256, 8, hopper),
+        ("bf16-decode32-dense-wide-split-tmem", "bf16", False, True, 64, 512, 64, 64, 128, 8,
+         blackwell),
+        ("bf16-decode8-sparse-split", "bf16", True, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("bf16-prefill-sparse-wide", "bf16", True, False, 64, 512, 64, 64, 256, 8, hopper),
+        ("bf16-prefill-sparse-wide-tmem", "bf16", True, False, 64, 512, 64, 64, 128, 8,
+         blackwell),
+        ("fp32-decode8-dense-split", "fp32", False, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("fp32-prefill-sparse-wide", "fp32", True, False, 64, 512, 64, 64, 256, 8, ARCHS),
+        ("bf16-tiny-dense", "bf16", False, False, 4, 32, 16, 32, 32, 4, ARCHS),
+        ("fp32-tiny-dense", "fp32", False, False, 4, 32, 16, 32, 32, 4, ARCHS),
+    )  # fmt: skip
+    for variant, dt, sparse, split, heads, dim, block_h, block_dk, block_dv, warps, archs in cases:
+        native = dt == "bf16"
+        # unsplit launches pass the output again for the partial results
+        part = "*fp32" if split else f"*{dt}"
+        yield AotSpec(
+            k,
+            variant,
+            {"q_ptr": f"*{dt}", "kv_ptr": f"*{dt}", "select_ptr": "*i64" if sparse else "*u8",
+             "sink_ptr": "*fp32", "out_ptr": f"*{dt}", "part_ptr": part, "stat_ptr": part,
+             "seq": 1, "heads": heads, "keys": 512 if sparse else 640, "kv_rows": 640,
+             "dim": dim, "scale": dim**-0.5, "split_keys": 192 if split else 640,
+             "splits": 4 if split else 1,
+             "SPARSE": sparse, "SPLIT": split, "QK_NATIVE": native,
+             "QK_PRECISION": "tf32" if native else "ieee", "PV_PARTS": 3 if native else 0,
+             "BLOCK_H": block_h, "BLOCK_L": 64, "BLOCK_DK": block_dk, "BLOCK_DV": block_dv},
+            num_warps=warps,
+            archs=archs,
+        )  # fmt: skip
+    for dt in ("bf16", "fp32"):
+        yield AotSpec(
+            "attention._combine_kernel",
+            dt,
+            {"part_ptr": "*fp32", "stat_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{dt}",
+             "heads": 64, "dim": 512, "splits": 4, "BLOCK_H": 64, "BLOCK_DV": 128},
+        )  # fmt: skip
+
+
+def _compress_specs() -> Iterator[AotSpec]:
+    # kv/score [B, n, r, c * 512] fp32: ratio 4 overlaps windows (c = 2), ratio 128 does not
+    cases = (
+        ("ratio4-overlap-carried", 4, 1024, True, True, 16, 128),
+        ("ratio4-overlap-first", 4, 1024, True, False, 16, 128),
+        ("ratio128", 128, 512, False, False, 128, 32),
+    )
+    for variant, r, width, overlap, prev, block_r, block_d in cases:
+        yield AotSpec(
+            "compress._softmax_pool_kernel",
+            variant,
+            {"kv_ptr": "*fp32", "score_ptr": "*fp32", "prev_kv_ptr": "*fp32",
+             "prev_score_ptr": "*fp32", "out_ptr": "*fp32", "n": 1, "r": r, "dim": 512,
+             "stride_b": r * width, "stride_n": r * width, "stride_r": width,
+             "OVERLAP": overlap, "HAS_PREV": prev, "BLOCK_R": block_r, "BLOCK_D": block_d},
+        )  # fmt: skip
+
+
+AOT_SPECS: tuple[AotSpec, ...] = (
+    *_norm_specs(),
+    *_rope_specs(),
+    *_swiglu_specs(),
+    *_sampling_specs(),
+    *_router_specs(),
+    *_mhc_specs(),
+    *_moe_specs(),
+    *_indexer_specs(),
+    *_topk_specs(),
+    *_attention_specs(),
+    *_compress_specs(),
+)
+
+
+# -- the compile worker (runs in a subprocess: ``python test_aot_compile.py ARCH OUT``) ----------
+
+
+def _unwrap(obj: object) -> JITFunction[Any] | None:
+    """The JITFunction under ``triton.autotune``/``triton.heuristics`` wrappers, or None."""
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    while isinstance(obj, KernelInterface) and not isinstance(obj, JITFunction):
+        obj = getattr(obj, "fn", None)
+    return obj if isinstance(obj, JITFunction) else None
+
+
+def _canonical(fn: JITFunction[Any]) -> str:
+    return f"{fn.fn.__module__.rsplit('.', 1)[-1]}.{fn.fn.__name__}"
+
+
+def _discover() -> tuple[dict[str, JITFunction[Any]], dict[str, str]]:
+    """Every ``@triton.jit`` function of the package by "<module>.<name>", and every module-level
+    name bound to one ("<module>.<alias>" -> its "<module>.<name>")."""
+    import importlib
+    import pkgutil
+
+    package = importlib.import_module(PACKAGE)
+    kernels: dict[str, JITFunction[Any]] = {}
+    aliases: dict[str, str] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{PACKAGE}.{info.name}")
+        for name, obj in vars(module).items():
+            fn = _unwrap(obj)
+            if fn is None or not fn.fn.__module__.startswith(PACKAGE + "."):
+                continue
+            kernels[_canonical(fn)] = fn
+            aliases[f"{info.name}.{name}"] = _canonical(fn)
+    return kernels, aliases
+
+
+def _bind(
+    fn: JITFunction[Any], spec: AotSpec
+) -> tuple[dict[str, str], dict[str, Value], dict[tuple[int, ...], list[list[Any]]]]:
+    """(signature, constexprs, attrs) for ``triton.compiler.ASTSource``, as ``JITFunction.run``
+    derives them from the launch's arguments (triton 3.7's binder): constexpr parameters keep
+    their value; a tensor is its pointer type, 16-byte aligned; an int is i32 (i64 past 32
+    bits), a constant when it is 1 and divisible by 16 when it is, unless the kernel lists it
+    in ``do_not_specialize``; a float is fp32 and a bool u1."""
+    names = [p.name for p in fn.params]
+    if set(spec.params) != set(names):
+        missing, unknown = set(names) - set(spec.params), set(spec.params) - set(names)
+        raise ValueError(
+            f"{spec.id}: the spec's parameters differ from the kernel's "
+            f"(missing {sorted(missing)}, unknown {sorted(unknown)})"
+        )
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Value] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    divisible = [["tt.divisibility", 16]]
+    for i, p in enumerate(fn.params):
+        value = spec.params[p.name]
+        specialize = not p.do_not_specialize
+        align = specialize and not p.do_not_specialize_on_alignment
+        if p.is_constexpr:
+            signature[p.name], constexprs[p.name] = "constexpr", value
+        elif p.annotation_type:
+            raise ValueError(f"{spec.id}: {p.name} has a type annotation, which _bind ignores")
+        elif isinstance(value, str):
+            if not value.startswith("*"):
+                raise ValueError(f"{spec.id}: {p.name}={value!r} is not a pointer type")
+            signature[p.name] = value
+            if align:
+                attrs[(i,)] = divisible
+        elif isinstance(value, bool):
+            signature[p.name] = "u1"
+        elif isinstance(value, int):
+            if specialize and value == 1:
+                signature[p.name], constexprs[p.name] = "constexpr", 1
+                continue
+            signature[p.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if align and value % 16 == 0:
+                attrs[(i,)] = divisible
+        else:
+            signature[p.name] = "fp32"
+    return signature, constexprs, attrs
+
+
+def _ptxas_version(arch: int) -> str | None:
+    """The version of the ptxas Triton uses for ``arch`` (its wheel bundles one), or None where
+    it is missing or does not run."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        return get_ptxas(arch).version
+    except RuntimeError:
+        return None
+
+
+def _compile_one(fn: JITFunction[Any], spec: AotSpec, arch: int, cubin: bool) -> dict[str, Any]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constexprs, attrs = _bind(fn, spec)
+    options: dict[str, Any] = {"num_warps": spec.num_warps}
+    if not cubin:
+        options["ptx_version"] = 87  # PTX 8.7 (CUDA 12.8) knows both sm_90a and sm_100a
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    ptx = kernel.asm["ptx"]
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.MULTILINE)
+    return {
+        "ok": True,
+        "ptx_target": target.group(1) if target else None,
+        "ptx_instructions": _entry_instructions(ptx, fn.fn.__name__),
+        "cubin_bytes": len(kernel.asm["cubin"]),
+        "shared": kernel.metadata.shared,
+        "tmem": getattr(kernel.metadata, "tmem_size", None) or 0,
+    }
+
+
+def _entry_instructions(ptx: str, name: str) -> list[str]:
+    """The distinct instructions of the kernel's entry in ``ptx`` (up to three; a body that
+    the compiler gave up on is a bare ``trap;``)."""
+    body = re.search(rf"\.entry {name}\(.*?\n\{{\n(.*?)\n\}}", ptx, re.DOTALL)
+    if body is None:
+        return []
+    seen: list[str] = []
+    for line in body.group(1).splitlines():
+        text = line.split("//", 1)[0].strip()
+        if not text.endswith(";") or text.startswith((".", "$")):
+            continue  # directives, declarations, labels
+        op = text.split(None, 1)[0].rstrip(";")
+        if op not in seen:
+            seen.append(op)
+            if len(seen) == 3:
+                break
+    return seen
+
+
+def _skip_ptxas(*args: Any) -> tuple[str, str] | None:
+    """Triton's stage-inspection hook, called bare for a cache key, then with the stages: the
+    cubin stage (ptxas) yields no bytes."""
+    if not args:
+        return "no-ptxas", "no-ptxas"
+    args[1]["cubin"] = lambda src, metadata: b""
+    return None
+
+
+def _worker(arch: int, out: Path, *, use_ptxas: bool = True) -> None:
+    """Compile every spec for ``arch``; write the results and the discovered kernels to
+    ``out`` as JSON. A spec that fails to compile is recorded with its error, not raised."""
+    ptxas = _ptxas_version(arch) if use_ptxas else None
+    if ptxas is None:
+        # No usable ptxas: stop at PTX. Triton asks ptxas its version for the PTX ISA version
+        # and the cache key; both are given instead.
+        from triton import knobs
+
+        os.environ["TRITON_MOCK_PTX_VERSION"] = "12.8"
+        knobs.runtime.add_stages_inspection_hook = _skip_ptxas
+    kernels, aliases = _discover()
+    results: dict[str, dict[str, Any]] = {}
+    for spec in (s for s in AOT_SPECS if arch in s.archs):
+        start = time.perf_counter()
+        fn = kernels.get(spec.kernel)
+        try:
+            if fn is None:
+                raise LookupError(f"no @triton.jit function {spec.kernel} in {PACKAGE}")
+            result = _compile_one(fn, spec, arch, cubin=ptxas is not None)
+        except Exception as e:
+            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+            result = {"ok": False, "error": detail}
+        result["seconds"] = round(time.perf_counter() - start, 3)
+        results[spec.id] = result
+    report = {
+        "arch": arch,
+        "ptxas": ptxas,
+        "kernels": sorted(kernels),
+        "aliases": aliases,
+        "results": results,
+    }
+    out.write_text(json.dumps(report, indent=1))
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def _worker_env(cache: Path) -> dict[str, str]:
+    """This environment without Triton's settings (tool paths aside: ``TRITON_PTXAS_PATH``
+    etc.), with its own cache directory."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("TRITON_") or k.endswith("_PATH")
+    }
+    env["TRITON_CACHE_DIR"] = str(cache)
+    return env
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    """One compile worker per target, in parallel; their reports by arch."""
+    root = tmp_path_factory.mktemp("aot")
+    procs: dict[int, tuple[subprocess.Popen[str], Path]] = {}
+    for arch in ARCHS:
+        out = root / f"sm{arch}.json"
+        proc = subprocess.Popen(
+            [sys.executable, __file__, str(arch), str(out)],
+            env=_worker_env(root / f"cache-sm{arch}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        procs[arch] = (proc, out)
+    reports: dict[int, dict[str, Any]] = {}
+    try:
+        for arch, (proc, out) in procs.items():
+            try:
+                log, _ = proc.communicate(timeout=WORKER_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                log, _ = proc.communicate()
+                pytest.fail(f"the sm_{arch}a worker ran past {WORKER_TIMEOUT_S}s:\n{log[-4000:]}")
+            if proc.returncode != 0 or not out.exists():
+                pytest.fail(f"the sm_{arch}a worker failed ({proc.returncode}):\n{log[-4000:]}")
+            reports[arch] = json.loads(out.read_text())
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return reports
+
+
+def _launched(aliases: Mapping[str, str]) -> dict[str, list[str]]:
+    """Kernels the package launches (``kernel[grid](...)``), with their launch sites."""
+    sites: dict[str, list[str]] = {}
+    for path in sorted(SRC.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Subscript)
+                and isinstance(node.func.value, ast.Name)
+            ):
+                kernel = aliases.get(f"{path.stem}.{node.func.value.id}")
+                if kernel is not None:
+                    sites.setdefault(kernel, []).append(f"{path.name}:{node.lineno}")
+    return sites
+
+
+def test_every_launched_kernel_has_an_aot_spec(reports: dict[int, dict[str, Any]]) -> None:
+    report = reports[ARCHS[0]]
+    launched = _launched(report["aliases"])
+    assert launched, "no kernel launches found: the launch scan is broken"
+    specced = {spec.kernel for spec in AOT_SPECS}
+    missing = {k: v for k, v in launched.items() if k not in specced}
+    assert not missing, f"launched kernels without an entry in AOT_SPECS: {missing}"
+    stale = specced - set(launched)
+    assert not stale, f"AOT_SPECS entries for kernels nothing launches: {sorted(stale)}"
+    assert set(launched) <= set(report["kernels"])
+
+
+def test_spec_ids_are_unique() -> None:
+    ids = [spec.id for spec in AOT_SPECS]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=[f"sm_{a}a" for a in ARCHS])
+def test_bundled_ptxas_runs(reports: dict[int, dict[str, Any]], arch: int) -> None:
+    """Cubins are built only with a working ptxas; without one the compiles stop at PTX, which
+    is reported here rather than passed over."""
+    if reports[arch]["ptxas"] is None:
+        pytest.skip(f"no working ptxas for sm_{arch}a: kernels compiled to PTX only")
+    assert re.fullmatch(r"\d+\.\d+", reports[arch]["ptxas"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "arch"),
+    [(spec, arch) for spec in AOT_SPECS for arch in spec.archs],
+    ids=[f"{spec.id}-sm_{arch}a" for spec in AOT_SPECS for arch in spec.archs],
+)
+def test_compiles(reports: dict[int, dict[str, Any]], spec: AotSpec, arch: int) -> None:
+    report = reports[arch]
+    problems = _problems(report["results"][spec.id], arch, cubin=report["ptxas"] is not None)
+    known = KNOWN_FAILURES.get((spec.id, arch))
+    if known is not None:
+        if not problems:
+            pytest.fail(f"{spec.id} now compiles for sm_{arch}a: drop it from KNOWN_FAILURES")
+        pytest.xfail(f"{known} [{'; '.join(problems)}]")
+    assert not problems, f"{spec.id} for sm_{arch}a:\n" + "\n".join(problems)
+
+
+def _problems(result: Mapping[str, Any], arch: int, *, cubin: bool) -> list[str]:
+    """What keeps one compile from giving a kernel that launches on ``sm_<arch>a``."""
+    if not result["ok"]:
+        return [f"does not compile: {result['error']}"]
+    problems: list[str] = []
+    if result["ptx_target"] != f"sm_{arch}a":
+        problems.append(f"PTX targets {result['ptx_target']}")
+    if result["ptx_instructions"] in ([], ["trap"]):
+        problems.append(f"PTX entry is {result['ptx_instructions'] or 'missing'}")
+    if cubin and not result["cubin_bytes"]:
+        problems.append("no cubin")
+    if result["shared"] > MAX_SHARED_BYTES:
+        problems.append(f"needs {result['shared']} bytes of shared memory of {MAX_SHARED_BYTES}")
+    if result["tmem"] > MAX_TMEM_COLUMNS:
+        problems.append(f"needs {result['tmem']} tensor-memory columns of {MAX_TMEM_COLUMNS}")
+    return problems
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]), Path(sys.argv[2]))
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=[f"sm_{a}a" for a in ARCHS])
+def test_wide_attention_specs_follow_the_wrapper(
+    arch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wide attention programs' columns are chosen by compute capability
+    (``attention.wide_block_dv``); the specs compiled for each target must be the ones its
+    wrapper picks, or the compile above checks a kernel that never launches there."""
+    from deepinfer_kernels_sm100 import attention
+
+    monkeypatch.setattr(attention, "_capability_major", lambda index: arch // 10)
+    for dt, pv_parts in (("bf16", attention.PV_PARTS), ("fp32", 0)):
+        want = attention.wide_block_dv(torch.device("cuda", 0), pv_parts)
+        wide = [
+            s
+            for s in AOT_SPECS
+            if s.kernel == "attention._mqa_sink_kernel"
+            and arch in s.archs
+            and s.variant.startswith(dt)
+            and "wide" in s.variant
+        ]
+        assert wide and {s.params["BLOCK_DV"] for s in wide} == {want}, (dt, arch)
