@@ -40,6 +40,7 @@ from deepinfer.models.state_views import clear_marks, set_marks, states_at
 from deepinfer.models.training import mtp_context, train_logits
 from deepinfer.models.trunk import LayerInputs, history_after
 from deepinfer.models.weights import load_named
+from deepinfer.transfer import to_device
 
 
 class DeepseekCausalLM(nn.Module):
@@ -228,7 +229,7 @@ class DeepseekCausalLM(nn.Module):
         """(logits [B, num_logits, V], streams [B, S, hc, d]) of one span, advancing its state;
         without ``no_grad``, so :meth:`forward_train` runs exactly this code with autograd."""
         state = span.state
-        input_ids = input_ids.to(self.device)
+        input_ids = to_device(input_ids, self.device)  # no wait for queued work (async steps)
         s = input_ids.shape[1]
         positions = torch.arange(state.pos, state.pos + s, device=self.device)
         embeds, image_mask = embed_tokens(
