@@ -123,6 +123,15 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if args.model is not None:  # the model report replaces the environment report
+        from deepinfer import model_info
+
+        model = model_info.model_report(
+            args.model, args.max_model_len, args.num_seqs, args.gpu_memory, args.gpu_memory_util
+        )
+        text = json.dumps(model.to_dict(), indent=2)
+        print(text if args.json else model_info.format_model_report(model))
+        return 0
     report = info.collect()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -209,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
         "info", help="installed DeepInfer packages, plugins, and the device/backend in use"
     )
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
+    p_info.add_argument("--model", default=None, help="report on this model directory instead")
+    p_info.add_argument("--max-model-len", type=_int_at_least(1), default=65536, help="tokens")
+    p_info.add_argument("--num-seqs", type=_int_at_least(1), default=64, help="per GPU")
+    p_info.add_argument("--gpu-memory", type=float, default=139.0, help="GiB per GPU (H200: 139)")
+    p_info.add_argument(
+        "--gpu-memory-utilization", dest="gpu_memory_util", type=float, default=0.9, help="0-1"
+    )
     p_info.set_defaults(func=_cmd_info)
 
     p_gen = sub.add_parser("generate", help="continue a prompt, streaming the text")
