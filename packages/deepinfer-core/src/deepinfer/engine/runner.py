@@ -161,7 +161,8 @@ class ModelRunner:
         """The step's batch: decode rows first (their ids may still be on the device, where
         the previous step drew them), then every other span with its tokens from the host."""
         decode = [r for r, n in scheduled.items() if self._is_decode(r, n)]
-        others = [r for r in scheduled if r not in set(decode)]
+        decoding = set(decode)
+        others = [r for r in scheduled if r not in decoding]
         spans, pieces = [], []
         if decode:
             pieces.append(self._decode_ids(decode))

@@ -174,10 +174,9 @@ class ForwardBatch:
         """One token per single-sequence state: ``input_ids`` [B]."""
         return cls(input_ids.reshape(-1), tuple(map(SequenceSpan.decode_row, states)))
 
-    def span_ids(self, i: int, at: int | None = None) -> Tensor:
-        """Span ``i``'s ids [rows, num_tokens]; ``at``: its offset, if known."""
-        span = self.spans[i]
-        at = self.offsets[i] if at is None else at
+    def span_ids(self, i: int) -> Tensor:
+        """Span ``i``'s ids [rows, num_tokens]."""
+        span, at = self.spans[i], self.offsets[i]
         return self.input_ids[at : at + span.size].view(span.rows, span.num_tokens)
 
     def check_fresh(self) -> None:
@@ -205,3 +204,11 @@ class ForwardOutput:
         """The logits per span: [rows * num_logits, V] each."""
         sizes = [s.rows * s.num_logits for s in batch.spans]
         return list(torch.split(self.logits, sizes))
+
+
+def span_order_index(order: Sequence[int], spans: Sequence[SequenceSpan]) -> list[int]:
+    """Where each kept row of single-sequence ``spans`` belongs in span order, for rows that
+    came out span by span in ``order`` (``num_logits`` rows each): a pass that runs some spans
+    before others puts its rows back with one ``index_copy``."""
+    first = list(itertools.accumulate((s.num_logits for s in spans), initial=0))
+    return [first[i] + j for i in order for j in range(spans[i].num_logits)]

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
-from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
+from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan, span_order_index
 from deepinfer.models.decode import run_decode
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.graphs import DecodeGraphs
@@ -176,7 +176,7 @@ class DeepseekCausalLM(nn.Module):
         views: list[Sequence[ModelState]] = [()] * len(spans)  # one shared empty tuple
         streams = None
         if rest:
-            chunks = [batch.span_ids(i, offsets[i])[0] for i in rest]
+            chunks = [batch.span_ids(i)[0] for i in rest]
             packed = [spans[i] for i in rest]
             out = run_packed(self, packed, chunks, self._padding(), batch.return_streams)
             parts.append(out.logits)
@@ -207,7 +207,7 @@ class DeepseekCausalLM(nn.Module):
         """A batch of one span (one sequence or a lockstep batch) runs straight through the
         layers: no packing, every row's kept positions from one [B, S] pass."""
         span = batch.spans[0]
-        ids = batch.span_ids(0, 0)
+        ids = batch.span_ids(0)
         state = span.state
         before = clone_or_none(state.token_history) if span.record_at else None
         set_marks(state, span.record_at)
@@ -372,9 +372,6 @@ def _in_span_order(
     parts: list[Tensor], decode: list[int], rest: list[int], spans: Sequence[SequenceSpan]
 ) -> Tensor:
     """The decode rows' logits and the packed spans' kept rows, back in span order."""
-    sizes = [s.num_logits for s in spans]
-    first = [sum(sizes[:i]) for i in range(len(spans))]
-    index = [first[i] for i in decode] + [first[i] + j for i in rest for j in range(sizes[i])]
     logits = torch.cat(parts)
-    where = torch.tensor(index, device=logits.device)
+    where = torch.tensor(span_order_index(decode + rest, spans), device=logits.device)
     return torch.empty_like(logits).index_copy_(0, where, logits)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from deepinfer.models.batch import SequenceSpan
+from deepinfer.models.batch import SequenceSpan, span_order_index
 from deepinfer.models.layouts import Packed, per_layer_states
 from deepinfer.models.rollback import rollback_layers
 from deepinfer.models.state import ModelState, clone_or_none
@@ -93,12 +93,9 @@ def run_packed(
         for i in rest:
             clear_marks(states[i])
     # Rows come out groups first, then the other spans; put them back in span order.
-    sizes = [s.num_logits for s in spans]
-    order = [i for g in groups for i in g] + rest
     if groups:
-        first = [sum(sizes[:i]) for i in range(len(spans))]
-        index = torch.tensor([first[i] + j for i in order for j in range(sizes[i])])
-        index = to_device(index, model.device)
+        order = [i for g in groups for i in g] + rest
+        index = to_device(torch.tensor(span_order_index(order, spans)), model.device)
         logits = torch.empty_like(logits).index_copy_(0, index, logits)
         if out_streams is not None:
             out_streams = torch.empty_like(out_streams).index_copy_(0, index, out_streams)
