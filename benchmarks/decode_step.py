@@ -72,7 +72,7 @@ def step_ms(
 ) -> float:
     """Median step time with the states ``layout``: ``per_row`` (states of their own),
     ``slots`` (rows of shared slot tensors, as the engine keeps them) or ``slots_graph`` (the
-    same, decoded through CUDA graphs: the whole step for V4, the FFN halves for V4.1)."""
+    same, decoded through CUDA graphs); ``per_row`` states run as one-token packed spans."""
     if layout == "per_row":
         states = [m.new_state(1) for _ in range(b)]
     else:

@@ -1,5 +1,4 @@
-"""CUDA graphs of decode steps (whole, or each layer's FFN half): replays give the eager step's
-logits.
+"""CUDA graphs of whole decode steps over state slots: replays give the eager step's logits.
 
 The eager decode step is itself checked against per-sequence forwards (test_batched_forward)
 and those against transformers / float64; here the graphed step must match it while batches
@@ -41,13 +40,12 @@ def test_cpu_tensors_run_eagerly() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["own", "slotted"])
 @pytest.mark.parametrize("name", ["v4", "v41"])
-def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
-    """``own``: states of their own (the FFN halves are graphed); ``slotted``: states in shared
-    slot tensors (the whole step is graphed, per batch and entry bucket), which grow between
-    captures, while the longest sequence passes 128 tokens (from 1 entry page to 2: the
-    next entry bucket, 4 pages)."""
+def test_graphed_decode_equals_eager_decode(name: str) -> None:
+    """States in shared slot tensors (the whole step is graphed, per batch and entry bucket),
+    which grow between captures, while the longest sequence passes 128 tokens (from 1 entry
+    page to 2: the next entry bucket, 4 pages), against states of their own decoded eagerly
+    (one-token packed spans)."""
     if name == "v41" and not (TINY_DIR / "model.safetensors").is_file():
         pytest.skip("the trained tiny model is not embedded")
     if "sm100" not in plugins.backends.names():
@@ -60,11 +58,7 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
         model = tiny_model(torch.float32, device="cuda")
     model.ops = ops
     gen = torch.Generator().manual_seed(0)
-    if layout == "slotted":
-        slots = StateSlots(lambda: model.new_state(1), max_slots=16, max_len=1024, initial_slots=4)
-        new_state = slots.new_state
-    else:
-        new_state = lambda: model.new_state(1)  # noqa: E731
+    slots = StateSlots(lambda: model.new_state(1), max_slots=16, max_len=1024, initial_slots=4)
     eager: list[ModelState] = []
     graphed: list[ModelState] = []
     graphs = DecodeGraphs(max_batch=16)
@@ -73,7 +67,7 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
         while len(eager) < n:  # new sequences (the slot tensors grow past 4)
             prompt = text_ids(model, gen, 20 + 7 * len(eager) if eager else 125).cuda()
             eager.append(model.new_state(1))
-            graphed.append(new_state())
+            graphed.append(slots.new_state())
             model(ForwardBatch.build([prompt], eager[-1:]))
             model(ForwardBatch.build([prompt], graphed[-1:]))
         for _ in range(steps):
@@ -83,10 +77,9 @@ def test_graphed_decode_equals_eager_decode(name: str, layout: str) -> None:
             worst = max(worst, float((want - got).abs().max()))
     # V4.1 fp32 on CUDA differs by ~1e-5 between batchings already (index top-k near-ties).
     assert worst < 5e-5, worst
-    whole_step = layout == "slotted"
-    # Whole steps: batch bucket 4 at entry buckets 1 and 4 (the 4th step reaches 129 tokens),
-    # 16 at 4, and 4 at 4 again for the grown slot tensors. FFN halves: buckets 4 and 16.
-    assert graphs.num_captured == (4 if whole_step else 2 * model.cfg.num_hidden_layers)
+    # Batch bucket 4 at entry buckets 1 and 4 (the 4th step reaches 129 tokens), 16 at 4, and
+    # 4 at 4 again for the grown slot tensors.
+    assert graphs.num_captured == 4
 
 
 class _CapturingTorch(TorchBackend):
@@ -122,3 +115,17 @@ def test_capturable_step_equals_per_row_decode(name: str) -> None:
         got = model(ForwardBatch.decode(ids, slotted), graphs).logits
         # Reading the whole bucket changes matmul shapes, so fp32 rounding may differ.
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    # The slot pass advances positions alone; the layers' counters, read afterwards, are
+    # those the packed pass wrote for the same tokens.
+    for a, b in zip(own, slotted, strict=True):
+        assert b.counters_behind and _counters(b) == _counters(a)
+        assert not b.counters_behind
+
+
+def _counters(state: ModelState) -> list[tuple[int, ...]]:
+    """Every layer's host counters: ring length, then each compressor's fill and count."""
+    out = []
+    for layer in state.layers:
+        comps = [c for c in (layer.compressor, layer.indexer) if c is not None]
+        out.append((layer.swa.length, *(n for c in comps for n in (c.fill, c.count))))
+    return out

@@ -59,7 +59,7 @@ class Backend(ABC):
 
     def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
         """Whether the token-wise ops (mHC, norms, router, experts) run in ``dtype`` without a
-        host sync or data-dependent shapes, so a decode step's FFN half can be captured.
+        host sync or data-dependent shapes, so a whole decode step can be captured.
 
         The torch reference cannot promise it: without a grouped matmul its experts loop on the
         host, and torch's grouped matmul (2.11) copies from the host while it runs."""

@@ -25,7 +25,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan, span_order_index
-from deepinfer.models.decode import run_decode
+from deepinfer.models.decode import run_decode, slot_decodable
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.images import embed_tokens
@@ -147,31 +147,37 @@ class DeepseekCausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, graphs: DecodeGraphs | None = None) -> ForwardOutput:
         """Run one step (see :mod:`.batch`): advance every span's state by its tokens and
-        return the kept logits. Single-token rows run as one batched decode pass (captured
-        whole by ``graphs`` on a GPU when their states live in slot tensors), everything else
-        as one packed pass."""
+        return the kept logits. Single-token rows of states in shared slot tensors run as one
+        batched decode pass (captured whole by ``graphs`` on a GPU), everything else as one
+        packed pass."""
         batch.check_fresh()
         self.check_ready()
         spans = batch.spans
         # A lone decode row whose token is on the device (drawn by the previous step) takes the
         # decode pass too: it needs no look at its id (the sampler never draws an image token).
-        on_device = batch.input_ids.device.type != "cpu"
-        if len(spans) == 1 and not (spans[0].is_decode and (graphs is not None or on_device)):
-            return self._run_single(batch)
+        if len(spans) == 1:
+            span = spans[0]
+            on_device = batch.input_ids.device.type != "cpu"
+            slotted = span.is_decode and (graphs is not None or on_device)
+            if not (slotted and slot_decodable([span.state])):
+                return self._run_single(batch)
         if batch.image_embeds is None:
             self._check_text(batch.input_ids)
         offsets = batch.offsets
         decode = [] if batch.return_streams else list(batch.decode_rows)
         if len(decode) == 1 and graphs is None and len(spans) > 1:
             decode = []  # a lone eager decode row costs less as one more packed span
+        states = [s.state for s in spans] if len(decode) == len(spans) else []
+        if decode and not states:
+            states = [spans[i].state for i in decode]
+        if decode and not slot_decodable(states):
+            decode = []  # rows of states with their own tensors: one-token packed spans
         rest = [] if len(decode) == len(spans) else sorted(set(range(len(spans))) - set(decode))
         parts: list[Tensor] = []
         if decode:
+            ids = batch.input_ids  # a decode step: every row, in order
             if rest:
                 ids = _take(batch.input_ids, [offsets[i] for i in decode])
-                states = [spans[i].state for i in decode]
-            else:  # a decode step: every row, in order
-                ids, states = batch.input_ids, [s.state for s in spans]
             parts.append(run_decode(self, ids, states, graphs))
         views: list[Sequence[ModelState]] = [()] * len(spans)  # one shared empty tuple
         streams = None

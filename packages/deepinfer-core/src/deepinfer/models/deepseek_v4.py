@@ -31,7 +31,7 @@ class DeepseekV4ForCausalLM(DeepseekCausalLM):
     def run_layers(self, inputs: LayerInputs) -> tuple[Tensor, Tensor]:
         ids = inputs.input_ids
         e = self.embed(ids) if inputs.embeds is None else inputs.embeds
-        ctx = ForwardContext(self.ops, inputs.positions, ids, self.rotary, inputs.graphs)
+        ctx = ForwardContext(self.ops, inputs.positions, ids, self.rotary)
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         for layer, layer_state in zip(self.layers, inputs.layer_states, strict=True):
             x = layer(x, ctx, layer_state)

@@ -160,7 +160,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
             image_mask=inputs.image_mask,
             engram_ids=inputs.engram_ids,
             engram_history=self.engram_history,
-            graphs=inputs.graphs,
         )
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         pre: Tensor | None = None

@@ -1,17 +1,12 @@
 """CUDA graphs for decode steps.
 
-A decode step on a GPU is bound by the host: a tiny-model step at batch 128 keeps the GPU busy
-for a few ms of its 40-80, the rest is Python and kernel launches. Two kinds of function are
-captured, once per batch bucket, and replayed with one launch:
-
-* a whole step, when every state of the batch lives in the shared slot tensors (V4 and V4.1,
-  Engram history included): the step is then a fixed sequence of device ops over those
-  tensors (``deepinfer.models.decode``). It reads the entry pages up to a bucket of
-  the batch's longest sequence (1, 4, 16, ... pages, :func:`entry_buckets`), so there is one
-  graph per batch bucket and entry bucket, and a step reads at most 4x the pages it needs;
-* otherwise each layer's FFN half (mHC, RMSNorm, router, routed and shared experts), a pure
-  function of the streams and token ids; attention, whose per-row state handling has
-  data-dependent shapes, stays eager.
+A decode step on a GPU is bound by the host: its kernels are many and small, so Python and
+kernel launches take longer than the GPU's work. So the whole step is captured, once per batch
+bucket, and replayed with one launch: every state of the batch lives in the shared
+slot tensors (V4 and V4.1, Engram history included), and the step is then a fixed sequence of
+device ops over those tensors (``deepinfer.models.decode``). It reads the entry pages up to a
+bucket of the batch's longest sequence (1, 4, 16, ... pages, :func:`entry_buckets`), so there is
+one graph per batch bucket and entry bucket, and a step reads at most 4x the pages it needs.
 
 Batches are padded up to the next bucket (1, 2, 4, then multiples of 8, vLLM's sizes) with
 all-zero rows, whose outputs are never read (a whole captured step sends their state writes to
@@ -21,9 +16,8 @@ bucket's whole step at startup, as vLLM does, so no run pays for it.
 Memory: the graphs share one memory pool for their intermediates, and their static inputs and
 outputs live in buffers of ``max_batch`` rows shared by every graph whose i-th input (output)
 has the same row shape and dtype; a graph uses the first ``bucket`` rows. Without that each
-(layer, bucket) graph would hold its own, gigabytes for a 43-layer model with 35 buckets. The
-cost is the rule every caller already follows: a replay's outputs are consumed before the next
-replay (of any graph) overwrites them.
+graph would hold its own. The cost is the rule every caller already follows: a replay's outputs
+are consumed before the next replay (of any graph) overwrites them.
 """
 
 from __future__ import annotations

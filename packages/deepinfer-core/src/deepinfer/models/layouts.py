@@ -1,9 +1,10 @@
 """What one layer's forward receives, by kind of row.
 
-A lockstep chunk carries its :class:`~deepinfer.models.state.LayerState`; a batch of decode rows
-one state per row (``list[LayerState]``) or, when the states live in shared slot tensors, the
-tensors and the rows it uses (:class:`SlotRows`); a packed pass its spans (:class:`Packed`).
-The layers branch on these; the step code (:mod:`.decode`, :mod:`.packing`) builds them.
+A single span (one sequence, or a lockstep batch of sequences at one position) carries its
+:class:`~deepinfer.models.state.LayerState`; a batch of decode rows, whose states live in shared
+slot tensors, those tensors and the rows it uses (:class:`SlotRows`); a packed pass its spans
+(:class:`Packed`). The layers branch on these; the step code (:mod:`.decode`,
+:mod:`.packing`) builds them.
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ class SlotRows:
     step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
 
 
-#: What a layer's forward receives: the state of a lockstep chunk, one state per decode row
-#: ([B, 1] layout), the shared rows of slotted decode rows, or packed spans ([1, N] layout).
-LayerStates = LayerState | list[LayerState] | SlotRows | Packed
-CompressorStates = CompressorState | list[CompressorState] | CompressorRows
+#: What a layer's forward receives: the state of a span ([B, S] layout), the shared rows of a
+#: batch of decode rows ([B, 1] layout), or packed spans ([1, N] layout).
+LayerStates = LayerState | SlotRows | Packed
+CompressorStates = CompressorState | CompressorRows
 
 
 def page_table_of(state: ModelState) -> tuple[PageMap, int] | None:
@@ -110,12 +111,8 @@ def page_table_of(state: ModelState) -> tuple[PageMap, int] | None:
 
 
 def compressor_states(state: LayerStates, which: str = "compressor") -> CompressorStates:
-    """A layer's ``compressor`` (or ``indexer``) state, per row when ``state`` is per row."""
+    """A layer's ``compressor`` (or ``indexer``) state, or its shared rows in a decode batch."""
     assert not isinstance(state, Packed), "packed spans are split before this point"
-    if isinstance(state, list):
-        rows = [getattr(s, which) for s in state]
-        assert all(r is not None for r in rows)
-        return rows
     found = getattr(state, which)
     assert found is not None
     return found

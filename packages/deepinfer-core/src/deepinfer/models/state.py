@@ -27,64 +27,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from deepinfer.models.ring import SWARing
+
 if TYPE_CHECKING:
     from deepinfer.paging import PageMap
 
 
 def clone_or_none(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clone()
-
-
-@dataclass
-class SWARing:
-    """The sliding window of one layer: ``kv[:, p % capacity]`` holds position p's row.
-
-    The ring holds ``window + slack`` rows: the attention window plus the rows a rollback of up
-    to ``slack`` tokens needs back (a speculative step overwrites them otherwise).
-    """
-
-    kv: Tensor  # [B, capacity, D]
-    length: int = 0  # tokens written so far
-    window: int = 0  # attention window; 0 = the whole capacity
-    #: Set when ``kv`` is row ``slot`` of a shared [slots, capacity, D] tensor (the engine's
-    #: :class:`~deepinfer.cache.slots.StateSlots`): a decode batch then writes and reads every
-    #: row's ring with one indexed op instead of one per row.
-    pool: Tensor | None = None
-    slot: int = -1
-    #: Lengths strictly inside the next chunk at which to keep a copy of the ring as it stood
-    #: there (see :func:`set_marks`): filled in by :meth:`write`.
-    marks: dict[int, Tensor | None] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.window:
-            self.window = self.capacity
-
-    @property
-    def capacity(self) -> int:
-        return self.kv.shape[1]
-
-    def read(self, start: int) -> tuple[Tensor, Tensor]:
-        """Rows queries from ``start`` on can still see: positions start-window+1 .. start-1."""
-        first = max(0, start - self.window + 1)
-        positions = torch.arange(first, start, device=self.kv.device)
-        return self.kv[:, positions % self.capacity], positions
-
-    def write(self, kv: Tensor, start: int) -> None:
-        for length in self.marks:
-            if start < length < start + kv.shape[1]:
-                ring = self.kv.clone()
-                _write_ring(ring, kv[:, : length - start], start)
-                self.marks[length] = ring
-        _write_ring(self.kv, kv, start)
-        self.length = start + kv.shape[1]
-
-
-def _write_ring(ring: Tensor, kv: Tensor, start: int) -> None:
-    """Put rows ``kv`` [B, S, D] of positions start.. into ``ring`` [B, capacity, D]."""
-    capacity = ring.shape[1]
-    keep = min(kv.shape[1], capacity)
-    positions = torch.arange(start + kv.shape[1] - keep, start + kv.shape[1], device=kv.device)
-    ring[:, positions % capacity] = kv[:, -keep:].to(ring.dtype)
 
 
 #: The fixed-size buffers of a :class:`CompressorState`, rows of a :class:`CompressorPool`.
@@ -152,6 +102,8 @@ class CompressorState:
     slot: int = -1
     #: Lengths strictly inside the next chunk to record the buffers at (:meth:`capture`).
     marks: dict[int, CompressorMark | None] = field(default_factory=dict, repr=False)
+    #: Entries appended from outside and no open window (V4.1 index keys): ``fill`` stays 0.
+    entries_only: bool = False
 
     @property
     def num_entries(self) -> int:
@@ -276,6 +228,7 @@ class CompressorState:
         device: torch.device,
         slack: int = 0,
         capacity: int = 0,
+        entries_only: bool = False,
     ) -> CompressorState:
         """An empty state; ``slack`` > 0 keeps enough history to roll back that many tokens;
         ``capacity``: entries to allocate up front."""
@@ -296,6 +249,7 @@ class CompressorState:
             keep=slack + 2 * ratio if slack else 0,
             hist_kv=empty if slack else None,
             hist_score=empty if slack else None,
+            entries_only=entries_only,
         )
 
     def capture(self, kv: Tensor, score: Tensor) -> None:
@@ -338,11 +292,41 @@ class LayerState:
     indexer: CompressorState | None = None
 
 
+class _LayersAtRest:
+    """The descriptor behind :attr:`ModelState.layers` (a dataclass field with no default):
+    reading it first writes any counters a slotted decode step left behind."""
+
+    def __get__(self, state: ModelState | None, owner: type | None = None) -> list[LayerState]:
+        if state is None:
+            raise AttributeError("layers has no default")  # so the field stays required
+        layers = state._layers
+        if state.counters_behind:
+            state.counters_behind = False
+            pos = state.pos
+            for layer in layers:
+                layer.swa.length = pos
+                for comp in (layer.compressor, layer.indexer):
+                    if comp is not None:
+                        comp.count = pos // comp.ratio
+                        comp.fill = 0 if comp.entries_only else pos % comp.ratio
+        return layers
+
+    def __set__(self, state: ModelState, value: list[LayerState]) -> None:
+        state._layers = value
+
+
 @dataclass
 class ModelState:
-    """Everything a sequence (or a lockstep batch of them) carries between forward calls."""
+    """Everything a sequence (or a lockstep batch of them) carries between forward calls.
 
-    layers: list[LayerState]
+    At rest (between steps) every layer has seen ``pos`` tokens, so each layer's host-side
+    counters (ring length, open-window fill, entry count) are functions of ``pos``. A decode
+    step over shared slot rows advances ``pos`` alone and sets ``counters_behind``: writing
+    three counters per layer per row would cost a large batch more host time than the step's
+    launches. :attr:`layers` brings them up to date before anyone reads them.
+    """
+
+    layers: _LayersAtRest = _LayersAtRest()
     mtp: list[LayerState] = field(default_factory=list)
     pos: int = 0  # tokens consumed by the main model
     #: Tokens a rollback may take back (``model.new_state(slack=...)``), and the length of the
@@ -356,10 +340,23 @@ class ModelState:
     #: ``history_pool``). None for models without Engram.
     history_buf: Tensor | None = None
     history_pool: Tensor | None = None
+    counters_behind: bool = field(default=False, repr=False)
+    _layers: list[LayerState] = field(init=False, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
-        return self.layers[0].swa.kv.shape[0]
+        return self._layers[0].swa.kv.shape[0]
+
+    @property
+    def slot(self) -> int:
+        """The state's row of shared slot tensors (-1: it owns its tensors); read without
+        bringing the layer counters up to date, as a decode step does for every row."""
+        return self._layers[0].swa.slot
+
+    @property
+    def ring_pool(self) -> Tensor | None:
+        """The shared ring tensor the state's first layer is a row of (None: its own)."""
+        return self._layers[0].swa.pool
 
     @property
     def token_history(self) -> Tensor | None:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from deepinfer.models.state import BUFFERS, CompressorState, ModelState, SWARing
+from deepinfer.models.ring import SWARing
+from deepinfer.models.state import BUFFERS, CompressorState, ModelState
 from deepinfer.transfer import to_device
 
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from deepinfer.models.state import BUFFERS, CompressorState, LayerState, ModelState, SWARing
+from deepinfer.models.ring import SWARing
+from deepinfer.models.state import BUFFERS, CompressorState, LayerState, ModelState
 from deepinfer.models.state_rows import ring_layout
 
 
@@ -81,6 +82,7 @@ def _compressor_at(
         # Entries in pages are read through own's slot (the view writes nothing).
         pool=None if own.entries_buf is not None else own.pool,
         slot=own.slot,
+        entries_only=own.entries_only,
     )
 
 
@@ -119,6 +121,7 @@ def select_row(state: ModelState, row: int) -> ModelState:
                         count=comp.count,
                         fill=comp.fill,
                         keep=comp.keep,
+                        entries_only=comp.entries_only,
                         **fields,  # type: ignore[arg-type]
                     ),
                 )

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layouts import LayerStates
 from deepinfer.models.state import ModelState
@@ -38,8 +37,6 @@ class LayerInputs:
     engram_ids: Tensor | list[Tensor] | None = None
     #: The positions whose logits to compute (:func:`take_rows`); None: all.
     rows: Tensor | None = None
-    #: Decode steps on a GPU: CUDA graphs of each layer's FFN half.
-    graphs: DecodeGraphs | None = None
     #: [B, S, d] token embeddings with any image embeddings in place (None: embed the ids).
     embeds: Tensor | None = None
     #: [B, S] True at image tokens (None: text only).

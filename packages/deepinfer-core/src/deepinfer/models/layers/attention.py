@@ -25,8 +25,9 @@ from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_mask
 from deepinfer.models.layers.window import chunk_window, window_keys
-from deepinfer.models.layouts import LayerStates, Packed, compressor_states
-from deepinfer.models.state import LayerState, SWARing
+from deepinfer.models.layouts import LayerStates, Packed, SlotRows, compressor_states
+from deepinfer.models.ring import SWARing
+from deepinfer.models.state import LayerState
 from deepinfer.paging import dense_entries
 
 
@@ -82,7 +83,7 @@ class MQA(nn.Module):
         shared: SharedKV | list[SharedKV] | None = None,
     ) -> Tensor:
         """``x`` [B, S, d] is the normed sublayer input at absolute ``positions``: [S] for a
-        lockstep chunk or packed spans, [B, 1] for a decode batch with one state per row.
+        span or packed spans, [B, 1] for a batch of decode rows in shared slots.
         ``shared``: V4.1's per-call source-layer outputs (one per span when packed)."""
         cos, sin = rotary.cos_sin(positions)
         q, qr, kv = self.project(ops, x, cos, sin)
@@ -110,7 +111,7 @@ class MQA(nn.Module):
         kv: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | list[LayerState],
+        state: LayerState | SlotRows,
         shared: SharedKV | None,
     ) -> Tensor:
         """Attention output [B, S, H, D] of one sequence chunk (or one decode batch): the
@@ -143,7 +144,7 @@ class MQA(nn.Module):
         qr: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | list[LayerState],
+        state: LayerState | SlotRows,
         shared: SharedKV | None,
     ) -> LongRange | None:
         """The compressed entries and which of them each query sees, or None for a
@@ -192,7 +193,7 @@ class Attention(MQA):
         qr: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | list[LayerState],
+        state: LayerState | SlotRows,
         shared: SharedKV | None,
     ) -> LongRange | None:
         if self.compressor is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +9,6 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.attention import Attention
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.moe import MoE
@@ -28,8 +26,6 @@ class ForwardContext:
     positions: Tensor  # [S] absolute positions of the new tokens; [B, 1] for a decode batch
     input_ids: Tensor  # [B, S] token ids (hash routing reads them)
     rotary: dict[str, Rotary]  # "main" (base theta) and "compress" (YaRN)
-    #: Decode steps on a GPU: CUDA graphs of each layer's FFN half (None: run it eagerly).
-    graphs: DecodeGraphs | None = None
 
     def __post_init__(self) -> None:
         self.rotary = per_call(self.rotary)  # every layer rotates at ``positions``
@@ -55,7 +51,7 @@ class Block(nn.Module):
         return self.attn.new_state(batch, dtype, device, slack)
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: LayerStates) -> Tensor:
-        """``x``: residual streams [B, S, hc_mult, d]; ``state`` one per row for a decode batch."""
+        """``x``: residual streams [B, S, hc_mult, d]; ``state`` in the layout of the rows."""
         ops = ctx.ops
         rotary = ctx.rotary[self.rope_kind]
 
@@ -63,17 +59,12 @@ class Block(nn.Module):
             return self.attn(ops, self.attn_norm(ops, u), ctx.positions, rotary, state)
 
         x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
-        if ctx.graphs is not None:
-            return ctx.graphs.run(self.layer_id, self._ffn_half_fn(ops), x, ctx.input_ids)[0]
         return self.ffn_half(ops, x, ctx.input_ids)
 
     def ffn_half(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
-        """mHC(MoE): a pure function of the streams and token ids (graph-capturable)."""
+        """mHC(MoE) of the streams (the token ids route hash layers)."""
 
         def ffn(u: Tensor) -> Tensor:
             return self.ffn(ops, self.ffn_norm(ops, u), input_ids)
 
         return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn)
-
-    def _ffn_half_fn(self, ops: Backend) -> Callable[[Tensor, Tensor], tuple[Tensor]]:
-        return lambda x, ids: (self.ffn_half(ops, x, ids),)

@@ -20,7 +20,6 @@ from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layouts import CompressorRows, CompressorStates
 from deepinfer.models.state import CompressorState
 from deepinfer.paging import PagedEntries
-from deepinfer.transfer import to_device
 
 
 class Compressor(nn.Module):
@@ -66,16 +65,11 @@ class Compressor(nn.Module):
         rotary: Rotary,
         state: CompressorStates,
     ) -> Tensor | PagedEntries:
-        """Feed ``x`` [B, S, d] at ``positions``; returns every entry emitted so far [B, T, D].
-
-        With one state per row (a decode batch, ``positions`` [B, 1]) the rows' entries are
-        zero-padded to the longest; callers mask by each row's visible count. Slotted decode
-        rows get their entries as a view of their pages.
+        """Feed ``x`` [B, S, d] at ``positions``; returns every entry emitted so far [B, T, D]
+        (for the shared rows of a decode batch, ``positions`` [B, 1], a view of their pages).
         """
         if isinstance(state, CompressorRows):
             return self._forward_slots(ops, x, positions, rotary, state)
-        if isinstance(state, list):
-            return self._forward_rows(ops, x, positions, rotary, state)
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight)
         score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
@@ -104,40 +98,6 @@ class Compressor(nn.Module):
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
         state.append_entries(entries)
         return state.entries
-
-    def _forward_rows(
-        self,
-        ops: Backend,
-        x: Tensor,
-        positions: Tensor,
-        rotary: Rotary,
-        states: list[CompressorState],
-    ) -> Tensor:
-        """One new token per row: buffer it, pool the rows whose window just filled."""
-        xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight)
-        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
-        _, full, win_kv, win_score = fill_windows(states, kv, score)
-        if full.states:
-            prev_kv = prev_score = None
-            if self.overlap:
-                # Window -1 of each row: its stored first half (-inf scores before the first
-                # window); this window's first half then takes its place.
-                prev_kv, prev_score = full.gather("prev_kv_buf"), full.gather("prev_score_buf")
-                full.scatter("prev_kv_buf", win_kv[..., : self.dim])
-                full.scatter("prev_score_buf", win_score[..., : self.dim])
-            pooled = ops.compress(
-                win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
-            )
-            rows = full.states
-            entries = self.norm(ops, pooled.to(rows[0].entry_dtype))  # [F, 1, D]
-            entry_pos = torch.tensor(
-                [[st.num_entries * self.ratio] for st in rows], device=x.device
-            )
-            cos, sin = rotary.cos_sin(entry_pos)
-            entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
-            append_entries_to(rows, entries)
-        return padded_entries(states)
 
     def _forward_slots(
         self,
@@ -234,92 +194,3 @@ def write_slot_entries(rows: CompressorRows, at: SlotPhase, new: Tensor) -> Page
     page, row, held, counts = rows.step_memo.get(key, locate)
     pages[page, row] = new[:, 0].to(pages.dtype)
     return PagedEntries(pages, held, rows.entry_limit, counts)
-
-
-class RowBuffers:
-    """The fixed-size buffers of several states (one per decode row), read and written
-    together: as rows of one shared :class:`CompressorPool` (one indexed op per buffer), or,
-    for states that own their buffers, with one concatenation or one fused copy."""
-
-    def __init__(self, states: list[CompressorState], device: torch.device) -> None:
-        self.states = states
-        pool = states[0].pool if states else None
-        self.pool = pool if pool is not None and all(st.pool is pool for st in states) else None
-        slots = torch.tensor([st.slot for st in states])
-        self.index = to_device(slots, device) if self.pool else None
-
-    def gather(self, name: str) -> Tensor:
-        """Buffer ``name`` of every state, [R, ratio, width] (a copy)."""
-        if self.pool is not None:
-            assert self.index is not None
-            return getattr(self.pool, name).index_select(0, self.index)
-        return torch.cat([getattr(st, name) for st in self.states])
-
-    def scatter(self, name: str, values: Tensor) -> None:
-        """Overwrite buffer ``name`` of every state with ``values`` [R, ratio, width]."""
-        if self.pool is not None:
-            getattr(self.pool, name)[self.index] = values
-        else:
-            torch._foreach_copy_([getattr(st, name) for st in self.states], list(values.split(1)))
-
-    def write_open(self, kv: Tensor, score: Tensor) -> None:
-        """Put row i's new projections [R, 1, width] at its open window's next position."""
-        if self.pool is not None:
-            col = to_device(torch.tensor([st.fill for st in self.states]), kv.device)
-            self.pool.kv_buf[self.index, col] = kv[:, 0]
-            self.pool.score_buf[self.index, col] = score[:, 0]
-            return
-        for name, new in (("kv_buf", kv), ("score_buf", score)):
-            targets = [getattr(st, name)[:, st.fill] for st in self.states]  # [1, width] views
-            torch._foreach_copy_(targets, list(new[:, 0].split(1)))
-
-
-def fill_windows(
-    states: list[CompressorState], kv: Tensor, score: Tensor
-) -> tuple[list[int], RowBuffers, Tensor, Tensor]:
-    """Append row i's new projections [B, 1, width] to its open window.
-
-    Returns the indices of the rows whose window is now complete, their states (as
-    :class:`RowBuffers`, for the caller to read and write their other buffers) and those
-    windows [F, ratio, width]; the windows are closed. Rows of one shared pool cost a handful
-    of indexed ops whatever the batch.
-    """
-    for i, st in enumerate(states):
-        if st.keep:
-            st.remember(kv[i : i + 1], score[i : i + 1])
-    ratio = states[0].ratio
-    if ratio == 1:  # every token is a whole window: nothing to buffer
-        return list(range(len(states))), RowBuffers(states, kv.device), kv, score
-    RowBuffers(states, kv.device).write_open(kv, score)
-    rows = []
-    for i, st in enumerate(states):
-        st.fill += 1
-        if st.fill == ratio:
-            rows.append(i)
-    full = RowBuffers([states[i] for i in rows], kv.device)
-    if not rows:
-        return rows, full, kv[:0].expand(0, ratio, -1), score[:0].expand(0, ratio, -1)
-    win_kv, win_score = full.gather("kv_buf"), full.gather("score_buf")
-    for st in full.states:
-        st.fill = 0
-    return rows, full, win_kv, win_score
-
-
-def append_entries_to(rows: list[CompressorState], entries: Tensor) -> None:
-    """Append one new entry per row: ``entries`` [F, 1, D] to the F states ``rows``."""
-    for st, entry in zip(rows, entries.split(1), strict=True):
-        st.append_entries(entry)
-
-
-def padded_entries(states: list[CompressorState]) -> Tensor:
-    """Every row's entries [B, T_max, D], zero past each row's own count (one gather)."""
-    counts = [st.count for st in states]
-    first = states[0].entries
-    out = first.new_zeros(len(states), max(counts), first.shape[-1])
-    if max(counts):
-        flat = torch.cat([st.entries for st in states], dim=1)[0]  # [sum T, D]
-        rows = torch.repeat_interleave(torch.arange(len(states)), torch.tensor(counts))
-        starts = torch.tensor([0, *counts]).cumsum(0)[:-1]
-        cols = torch.arange(flat.shape[0]) - starts[rows]
-        out[rows.to(out.device), cols.to(out.device)] = flat
-    return out

@@ -19,10 +19,11 @@ from deepinfer.models.layers.attention import MQA, init_mqa
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedIndexer, SharedKV
 from deepinfer.models.layers.compressor import write_slot_entries
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.layers.shared_compressor import SharedCompressor, all_entries, append_entries
+from deepinfer.models.layers.shared_compressor import SharedCompressor
 from deepinfer.models.layers.visibility import visible_mask
-from deepinfer.models.layouts import SlotRows, compressor_states
-from deepinfer.models.state import CompressorState, LayerState, SWARing
+from deepinfer.models.layouts import SlotRows
+from deepinfer.models.ring import SWARing
+from deepinfer.models.state import CompressorState, LayerState
 
 
 class SharedAttention(MQA):
@@ -66,6 +67,7 @@ class SharedAttention(MQA):
                 dim=self.cfg.index_head_dim,
                 dtype=dtype,
                 device=device,
+                entries_only=True,
             )
         return state
 
@@ -74,24 +76,24 @@ class SharedAttention(MQA):
         ops: Backend,
         x: Tensor,
         rotary: Rotary,
-        state: LayerState | list[LayerState],
+        state: LayerState,
         shared: SharedKV,
     ) -> None:
         """KV source: pool new entries, derive their index keys, publish both."""
         assert self.compressor is not None and self.indexer is not None
-        entry_states = compressor_states(state)
-        key_states = compressor_states(state, "indexer")
-        latents, first, rows = self.compressor(ops, x, entry_states)
+        entry_states, key_states = state.compressor, state.indexer
+        assert entry_states is not None and key_states is not None
+        latents, first = self.compressor(ops, x, entry_states)
         if latents.numel():
             n = latents.shape[1]
             entry_pos = (first + torch.arange(n, device=x.device)) * self.ratio
             cos, sin = rotary.cos_sin(entry_pos)
             keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
             entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
-            append_entries(entry_states, entries, rows)
-            append_entries(key_states, keys, rows)
-        shared.entries[self.layer_id] = all_entries(entry_states)
-        shared.keys[self.layer_id] = all_entries(key_states)
+            entry_states.append_entries(entries)
+            key_states.append_entries(keys)
+        shared.entries[self.layer_id] = entry_states.entries
+        shared.keys[self.layer_id] = key_states.entries
 
     def _update_slot_sources(  # noqa: PLR0917
         self,
@@ -152,7 +154,7 @@ class SharedAttention(MQA):
         qr: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | list[LayerState],
+        state: LayerState | SlotRows,
         shared: SharedKV | None,
     ) -> LongRange | None:
         if not self.ratio:

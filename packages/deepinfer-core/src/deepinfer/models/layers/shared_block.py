@@ -7,7 +7,6 @@ mixing weights stay the unbiased scores, as for ``bias``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +14,6 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.engram import Engram
 from deepinfer.models.layers.lagged_mhc import LaggedHyperConnection
@@ -41,8 +39,6 @@ class V41Context:
     #: [B, history + S] compressed ids with the look-back in front (one per span when packed)
     engram_ids: Tensor | list[Tensor] | None
     engram_history: int
-    #: Decode steps on a GPU: CUDA graphs of each layer's FFN half (None: run it eagerly).
-    graphs: DecodeGraphs | None = None
 
     def __post_init__(self) -> None:
         self.rotary = per_call(self.rotary)  # every layer rotates at ``positions``
@@ -117,13 +113,7 @@ class SharedBlock(nn.Module):
             x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
         else:
             x, pre = LaggedHyperConnection(self, "hc_attn", self.cfg)(ops, x, pre, attn)
-        if ctx.graphs is None or ctx.image_mask is not None:
-            return self.ffn_half(ops, x, pre, ctx.input_ids, ctx.image_mask)
-        if pre is None:
-            out = ctx.graphs.run(self.layer_id, self._ffn_graph_fn(ops), x, ctx.input_ids)
-            return out[0], None
-        out = ctx.graphs.run(self.layer_id, self._ffn_graph_fn(ops), x, ctx.input_ids, pre)
-        return out[0], out[1]
+        return self.ffn_half(ops, x, pre, ctx.input_ids, ctx.image_mask)
 
     def ffn_half(
         self,
@@ -133,7 +123,7 @@ class SharedBlock(nn.Module):
         input_ids: Tensor,
         image_mask: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
-        """mHC(MoE) -> (streams, ``pre`` to carry on): a pure function of its inputs."""
+        """mHC(MoE) -> (streams, ``pre`` to carry on)."""
 
         def ffn(u: Tensor) -> Tensor:
             return self.ffn(ops, self.ffn_norm(ops, u), input_ids, image_mask)
@@ -141,12 +131,3 @@ class SharedBlock(nn.Module):
         if not self.cfg.hc_pre_from_prev_sublayer:
             return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn), None
         return LaggedHyperConnection(self, "hc_ffn", self.cfg)(ops, x, pre, ffn)
-
-    def _ffn_graph_fn(self, ops: Backend) -> Callable[..., tuple[Tensor, ...]]:
-        """The text-only FFN half as a graph function of (streams, ids[, carried pre])."""
-
-        def fn(x: Tensor, ids: Tensor, pre: Tensor | None = None) -> tuple[Tensor, ...]:
-            out, carried = self.ffn_half(ops, x, pre, ids, None)
-            return (out,) if carried is None else (out, carried)
-
-        return fn

@@ -12,16 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.models.layers.compressor import (
-    SlotPhase,
-    append_entries_to,
-    fill_windows,
-    padded_entries,
-    slot_phase,
-    slot_windows,
-)
+from deepinfer.models.layers.compressor import SlotPhase, slot_phase, slot_windows
 from deepinfer.models.layers.norm import Linear, RMSNorm
-from deepinfer.models.layouts import CompressorRows, CompressorStates
+from deepinfer.models.layouts import CompressorRows
 from deepinfer.models.state import CompressorState
 from deepinfer.transfer import to_device
 
@@ -52,19 +45,13 @@ class SharedCompressor(nn.Module):
             slack=slack,
         )
 
-    def forward(
-        self, ops: Backend, x: Tensor, state: CompressorStates
-    ) -> tuple[Tensor, Tensor, list[int] | None]:
+    def forward(self, ops: Backend, x: Tensor, state: CompressorState) -> tuple[Tensor, Tensor]:
         """Feed ``x`` [B, S, d]; returns (new normalised latents [B, n, D], the entry index of
-        the first as a 0-d tensor, None).
+        the first as a 0-d tensor).
 
         The open half of a pair waits in ``state.buf_kv``/``buf_score`` (fp32) for its partner,
-        so a chunk boundary inside a pair changes nothing. With one state per row (a decode
-        batch) only the rows whose pair completed emit: the result is (latents [F, 1, D],
-        their entry indices [F, 1], those rows' indices).
+        so a chunk boundary inside a pair changes nothing.
         """
-        if isinstance(state, list):
-            return self._forward_rows(ops, x, state)
         kv, score = self._project(ops, x)
         state.remember(kv, score)
         kv = torch.cat((state.buf_kv, kv), dim=1)
@@ -76,11 +63,11 @@ class SharedCompressor(nn.Module):
         state.buf_kv, state.buf_score = kv[:, used:], score[:, used:]
         first = to_device(torch.tensor(state.num_entries), x.device)
         if n == 0:
-            return kv.new_zeros(b, 0, self.dim).to(state.entry_dtype), first, None
+            return kv.new_zeros(b, 0, self.dim).to(state.entry_dtype), first
         win_kv = kv[:, :used].view(b, n, self.ratio, width)
         win_score = score[:, :used].view(b, n, self.ratio, width)
         pooled = ops.compress(win_kv, win_score, None, None, False)
-        return self.norm(ops, pooled.to(state.entry_dtype)), first, None
+        return self.norm(ops, pooled.to(state.entry_dtype)), first
 
     def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
         xf = x.float()
@@ -88,18 +75,6 @@ class SharedCompressor(nn.Module):
         if self.wgate is None:
             return kv, torch.zeros_like(kv)
         return kv, ops.linear(xf, self.wgate.weight)
-
-    def _forward_rows(
-        self, ops: Backend, x: Tensor, states: list[CompressorState]
-    ) -> tuple[Tensor, Tensor, list[int] | None]:
-        kv, score = self._project(ops, x)
-        full, buffers, win_kv, win_score = fill_windows(states, kv, score)
-        rows = buffers.states
-        first = to_device(torch.tensor([[st.num_entries] for st in rows]), x.device).view(-1, 1)
-        if not rows:
-            return kv.new_zeros(0, 1, self.dim).to(states[0].entry_dtype), first, full
-        pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
-        return self.norm(ops, pooled.to(rows[0].entry_dtype)), first, full
 
     def forward_slots(
         self, ops: Backend, x: Tensor, positions: Tensor, rows: CompressorRows
@@ -113,17 +88,3 @@ class SharedCompressor(nn.Module):
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         assert rows.pool.pages is not None
         return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
-
-
-def append_entries(state: CompressorStates, new: Tensor, rows: list[int] | None) -> None:
-    """Append new entries: [B, n, D] to a lockstep state, or [F, 1, D] to the listed rows."""
-    if isinstance(state, list):
-        assert rows is not None
-        append_entries_to([state[i] for i in rows], new)
-    else:
-        state.append_entries(new)
-
-
-def all_entries(state: CompressorStates) -> Tensor:
-    """Every entry so far [B, T, D] (zero-padded per row for a decode batch)."""
-    return padded_entries(state) if isinstance(state, list) else state.entries
