@@ -18,9 +18,9 @@ kernels are compiled as part of those.
 The compiles run in subprocesses, one per target and in parallel. On a machine without a GPU
 the root conftest sets ``TRITON_INTERPRET=1``, under which ``triton.jit`` makes interpreter
 functions that cannot be compiled, and the kernel modules pick their interpreter-only code paths
-(``attention.QK_NATIVE``, ``moe._WIDEN``); the subprocesses get an environment without
-``TRITON_*`` settings (tool paths aside) and a fresh cache directory, so every run compiles the
-kernels as a GPU process would.
+(``attention.QK_NATIVE``, ``moe._WIDEN``, ``fp8_linear._EMULATE_CAST``); the subprocesses get an
+environment without ``TRITON_*`` settings (tool paths aside) and a fresh cache directory, so
+every run compiles the kernels as a GPU process would.
 """
 
 from __future__ import annotations
@@ -371,6 +371,45 @@ def _compress_specs() -> Iterator[AotSpec]:
         )  # fmt: skip
 
 
+def _fp8_linear_specs() -> Iterator[AotSpec]:
+    # activations quantised once ahead of a prefill GEMM: bf16 model activations, fp32 runs
+    for dt in ("bf16", "fp32"):
+        yield AotSpec(
+            "fp8_linear._quant_act_kernel",
+            dt,
+            {"x_ptr": f"*{dt}", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "m": 4096, "k": 4096,
+             "EMULATE": False, "GROUP": 128, "BLOCK_R": 16},
+        )  # fmt: skip
+    # (variant, rows, N, K, ue8m0 scales, weight block, BLOCK_M, BLOCK_N, BLOCK_K, warps, out):
+    # as fp8_linear._tiles picks them. Up to 64 rows quantise in the GEMM (fused) unless the
+    # weight blocks are narrower than a group (V4.1's 32 x 32); V4-Flash's q/kv/o projections
+    # (wq_a 1024 x 4096, wkv 512 x 4096, wq_b 32768 x 1024, wo_b 4096 x 8192); ue8m0 scales
+    # in the instruct checkpoints, fp32 in -Base.
+    cases = (
+        ("decode1-wq_a-ue8m0", 1, 1024, 4096, True, 128, 16, 64, 128, 4, "bf16"),
+        ("decode32-wkv-ue8m0", 32, 512, 4096, True, 128, 32, 64, 128, 4, "bf16"),
+        ("decode64-wo_b-ue8m0", 64, 4096, 8192, True, 128, 64, 64, 128, 4, "bf16"),
+        ("decode16-4096-fp32-scales", 16, 4096, 4096, False, 128, 16, 64, 128, 4, "bf16"),
+        ("prefill-4096-ue8m0", 4096, 4096, 4096, True, 128, 128, 128, 128, 8, "bf16"),
+        ("prefill-wq_b-fp32-scales", 4096, 32768, 1024, False, 128, 128, 128, 128, 8, "bf16"),
+        ("prefill-4096-fp32-out", 4096, 4096, 4096, True, 128, 128, 128, 128, 8, "fp32"),
+        ("decode16-v41-block32", 16, 5120, 5120, True, 32, 16, 64, 32, 4, "bf16"),
+        ("prefill-v41-block32", 4096, 5120, 5120, True, 32, 128, 128, 32, 8, "bf16"),
+    )
+    for variant, m, n, k, ue8m0, wb, block_m, block_n, block_k, warps, out in cases:
+        fused = m <= 64 and block_k == 128
+        yield AotSpec(
+            "fp8_linear._fp8_gemm_kernel",
+            variant,
+            {"a_ptr": "*bf16" if fused else "*fp8e4nv", "as_ptr": "*fp8e4nv" if fused else "*fp32",
+             "w_ptr": "*fp8e4nv", "ws_ptr": "*u8" if ue8m0 else "*fp32", "out_ptr": f"*{out}",
+             "m": m, "n": n, "k": k, "FUSED": fused, "EMULATE": False, "SCALE_UE8M0": ue8m0,
+             "GROUP": 128, "W_BN": wb, "W_BK": wb,
+             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k},
+            num_warps=warps,
+        )  # fmt: skip
+
+
 AOT_SPECS: tuple[AotSpec, ...] = (
     *_norm_specs(),
     *_rope_specs(),
@@ -383,6 +422,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_topk_specs(),
     *_attention_specs(),
     *_compress_specs(),
+    *_fp8_linear_specs(),
 )
 
 

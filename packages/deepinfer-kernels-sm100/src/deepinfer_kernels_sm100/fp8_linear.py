@@ -1,0 +1,343 @@
+"""FP8 e4m3 block-scaled linear layers computed on the stored format, in Triton.
+
+DeepSeek-V4 stores its attention and dense weights as e4m3 with one scale per block of
+128 x 128 elements (32 x 32 in V4.1); the scales are fp32 (V4-Flash-Base) or ue8m0 exponent
+bytes, 2**(b - 127) (the instruct releases). Dequantising them to bf16 at load doubles their
+memory and the bytes each decode step streams. Here the weights stay e4m3 and meet e4m3
+activations in the tensor cores' fp8 dots, as DeepGEMM does on Hopper:
+
+* activations are quantised per token and per group of ``ACT_GROUP`` = 128 along K, with an fp32
+  scale amax / 448 each (1 for an all-zero group), so every value uses e4m3's full range;
+* K is walked in steps no wider than one activation group or one weight block, so each step's
+  fp32 partial product has one activation scale per row and one weight scale per column; it
+  is multiplied by their product and added to an fp32 accumulator. This also bounds what a
+  Hopper fp8 MMA chain, which keeps fewer bits than fp32 in its accumulator, sums before the
+  sum reaches a full fp32 register: one step.
+
+Two launch shapes (:func:`_tiles`): up to ``SMALL_M`` rows (decode) the GEMM kernel quantises
+its activation tile in registers right before the dot. Each column program quantises the same
+few rows again, which costs far less than the weights it streams, and it saves a launch and a
+round trip of the quantised activations. Larger batches (prefill) quantise once with
+:func:`quantize_act_fp8` and run 128 x 128 tiles on 8 warps. Both use the one quantiser body
+(:func:`_quantize_tile`), so they give the same bits.
+
+ue8m0 scales are decoded in the kernel from their bytes (exactly as
+:func:`deepinfer.models.quant.decode_ue8m0` does), so a call does no host-side work on them
+and stays capturable in a CUDA graph.
+
+Triton 3.7.1's interpreter (CI, no GPU) converts fp32 to e4m3 by dropping mantissa bits and
+adding the first dropped one without carrying into the exponent (7.8 becomes 4.0), and does not
+saturate; it converts fp32 to bf16 by truncation. Under it (``_EMULATE_CAST``) values are first
+rounded in fp32 onto the narrower format's grid (:func:`_round_to_grid`, ties to even, as the
+GPU's ``cvt.rn`` conversions round), so the conversions only see values they represent
+exactly. Its fp8 dots are exact products summed in fp32, so they need no such path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from deepinfer.models.quant import is_ue8m0_dtype
+
+#: activation quantisation group along K (DeepGEMM's and the V4 checkpoints' recipe)
+ACT_GROUP = 128
+#: N and K must be multiples of this (the V4 weight blocks; no kernel masks along N or K)
+DIM_MULTIPLE = 128
+#: the most rows that take the fused decode kernel
+SMALL_M = 64
+#: narrowest K step of an fp8 tensor-core dot
+MIN_BLOCK_K = 32
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: the interpreter's fp32 -> e4m3 / bf16 conversions round wrongly: round in fp32 first (module doc)
+_EMULATE_CAST = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _round_to_grid(v, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """fp32 values rounded, ties to even, to a narrower float format's values, exactly in fp32
+    (range permitting: no saturation or overflow here).
+
+    A format with MANT mantissa bits spaces its values in the binade [2**e, 2**(e + 1)) by
+    2**(e - MANT), and by 2**(MIN_EXP - MANT) below its smallest normal 2**MIN_EXP. The spacing
+    is built from v's exponent bits (so it must be an fp32 normal: for bf16 MIN_EXP = -119,
+    which rounds values under 2**-119 more coarsely than bf16's subnormals would); v divided by
+    it is exact and under 2**(MANT + 1), and adding then subtracting 1.5 * 2**23 rounds it to
+    an integer with the fp32 adder's own ties-to-even.
+    """
+    biased = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    step = ((tl.maximum(biased, 127 + MIN_EXP) - MANT) << 23).to(tl.float32, bitcast=True)
+    return ((v / step + 12582912.0) - 12582912.0) * step
+
+
+@triton.jit
+def _quantize_tile(x, EMULATE: tl.constexpr):
+    """[R, G] fp32 -> (e4m3 [R, G], fp32 scale [R]): per row, scale = amax / 448 (1 when the
+    row is all zeros, so padding rows and zero groups stay finite) and x / scale rounded to
+    the nearest e4m3 value, saturating at +-448 (e4m3's largest finite value).
+
+    Both quotients are IEEE-rounded (``div_rn``): Triton's ``/`` is an approximate division on
+    NVIDIA GPUs, which would move scales and values by an ulp from what torch computes.
+    """
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+    v = tl.math.div_rn(x, scale[:, None])
+    v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+    if EMULATE:
+        v = _round_to_grid(v, 3, -6)  # e4m3: 3 mantissa bits, smallest normal 2**-6
+    return v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), scale
+
+
+@triton.jit
+def _ue8m0_to_fp32(b):
+    """2**(b - 127) from exponent bytes, bit-built: b = 0 is the subnormal 2**-127 and b = 255
+    NaN, as :func:`deepinfer.models.quant.decode_ue8m0` decodes them."""
+    b = b.to(tl.int32)
+    bits = tl.where(b == 0, 0x00400000, b << 23)
+    bits = tl.where(b == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["m"])
+def _quant_act_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    x_ptr,  # [M, K] bf16 / fp16 / fp32
+    q_ptr,  # [M, K] e4m3 out
+    s_ptr,  # [M, K / GROUP] fp32 out
+    m,
+    k,
+    EMULATE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """One program per (block of BLOCK_R rows, group of GROUP columns)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    group = tl.program_id(1)
+    row_ok = rows < m
+    offs = rows[:, None].to(tl.int64) * k + group * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    q, scale = _quantize_tile(x, EMULATE)
+    tl.store(q_ptr + offs, q, mask=row_ok[:, None])
+    tl.store(s_ptr + rows.to(tl.int64) * (k // GROUP) + group, scale, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["m"])
+def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    a_ptr,  # [M, K]: bf16 / fp16 / fp32 activations (FUSED) or their e4m3 values
+    as_ptr,  # [M, K / GROUP] fp32 activation scales (read unless FUSED)
+    w_ptr,  # [N, K] e4m3 weight
+    ws_ptr,  # [ceil(N / W_BN), ceil(K / W_BK)] weight scales: fp32, or ue8m0 bytes
+    out_ptr,  # [M, N]
+    m,
+    n,
+    k,
+    FUSED: tl.constexpr,  # quantise the activation tiles here
+    EMULATE: tl.constexpr,
+    SCALE_UE8M0: tl.constexpr,
+    GROUP: tl.constexpr,
+    W_BN: tl.constexpr,
+    W_BK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out = sum over K steps of dot(a, w.T) * a_scale[:, None] * w_scale[None, :], in fp32.
+
+    BLOCK_K divides GROUP and W_BK (equals GROUP when FUSED), and BLOCK_N divides N: a step has
+    one scale per row and one per column, and nothing along N or K needs a mask. The weight
+    tile is read [BLOCK_N, BLOCK_K] and transposed in the dot, so B reaches the MMA K-major,
+    as Hopper's fp8 wgmma requires.
+    """
+    tl.static_assert(GROUP % BLOCK_K == 0 and W_BK % BLOCK_K == 0)
+    tl.static_assert(not FUSED or BLOCK_K == GROUP)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    row_ok = rows < m
+    a_tile = a_ptr + rows[:, None].to(tl.int64) * k + kk[None, :]
+    w_tile = w_ptr + cols[:, None].to(tl.int64) * k + kk[None, :]
+    a_scales = as_ptr + rows.to(tl.int64) * (k // GROUP)
+    w_scales = ws_ptr + (cols // W_BN) * tl.cdiv(k, W_BK)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        x = tl.load(a_tile + k0, mask=row_ok[:, None], other=0.0)
+        if FUSED:
+            a, a_scale = _quantize_tile(x.to(tl.float32), EMULATE)
+        else:
+            a = x
+            a_scale = tl.load(a_scales + k0 // GROUP, mask=row_ok, other=0.0)
+        w = tl.load(w_tile + k0)
+        w_scale = tl.load(w_scales + k0 // W_BK)
+        if SCALE_UE8M0:
+            w_scale = _ue8m0_to_fp32(w_scale)
+        part = tl.dot(a, tl.trans(w))
+        acc += part * (a_scale[:, None] * w_scale[None, :])
+    out_ty: tl.constexpr = out_ptr.dtype.element_ty
+    if EMULATE and out_ty == tl.bfloat16:
+        acc = _round_to_grid(acc, 7, -119)
+    if EMULATE and out_ty == tl.float16:
+        acc = _round_to_grid(acc, 10, -14)
+    out = out_ptr + rows[:, None].to(tl.int64) * n + cols[None, :]
+    tl.store(out, acc.to(out_ty), mask=row_ok[:, None])
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """One launch configuration of :func:`_fp8_gemm_kernel`."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    fused: bool
+
+
+def _tiles(m: int, block_k_weight: int) -> _Tiles:
+    """Tile shape by batch size.
+
+    Decode batches read every weight byte for a few rows: row tiles just cover the batch (16 to
+    64, the narrowest an MMA takes is 16) and 64-column programs give the GPU more programs to
+    stream the weight with. Prefill batches reuse each weight tile over 128 rows: 128 x 128
+    tiles on 8 warps, the shape Hopper's wgmma and Blackwell's tcgen05 run at full rate. The K
+    step is one activation group, or one weight block where blocks are narrower (V4.1's 32);
+    only whole-group steps can quantise their activations in the GEMM.
+    """
+    block_k = min(ACT_GROUP, block_k_weight)
+    if m <= SMALL_M:
+        block_m = max(16, triton.next_power_of_2(m))
+        return _Tiles(block_m, 64, block_k, 4, fused=block_k == ACT_GROUP)
+    return _Tiles(128, 128, block_k, 8, fused=False)
+
+
+def _check_multiple(name: str, value: int) -> None:
+    if value <= 0 or value % DIM_MULTIPLE:
+        raise ValueError(f"{name} must be a positive multiple of {DIM_MULTIPLE}, got {value}")
+
+
+def quantize_act_fp8(x: Tensor, group: int = ACT_GROUP) -> tuple[Tensor, Tensor]:
+    """Per-token, per-group e4m3 quantisation of activations: x [..., K] -> (e4m3 [..., K],
+    fp32 scales [..., K / group]) with x ~= q * scale broadcast over each group.
+
+    A scale is its group's amax / 448, rounded to fp32 (1 for an all-zero group); values are
+    x / scale rounded to the nearest e4m3 value, ties to even. fp32 scales rather than ue8m0
+    powers of two keep up to one more bit of each value; the GEMM multiplies them in fp32.
+    """
+    if x.dtype not in _IN_DTYPES:
+        raise ValueError(f"activations must be one of {_IN_DTYPES}, got {x.dtype}")
+    k = x.shape[-1]
+    if group < 16 or group & (group - 1):
+        raise ValueError(f"group must be a power of two of at least 16, got {group}")
+    if k == 0 or k % group:
+        raise ValueError(f"K = {k} is not a positive multiple of the group size {group}")
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
+    if m:
+        block_r = 16
+        _quant_act_kernel[(triton.cdiv(m, block_r), k // group)](
+            x2, q, scale, m, k, EMULATE=_EMULATE_CAST, GROUP=group, BLOCK_R=block_r
+        )
+    lead = x.shape[:-1]
+    return q.view(*lead, k), scale.view(*lead, k // group)
+
+
+def _weight_operands(
+    weight: Tensor, weight_scale: Tensor, block: tuple[int, int]
+) -> tuple[Tensor, Tensor, bool]:
+    """(e4m3 weight, scales as the kernel reads them, whether they are ue8m0 bytes), checked.
+
+    ue8m0 scales (uint8, int8 or float8_e8m0fnu) are bit-viewed as bytes, never converted; other
+    floating scales are taken as fp32.
+    """
+    if weight.dtype in (torch.uint8, torch.int8):
+        weight = weight.view(torch.float8_e4m3fn)
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
+        raise ValueError(
+            f"weight must be a 2-D float8_e4m3fn tensor, got {weight.dtype} {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    _check_multiple("N (weight rows)", n)
+    _check_multiple("K (weight columns)", k)
+    bn, bk = block
+    if bn <= 0 or bk < MIN_BLOCK_K or (bk % ACT_GROUP and ACT_GROUP % bk):
+        raise ValueError(
+            f"block {block}: rows must be positive and columns at least {MIN_BLOCK_K}, and "
+            f"divide or be a multiple of {ACT_GROUP}"
+        )
+    grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    if weight_scale.dim() != 2 or tuple(weight_scale.shape) != grid:
+        raise ValueError(
+            f"weight_scale shape {tuple(weight_scale.shape)} does not match weight {(n, k)} "
+            f"with block {block}: expected {grid}"
+        )
+    ue8m0 = is_ue8m0_dtype(weight_scale.dtype)
+    if ue8m0:
+        scale = weight_scale.contiguous().view(torch.uint8)
+    elif weight_scale.is_floating_point():
+        scale = weight_scale.to(torch.float32).contiguous()
+    else:
+        raise ValueError(f"weight_scale must be fp32 or ue8m0 bytes, got {weight_scale.dtype}")
+    return weight.contiguous(), scale.to(weight.device), ue8m0
+
+
+def fp8_block_linear(
+    x: Tensor,
+    weight: Tensor,
+    weight_scale: Tensor,
+    block: tuple[int, int] = (128, 128),
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> Tensor:
+    """y = x @ (weight * block scales).T on the stored e4m3 weight: x [..., K] -> [..., N].
+
+    ``weight`` is [N, K] float8_e4m3fn (or its bytes), ``weight_scale`` [ceil(N / bn),
+    ceil(K / bk)] fp32 or ue8m0 for ``block`` = (bn, bk). x is quantised per token and group of
+    128 (:func:`quantize_act_fp8`); the sums run in fp32 and are rounded once to ``out_dtype``.
+    N and K must be multiples of 128; anything else raises ValueError.
+    """
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
+    if x.dtype not in _IN_DTYPES:
+        raise ValueError(f"activations must be one of {_IN_DTYPES}, got {x.dtype}")
+    w, ws, ue8m0 = _weight_operands(weight, weight_scale, block)
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight takes K = {k}")
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if m:
+        t = _tiles(m, block[1])
+        # Fused, the kernel reads x itself and no activation scales: the weight stands in for
+        # them, so the pointer types, and the compiled kernel, are the same on every call.
+        a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
+        _fp8_gemm_kernel[(n // t.block_n, triton.cdiv(m, t.block_m))](
+            a,
+            a_scale,
+            w,
+            ws,
+            out,
+            m,
+            n,
+            k,
+            FUSED=t.fused,
+            EMULATE=_EMULATE_CAST,
+            SCALE_UE8M0=ue8m0,
+            GROUP=ACT_GROUP,
+            W_BN=block[0],
+            W_BK=block[1],
+            BLOCK_M=t.block_m,
+            BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k,
+            num_warps=t.num_warps,
+        )
+    return out.view(*x.shape[:-1], n)
+
+
+__all__ = ["ACT_GROUP", "fp8_block_linear", "quantize_act_fp8"]

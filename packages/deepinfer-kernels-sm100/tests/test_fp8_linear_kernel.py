@@ -1,0 +1,223 @@
+"""The FP8 block-scaled linear kernels against float64 recomputations, through Triton's
+interpreter off the GPU.
+
+Error bounds, per output element y = sum_k a_k w_k of K terms, where a and w are the
+dequantised e4m3 activations and weights (exact in float64: 4 significant bits times an fp32
+scale):
+
+* Kernel arithmetic. Each e4m3 product is exact in fp32. A K step sums its products in fp32
+  (at most BLOCK_K - 1 roundings), its partial sum is multiplied by the product of two scales
+  (2 roundings) and added to the accumulator (one rounding per step), so with unit roundoff
+  u = 2**-24 the fp32 value is within (BLOCK_K + K / BLOCK_K + 2) u sum_k |a_k||w_k| of y, to
+  first order; K eps_fp32 = 2 K u covers it for every K >= 128 used here. On a CUDA device the
+  fp8 tensor cores may sum each step with fewer bits than fp32 (Hopper's keep about 14, per
+  DeepSeek-V3's report), adding up to 2**-12 sum_k |a_k||w_k| (``TENSOR_CORE_REL``: a 2**-14
+  truncation in each of up to 4 accumulations of a 128-wide step).
+* Output rounding: bf16 has 8 significant bits, so rounding the fp32 value v costs at most
+  2**-8 |v| <= 2**-8 (|y| + the arithmetic bound).
+* FP8 quantisation (end-to-end against the unquantised bf16 linear): a value v quantised with
+  scale s is within half an e4m3 step of v, 2**-4 |v| for normal e4m3 values (3 mantissa bits)
+  and 2**-10 s below 2**-6 s (subnormal spacing 2**-9), plus 2**-22 |v| for v / s being rounded
+  to fp32 first. With da, dw those per-element bounds, |sum a w - sum x W| <=
+  sum (da |W| + |x| dw + da dw).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.models.quant import decode_scale, dequant_fp8_block, quant_fp8_block
+from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear, quantize_act_fp8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS_FP32 = 2.0**-23
+U_BF16 = 2.0**-8
+TENSOR_CORE_REL = 2.0**-12 if DEVICE == "cuda" else 0.0
+N, K = 256, 512
+
+
+def _activations(m: int, k: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Rows whose groups of 128 span five decades of magnitude (so scales differ per group and
+    small values land on e4m3 subnormals), with one all-zero group."""
+    g = torch.Generator().manual_seed(seed)
+    magnitude = 10.0 ** torch.empty(m, k // 128, 1).uniform_(-3, 2, generator=g)
+    x = torch.randn(m, k // 128, 128, generator=g) * magnitude
+    x[0, -1] = 0.0
+    return x.reshape(m, k).to(dtype)
+
+
+def _weight(
+    n: int, k: int, fmt: str, seed: int, *, block: tuple[int, int] = (128, 128), e8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(bf16 weight, its e4m3 values, its block scales)."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) / k**0.5).bfloat16()
+    wq, ws = quant_fp8_block(w, block, fmt, as_e8m0_dtype=e8m0)  # type: ignore[arg-type]
+    return w, wq, ws
+
+
+def _dequant_act(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return q.double() * s.double().repeat_interleave(q.shape[-1] // s.shape[-1], dim=-1)
+
+
+def _kernel_bound(abs_sum: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """The arithmetic bound (module doc) plus the output rounding."""
+    arith = (K * EPS_FP32 + TENSOR_CORE_REL) * abs_sum
+    if out_dtype == torch.bfloat16:
+        return arith + U_BF16 * (y.abs() + arith)
+    return arith + 2.0**-24 * (y.abs() + arith)
+
+
+def _run(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    ws: torch.Tensor,
+    *,
+    block: tuple[int, int] = (128, 128),
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The kernel's result on the test device for CPU operands, back on the CPU."""
+    dev = (t.to(DEVICE) for t in (x, wq, ws))
+    return fp8_block_linear(*dev, block=block, out_dtype=out_dtype).cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 3, 64, 300])
+def test_quantizer_matches_float64(m: int, dtype: torch.dtype) -> None:
+    x = _activations(m, K, seed=m, dtype=dtype)
+    q, s = (t.cpu() for t in quantize_act_fp8(x.to(DEVICE)))
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (m, K)
+    assert s.dtype == torch.float32 and s.shape == (m, K // 128)
+    groups = x.double().view(m, -1, 128)
+    amax = groups.abs().amax(-1)
+    # amax / 448 in float64, rounded to fp32: the correctly rounded fp32 quotient (a quotient
+    # by 7 * 2**6 repeats with period 3 bits, so it never lies within 2**-53 of an fp32 tie).
+    want_scale = torch.where(amax > 0, amax / 448, 1.0).float()
+    assert torch.equal(s, want_scale)
+    # rounding, independently: torch's own e4m3 cast of x / scale
+    want_q = (x.float().view(m, -1, 128) / s[..., None]).to(torch.float8_e4m3fn).view(m, K)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    # and in float64: within half an e4m3 step of x, in range, zero groups stay zero
+    err = (_dequant_act(q, s).view(m, -1, 128) - groups).abs()
+    half_step = torch.maximum(2.0**-4 * groups.abs(), 2.0**-10 * s.double()[..., None])
+    assert (err <= half_step + 2.0**-22 * groups.abs()).all()
+    assert q.float().abs().max() <= 448
+    assert torch.equal(q[0, -128:].float(), torch.zeros(128))
+
+
+def test_quantizer_keeps_leading_dims() -> None:
+    x = _activations(6, 256, seed=9).view(2, 3, 256)
+    q, s = quantize_act_fp8(x.to(DEVICE))
+    assert q.shape == (2, 3, 256) and s.shape == (2, 3, 2)
+
+
+def _check_against_float64(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    ws: torch.Tensor,
+    block: tuple[int, int],
+    out_dtype: torch.dtype,
+) -> None:
+    """The kernel against float64 sums of the dequantised quantised operands."""
+    got = _run(x, wq, ws, block=block, out_dtype=out_dtype)
+    assert got.dtype == out_dtype and got.shape == (*x.shape[:-1], wq.shape[0])
+    q, s = (t.cpu() for t in quantize_act_fp8(x.to(DEVICE)))
+    a = _dequant_act(q, s).reshape(-1, K)
+    w = dequant_fp8_block(wq, ws, block, out_dtype=torch.float64)
+    want = a @ w.T
+    bound = _kernel_bound(a.abs() @ w.abs().T, want, out_dtype)
+    err = (got.double().reshape(want.shape) - want).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}, max excess {(err - bound).max():.3g}"
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("m", [1, 3, 64, 300])
+def test_linear_matches_float64(m: int, fmt: str) -> None:
+    """m <= 64 quantises in the GEMM, 300 through quantize_act_fp8 and 128-row tiles."""
+    x = _activations(m, K, seed=10 + m)
+    _, wq, ws = _weight(N, K, fmt, seed=m)
+    _check_against_float64(x, wq, ws, (128, 128), torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [3, 300])
+def test_fp32_output_is_within_the_arithmetic_bound(m: int) -> None:
+    """Without bf16's rounding on top, the fp32 accumulation bound itself is what is checked."""
+    x = _activations(m, K, seed=20 + m)
+    _, wq, ws = _weight(N, K, "fp32", seed=20 + m)
+    _check_against_float64(x, wq, ws, (128, 128), torch.float32)
+
+
+@pytest.mark.parametrize("m", [3, 300])
+def test_e8m0_dtype_scales_and_32_blocks(m: int) -> None:
+    """float8_e8m0fnu scales are bit-decoded like uint8 ones; V4.1's 32 x 32 blocks give a
+    weight scale per 32 columns within each activation group (and the unfused path)."""
+    x = _activations(m, K, seed=30 + m).view(1, m, K)
+    _, wq, ws = _weight(N, K, "ue8m0", seed=30 + m, block=(32, 32), e8m0=True)
+    assert ws.dtype == torch.float8_e8m0fnu
+    _check_against_float64(x, wq, ws, (32, 32), torch.bfloat16)
+    as_bytes = _run(x, wq, ws.view(torch.uint8), block=(32, 32))
+    assert torch.equal(as_bytes, _run(x, wq, ws, block=(32, 32)))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_close_to_the_unquantised_linear(m: int, fmt: str) -> None:
+    x = _activations(m, K, seed=40 + m)
+    w, wq, ws = _weight(N, K, fmt, seed=40 + m)
+    got = _run(x, wq, ws).double()
+    xd, wd = x.double(), w.double()
+    want = xd @ wd.T
+    amax = xd.view(m, -1, 128).abs().amax(-1)
+    s_x = (amax / 448).repeat_interleave(128, dim=-1)  # a zero group quantises exactly
+    s_w = decode_scale(ws, torch.float64).repeat_interleave(128, 0).repeat_interleave(128, 1)
+    dx = torch.maximum(2.0**-4 * xd.abs(), 2.0**-10 * s_x) + 2.0**-22 * xd.abs()
+    dw = torch.maximum(2.0**-4 * wd.abs(), 2.0**-10 * s_w) + 2.0**-22 * wd.abs()
+    quant = dx @ wd.abs().T + xd.abs() @ dw.T + dx @ dw.T
+    abs_sum = (xd.abs() + dx) @ (wd.abs() + dw).T  # bounds sum |a||w| of the quantised values
+    bound = quant + _kernel_bound(abs_sum, want.abs() + quant, torch.bfloat16)
+    err = (got - want).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}, max excess {(err - bound).max():.3g}"
+    # the bound is not vacuous: quantisation costs a few per cent of sum |x||W| at most
+    assert (quant <= 0.15 * (xd.abs() @ wd.abs().T)).all()
+
+
+def test_empty_batch() -> None:
+    _, wq, ws = _weight(128, 128, "fp32", seed=0)
+    got = _run(torch.empty(0, 128, dtype=torch.bfloat16), wq, ws)
+    assert got.shape == (0, 128)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "scale_shape", "x_k", "block"),
+    [
+        (200, 256, (2, 2), 256, (128, 128)),  # N not a multiple of 128
+        (256, 300, (2, 3), 300, (128, 128)),  # K not a multiple of 128
+        (256, 256, (2, 3), 256, (128, 128)),  # scale grid does not match
+        (256, 256, (2, 2), 384, (128, 128)),  # x's features differ from K
+        (256, 256, (16, 16), 256, (16, 16)),  # K blocks narrower than one fp8 dot step
+        (256, 256, (2, 2), 256, (128, 96)),  # K blocks neither divide nor span 128
+    ],
+    ids=["n", "k", "scale-shape", "x-features", "block-16", "block-96"],
+)
+def test_bad_shapes_raise_value_error(
+    n: int, k: int, scale_shape: tuple[int, int], x_k: int, block: tuple[int, int]
+) -> None:
+    wq = torch.zeros(n, k).to(torch.float8_e4m3fn)
+    ws = torch.ones(scale_shape)
+    with pytest.raises(ValueError):
+        _run(torch.zeros(2, x_k, dtype=torch.bfloat16), wq, ws, block=block)
+
+
+def test_quantizer_rejects_ragged_groups() -> None:
+    with pytest.raises(ValueError, match="multiple of the group"):
+        quantize_act_fp8(torch.zeros(2, 200, dtype=torch.bfloat16, device=DEVICE))
+
+
+@pytest.mark.parametrize("m", [3, 300])
+def test_bf16_output_is_the_fp32_result_rounded_to_nearest(m: int) -> None:
+    x = _activations(m, K, seed=50 + m)
+    _, wq, ws = _weight(N, K, "ue8m0", seed=50 + m)
+    wide = _run(x, wq, ws, out_dtype=torch.float32)
+    assert torch.equal(_run(x, wq, ws), wide.bfloat16())
+    assert torch.equal(_run(x, wq, ws, out_dtype=torch.float16), wide.half())
