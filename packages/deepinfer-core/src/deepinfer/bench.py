@@ -59,6 +59,7 @@ def run_bench(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         seed=args.seed,
+        load_format=args.load_format,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
@@ -92,6 +93,7 @@ def run_bench(args: argparse.Namespace) -> int:
     in_tokens = sum(len(p) for p in prompts)
     result = {
         "model": args.model,
+        "load_format": args.load_format,
         "device": llm.device,
         "num_seqs": args.num_seqs,
         "input_tokens": in_tokens,
@@ -102,8 +104,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "engine_steps": llm.engine.num_steps,
         "async_scheduling": llm.engine.async_scheduling,
-        # Whole decode steps are captured at startup (one per batch bucket); per-layer FFN
-        # graphs (states whose entries are not pooled) on first use, inside the timed run.
+        # Whole decode steps, captured at startup (per batch bucket and entry bucket) or, for
+        # longer contexts, on first use.
         "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }
     width = max(len(k) for k in result)

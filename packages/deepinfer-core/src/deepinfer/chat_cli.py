@@ -39,7 +39,13 @@ def run_chat(args: argparse.Namespace, params: SamplingParams) -> int:
     before this module (and torch with it) is imported, so bad options fail at once."""
     if sys.stdin is None or sys.stdin.closed:
         return 0  # nothing can ever be asked: do not load the model for nothing
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    llm = LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        load_format=args.load_format,
+    )
     chat = ChatFormatter(llm.tokenizer_path)
     dim, reset = _styles(sys.stdout)
     history: list[dict[str, str]] = []

@@ -150,6 +150,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="weights and activations; auto: float32 on a CPU, bfloat16 elsewhere",
     )
     p.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=("auto", "safetensors", "dummy"),
+        help="dummy: seeded random weights from config.json alone (benchmarks; outputs mean "
+        "nothing)",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -171,7 +178,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     with deferred_interrupts():
         from deepinfer.llm import LLM
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    llm = LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        load_format=args.load_format,
+    )
     echoed, shown = False, 0
     out = None
     for out in llm.stream(args.prompt, params):

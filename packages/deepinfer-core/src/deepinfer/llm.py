@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,42 +21,12 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.inputs import PromptType, is_token_ids, parse_prompt, split_prompts
-from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.loading import LOAD_FORMATS, load
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
 #: Kept for callers of the earlier name.
 Prompt = PromptType
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":  # bf16 matmuls are slow on CPUs; the reference runs fp32 there
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    if dtype not in _DTYPES:
-        raise InvalidRequestError("dtype", f"expected one of auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
-def load(
-    model: str, dtype: str | torch.dtype, device: str, backend: Backend | None = None
-) -> tuple[DeepseekCausalLM, Path]:
-    """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``."""
-    from deepinfer import assets
-
-    path = assets.TINY_DIR if model == "tiny" else Path(model)
-    if not (path / "config.json").is_file():
-        raise DeepInferError(
-            f"model {model!r}: expected 'tiny' or a checkpoint directory with config.json "
-            "(nothing is downloaded)"
-        )
-    if not (path / "tokenizer.json").is_file():
-        raise DeepInferError(f"model {model!r} has no tokenizer.json")
-    net = assets.load_checkpoint(path, _resolve_dtype(dtype, device), device, backend)
-    return net, path / "tokenizer.json"
 
 
 class LLM:
@@ -74,6 +43,10 @@ class LLM:
     ``tensor_parallel_size`` (1), ``gpu_memory_utilization`` and ``trust_remote_code`` are
     accepted too (``deepinfer.engine.config.VLLM_OPTIONS``).
 
+    ``load_format="dummy"`` (vLLM's name) starts a model from its config.json alone, with
+    seeded random weights drawn on the device: for benchmarks and memory planning of models
+    whose weights are not at hand. Its outputs mean nothing.
+
     Every call validates all of its requests before queueing any; a call that fails or is
     interrupted (Ctrl-C) leaves nothing queued. Each call owns its requests' outputs, so
     streams and ``generate`` calls may interleave in any order.
@@ -85,6 +58,7 @@ class LLM:
         *,
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
+        load_format: str = "auto",
         num_threads: int | None = None,
         **engine_options: object,
     ) -> None:
@@ -95,6 +69,10 @@ class LLM:
             raise InvalidRequestError("device", f"must be a string, got {device!r:.80}")
         if not isinstance(dtype, (str, torch.dtype)):
             raise InvalidRequestError("dtype", f"must be a string, got {dtype!r:.80}")
+        if load_format not in LOAD_FORMATS:
+            raise InvalidRequestError(
+                "load_format", f"expected one of {', '.join(LOAD_FORMATS)}, got {load_format!r:.80}"
+            )
         if num_threads is not None and (not is_int(num_threads) or num_threads < 1):
             raise InvalidRequestError("num_threads", "must be a positive integer or None")
         config, utilization = engine_config(dict(engine_options))
@@ -107,10 +85,15 @@ class LLM:
         self.device = choice.device
         #: The op table the model runs on (``deepinfer info`` explains the choice).
         self.backend: Backend = plugins.backends.load(choice.backend)(choice.device)
-        net, self.tokenizer_path = load(model, dtype, choice.device, self.backend)
+        net, self.tokenizer_path = load(model, dtype, choice.device, self.backend, load_format)
         if utilization is not None and choice.device.startswith("cuda"):
             config.state_memory_bytes = state_budget(choice.device, utilization)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+        if tokenizer.get_vocab_size() > net.cfg.vocab_size:
+            raise DeepInferError(
+                f"model {model!r}: its tokenizer has {tokenizer.get_vocab_size()} ids, more "
+                f"than the model's vocab_size ({net.cfg.vocab_size})"
+            )
         self._chat: ChatFormatter | None = None
         self.engine = LLMEngine(net, tokenizer, config)
         #: Requests of the calls in progress, their latest outputs, and those streamed.

@@ -20,6 +20,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.deepseek_v41 import DeepseekV41ForCausalLM
+from deepinfer.models.dummy_weights import SMALL_STD, init_kind
 
 ASSETS = Path(__file__).resolve().parent
 TINY_DIR = ASSETS / "tiny"
@@ -57,26 +58,27 @@ def tiny_config() -> ModelConfig:
 
 @torch.no_grad()
 def init_random_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
-    """Fill every parameter from a seeded generator, at scales that keep activations O(1)."""
+    """Fill every parameter from a seeded generator on the CPU (so every device gets the same
+    weights), at the scales of :func:`~deepinfer.models.dummy_weights.init_kind`."""
     g = torch.Generator().manual_seed(seed)
     n_experts = model.cfg.n_routed_experts
     for name, t in model.state_dict(keep_vars=True).items():
-        if not t.is_floating_point():  # tid2eid: distinct experts per token
+        kind = init_kind(name, t)
+        if kind == "expert_ids":  # tid2eid: distinct experts per token
             noise = torch.rand(t.shape[0], n_experts, generator=g)
             t.copy_(noise.argsort(dim=-1)[:, : t.shape[1]])
             continue
-        leaf = name.rsplit(".", 1)[-1]
-        if "norm" in name and leaf == "weight":
+        if kind == "ones":
             value = torch.ones(t.shape)
-        elif name.endswith("embed.weight"):
+        elif kind == "embedding":
             value = torch.randn(t.shape, generator=g)
-        elif t.dim() == 2 and leaf == "weight":
+        elif kind == "projection":
             value = torch.randn(t.shape, generator=g) / math.sqrt(t.shape[1])
             # as a checkpoint stores projections: in the model's dtype, even those the model
             # holds in fp32 (router gate, compressors)
             value = value.to(model.dtype)
         else:  # sinks, ape, mHC fn/base/scale, router bias
-            value = torch.randn(t.shape, generator=g) * 0.1
+            value = torch.randn(t.shape, generator=g) * SMALL_STD
         t.copy_(value.to(t.dtype))
 
 
@@ -102,17 +104,29 @@ def tiny_model(
 
 
 def load_checkpoint(
-    path: Path, dtype: torch.dtype, device: str | torch.device, backend: Backend | None = None
+    path: Path,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    backend: Backend | None = None,
+    *,
+    dummy: bool = False,
+    tokenizer_path: Path | None = None,
 ) -> DeepseekCausalLM:
     """``load_model`` plus what V4.1 needs beside the weights: Engram's token map, which is a
-    function of the tokenizer and therefore not stored in the checkpoint. ``backend``: the op
-    table (default: the torch reference on ``device``)."""
+    function of the tokenizer (``tokenizer_path``, default ``path/tokenizer.json``) and
+    therefore not stored in the checkpoint. ``backend``: the op table (default: the torch
+    reference on ``device``); ``dummy``: seeded weights from config.json alone, no files read
+    (:mod:`deepinfer.models.dummy_weights`)."""
     from deepinfer.models import load_model
+    from deepinfer.models.dummy_weights import dummy_model
 
-    model = load_model(path, dtype=dtype, device=device, backend=backend)
+    if dummy:
+        model = dummy_model(path, dtype, device, backend)
+    else:
+        model = load_model(path, dtype=dtype, device=device, backend=backend)
     if isinstance(model, DeepseekV41ForCausalLM) and model.cfg.engram_layer_ids:
         from deepinfer.models.layers.engram_hash import build_compressed_token_map
 
-        tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(tokenizer_path or Path(path) / "tokenizer.json"))
         model.set_engram_token_map(build_compressed_token_map(tokenizer))
     return model

@@ -31,8 +31,8 @@ class EngineConfig:
     #: fixed reduction order), which makes prefill as slow as decode.
     batch_invariant: bool = False
     #: Run decode steps eagerly, without CUDA graphs (vLLM's name). Otherwise, on a GPU whose
-    #: backend allows it, the decode step (whole for V4 in state slots, else each layer's FFN
-    #: half) is captured once per batch bucket and replayed with one launch.
+    #: backend allows it, the whole decode step over the state slots is captured once per batch
+    #: bucket and entry bucket and replayed with one launch.
     enforce_eager: bool = False
     #: Queue step n+1 before reading step n's tokens (vLLM's name), so the host's scheduling
     #: and output work overlaps the device's. None: on where it can overlap anything (a CUDA

