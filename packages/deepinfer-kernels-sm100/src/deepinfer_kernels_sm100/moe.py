@@ -104,7 +104,8 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     e = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     start, end = _expert_range(ends_ptr, e)
-    w_gate = w_ptr + e * 2 * inter * k_dim + cols[:, None] * k_dim
+    # An expert's offset passes 2**31 elements at V4-Flash shapes (256 x 4096 x 4096): int64.
+    w_gate = w_ptr + e.to(tl.int64) * 2 * inter * k_dim + cols[:, None] * k_dim
     w_up = w_gate + inter * k_dim
     kk = tl.arange(0, BLOCK_K)
     for m0 in range(start, end, BLOCK_M):
@@ -155,7 +156,7 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     e = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     start, end = _expert_range(ends_ptr, e)
-    w = w_ptr + e * d_out * inter + cols[:, None] * inter
+    w = w_ptr + e.to(tl.int64) * d_out * inter + cols[:, None] * inter
     kk = tl.arange(0, BLOCK_K)
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
