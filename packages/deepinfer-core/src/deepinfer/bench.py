@@ -60,6 +60,7 @@ def run_bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         seed=args.seed,
         load_format=args.load_format,
+        quantization=None if args.quantization == "none" else "auto",
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
@@ -94,6 +95,7 @@ def run_bench(args: argparse.Namespace) -> int:
     result = {
         "model": args.model,
         "load_format": args.load_format,
+        "quantization": args.quantization,
         "device": llm.device,
         "num_seqs": args.num_seqs,
         "input_tokens": in_tokens,

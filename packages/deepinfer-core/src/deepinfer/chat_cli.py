@@ -45,6 +45,7 @@ def run_chat(args: argparse.Namespace, params: SamplingParams) -> int:
         dtype=args.dtype,
         seed=args.seed,
         load_format=args.load_format,
+        quantization=None if args.quantization == "none" else "auto",
     )
     chat = ChatFormatter(llm.tokenizer_path)
     dim, reset = _styles(sys.stdout)

@@ -157,6 +157,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="dummy: seeded random weights from config.json alone (benchmarks; outputs mean "
         "nothing)",
     )
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none"),
+        help="auto: compute on FP8 weights as stored where the backend has kernels; none: "
+        "dequantise every weight at load",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -184,6 +191,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         seed=args.seed,
         load_format=args.load_format,
+        quantization=None if args.quantization == "none" else "auto",
     )
     echoed, shown = False, 0
     out = None

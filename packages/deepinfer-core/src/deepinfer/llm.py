@@ -47,6 +47,10 @@ class LLM:
     seeded random weights drawn on the device: for benchmarks and memory planning of models
     whose weights are not at hand. Its outputs mean nothing.
 
+    ``quantization="auto"`` (the default) computes on the checkpoint's FP8 projections as stored
+    where the backend has kernels for them (``sm100``); ``quantization=None`` dequantises every
+    weight at load, as the torch reference always does.
+
     Every call validates all of its requests before queueing any; a call that fails or is
     interrupted (Ctrl-C) leaves nothing queued. Each call owns its requests' outputs, so
     streams and ``generate`` calls may interleave in any order.
@@ -59,6 +63,7 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
         load_format: str = "auto",
+        quantization: str | None = "auto",
         num_threads: int | None = None,
         **engine_options: object,
     ) -> None:
@@ -85,7 +90,14 @@ class LLM:
         self.device = choice.device
         #: The op table the model runs on (``deepinfer info`` explains the choice).
         self.backend: Backend = plugins.backends.load(choice.backend)(choice.device)
-        net, self.tokenizer_path = load(model, dtype, choice.device, self.backend, load_format)
+        net, self.tokenizer_path = load(
+            model,
+            dtype,
+            choice.device,
+            self.backend,
+            load_format=load_format,
+            quantization=quantization,
+        )
         if utilization is not None and choice.device.startswith("cuda"):
             config.state_memory_bytes = state_budget(choice.device, utilization)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))

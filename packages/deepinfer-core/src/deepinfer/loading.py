@@ -9,6 +9,7 @@ import torch
 from deepinfer.backends.base import Backend
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.stored_formats import QUANTIZATION_CHOICES
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,7 +34,9 @@ def load(
     dtype: str | torch.dtype,
     device: str,
     backend: Backend | None = None,
+    *,
     load_format: str = "auto",
+    quantization: str | None = "auto",
 ) -> tuple[DeepseekCausalLM, Path]:
     """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``.
 
@@ -43,6 +46,8 @@ def load(
 
     if load_format not in LOAD_FORMATS:
         raise InvalidRequestError("load_format", f"expected one of {', '.join(LOAD_FORMATS)}")
+    if quantization not in QUANTIZATION_CHOICES:
+        raise InvalidRequestError("quantization", f"expected 'auto' or None, got {quantization!r}")
     path = assets.TINY_DIR if model == "tiny" else Path(model)
     if not (path / "config.json").is_file():
         raise DeepInferError(
@@ -64,5 +69,6 @@ def load(
         backend,
         dummy=dummy,
         tokenizer_path=tokenizer,
+        quantization=quantization,
     )
     return net, tokenizer

@@ -27,13 +27,9 @@ import torch
 from deepinfer.cache.pools import state_bytes
 from deepinfer.config import ModelConfig
 from deepinfer.models.checkpoint_config import QuantSettings, quant_settings, read_config
+from deepinfer.models.stored_formats import stored_format
 
 GIB = 2**30
-_FP8 = re.compile(
-    r"(^|\.)attn\.(wq_a|wq_b|wkv|wo_a|wo_b)\.weight$|indexer\.wq_b\.weight$"
-    r"|shared_experts\.w[123]\.weight$|(^|\.)(e_proj|h_proj)\.weight$|engram\.wkv\.weight$"
-)
-_FP32 = re.compile(r"(^|\.)hc_|norm\.weight$|attn_sink$|\.ape$|\.bias(_vl)?$|[qk]_weight$")
 #: (kind, pattern on the name without its ``layers.N.`` prefix), first match wins.
 _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (kind, re.compile(pattern))
@@ -84,41 +80,6 @@ class ModelReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _fp8_bytes(shape: tuple[int, ...], block: tuple[int, int], scale_bytes: int) -> int:
-    """FP8 e4m3 bytes plus one scale per block of the last two dims (ceil at the edges)."""
-    *lead, rows, cols = shape
-    n = math.prod(lead)
-    return n * (rows * cols + math.ceil(rows / block[0]) * math.ceil(cols / block[1]) * scale_bytes)
-
-
-def _per32_bytes(shape: tuple[int, ...], value_bits: int) -> int:
-    """Values of ``value_bits`` bits plus one ue8m0 byte per 32 values along the last dim."""
-    *lead, cols = shape
-    rows = math.prod(lead)
-    return rows * (cols * value_bits // 8 + math.ceil(cols / 32))
-
-
-def stored_format(name: str, shape: tuple[int, ...], quant: QuantSettings) -> tuple[str, int]:
-    """The checkpoint format of one parameter and its bytes in that format (§6.1, §5.9)."""
-    numel = math.prod(shape)
-    if _FP32.search(name):
-        return "fp32", 4 * numel
-    if quant.quant_method != "fp8":
-        return "bf16", 2 * numel
-    block = quant.weight_block_size or (128, 128)
-    scale = 1 if quant.scale_fmt == "ue8m0" else 4
-    label = f"fp8 e4m3 + {'ue8m0' if scale == 1 else 'fp32'} {block[0]}x{block[1]}"
-    if ".ffn.experts." in f".{name}":
-        if quant.expert_dtype == "fp4":
-            return "fp4 e2m1 + ue8m0/32", _per32_bytes(shape, 4)
-        return label, _fp8_bytes(shape, block, scale)
-    if name.endswith("engram.embed.weight"):
-        return "fp8 e4m3 + e8m0/32", _per32_bytes(shape, 8)
-    if _FP8.search(name):
-        return label, _fp8_bytes(shape, block, scale)
-    return "bf16", 2 * numel
 
 
 def tensor_kind(name: str) -> str:

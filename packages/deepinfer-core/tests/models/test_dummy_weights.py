@@ -33,7 +33,7 @@ def _config_only(tmp_path: Path) -> Path:
     """A model directory with a V4 config.json (tiny shapes, the real vocabulary) and no
     weights or tokenizer."""
     cfg = dataclasses.replace(tiny_config(), vocab_size=V4_VOCAB, num_hidden_layers=2)
-    cfg = dataclasses.replace(cfg, compress_ratios=[*cfg.compress_ratios[:2], 0])
+    cfg = dataclasses.replace(cfg, compress_ratios=[*cfg.compress_ratios[:2], 0], attn_kinds=[])
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     return tmp_path

@@ -52,6 +52,16 @@ class Sm100Backend(TorchBackend):
     def supports_cuda_graphs(self, dtype: Any) -> bool:
         return True  # every token-wise op is a kernel or a sync-free torch op
 
+    def computes_fp8(self) -> bool:
+        return True
+
+    def fp8_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear
+
+        return fp8_block_linear(x, weight, scale, block, out_dtype=x.dtype)
+
     def mhc_weights(
         self,
         x: Tensor,

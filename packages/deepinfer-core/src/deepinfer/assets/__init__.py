@@ -9,6 +9,7 @@ which the engine tests use as a fast V4 stand-in.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -53,6 +54,25 @@ def tiny_config() -> ModelConfig:
         max_position_embeddings=4096,
         bos_token_id=0,
         eos_token_id=1,
+    )
+
+
+def tiny_fp8_config() -> ModelConfig:
+    """:func:`tiny_config` with the widths of its FP8 projections multiples of 128, the FP8
+    kernels' tile: a model that holds FP8 weights (``quantization="auto"``) in tests."""
+    return dataclasses.replace(
+        tiny_config(),
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=128,
+        qk_rope_head_dim=32,
+        q_lora_rank=128,
+        o_lora_rank=64,
+        index_n_heads=2,
+        index_head_dim=64,
+        num_hidden_layers=3,
+        compress_ratios=[0, 4, 16, 0],
+        attn_kinds=[],  # derived again from the ratios
     )
 
 
@@ -111,19 +131,23 @@ def load_checkpoint(
     *,
     dummy: bool = False,
     tokenizer_path: Path | None = None,
+    quantization: str | None = "auto",
 ) -> DeepseekCausalLM:
     """``load_model`` plus what V4.1 needs beside the weights: Engram's token map, which is a
     function of the tokenizer (``tokenizer_path``, default ``path/tokenizer.json``) and
     therefore not stored in the checkpoint. ``backend``: the op table (default: the torch
     reference on ``device``); ``dummy``: seeded weights from config.json alone, no files read
-    (:mod:`deepinfer.models.dummy_weights`)."""
+    (:mod:`deepinfer.models.dummy_weights`); ``quantization``: see
+    :func:`~deepinfer.models.load_model`."""
     from deepinfer.models import load_model
     from deepinfer.models.dummy_weights import dummy_model
 
     if dummy:
-        model = dummy_model(path, dtype, device, backend)
+        model = dummy_model(path, dtype, device, backend, quantization=quantization)
     else:
-        model = load_model(path, dtype=dtype, device=device, backend=backend)
+        model = load_model(
+            path, dtype=dtype, device=device, backend=backend, quantization=quantization
+        )
     if isinstance(model, DeepseekV41ForCausalLM) and model.cfg.engram_layer_ids:
         from deepinfer.models.layers.engram_hash import build_compressed_token_map
 

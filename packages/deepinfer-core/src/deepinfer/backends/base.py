@@ -65,6 +65,12 @@ class Backend(ABC):
         host, and torch's grouped matmul (2.11) copies from the host while it runs."""
         return False
 
+    def computes_fp8(self) -> bool:
+        """Whether :meth:`fp8_linear` computes on the stored FP8 weights (kernels), so a model
+        under ``quantization="auto"`` keeps them; otherwise it dequantises them at load. The
+        torch reference's ``fp8_linear`` is the numeric reference, not a fast path."""
+        return False
+
     # -- the op table ------------------------------------------------------------------------
     # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,
     # n mHC streams, E experts, k routed experts per token. A kernel backend overrides a subset;
@@ -73,6 +79,16 @@ class Backend(ABC):
     @abstractmethod
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """``x @ weight.T`` in the weight's dtype (FP8/FP4 backends dequantise or run natively)."""
+
+    @abstractmethod
+    def fp8_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        """``x @ w.T`` for an FP8 e4m3 ``weight`` [N, K] with one fp32 ``scale`` per ``block``
+        (rows, cols) of it, as DeepGEMM computes it: ``x`` [..., K] quantised to e4m3 per token
+        and 128 columns (scale amax / 448, round to nearest even), products of the quantised
+        values summed in fp32 and scaled per (activation group, weight block). Returns
+        [..., N] in ``x``'s dtype."""
 
     @abstractmethod
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ from deepinfer.backends.attention_ref import (
     sparse_sink_attention,
 )
 from deepinfer.backends.base import Availability, Backend
+from deepinfer.backends.fp8_ref import fp8_linear_ref
 from deepinfer.backends.mhc_ref import mhc_weights_from_mix, sinkhorn
 from deepinfer.backends.moe_ref import (
     GROUPED_MM,
@@ -102,6 +103,11 @@ class TorchBackend(Backend):
 
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.linear(x.to(weight.dtype), weight)
+
+    def fp8_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        return fp8_linear_ref(x, weight, scale, block)
 
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         groups, width = x.shape[-2], x.shape[-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,8 +37,14 @@ def load_model(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     backend: Backend | None = None,
+    quantization: str | None = "auto",
 ) -> DeepseekV4ForCausalLM:
     """Build the model described by ``path/config.json`` and fill it from the checkpoint.
+
+    ``quantization="auto"``: where the backend computes on FP8 (``computes_fp8``), the
+    projections the checkpoint stores as FP8 stay FP8 with their block scales
+    (:mod:`deepinfer.models.stored_formats`); the rest, and everything with
+    ``quantization=None``, is dequantised as follows.
 
     Weights are streamed shard by shard and dequantised (FP8 blocks, FP4 experts) in fp32, then
     rounded once into each parameter's dtype: ``dtype`` for projections and the embedding, fp32
@@ -52,8 +59,24 @@ def load_model(
     cfg = model_config(layout)
     cls = model_class(cfg.model_type)
     model = cls(cfg, dtype=dtype, device=device, backend=backend)
-    model.load_state(iter_checkpoint_tensors(layout, torch.float32, device))
+    keep = keep_stored_formats(model, layout.config or {}, quantization)
+    model.load_state(iter_checkpoint_tensors(layout, torch.float32, device, keep_fp8=keep))
     return model.eval()
+
+
+def keep_stored_formats(
+    model: DeepseekCausalLM, config: dict[str, Any], quantization: str | None
+) -> frozenset[str]:
+    """Under ``quantization="auto"`` on a backend with FP8 kernels, make ``model``'s FP8
+    projections hold FP8 (see :func:`load_model`); the weight names it keeps as stored."""
+    from deepinfer.models.checkpoint_config import quant_settings
+    from deepinfer.models.stored_formats import QUANTIZATION_CHOICES, hold_fp8
+
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization must be 'auto' or None, got {quantization!r}")
+    if quantization is None or not model.ops.computes_fp8():
+        return frozenset()
+    return hold_fp8(model, quant_settings(config))
 
 
 __all__ = [

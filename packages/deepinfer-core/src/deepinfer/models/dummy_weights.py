@@ -6,8 +6,9 @@ hundreds of gigabytes starts in the time its memory takes to write, with no host
 values follow :func:`init_kind`'s scales (unit-variance activations through random
 projections), which the embedded test models use too; they mean nothing beyond that.
 
-Weights are drawn in the dtypes the model holds them in; FP8/FP4 parameters will be drawn in
-their stored formats once the model keeps them (``quantization``).
+Weights are drawn in the dtypes the model holds them in: FP8 projections (``quantization``) as
+e4m3 with block scales, the rest in their float dtypes (routed experts in bf16 until the model
+keeps them in FP4).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import torch
 from torch import Tensor
 
 from deepinfer.backends.base import Backend
+from deepinfer.backends.fp8_ref import E4M3_MAX
 from deepinfer.config import ModelConfig
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.checkpoint_config import read_config
 from deepinfer.models.errors import CheckpointError
+from deepinfer.models.layers.norm import Linear
 
 #: How a parameter is drawn: expert ids per token (hash routing's ``tid2eid``), ones (norm
 #: weights), unit normal (the embedding), normal / sqrt(fan-in) in the model's dtype
@@ -55,7 +58,14 @@ def fill_dummy_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
     device = model.device
     g = torch.Generator(device=device).manual_seed(seed)
     n_experts = model.cfg.n_routed_experts
+    fp8 = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, Linear) and module.scale is not None:
+            _fill_fp8(module, g)
+            fp8 |= {f"{prefix}.weight", f"{prefix}.scale"}
     for name, t in model.state_dict(keep_vars=True).items():
+        if name in fp8:
+            continue
         kind = init_kind(name, t)
         if kind == "expert_ids":  # distinct experts per token
             noise = torch.rand(t.shape[0], n_experts, generator=g, device=device)
@@ -72,20 +82,41 @@ def fill_dummy_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
             t.normal_(0.0, SMALL_STD, generator=g)
 
 
+def _fill_fp8(linear: Linear, g: torch.Generator) -> None:
+    """A projection's values drawn as for any other, stored as FP8 e4m3 with one fp32 scale
+    per block, amax / 448 (the checkpoints' recipe)."""
+    assert linear.scale is not None
+    n, k = linear.weight.shape
+    bn, bk = linear.block
+    values = torch.empty(n, k, device=linear.weight.device).normal_(0, k**-0.5, generator=g)
+    blocks = values.view(n // bn, bn, k // bk, bk)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    linear.scale.copy_(scale)
+    linear.weight.copy_((blocks / scale[:, None, :, None]).view(n, k).to(torch.float8_e4m3fn))
+
+
 def dummy_model(
     path: str | Path,
     dtype: torch.dtype,
     device: str | torch.device,
     backend: Backend | None = None,
+    *,
     seed: int = 0,
+    quantization: str | None = "auto",
 ) -> DeepseekCausalLM:
-    """The model ``path/config.json`` describes (or the file itself), with dummy weights."""
-    from deepinfer.models import model_class
+    """The model ``path/config.json`` describes (or the file itself), with dummy weights,
+    FP8 where a checkpoint stores them so and ``quantization`` keeps them
+    (:func:`~deepinfer.models.keep_stored_formats`)."""
+    from deepinfer.models import keep_stored_formats, model_class
 
-    cfg = ModelConfig.from_dict(read_config(path))
+    raw = read_config(path)
+    cfg = ModelConfig.from_dict(raw)
     cls = model_class(cfg.model_type)
     device = torch.device(device)
-    needed = weight_bytes(cls(cfg, dtype=dtype, device="meta"))
+    planned = cls(cfg, dtype=dtype, device="meta", backend=backend)
+    keep_stored_formats(planned, raw, quantization)
+    needed = weight_bytes(planned)
     free = free_bytes(device)
     if free is not None and needed > free:
         gib = 2**30
@@ -95,6 +126,7 @@ def dummy_model(
             "model needs)"
         )
     model = cls(cfg, dtype=dtype, device=device, backend=backend)
+    keep_stored_formats(model, raw, quantization)
     fill_dummy_weights(model, seed)
     return model.eval()
 

@@ -40,6 +40,7 @@ from deepinfer.models.checkpoint_config import (
 )
 from deepinfer.models.errors import CheckpointError, QuantFormatError
 from deepinfer.models.quant import (
+    decode_scale,
     dequant_fp4_e2m1,
     dequant_fp8_block,
     fp4_scale_shape,
@@ -251,6 +252,8 @@ class _ShardReader:
     dtype: torch.dtype
     device: torch.device
     block: tuple[int, int] | None
+    #: FP8 weights to yield as stored, their scales as fp32 (``quantization="auto"``).
+    keep_fp8: frozenset[str] = frozenset()
 
     def _scale(self, scale_name: str) -> torch.Tensor:
         if self.layout.shard_of[scale_name] == self.shard:
@@ -262,6 +265,8 @@ class _ShardReader:
         all_names = self.layout.shard_of
         shard = self.shard
         if name.endswith(SCALE_SUFFIX) and _weight_name(name) in all_names:
+            if _weight_name(name) in self.keep_fp8:  # ue8m0 powers of two are exact in fp32
+                return decode_scale(self.handle.get_tensor(name)).to(self.device)
             return None  # consumed (and validated) together with its weight
         raw = self.handle.get_tensor(name)
         raw_storage = raw.untyped_storage().data_ptr()
@@ -282,6 +287,13 @@ class _ShardReader:
                     f"{list(raw.shape)}) has no scale tensor {scale_name} in the checkpoint"
                 )
             assert scale_name is not None
+            if name in self.keep_fp8:
+                if raw.dtype != torch.float8_e4m3fn:
+                    raise CheckpointError(
+                        f"weight {name} in shard {shard} has dtype {raw.dtype}; the model keeps "
+                        "it as FP8 e4m3 (quantization='auto'), as config.json describes it"
+                    )
+                return raw.to(self.device, copy=True)
             scale = self._scale(scale_name)
             return dequantise_tensor(
                 name,
@@ -323,6 +335,7 @@ def iter_checkpoint_tensors(
     *,
     progress: bool | None = None,
     block_size: tuple[int, int] | None = None,
+    keep_fp8: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (raw checkpoint name, tensor) for every non-scale tensor, one shard at a time.
 
@@ -331,7 +344,8 @@ def iter_checkpoint_tensors(
     `path`: what `resolve_layout` accepts, or a layout it returned (so that a caller who has
     resolved it already does not read every shard header again).
     `progress`: tqdm bar over shards; None shows it only on a terminal. `block_size` overrides
-    the FP8 block from config.json (tests and exotic checkpoints only).
+    the FP8 block from config.json (tests and exotic checkpoints only). ``keep_fp8``: FP8
+    weights to yield as stored (e4m3) rather than dequantised, each with its scale as fp32.
     Consumers should drop each tensor once they have copied it into place; the iterator itself
     keeps no reference to earlier tensors or shards.
     """
@@ -356,7 +370,7 @@ def iter_checkpoint_tensors(
             foreign_scales = _prefetch_foreign_scales(layout, shard)
             with open_shard(layout.root / shard) as handle:
                 reader = _ShardReader(
-                    layout, shard, handle, foreign_scales, dtype, target, block_size
+                    layout, shard, handle, foreign_scales, dtype, target, block_size, keep_fp8
                 )
                 for name in layout.names_by_shard[shard]:
                     if since_trim >= _TRIM_EVERY_BYTES:

@@ -41,13 +41,13 @@ def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
     module.groups = cfg.o_groups
     module.eps = cfg.rms_norm_eps
     d, hd = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
-    module.wq_a = Linear(d, cfg.q_lora_rank, dtype)
+    module.wq_a = Linear(d, cfg.q_lora_rank, dtype, fp8_capable=True)
     module.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-    module.wq_b = Linear(cfg.q_lora_rank, hd, dtype)
-    module.wkv = Linear(d, cfg.head_dim, dtype)
+    module.wq_b = Linear(cfg.q_lora_rank, hd, dtype, fp8_capable=True)
+    module.wkv = Linear(d, cfg.head_dim, dtype, fp8_capable=True)
     module.kv_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
     module.wo_a = Linear(hd // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
-    module.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, d, dtype)
+    module.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, d, dtype, fp8_capable=True)
     module.attn_sink = fp32_param(cfg.num_attention_heads)
     return d
 

@@ -120,7 +120,9 @@ class SharedIndexer(nn.Module):
         self.block = cfg.candidate_block_size
         self.topk_blocks = cfg.candidate_topk_blocks
         if owns_query:
-            self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype)
+            self.wq_b = Linear(
+                cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, fp8_capable=True
+            )
             self.weights_proj = Linear(cfg.hidden_size, self.n_heads, dtype)
         if owns_keys:
             self.wk = Linear(cfg.head_dim, self.head_dim, dtype)

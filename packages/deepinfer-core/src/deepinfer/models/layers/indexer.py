@@ -29,7 +29,7 @@ class Indexer(nn.Module):
         self.compressor = Compressor(
             cfg.hidden_size, self.head_dim, ratio, overlap=True, eps=cfg.rms_norm_eps
         )
-        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype)
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, fp8_capable=True)
         self.weights_proj = Linear(cfg.hidden_size, self.n_heads, dtype)
 
     def forward(

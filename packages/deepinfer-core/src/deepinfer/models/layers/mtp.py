@@ -24,8 +24,8 @@ class MTPBlock(Block):
         d = cfg.hidden_size
         self.enorm = RMSNorm(d, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.e_proj = Linear(d, d, dtype)
-        self.h_proj = Linear(d, d, dtype)
+        self.e_proj = Linear(d, d, dtype, fp8_capable=True)
+        self.h_proj = Linear(d, d, dtype, fp8_capable=True)
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
         add_hc_params(self, "hc_head", cfg, head=True)
 

@@ -27,15 +27,42 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    """Bias-free projection ``y = x @ weight.T``."""
+    """Bias-free projection ``y = x @ weight.T``.
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+    ``fp8_capable``: the model calls it only through :meth:`forward`, so it may hold its
+    weight as stored, FP8 e4m3 with fp32 block scales (:meth:`hold_fp8`, under
+    ``quantization="auto"``); projections whose weight other ops read directly stay in their
+    float dtype.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, dtype: torch.dtype, fp8_capable: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
         )
+        self.fp8_capable = fp8_capable
+        self.scale: nn.Parameter | None = None  # the official ``<name>.scale`` when FP8
+        self.block = (0, 0)
+
+    def hold_fp8(self, block: tuple[int, int]) -> None:
+        """Hold the weight in FP8 e4m3 with one fp32 scale per ``block`` (rows, cols), as the
+        checkpoint stores it (ue8m0 scales are powers of two: exact in fp32)."""
+        n, k = self.weight.shape
+        device = self.weight.device
+        self.weight = nn.Parameter(
+            torch.empty(n, k, dtype=torch.float8_e4m3fn, device=device), requires_grad=False
+        )
+        grid = (-(-n // block[0]), -(-k // block[1]))
+        self.scale = nn.Parameter(
+            torch.empty(grid, dtype=torch.float32, device=device), requires_grad=False
+        )
+        self.block = block
 
     def forward(self, ops: Backend, x: Tensor) -> Tensor:
+        if self.scale is not None:
+            return ops.fp8_linear(x, self.weight, self.scale, self.block)
         return ops.linear(x, self.weight)
 
 

@@ -1,0 +1,43 @@
+"""The reference maths of FP8 block-scaled projections (DeepGEMM's scheme), in plain torch.
+
+Weights are e4m3 with one fp32 scale per block; activations are quantised on the fly per token
+and per :data:`FP8_ACT_GROUP` columns to e4m3 with an fp32 scale amax / 448 (1 for an all-zero
+group), values rounded to nearest even by torch's own cast. The product of the quantised values
+is exact in fp32 up to the summation, which a kernel may order differently.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Activation quantisation group along K (DeepGEMM's and the V4 checkpoints' recipe).
+FP8_ACT_GROUP = 128
+#: Largest finite e4m3 value.
+E4M3_MAX = 448.0
+
+
+def quantize_act_fp8(x: Tensor, group: int = FP8_ACT_GROUP) -> tuple[Tensor, Tensor]:
+    """``x`` [..., K] -> (e4m3 values [..., K], fp32 scales [..., K / group])."""
+    *lead, k = x.shape
+    if k % group:
+        raise ValueError(f"the last dim ({k}) is not a multiple of the group ({group})")
+    g = x.float().reshape(*lead, k // group, group)
+    amax = g.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (g / scale[..., None]).to(torch.float8_e4m3fn)
+    return q.reshape(*lead, k), scale
+
+
+def dequant_weight_fp8(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """fp32 values of an e4m3 ``weight`` [N, K] with one ``scale`` per ``block``."""
+    n, k = weight.shape
+    per_row = scale.float().repeat_interleave(block[0], dim=0)[:n]
+    return weight.float() * per_row.repeat_interleave(block[1], dim=1)[:, :k]
+
+
+def fp8_linear_ref(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """``Backend.fp8_linear`` in fp32: the quantised activations times the weight's values."""
+    q, q_scale = quantize_act_fp8(x)
+    a = q.float() * q_scale.repeat_interleave(FP8_ACT_GROUP, dim=-1)
+    return torch.nn.functional.linear(a, dequant_weight_fp8(weight, scale, block)).to(x.dtype)

@@ -1,0 +1,97 @@
+"""Which tensors a checkpoint stores in which format, and models that keep them that way.
+
+DeepSeek-V4 checkpoints store attention, shared-expert, MTP-projection and Engram projections as
+FP8 e4m3 with block scales, routed experts as FP4 e2m1 (V4-Flash) or FP8, and norms, mHC, sinks
+and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model whose backend
+computes on FP8 (:meth:`~deepinfer.backends.base.Backend.computes_fp8`) keeps those projections
+in FP8 (:func:`hold_fp8`): half the bytes of bf16 to hold and to read each step. Projections the
+model calls through other ops (the grouped output projection, the shared experts' fused MLP,
+Engram's) and shapes the kernels do not take (N or K not a multiple of 128) are dequantised at
+load as before; so is everything on a backend without FP8 kernels (the torch reference).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from torch import nn
+
+from deepinfer.models.checkpoint_config import QuantSettings
+from deepinfer.models.layers.norm import Linear
+
+_FP8 = re.compile(
+    r"(^|\.)attn\.(wq_a|wq_b|wkv|wo_a|wo_b)\.weight$|indexer\.wq_b\.weight$"
+    r"|shared_experts\.w[123]\.weight$|(^|\.)(e_proj|h_proj)\.weight$|engram\.wkv\.weight$"
+)
+_FP32 = re.compile(r"(^|\.)hc_|norm\.weight$|attn_sink$|\.ape$|\.bias(_vl)?$|[qk]_weight$")
+
+
+def _fp8_bytes(shape: tuple[int, ...], block: tuple[int, int], scale_bytes: int) -> int:
+    """FP8 e4m3 bytes plus one scale per block of the last two dims (ceil at the edges)."""
+    *lead, rows, cols = shape
+    n = math.prod(lead)
+    return n * (rows * cols + math.ceil(rows / block[0]) * math.ceil(cols / block[1]) * scale_bytes)
+
+
+def _per32_bytes(shape: tuple[int, ...], value_bits: int) -> int:
+    """Values of ``value_bits`` bits plus one ue8m0 byte per 32 values along the last dim."""
+    *lead, cols = shape
+    rows = math.prod(lead)
+    return rows * (cols * value_bits // 8 + math.ceil(cols / 32))
+
+
+def stored_format(name: str, shape: tuple[int, ...], quant: QuantSettings) -> tuple[str, int]:
+    """The checkpoint format of one parameter and its bytes in that format (model reference
+    §6.1, §5.9)."""
+    numel = math.prod(shape)
+    if _FP32.search(name):
+        return "fp32", 4 * numel
+    if quant.quant_method != "fp8":
+        return "bf16", 2 * numel
+    block = quant.weight_block_size or (128, 128)
+    scale = 1 if quant.scale_fmt == "ue8m0" else 4
+    label = f"fp8 e4m3 + {'ue8m0' if scale == 1 else 'fp32'} {block[0]}x{block[1]}"
+    if ".ffn.experts." in f".{name}":
+        if quant.expert_dtype == "fp4":
+            return "fp4 e2m1 + ue8m0/32", _per32_bytes(shape, 4)
+        return label, _fp8_bytes(shape, block, scale)
+    if name.endswith("engram.embed.weight"):
+        return "fp8 e4m3 + e8m0/32", _per32_bytes(shape, 8)
+    if _FP8.search(name):
+        return label, _fp8_bytes(shape, block, scale)
+    return "bf16", 2 * numel
+
+
+#: N and K of an FP8 projection the kernels take (whole 128 x 128 weight tiles).
+FP8_DIM_MULTIPLE = 128
+#: What ``quantization`` may be: keep the stored formats where the backend computes on them,
+#: or dequantise every weight at load (None).
+QUANTIZATION_CHOICES = ("auto", None)
+
+
+def stored_as_fp8(name: str, quant: QuantSettings) -> bool:
+    """Whether the checkpoint stores the 2-D projection ``name`` as FP8 with block scales."""
+    return stored_format(name, (1, 1), quant)[0].startswith("fp8 e4m3 + ") and not (
+        name.endswith("engram.embed.weight") or ".ffn.experts." in f".{name}"
+    )
+
+
+def hold_fp8(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
+    """Make every FP8-capable projection of ``model`` that the checkpoint stores as FP8 hold
+    FP8 weights and fp32 block scales (:meth:`Linear.hold_fp8`); returns their weight names,
+    which the loader then yields as stored."""
+    if quant.quant_method != "fp8":
+        return frozenset()
+    block = quant.weight_block_size or (128, 128)
+    kept = []
+    for prefix, module in model.named_modules():
+        if not (isinstance(module, Linear) and module.fp8_capable):
+            continue
+        name = f"{prefix}.weight"
+        n, k = module.weight.shape
+        if n % FP8_DIM_MULTIPLE or k % FP8_DIM_MULTIPLE or not stored_as_fp8(name, quant):
+            continue
+        module.hold_fp8(block)
+        kept.append(name)
+    return frozenset(kept)

@@ -1,0 +1,174 @@
+"""``quantization="auto"``: FP8 projections stay FP8 as stored and compute as DeepGEMM does.
+
+A tiny V4 model with every width a multiple of 128 is written as an FP8 checkpoint (ue8m0 block
+scales, as published). Loaded for a backend that computes on FP8, its plain projections hold the
+stored bytes; the reference ``fp8_linear`` (activations quantised per token and 128 columns) is
+checked against a float64 emulation built from this directory's independent decoders, and the
+model's logits against the same model dequantised, within a bound derived below.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepinfer.assets import init_random_weights, tiny_fp8_config
+from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.models import load_model
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.layers.norm import Linear
+from deepinfer.models.quant import quant_fp8_block
+
+#: The projections a V4 checkpoint stores as FP8 (model reference §6.1).
+FP8 = re.compile(
+    r"attn\.(wq_a|wq_b|wkv|wo_a|wo_b)\.weight$|indexer\.wq_b\.weight$"
+    r"|shared_experts\.w[123]\.weight$|(e_proj|h_proj)\.weight$"
+)
+#: Held as FP8 by the model: the plain projections (wo_a is a grouped projection, the shared
+#: experts a fused MLP: both stay dequantised).
+HELD = re.compile(r"attn\.(wq_a|wq_b|wkv|wo_b)\.weight$|indexer\.wq_b\.weight$|[eh]_proj\.weight$")
+BLOCK = (128, 128)
+
+
+class Fp8Torch(TorchBackend):
+    """The torch reference, keeping FP8 weights: its ``fp8_linear`` runs."""
+
+    def computes_fp8(self) -> bool:
+        return True
+
+
+def _nearest_e4m3(v: np.ndarray, ref: Any) -> np.ndarray:
+    """``v`` rounded to the nearest finite e4m3 value, ties to the even code (float64)."""
+    codes = np.arange(127)  # the non-negative finite codes, ascending in value
+    values = ref.e4m3_to_f64(codes)
+    mag = np.minimum(np.abs(v), values[-1])
+    hi = np.clip(np.searchsorted(values, mag), 1, 126)
+    lo = hi - 1
+    d_lo, d_hi = mag - values[lo], values[hi] - mag
+    pick = np.where(d_lo < d_hi, lo, np.where(d_hi < d_lo, hi, np.where(lo % 2 == 0, lo, hi)))
+    return np.sign(v) * values[pick]
+
+
+class Float64Fp8(Fp8Torch):
+    """``fp8_linear`` recomputed in float64 from the stored bytes and the conftest decoders."""
+
+    def __init__(self, ref: Any) -> None:
+        super().__init__("cpu")
+        self.ref = ref
+
+    def fp8_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
+    ) -> torch.Tensor:
+        w = self.ref.fp8_block(weight, scale, block)  # [N, K] float64
+        a = x.float().numpy().reshape(-1, x.shape[-1])
+        groups = a.reshape(a.shape[0], -1, 128)
+        # The scheme's two fp32 operations, amax / 448 and x / scale, in IEEE fp32 as the
+        # kernels do; the rounding to e4m3 and everything after it in float64.
+        amax = np.abs(groups).max(axis=-1, keepdims=True)
+        s = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(np.float32)
+        q = _nearest_e4m3((groups / s).astype(np.float64), self.ref) * s.astype(np.float64)
+        y = q.reshape(a.shape) @ w.T
+        return torch.from_numpy(y).reshape(*x.shape[:-1], -1).to(x.dtype)
+
+
+def _fp8_checkpoint(checkpoint: Any) -> tuple[Any, DeepseekV4ForCausalLM]:
+    """(the checkpoint's path, the float model it was quantised from)."""
+    cfg = tiny_fp8_config()
+    source = DeepseekV4ForCausalLM(cfg, dtype=torch.float32)
+    init_random_weights(source, seed=7)
+    stored: dict[str, torch.Tensor] = {}
+    for name, tensor in source.state_dict().items():
+        if FP8.search(name):
+            q, s = quant_fp8_block(tensor, BLOCK, "ue8m0")
+            stored[name], stored[name.replace(".weight", ".scale")] = q, s
+        else:
+            stored[name] = tensor
+    raw = cfg.to_dict() | {
+        "quantization_config": {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": list(BLOCK),
+        }
+    }
+    return checkpoint([stored], raw), source
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(3, 8000, (2, 150), generator=torch.Generator().manual_seed(1))
+
+
+def test_plain_fp8_projections_hold_the_stored_bytes(checkpoint: Any, ref: Any) -> None:
+    path, _ = _fp8_checkpoint(checkpoint)
+    held = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"))
+    plain = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"), quantization=None)
+    stored = dict(_read(path))
+    kept = 0
+    for prefix, module in held.named_modules():
+        if not isinstance(module, Linear):
+            continue
+        name = f"{prefix}.weight"
+        if HELD.search(name):
+            assert module.weight.dtype == torch.float8_e4m3fn and module.scale is not None, name
+            assert torch.equal(module.weight.view(torch.uint8), stored[name].view(torch.uint8))
+            want = ref.ue8m0_to_f64(ref.raw_bytes(stored[name.replace(".weight", ".scale")]))
+            assert np.array_equal(module.scale.double().numpy(), want), name
+            kept += 1
+        else:
+            assert module.weight.dtype != torch.float8_e4m3fn, name
+    assert kept == 4 * 4 + 1 + 2  # (3 layers + the MTP layer) x 4, one indexer, e/h_proj
+    assert all(p.dtype != torch.float8_e4m3fn for p in plain.parameters())
+    # The torch reference computes nothing in FP8: "auto" dequantises for it.
+    reference = load_model(path, dtype=torch.float32)
+    assert all(p.dtype != torch.float8_e4m3fn for p in reference.parameters())
+
+
+def _read(path: Any) -> list[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    return [kv for f in sorted(path.glob("*.safetensors")) for kv in load_file(f).items()]
+
+
+def test_reference_fp8_linear_equals_float64_emulation(checkpoint: Any, ref: Any) -> None:
+    """Every held projection of the loaded model, on activations of mixed magnitudes (an
+    all-zero row among them): the torch reference's ``fp8_linear`` equals the float64
+    emulation up to its fp32 summation, K x 2**-23 of the sum of the products' magnitudes."""
+    path, _ = _fp8_checkpoint(checkpoint)
+    model = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"))
+    emulation = Float64Fp8(ref)
+    g = torch.Generator().manual_seed(3)
+    checked = 0
+    for module in model.modules():
+        if not isinstance(module, Linear) or module.scale is None:
+            continue
+        k = module.weight.shape[1]
+        x = torch.randn(6, k, generator=g) * torch.tensor([1, 1e-3, 30, 0, 1, 5])[:, None]
+        x[4, :7] = 200.0  # an outlier group: its other values lose precision
+        got = model.ops.fp8_linear(x, module.weight, module.scale, module.block).double()
+        want = emulation.fp8_linear(x.double(), module.weight, module.scale, module.block)
+        w = torch.from_numpy(np.abs(ref.fp8_block(module.weight, module.scale, module.block)))
+        bound = k * 2**-23 * (x.double().abs() * 1.07) @ w.T  # |q| <= |x| (1 + 2**-4)
+        assert ((got - want).abs() <= bound + 1e-30).all()
+        assert torch.equal(got[3], torch.zeros_like(got[3]))
+        checked += 1
+    assert checked == 19
+
+
+def test_fp8_model_is_the_dequantised_model_within_activation_rounding(checkpoint: Any) -> None:
+    """Bound: e4m3 keeps 3 mantissa bits, so quantising an activation moves it by at most
+    2**-4 of itself, and by 2**-4 / sqrt(3) in RMS for a uniformly placed value. A projection's
+    output then moves by that RMS fraction too (a sum of independent perturbations), and the
+    errors of the L quantised projections along a token's path add in quadrature: the logits'
+    relative RMS error stays below 3 x 2**-4 / sqrt(3) x sqrt(L) (a factor 3 of margin for
+    the residual and normalisation paths, which neither damp nor amplify it on average)."""
+    path, _ = _fp8_checkpoint(checkpoint)
+    held = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"))
+    plain = load_model(path, dtype=torch.float32, quantization=None)
+    got, want = held.forward_logits(_ids()), plain.forward_logits(_ids())
+    rel = ((got - want).square().mean() / want.square().mean()).sqrt().item()
+    depth = 4 * 3  # the held projections a token crosses: 4 a layer (its indexer in parallel)
+    assert 0 < rel <= 3 * 2**-4 / math.sqrt(3) * math.sqrt(depth)
