@@ -243,19 +243,11 @@ def _moe_specs() -> Iterator[AotSpec]:
 
 def _fp4_moe_specs() -> Iterator[AotSpec]:
     # The same pairs and row tiles as _moe_specs, on packed e2m1 weights with ue8m0 bytes.
-    # bf16 activations: register decode (sm_90a's choice; sm_100a's with scaled_dot=False)
-    # or tl.dot_scaled (sm_100a's choice), K steps of 128; fp32 activations: register decode
-    # into IEEE dots, K steps of one 32-wide scale group.
-    blackwell = (100,)
-    for dt, scaled, block_m, block_k, archs in (
-        ("bf16", False, 16, 128, ARCHS),
-        ("bf16", False, 64, 128, ARCHS),
-        ("bf16", True, 16, 128, blackwell),
-        ("bf16", True, 64, 128, blackwell),
-        ("fp32", False, 16, 32, ARCHS),
-    ):
-        variant = f"{dt}-{'dot-scaled' if scaled else 'decode'}-block-m{block_m}"
-        flags = {"IEEE": dt == "fp32", "WIDEN": False, "SCALED_DOT": scaled,
+    # bf16 activations: K steps of 128 into the tensor cores; fp32 activations: IEEE dots,
+    # K steps of one 32-wide scale group.
+    for dt, block_m, block_k in (("bf16", 16, 128), ("bf16", 64, 128), ("fp32", 16, 32)):
+        variant = f"{dt}-decode-block-m{block_m}"
+        flags = {"IEEE": dt == "fp32", "WIDEN": False,
                  "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k}  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_gate_up_kernel",
@@ -263,14 +255,12 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
              "scale_ptr": "*fp32", "ends_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048,
              "k_dim": 4096, "limit": 10.0, "CLAMP": True, **flags},
-            archs=archs,
         )  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_down_kernel",
             variant,
             {"h_ptr": f"*{dt}", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
              "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, **flags},
-            archs=archs,
         )  # fmt: skip
 
 

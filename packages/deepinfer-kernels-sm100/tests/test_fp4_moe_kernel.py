@@ -136,8 +136,6 @@ def _run(
     indices: torch.Tensor,
     ws: Weights,
     limit: float,
-    *,
-    scaled_dot: bool | None = None,
 ) -> torch.Tensor:
     """The kernel's result on the test device for CPU operands, back on the CPU."""
     w13, w13_scale, w2, w2_scale = (t.to(DEVICE) for t in ws)
@@ -150,7 +148,6 @@ def _run(
         w2_packed=w2,
         w2_scale=w2_scale,
         swiglu_limit=limit,
-        scaled_dot=scaled_dot,
     )
     return got.cpu()
 
@@ -256,18 +253,10 @@ def test_bad_shapes_raise_value_error(
         _run(args[0], args[1], args[2], (args[3], args[4], args[5], args[6]), LIMIT)
 
 
-def test_scaled_dot_needs_bf16_on_cuda() -> None:
-    """Triton's interpreter has no dot_scaled, and it takes bf16 activations only."""
-    x, weights, indices, ws = _case(3, torch.float32, seed=61)
-    with pytest.raises(ValueError, match="scaled_dot"):
-        _run(x, weights, indices, ws, LIMIT, scaled_dot=True)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("scaled_dot", [True, False], ids=["dot-scaled", "register-decode"])
-def test_both_gpu_paths_match_float64(scaled_dot: bool) -> None:
-    """Each decoding path, forced, on any CUDA device (dot_scaled compiles for sm_90a too)."""
+def test_bf16_tensor_core_path_matches_float64() -> None:
+    """bf16 activations on the GPU: the decoded tiles go to the tensor cores."""
     x, weights, indices, ws = _case(70, torch.bfloat16, seed=71)
     want, bound = _reference(x, weights, indices, ws, LIMIT)
-    got = _run(x, weights, indices, ws, LIMIT, scaled_dot=scaled_dot)
+    got = _run(x, weights, indices, ws, LIMIT)
     _check(got, want, bound, torch.bfloat16)

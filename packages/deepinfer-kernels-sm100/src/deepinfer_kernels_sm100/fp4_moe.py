@@ -24,16 +24,12 @@ fp32; fp32 activations meet them in IEEE fp32 dots, as the fp32 reference's do. 
 activation is rounded to the activations' dtype before w2, as the reference rounds it to the
 weights' dtype.
 
-Decoding: on sm_90a (Hopper has no FP4 tensor cores), and for fp32 activations everywhere, the
-codes are turned into fp32 values with integer arithmetic and multiplied by their group's
-scale (:func:`_fp4_tile`). On sm_100a and later, bf16 activations go through
-``tl.dot_scaled(bf16, e2m1)``, which Triton lowers to its own FP4 upcast (byte-permute table
-lookups and bf16 scale multiplies, exact as well) feeding the same bf16 tensor-core MMA
-(``tcgen05.mma`` kind ``f16``), so the products are the same. Blackwell's native FP4 MMA
-(kind ``mxf8f6f4``) would need the activations quantised to FP8 with per-32 scales: a
-numerics change the reference does not make, so it is not used. Triton's interpreter has no
-``dot_scaled``: off the GPU the register decode runs, and ``scaled_dot`` may be forced on
-only on CUDA devices.
+Decoding: the codes are turned into values with integer arithmetic and multiplied by their
+group's scale in registers (:func:`_fp4_tile`), on every target (Hopper has no FP4 tensor cores).
+``tl.dot_scaled(bf16, e2m1)`` would let Triton do that upcast on sm_100a, but forced on an H200
+it gave wrong results with this layout, so it is not used until checked on Blackwell.
+Blackwell's native FP4 MMA would need the activations quantised to FP8 with per-32 scales: a
+numerics change the reference does not make.
 
 Under the interpreter (CI, no GPU) tiles are widened to fp32 before the dots (``moe._WIDEN``:
 its bf16 dots are wrong) and the fp32 -> bf16 rounding of the hidden activation is done in
@@ -41,8 +37,6 @@ fp32 first (``fp8_linear._round_to_grid``: its conversion truncates).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -58,8 +52,6 @@ GROUP = 32
 _GROUP = tl.constexpr(GROUP)  # for the kernels: Triton reads constexpr globals only
 #: up to this many pairs per expert on average, row tiles of 16; past it 64 (as moe.py)
 SMALL_PAIRS_PER_EXPERT = 64
-#: compute capability major from which bf16 activations use ``tl.dot_scaled``
-SCALED_DOT_MAJOR = 10
 _ACT_DTYPES = (torch.bfloat16, torch.float32)
 _PACKED_DTYPES = tuple(
     dt for dt in (torch.uint8, torch.int8, getattr(torch, "float4_e2m1fn_x2", None)) if dt
@@ -129,14 +121,11 @@ def _fp4_step(  # noqa: PLR0917 (Triton helpers take positional arguments)
     col_ok,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
-    SCALED_DOT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """acc + x @ W[:, k0:k0 + BLOCK_K].T for the FP4 rows W at w_rows (scales at s_rows)."""
     packed, raw = _fp4_bytes(w_rows, s_rows, k0, k_dim, col_ok, BLOCK_K)
-    if SCALED_DOT:
-        return tl.dot_scaled(x, None, "bf16", tl.trans(packed), raw, "e2m1", acc)
     w = _fp4_tile(packed, raw, x.dtype, BLOCK_N, BLOCK_K)
     return _mma(x, w, acc, IEEE, WIDEN)
 
@@ -156,7 +145,6 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
     CLAMP: tl.constexpr,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
-    SCALED_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -185,12 +173,10 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
                 other=0.0,
             )
             gate = _fp4_step(
-                gate, x, w_gate, s_gate, k0, k_dim, col_ok, IEEE, WIDEN, SCALED_DOT,
+                gate, x, w_gate, s_gate, k0, k_dim, col_ok, IEEE, WIDEN,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            up = _fp4_step(
-                up, x, w_up, s_up, k0, k_dim, col_ok, IEEE, WIDEN, SCALED_DOT, BLOCK_N, BLOCK_K
-            )
+            up = _fp4_step(up, x, w_up, s_up, k0, k_dim, col_ok, IEEE, WIDEN, BLOCK_N, BLOCK_K)
         if CLAMP:
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -217,7 +203,6 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     inter,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
-    SCALED_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -241,7 +226,7 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
                 other=0.0,
             )
             acc = _fp4_step(
-                acc, h, w_rows, s_rows, k0, inter, col_ok, IEEE, WIDEN, SCALED_DOT,
+                acc, h, w_rows, s_rows, k0, inter, col_ok, IEEE, WIDEN,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
@@ -250,27 +235,6 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
             acc,
             mask=row_ok[:, None] & col_ok[None, :],
         )
-
-
-@functools.cache
-def _capability_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
-
-
-def _wants_scaled_dot(x: Tensor, scaled_dot: bool | None) -> bool:
-    """Whether the dots go through ``tl.dot_scaled``: by default for bf16 activations on
-    compute capability >= ``SCALED_DOT_MAJOR``; it takes bf16 operands only, and needs a GPU."""
-    if scaled_dot is None:
-        if x.device.type != "cuda" or x.dtype != torch.bfloat16:
-            return False
-        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        return _capability_major(index) >= SCALED_DOT_MAJOR
-    if scaled_dot and (x.device.type != "cuda" or x.dtype != torch.bfloat16):
-        raise ValueError(
-            "scaled_dot needs bf16 activations on a CUDA device (Triton's interpreter has no "
-            f"dot_scaled), got {x.dtype} on {x.device.type}"
-        )
-    return scaled_dot
 
 
 def _packed(name: str, t: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -343,7 +307,6 @@ def moe_experts_fp4(
     w2_packed: Tensor,
     w2_scale: Tensor,
     swiglu_limit: float,
-    scaled_dot: bool | None = None,
 ) -> Tensor:
     """The backend's ``moe_experts`` on FP4 experts: fp32 [N, d] weighted sum of each token's
     experts, for ``x`` [N, d] bf16 or fp32 and routing ``weights``/``indices`` [N, k] (an
@@ -352,13 +315,10 @@ def moe_experts_fp4(
     Weights as the module doc lays them out: ``w13_packed`` [E, 2I, d / 2], ``w13_scale``
     [E, 2I, d / 32], ``w2_packed`` [E, d, I / 2], ``w2_scale`` [E, d, I / 32]; packed bytes as
     uint8, int8 or float4_e2m1fn_x2, scales as uint8, int8 or float8_e8m0fnu; d and I multiples
-    of 32. The dots run in x's dtype (module doc). ``scaled_dot`` forces ``tl.dot_scaled`` on
-    or off (None: on for bf16 on compute capability >= 10). Bad shapes or dtypes raise
-    ValueError.
+    of 32. The dots run in x's dtype (module doc). Bad shapes or dtypes raise ValueError.
     """
     _check_routing(x, weights, indices)
     w13, w13_s, w2, w2_s = _operands(x, w13_packed, w13_scale, w2_packed, w2_scale)
-    scaled = _wants_scaled_dot(x, scaled_dot)
     num_experts, d_in = w13.shape[0], x.shape[1]
     inter, d_out = w13.shape[1] // 2, d_in
     rows, order, scale, ends = group_pairs(weights, indices, num_experts)
@@ -369,7 +329,7 @@ def moe_experts_fp4(
     y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         block_m = 16 if pairs <= SMALL_PAIRS_PER_EXPERT * num_experts else 64
-        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "SCALED_DOT": scaled, "BLOCK_M": block_m}
+        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m}
         # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
         # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
         most_k = GROUP if ieee else 4 * GROUP
