@@ -16,7 +16,7 @@ from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
-from deepinfer.models.stored_formats import hold_fp8
+from deepinfer.models.stored_formats import hold_fp4, hold_fp8
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,11 +28,13 @@ def _kernel_ops() -> Sm100Backend:
     return ops
 
 
-def _fp8_model() -> DeepseekV4ForCausalLM:
-    """A tiny V4 model whose plain projections hold FP8 weights, as ``quantization="auto"``
-    loads a published checkpoint; the reference runs them through the torch ``fp8_linear``."""
+def _stored_formats_model() -> DeepseekV4ForCausalLM:
+    """A tiny V4 model whose plain projections hold FP8 weights and whose routed experts hold
+    FP4 ones, as ``quantization="auto"`` loads a published checkpoint; the reference runs them
+    through the torch ``fp8_linear`` and ``moe_experts_fp4``."""
     model = DeepseekV4ForCausalLM(tiny_fp8_config(), dtype=torch.float32, device=DEVICE)
-    assert hold_fp8(model, QuantSettings(quant_method="fp8", weight_block_size=(128, 128)))
+    quant = QuantSettings(quant_method="fp8", weight_block_size=(128, 128), expert_dtype="fp4")
+    assert hold_fp8(model, quant) and hold_fp4(model, quant)
     fill_dummy_weights(model, seed=3)
     return model.eval()
 
@@ -40,7 +42,7 @@ def _fp8_model() -> DeepseekV4ForCausalLM:
 BUILDERS: dict[str, Callable[[], DeepseekV4ForCausalLM]] = {
     "v4": lambda: random_tiny_model(device=DEVICE, seed=3),
     "v41": lambda: tiny_model(device=DEVICE),
-    "v4-fp8": _fp8_model,
+    "v4-fp8-fp4": _stored_formats_model,
 }
 
 
@@ -62,7 +64,7 @@ def test_logits_match_the_reference(name: str) -> None:
     model.ops = _kernel_ops()
     got = run()
     for a, b in zip(got, want, strict=True):
-        if name.endswith("fp8"):
+        if name.endswith("fp4"):
             assert _relative_rms(a, b) <= FP8_STEP_NOISE
         else:
             torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)

@@ -15,12 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepinfer.assets import tiny_config
+from deepinfer.assets import tiny_config, tiny_fp8_config
+from deepinfer.backends.fp4_ref import dequant_fp4
+from deepinfer.backends.fp8_ref import dequant_weight_fp8
 from deepinfer.cli import build_parser
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.llm import LLM
+from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import SMALL_STD, fill_dummy_weights, init_kind
+from deepinfer.models.layers.moe import RoutedExperts
+from deepinfer.models.layers.norm import Linear
+from deepinfer.models.stored_formats import hold_fp4, hold_fp8
 from deepinfer.sampling_params import SamplingParams
 
 #: DeepSeek-V4-Flash as published: 284 B parameters, more than any test machine holds.
@@ -68,6 +74,31 @@ def test_dummy_weights_follow_their_distributions() -> None:
         elif t.numel() >= 64:  # small tensors say little about their spread
             assert _std_ok(t, SMALL_STD), name
     assert kinds == {"expert_ids", "ones", "embedding", "projection", "small"}
+
+
+def test_dummy_weights_in_stored_formats() -> None:
+    """FP8 projections and FP4 experts, drawn as stored, decode to the spread of the float
+    projections: within e4m3's rounding for FP8 (2%), and within the power-of-two step of the
+    one FP4 scale per stack (a factor sqrt(2))."""
+    model = DeepseekV4ForCausalLM(tiny_fp8_config(), dtype=torch.float32)
+    quant = QuantSettings(quant_method="fp8", weight_block_size=(128, 128), expert_dtype="fp4")
+    assert hold_fp8(model, quant) and hold_fp4(model, quant)
+    fill_dummy_weights(model, seed=2)
+    seen = 0
+    for module in model.modules():
+        if isinstance(module, Linear) and module.scale is not None:
+            w = dequant_weight_fp8(module.weight, module.scale, module.block)
+            std = float(w.std())
+            assert abs(std * math.sqrt(w.shape[1]) - 1) < 0.02 and w.isfinite().all()
+            seen += 1
+        elif isinstance(module, RoutedExperts) and module.w13_scale is not None:
+            assert module.w2_scale is not None
+            for packed, scale in ((module.w13, module.w13_scale), (module.w2, module.w2_scale)):
+                w = dequant_fp4(packed, scale)
+                ratio = float(w.std()) * math.sqrt(w.shape[-1])
+                assert 2**-0.5 <= ratio <= 2**0.5 and abs(float(w.mean())) < 0.1 * w.std()
+            seen += 1
+    assert seen == 19 + 4
 
 
 def test_dummy_weights_are_a_function_of_the_seed() -> None:

@@ -29,6 +29,7 @@ class Sm100Backend(TorchBackend):
 
     name: ClassVar[str] = "sm100"
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    native_formats: ClassVar[frozenset[str]] = frozenset({"fp8", "fp4_experts"})
 
     @classmethod
     def availability(cls) -> Availability:
@@ -52,15 +53,37 @@ class Sm100Backend(TorchBackend):
     def supports_cuda_graphs(self, dtype: Any) -> bool:
         return True  # every token-wise op is a kernel or a sync-free torch op
 
-    def computes_fp8(self) -> bool:
-        return True
-
     def fp8_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
     ) -> Tensor:
         from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear
 
         return fp8_block_linear(x, weight, scale, block, out_dtype=x.dtype)
+
+    def moe_experts_fp4(
+        self,
+        x: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        w13: Tensor,
+        w13_scale: Tensor,
+        w2: Tensor,
+        w2_scale: Tensor,
+        swiglu_limit: float,
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
+
+        return moe_experts_fp4(
+            x,
+            weights,
+            indices,
+            w13_packed=w13,
+            w13_scale=w13_scale,
+            w2_packed=w2,
+            w2_scale=w2_scale,
+            swiglu_limit=swiglu_limit,
+        )
 
     def mhc_weights(
         self,

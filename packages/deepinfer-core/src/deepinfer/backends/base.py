@@ -65,11 +65,11 @@ class Backend(ABC):
         host, and torch's grouped matmul (2.11) copies from the host while it runs."""
         return False
 
-    def computes_fp8(self) -> bool:
-        """Whether :meth:`fp8_linear` computes on the stored FP8 weights (kernels), so a model
-        under ``quantization="auto"`` keeps them; otherwise it dequantises them at load. The
-        torch reference's ``fp8_linear`` is the numeric reference, not a fast path."""
-        return False
+    #: The stored weight formats this backend computes on with kernels, so a model under
+    #: ``quantization="auto"`` keeps them as stored (otherwise it dequantises them at load):
+    #: ``"fp8"`` (:meth:`fp8_linear`) and ``"fp4_experts"`` (:meth:`moe_experts_fp4`). The
+    #: torch reference's versions of those ops are the numeric reference, not fast paths.
+    native_formats: ClassVar[frozenset[str]] = frozenset()
 
     # -- the op table ------------------------------------------------------------------------
     # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,
@@ -293,6 +293,24 @@ class Backend(ABC):
         is [E, d, I]. ``weights``/``indices`` [N, k] come from :meth:`moe_route`; an index < 0
         means "no expert" (expert-parallel ranks mask the experts they do not own).
         """
+
+    @abstractmethod
+    def moe_experts_fp4(
+        self,
+        x: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        w13: Tensor,
+        w13_scale: Tensor,
+        w2: Tensor,
+        w2_scale: Tensor,
+        swiglu_limit: float,
+    ) -> Tensor:
+        """:meth:`moe_experts` on FP4 e2m1 experts as stored: ``w13`` [E, 2I, d / 2] and ``w2``
+        [E, d, I / 2] packed codes (uint8, the low nibble the even element), ``w13_scale``
+        [E, 2I, d / 32] and ``w2_scale`` [E, d, I / 32] ue8m0 bytes, 2**(b - 127) per 32
+        elements along the input dim. The weights' values are exact in ``x``'s dtype."""
 
     @abstractmethod
     def swiglu_mlp(

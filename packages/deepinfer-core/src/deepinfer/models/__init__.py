@@ -41,8 +41,8 @@ def load_model(
 ) -> DeepseekV4ForCausalLM:
     """Build the model described by ``path/config.json`` and fill it from the checkpoint.
 
-    ``quantization="auto"``: where the backend computes on FP8 (``computes_fp8``), the
-    projections the checkpoint stores as FP8 stay FP8 with their block scales
+    ``quantization="auto"``: what the checkpoint stores in a format the backend computes on
+    (``native_formats``: FP8 projections, FP4 routed experts) stays in it
     (:mod:`deepinfer.models.stored_formats`); the rest, and everything with
     ``quantization=None``, is dequantised as follows.
 
@@ -59,24 +59,27 @@ def load_model(
     cfg = model_config(layout)
     cls = model_class(cfg.model_type)
     model = cls(cfg, dtype=dtype, device=device, backend=backend)
-    keep = keep_stored_formats(model, layout.config or {}, quantization)
-    model.load_state(iter_checkpoint_tensors(layout, torch.float32, device, keep_fp8=keep))
+    fp8, fp4 = keep_stored_formats(model, layout.config or {}, quantization)
+    tensors = iter_checkpoint_tensors(layout, torch.float32, device, keep_fp8=fp8, keep_fp4=fp4)
+    model.load_state(tensors)
     return model.eval()
 
 
 def keep_stored_formats(
     model: DeepseekCausalLM, config: dict[str, Any], quantization: str | None
-) -> frozenset[str]:
-    """Under ``quantization="auto"`` on a backend with FP8 kernels, make ``model``'s FP8
-    projections hold FP8 (see :func:`load_model`); the weight names it keeps as stored."""
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Under ``quantization="auto"``, make ``model`` hold the stored formats its backend
+    computes on (see :func:`load_model`); the names of the FP8 and FP4 weights it keeps."""
     from deepinfer.models.checkpoint_config import quant_settings
-    from deepinfer.models.stored_formats import QUANTIZATION_CHOICES, hold_fp8
+    from deepinfer.models.stored_formats import QUANTIZATION_CHOICES, hold_fp4, hold_fp8
 
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization must be 'auto' or None, got {quantization!r}")
-    if quantization is None or not model.ops.computes_fp8():
-        return frozenset()
-    return hold_fp8(model, quant_settings(config))
+    native = model.ops.native_formats if quantization == "auto" else frozenset()
+    quant = quant_settings(config)
+    fp8 = hold_fp8(model, quant) if "fp8" in native else frozenset()
+    fp4 = hold_fp4(model, quant) if "fp4_experts" in native else frozenset()
+    return fp8, fp4
 
 
 __all__ = [

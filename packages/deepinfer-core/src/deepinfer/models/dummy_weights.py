@@ -6,9 +6,9 @@ hundreds of gigabytes starts in the time its memory takes to write, with no host
 values follow :func:`init_kind`'s scales (unit-variance activations through random
 projections), which the embedded test models use too; they mean nothing beyond that.
 
-Weights are drawn in the dtypes the model holds them in: FP8 projections (``quantization``) as
-e4m3 with block scales, the rest in their float dtypes (routed experts in bf16 until the model
-keeps them in FP4).
+Weights are drawn in the formats the model holds them in (``quantization``): FP8 projections as
+e4m3 with block scales, FP4 routed experts as packed e2m1 codes with ue8m0 scales, the rest in
+their float dtypes.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ import torch
 from torch import Tensor
 
 from deepinfer.backends.base import Backend
+from deepinfer.backends.fp4_ref import E2M1_VALUES
 from deepinfer.backends.fp8_ref import E4M3_MAX
 from deepinfer.config import ModelConfig
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.checkpoint_config import read_config
 from deepinfer.models.errors import CheckpointError
+from deepinfer.models.layers.moe import RoutedExperts
 from deepinfer.models.layers.norm import Linear
 
 #: How a parameter is drawn: expert ids per token (hash routing's ``tid2eid``), ones (norm
@@ -58,13 +60,17 @@ def fill_dummy_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
     device = model.device
     g = torch.Generator(device=device).manual_seed(seed)
     n_experts = model.cfg.n_routed_experts
-    fp8 = set()
+    stored: set[str] = set()  # names of tensors filled in a stored format
     for prefix, module in model.named_modules():
         if isinstance(module, Linear) and module.scale is not None:
             _fill_fp8(module, g)
-            fp8 |= {f"{prefix}.weight", f"{prefix}.scale"}
+            stored |= {f"{prefix}.weight", f"{prefix}.scale"}
+        elif isinstance(module, RoutedExperts) and module.w13_scale is not None:
+            _fill_fp4(module, g)
+            for e in range(module.w13.shape[0]):
+                stored |= {f"{prefix}.{e}.{name}" for name in module.views(e)}
     for name, t in model.state_dict(keep_vars=True).items():
-        if name in fp8:
+        if name in stored:
             continue
         kind = init_kind(name, t)
         if kind == "expert_ids":  # distinct experts per token
@@ -94,6 +100,18 @@ def _fill_fp8(linear: Linear, g: torch.Generator) -> None:
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     linear.scale.copy_(scale)
     linear.weight.copy_((blocks / scale[:, None, :, None]).view(n, k).to(torch.float8_e4m3fn))
+
+
+def _fill_fp4(experts: RoutedExperts, g: torch.Generator) -> None:
+    """Packed e2m1 codes drawn uniformly, with one power-of-two scale per stack: the one that
+    brings the values' spread nearest 1 / sqrt(fan-in), as for the float projections."""
+    assert experts.w13_scale is not None and experts.w2_scale is not None
+    rms = math.sqrt(sum(v * v for v in E2M1_VALUES) / len(E2M1_VALUES))  # of a uniform code
+    for packed, scale in ((experts.w13, experts.w13_scale), (experts.w2, experts.w2_scale)):
+        fan_in = 2 * packed.shape[-1]
+        packed.random_(0, 256, generator=g)
+        exponent = round(math.log2(1 / (math.sqrt(fan_in) * rms)))
+        scale.fill_(127 + exponent)
 
 
 def dummy_model(

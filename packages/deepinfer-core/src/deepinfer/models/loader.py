@@ -38,29 +38,23 @@ from deepinfer.models.checkpoint_config import (
     quant_settings,
     read_config,
 )
-from deepinfer.models.errors import CheckpointError, QuantFormatError
+from deepinfer.models.dequantise import (
+    SCALE_SUFFIX,
+    WEIGHT_SUFFIX,
+    dequantise_tensor,
+    scale_name_of,
+    weight_name_of,
+)
+from deepinfer.models.errors import CheckpointError
 from deepinfer.models.quant import (
     decode_scale,
-    dequant_fp4_e2m1,
-    dequant_fp8_block,
-    fp4_scale_shape,
-    fp8_scale_shape,
-    is_scale_dtype,
     is_ue8m0_dtype,
 )
 from deepinfer.models.shard_check import check_listed_shards, open_shard, read_shard_header
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-WEIGHT_SUFFIX = ".weight"
-SCALE_SUFFIX = ".scale"
-FP4_GROUP = 32
 _TRIM_EVERY_BYTES = 64 << 20
-
-# V4 dense FP8 uses 128 x 128, V4.1 uses 32 x 32; V4.1 Engram tables use one scale per 32 values
-# of a row, i.e. a (1, 32) block. The (1, 32) Engram layout is inferred from the model reference
-# (§5 item 9) and has not been checked against a real shard header.
-_KNOWN_FP8_BLOCKS: tuple[tuple[int, int], ...] = ((128, 128), (32, 32), (1, 32))
 
 _FP4_X2_DTYPE: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)
 _PACKED_FP4_DTYPES = tuple(d for d in (torch.uint8, torch.int8, _FP4_X2_DTYPE) if d is not None)
@@ -115,76 +109,6 @@ def resolve_layout(path: str | Path) -> CheckpointLayout:
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# Dequantisation with context-rich errors
-
-
-def _scale_name(weight_name: str) -> str:
-    return weight_name[: -len(WEIGHT_SUFFIX)] + SCALE_SUFFIX
-
-
-def _weight_name(scale_name: str) -> str:
-    return scale_name[: -len(SCALE_SUFFIX)] + WEIGHT_SUFFIX
-
-
-def _fp8_block_for(
-    name: str,
-    shard: str,
-    weight_shape: tuple[int, int],
-    scale_shape: tuple[int, ...],
-    preferred: tuple[int, int] | None,
-) -> tuple[int, int]:
-    """Pick the block whose ceil-sized grid matches the stored scale, preferring the config's."""
-    candidates = [preferred] if preferred else []
-    candidates += [b for b in _KNOWN_FP8_BLOCKS if b not in candidates]
-    for block in candidates:
-        if fp8_scale_shape(weight_shape, block) == scale_shape:
-            return block
-    primary = candidates[0]
-    raise CheckpointError(
-        f"scale {_scale_name(name)} in shard {shard} has shape {list(scale_shape)}, but FP8 weight "
-        f"{name} of shape {list(weight_shape)} with block {list(primary)} expects "
-        f"{list(fp8_scale_shape(weight_shape, primary))}"
-        + ("" if preferred else f" (also tried blocks {[list(b) for b in candidates[1:]]})")
-    )
-
-
-def dequantise_tensor(
-    name: str,
-    shard: str,
-    weight: torch.Tensor,
-    scale: torch.Tensor,
-    *,
-    dtype: torch.dtype,
-    block: tuple[int, int] | None,
-) -> torch.Tensor:
-    """Dequantise one FP8 or packed-FP4 weight, raising CheckpointError with full context."""
-    if not is_scale_dtype(scale.dtype):
-        raise CheckpointError(
-            f"scale {_scale_name(name)} in shard {shard} has dtype {scale.dtype}; expected ue8m0 "
-            "(uint8 or float8_e8m0fnu) or a floating-point dtype"
-        )
-    if weight.dim() != 2 or scale.dim() != 2:
-        raise CheckpointError(
-            f"quantised weight {name} in shard {shard} and its scale must be 2-D, found weight "
-            f"{list(weight.shape)} and scale {list(scale.shape)}"
-        )
-    try:
-        if weight.dtype == torch.float8_e4m3fn:
-            chosen = _fp8_block_for(name, shard, tuple(weight.shape), tuple(scale.shape), block)
-            return dequant_fp8_block(weight, scale, chosen, out_dtype=dtype)
-        expected = fp4_scale_shape(tuple(weight.shape), FP4_GROUP)
-        if tuple(scale.shape) != expected:
-            raise CheckpointError(
-                f"scale {_scale_name(name)} in shard {shard} has shape {list(scale.shape)}, but "
-                f"packed FP4 weight {name} of shape {list(weight.shape)} (dtype {weight.dtype}, "
-                f"{2 * weight.shape[1]} values per row) expects {list(expected)}"
-            )
-        return dequant_fp4_e2m1(weight, scale, FP4_GROUP, out_dtype=dtype)
-    except QuantFormatError as exc:
-        raise CheckpointError(f"cannot dequantise {name} in shard {shard}: {exc}") from exc
-
-
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
@@ -227,7 +151,7 @@ def _prefetch_foreign_scales(layout: CheckpointLayout, shard: str) -> dict[str, 
     wanted: dict[str, list[str]] = defaultdict(list)
     for name in layout.names_by_shard[shard]:
         if name.endswith(WEIGHT_SUFFIX):
-            scale = _scale_name(name)
+            scale = scale_name_of(name)
             home = layout.shard_of.get(scale)
             if home is not None and home != shard:
                 wanted[home].append(scale)
@@ -254,6 +178,18 @@ class _ShardReader:
     block: tuple[int, int] | None
     #: FP8 weights to yield as stored, their scales as fp32 (``quantization="auto"``).
     keep_fp8: frozenset[str] = frozenset()
+    #: Packed FP4 weights to yield as stored bytes, their ue8m0 scales as bytes too.
+    keep_fp4: frozenset[str] = frozenset()
+
+    def _fp4_scale_bytes(self, name: str) -> torch.Tensor:
+        """The ue8m0 bytes of a kept FP4 weight's scale ``name``, never converted."""
+        scale = self.handle.get_tensor(name)
+        if not is_ue8m0_dtype(scale.dtype):
+            raise CheckpointError(
+                f"scale {name} in shard {self.shard} has dtype {scale.dtype}; FP4 expert scales "
+                "are ue8m0 (uint8 or float8_e8m0fnu)"
+            )
+        return scale.view(torch.uint8).to(self.device, copy=True)
 
     def _scale(self, scale_name: str) -> torch.Tensor:
         if self.layout.shard_of[scale_name] == self.shard:
@@ -264,20 +200,22 @@ class _ShardReader:
         """The tensor to yield for `name`, or None for a scale consumed with its weight."""
         all_names = self.layout.shard_of
         shard = self.shard
-        if name.endswith(SCALE_SUFFIX) and _weight_name(name) in all_names:
-            if _weight_name(name) in self.keep_fp8:  # ue8m0 powers of two are exact in fp32
+        if name.endswith(SCALE_SUFFIX) and weight_name_of(name) in all_names:
+            if weight_name_of(name) in self.keep_fp8:  # ue8m0 powers of two are exact in fp32
                 return decode_scale(self.handle.get_tensor(name)).to(self.device)
+            if weight_name_of(name) in self.keep_fp4:
+                return self._fp4_scale_bytes(name)
             return None  # consumed (and validated) together with its weight
         raw = self.handle.get_tensor(name)
         raw_storage = raw.untyped_storage().data_ptr()
         is_weight = name.endswith(WEIGHT_SUFFIX)
-        scale_name = _scale_name(name) if is_weight else None
+        scale_name = scale_name_of(name) if is_weight else None
         has_scale = scale_name is not None and scale_name in all_names
 
         if name.endswith(SCALE_SUFFIX) and is_ue8m0_dtype(raw.dtype):
             raise CheckpointError(
                 f"scale {name} in shard {shard} (dtype {raw.dtype}) has no weight "
-                f"{_weight_name(name)} anywhere in the checkpoint"
+                f"{weight_name_of(name)} anywhere in the checkpoint"
             )
         if is_weight and _is_quantised(raw):
             if not has_scale:
@@ -294,6 +232,13 @@ class _ShardReader:
                         "it as FP8 e4m3 (quantization='auto'), as config.json describes it"
                     )
                 return raw.to(self.device, copy=True)
+            if name in self.keep_fp4:
+                if raw.dtype == torch.float8_e4m3fn:
+                    raise CheckpointError(
+                        f"routed expert weight {name} in shard {shard} is FP8; the model keeps "
+                        "it as packed FP4 (quantization='auto'), as config.json describes it"
+                    )
+                return raw.view(torch.uint8).to(self.device, copy=True)
             scale = self._scale(scale_name)
             return dequantise_tensor(
                 name,
@@ -336,6 +281,7 @@ def iter_checkpoint_tensors(
     progress: bool | None = None,
     block_size: tuple[int, int] | None = None,
     keep_fp8: frozenset[str] = frozenset(),
+    keep_fp4: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (raw checkpoint name, tensor) for every non-scale tensor, one shard at a time.
 
@@ -345,7 +291,8 @@ def iter_checkpoint_tensors(
     resolved it already does not read every shard header again).
     `progress`: tqdm bar over shards; None shows it only on a terminal. `block_size` overrides
     the FP8 block from config.json (tests and exotic checkpoints only). ``keep_fp8``: FP8
-    weights to yield as stored (e4m3) rather than dequantised, each with its scale as fp32.
+    weights to yield as stored (e4m3) rather than dequantised, each with its scale as fp32;
+    ``keep_fp4``: packed FP4 weights to yield as their bytes, each with its ue8m0 scale bytes.
     Consumers should drop each tensor once they have copied it into place; the iterator itself
     keeps no reference to earlier tensors or shards.
     """
@@ -370,7 +317,15 @@ def iter_checkpoint_tensors(
             foreign_scales = _prefetch_foreign_scales(layout, shard)
             with open_shard(layout.root / shard) as handle:
                 reader = _ShardReader(
-                    layout, shard, handle, foreign_scales, dtype, target, block_size, keep_fp8
+                    layout,
+                    shard,
+                    handle,
+                    foreign_scales,
+                    dtype,
+                    target,
+                    block_size,
+                    keep_fp8,
+                    keep_fp4,
                 )
                 for name in layout.names_by_shard[shard]:
                     if since_trim >= _TRIM_EVERY_BYTES:

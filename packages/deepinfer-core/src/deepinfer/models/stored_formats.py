@@ -2,12 +2,13 @@
 
 DeepSeek-V4 checkpoints store attention, shared-expert, MTP-projection and Engram projections as
 FP8 e4m3 with block scales, routed experts as FP4 e2m1 (V4-Flash) or FP8, and norms, mHC, sinks
-and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model whose backend
-computes on FP8 (:meth:`~deepinfer.backends.base.Backend.computes_fp8`) keeps those projections
-in FP8 (:func:`hold_fp8`): half the bytes of bf16 to hold and to read each step. Projections the
-model calls through other ops (the grouped output projection, the shared experts' fused MLP,
-Engram's) and shapes the kernels do not take (N or K not a multiple of 128) are dequantised at
-load as before; so is everything on a backend without FP8 kernels (the torch reference).
+and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model keeps what its
+backend computes on (:attr:`~deepinfer.backends.base.Backend.native_formats`) as stored: FP8
+projections (:func:`hold_fp8`, half the bytes of bf16 to hold and to read each step) and FP4
+routed experts (:func:`hold_fp4`, a quarter). Projections the model calls through other ops (the
+grouped output projection, the shared experts' fused MLP, Engram's), shapes the kernels do not
+take, and everything on a backend without such kernels (the torch reference) are dequantised at
+load as before.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import re
 
 from torch import nn
 
+from deepinfer.backends.fp4_ref import FP4_GROUP
 from deepinfer.models.checkpoint_config import QuantSettings
+from deepinfer.models.layers.moe import RoutedExperts
 from deepinfer.models.layers.norm import Linear
 
 _FP8 = re.compile(
@@ -94,4 +97,23 @@ def hold_fp8(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
             continue
         module.hold_fp8(block)
         kept.append(name)
+    return frozenset(kept)
+
+
+def hold_fp4(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
+    """Make the routed experts of ``model`` hold packed FP4 e2m1 codes and ue8m0 scales where
+    the checkpoint stores them so (:meth:`RoutedExperts.hold_fp4`); returns the per-expert
+    weight names the loader then yields as stored."""
+    if quant.expert_dtype != "fp4":
+        return frozenset()
+    kept = []
+    for prefix, module in model.named_modules():
+        if not isinstance(module, RoutedExperts):
+            continue
+        d = module.w13.shape[2]
+        if d % FP4_GROUP or module.inter % FP4_GROUP:
+            continue
+        module.hold_fp4(FP4_GROUP)
+        for e in range(module.w13.shape[0]):
+            kept += [f"{prefix}.{e}.w{j}.weight" for j in (1, 2, 3)]
     return frozenset(kept)

@@ -54,7 +54,8 @@ class RoutedExperts(nn.Module):
     The stacks are the only owners of the memory (so ``.to()`` and ``parameters()`` see each
     byte once); the state-dict hook hands out per-expert views under the official names, in the
     order separate ``Expert`` modules would have, and the loader's ``copy_`` into a view fills
-    the stack in place.
+    the stack in place. Held as stored (:meth:`hold_fp4`), the stacks are packed e2m1 bytes and
+    the per-expert ``.scale`` names view the ue8m0 stacks beside them.
     """
 
     def __init__(self, experts: int, hidden: int, inter: int, dtype: torch.dtype) -> None:
@@ -66,23 +67,47 @@ class RoutedExperts(nn.Module):
         self.w2 = nn.Parameter(
             torch.empty(experts, hidden, inter, dtype=dtype), requires_grad=False
         )
+        self.w13_scale: nn.Parameter | None = None
+        self.w2_scale: nn.Parameter | None = None
         self.register_state_dict_post_hook(RoutedExperts._official_names)
 
-    def views(self, e: int) -> dict[str, Tensor]:
-        """Expert ``e``'s three weights under their checkpoint names (views, not copies)."""
+    def hold_fp4(self, group: int = 32) -> None:
+        """Hold the experts as the checkpoint stores them: e2m1 codes two per byte, one ue8m0
+        byte per ``group`` elements along each input dim (the backend's ``moe_experts_fp4``)."""
+        e, rows, d = self.w13.shape
         i = self.inter
-        return {
+        device = self.w13.device
+
+        def stack(*shape: int) -> nn.Parameter:
+            data = torch.empty(*shape, dtype=torch.uint8, device=device)
+            return nn.Parameter(data, requires_grad=False)
+
+        self.w13, self.w13_scale = stack(e, rows, d // 2), stack(e, rows, d // group)
+        self.w2, self.w2_scale = stack(e, d, i // 2), stack(e, d, i // group)
+
+    def views(self, e: int) -> dict[str, Tensor]:
+        """Expert ``e``'s weights (and scales) under their checkpoint names (views, not copies)."""
+        i = self.inter
+        out = {
             "w1.weight": self.w13[e, :i],
             "w2.weight": self.w2[e],
             "w3.weight": self.w13[e, i:],
         }
+        if self.w13_scale is not None and self.w2_scale is not None:
+            out |= {
+                "w1.scale": self.w13_scale[e, :i],
+                "w2.scale": self.w2_scale[e],
+                "w3.scale": self.w13_scale[e, i:],
+            }
+        return out
 
     @staticmethod
     def _official_names(
         module: RoutedExperts, state: OrderedDict[str, Any], prefix: str, _meta: Any
     ) -> None:
         keep_vars = state.pop(prefix + "w13") is module.w13
-        state.pop(prefix + "w2")
+        for name in ("w2", "w13_scale", "w2_scale"):
+            state.pop(prefix + name, None)
         for e in range(module.w13.shape[0]):
             for name, view in module.views(e).items():
                 state[f"{prefix}{e}.{name}"] = view if keep_vars else view.detach()
@@ -120,8 +145,21 @@ class MoE(nn.Module):
     def combine(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """Routed experts weighted by the router, plus the shared expert (fp32 sum)."""
         limit = self.cfg.swiglu_limit
-        routed = ops.moe_experts(
-            flat, weights, indices, w13=self.experts.w13, w2=self.experts.w2, swiglu_limit=limit
-        )
+        experts = self.experts
+        if experts.w13_scale is not None and experts.w2_scale is not None:
+            routed = ops.moe_experts_fp4(
+                flat,
+                weights,
+                indices,
+                w13=experts.w13,
+                w13_scale=experts.w13_scale,
+                w2=experts.w2,
+                w2_scale=experts.w2_scale,
+                swiglu_limit=limit,
+            )
+        else:
+            routed = ops.moe_experts(
+                flat, weights, indices, w13=experts.w13, w2=experts.w2, swiglu_limit=limit
+            )
         se = self.shared_experts
         return routed + ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, limit)

@@ -1,10 +1,12 @@
-"""``quantization="auto"``: FP8 projections stay FP8 as stored and compute as DeepGEMM does.
+"""``quantization="auto"``: FP8 projections and FP4 routed experts stay as stored.
 
-A tiny V4 model with every width a multiple of 128 is written as an FP8 checkpoint (ue8m0 block
-scales, as published). Loaded for a backend that computes on FP8, its plain projections hold the
+A tiny V4 model with every width a multiple of 128 is written as a checkpoint in the published
+formats (FP8 projections with ue8m0 block scales, FP4 experts with ue8m0 scales per 32). Loaded
+for a backend that computes on those formats, its plain projections and its experts hold the
 stored bytes; the reference ``fp8_linear`` (activations quantised per token and 128 columns) is
-checked against a float64 emulation built from this directory's independent decoders, and the
-model's logits against the same model dequantised, within a bound derived below.
+checked against a float64 emulation built from this directory's independent decoders, the FP4
+experts against the dequantised ones (exact: every e2m1 value times its scale is an fp32), and
+the model's logits against the same model dequantised, within a bound derived below.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from deepinfer.assets import init_random_weights, tiny_fp8_config
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models import load_model
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.layers.moe import RoutedExperts
 from deepinfer.models.layers.norm import Linear
-from deepinfer.models.quant import quant_fp8_block
+from deepinfer.models.quant import quant_fp4_e2m1, quant_fp8_block
 
 #: The projections a V4 checkpoint stores as FP8 (model reference §6.1).
 FP8 = re.compile(
@@ -31,14 +34,21 @@ FP8 = re.compile(
 #: Held as FP8 by the model: the plain projections (wo_a is a grouped projection, the shared
 #: experts a fused MLP: both stay dequantised).
 HELD = re.compile(r"attn\.(wq_a|wq_b|wkv|wo_b)\.weight$|indexer\.wq_b\.weight$|[eh]_proj\.weight$")
+FP4 = re.compile(r"ffn\.experts\.\d+\.w[123]\.weight$")
 BLOCK = (128, 128)
 
 
-class Fp8Torch(TorchBackend):
-    """The torch reference, keeping FP8 weights: its ``fp8_linear`` runs."""
+class NativeTorch(TorchBackend):
+    """The torch reference, keeping the stored formats: its ``fp8_linear`` and
+    ``moe_experts_fp4`` run."""
 
-    def computes_fp8(self) -> bool:
-        return True
+    native_formats = frozenset({"fp8", "fp4_experts"})
+
+
+class Fp4Torch(TorchBackend):
+    """The torch reference, keeping FP4 experts only."""
+
+    native_formats = frozenset({"fp4_experts"})
 
 
 def _nearest_e4m3(v: np.ndarray, ref: Any) -> np.ndarray:
@@ -53,7 +63,7 @@ def _nearest_e4m3(v: np.ndarray, ref: Any) -> np.ndarray:
     return np.sign(v) * values[pick]
 
 
-class Float64Fp8(Fp8Torch):
+class Float64Fp8(NativeTorch):
     """``fp8_linear`` recomputed in float64 from the stored bytes and the conftest decoders."""
 
     def __init__(self, ref: Any) -> None:
@@ -75,7 +85,7 @@ class Float64Fp8(Fp8Torch):
         return torch.from_numpy(y).reshape(*x.shape[:-1], -1).to(x.dtype)
 
 
-def _fp8_checkpoint(checkpoint: Any) -> tuple[Any, DeepseekV4ForCausalLM]:
+def _stored_checkpoint(checkpoint: Any) -> tuple[Any, DeepseekV4ForCausalLM]:
     """(the checkpoint's path, the float model it was quantised from)."""
     cfg = tiny_fp8_config()
     source = DeepseekV4ForCausalLM(cfg, dtype=torch.float32)
@@ -85,6 +95,9 @@ def _fp8_checkpoint(checkpoint: Any) -> tuple[Any, DeepseekV4ForCausalLM]:
         if FP8.search(name):
             q, s = quant_fp8_block(tensor, BLOCK, "ue8m0")
             stored[name], stored[name.replace(".weight", ".scale")] = q, s
+        elif FP4.search(name):
+            q, s = quant_fp4_e2m1(tensor)
+            stored[name], stored[name.replace(".weight", ".scale")] = q, s
         else:
             stored[name] = tensor
     raw = cfg.to_dict() | {
@@ -93,7 +106,8 @@ def _fp8_checkpoint(checkpoint: Any) -> tuple[Any, DeepseekV4ForCausalLM]:
             "fmt": "e4m3",
             "scale_fmt": "ue8m0",
             "weight_block_size": list(BLOCK),
-        }
+        },
+        "expert_dtype": "fp4",
     }
     return checkpoint([stored], raw), source
 
@@ -103,9 +117,9 @@ def _ids() -> torch.Tensor:
 
 
 def test_plain_fp8_projections_hold_the_stored_bytes(checkpoint: Any, ref: Any) -> None:
-    path, _ = _fp8_checkpoint(checkpoint)
-    held = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"))
-    plain = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"), quantization=None)
+    path, _ = _stored_checkpoint(checkpoint)
+    held = load_model(path, dtype=torch.float32, backend=NativeTorch("cpu"))
+    plain = load_model(path, dtype=torch.float32, backend=NativeTorch("cpu"), quantization=None)
     stored = dict(_read(path))
     kept = 0
     for prefix, module in held.named_modules():
@@ -121,10 +135,19 @@ def test_plain_fp8_projections_hold_the_stored_bytes(checkpoint: Any, ref: Any) 
         else:
             assert module.weight.dtype != torch.float8_e4m3fn, name
     assert kept == 4 * 4 + 1 + 2  # (3 layers + the MTP layer) x 4, one indexer, e/h_proj
-    assert all(p.dtype != torch.float8_e4m3fn for p in plain.parameters())
+    experts = [m for m in held.modules() if isinstance(m, RoutedExperts)]
+    assert len(experts) == 4
+    for prefix, module in held.named_modules():
+        if isinstance(module, RoutedExperts):
+            assert module.w13.dtype == torch.uint8 and module.w13_scale is not None
+            for e in range(module.w13.shape[0]):
+                for name, view in module.views(e).items():
+                    want_bytes = stored[f"{prefix}.{e}.{name}"].view(torch.uint8)
+                    assert torch.equal(view, want_bytes), f"{prefix}.{e}.{name}"
+    assert all(p.is_floating_point() and p.element_size() > 1 for p in plain.parameters())
     # The torch reference computes nothing in FP8: "auto" dequantises for it.
     reference = load_model(path, dtype=torch.float32)
-    assert all(p.dtype != torch.float8_e4m3fn for p in reference.parameters())
+    assert all(p.is_floating_point() and p.element_size() > 1 for p in reference.parameters())
 
 
 def _read(path: Any) -> list[tuple[str, torch.Tensor]]:
@@ -137,8 +160,8 @@ def test_reference_fp8_linear_equals_float64_emulation(checkpoint: Any, ref: Any
     """Every held projection of the loaded model, on activations of mixed magnitudes (an
     all-zero row among them): the torch reference's ``fp8_linear`` equals the float64
     emulation up to its fp32 summation, K x 2**-23 of the sum of the products' magnitudes."""
-    path, _ = _fp8_checkpoint(checkpoint)
-    model = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"))
+    path, _ = _stored_checkpoint(checkpoint)
+    model = load_model(path, dtype=torch.float32, backend=NativeTorch("cpu"))
     emulation = Float64Fp8(ref)
     g = torch.Generator().manual_seed(3)
     checked = 0
@@ -165,10 +188,22 @@ def test_fp8_model_is_the_dequantised_model_within_activation_rounding(checkpoin
     errors of the L quantised projections along a token's path add in quadrature: the logits'
     relative RMS error stays below 3 x 2**-4 / sqrt(3) x sqrt(L) (a factor 3 of margin for
     the residual and normalisation paths, which neither damp nor amplify it on average)."""
-    path, _ = _fp8_checkpoint(checkpoint)
-    held = load_model(path, dtype=torch.float32, backend=Fp8Torch("cpu"))
+    path, _ = _stored_checkpoint(checkpoint)
+    held = load_model(path, dtype=torch.float32, backend=NativeTorch("cpu"))
     plain = load_model(path, dtype=torch.float32, quantization=None)
     got, want = held.forward_logits(_ids()), plain.forward_logits(_ids())
     rel = ((got - want).square().mean() / want.square().mean()).sqrt().item()
     depth = 4 * 3  # the held projections a token crosses: 4 a layer (its indexer in parallel)
     assert 0 < rel <= 3 * 2**-4 / math.sqrt(3) * math.sqrt(depth)
+
+
+def test_fp4_experts_equal_the_dequantised_experts(checkpoint: Any) -> None:
+    """Decoded FP4 weights are exact in fp32, so experts held as stored give the dequantised
+    model's logits up to the order of fp32 sums (the FP8 projections dequantised in both)."""
+    path, _ = _stored_checkpoint(checkpoint)
+    held = load_model(path, dtype=torch.float32, backend=Fp4Torch("cpu"))
+    assert any(isinstance(m, RoutedExperts) and m.w13_scale is not None for m in held.modules())
+    plain = load_model(path, dtype=torch.float32, quantization=None)
+    torch.testing.assert_close(
+        held.forward_logits(_ids()), plain.forward_logits(_ids()), rtol=1e-5, atol=1e-5
+    )
