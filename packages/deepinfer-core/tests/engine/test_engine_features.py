@@ -379,3 +379,21 @@ def test_abort_keeps_other_requests(model, tokenizer, async_scheduling) -> None:
     assert final[b].outputs[0].token_ids == greedy_reference(model, prompts[1], 5, eos=1)
     assert not engine.has_unfinished_requests() and engine.pool.used_bytes == 0
     assert engine.slots.num_used == 0
+
+
+def test_abort_after_the_slot_tensors_grew(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Slot and page tensors that grow inside a step are made in inference mode; aborting
+    their requests from outside a step must still release them (it once raised)."""
+    prompts = random_prompts(12, 5, 20, seed=17)
+    engine = engine_for(model, tokenizer)
+    long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    ids = [engine.add_request(p, long) for p in prompts[:-1]]
+    kept = engine.add_request(prompts[-1], GREEDY)
+    for _ in range(3):
+        engine.step()
+    assert engine.slots.page_table is not None and engine.slots.page_table.table.is_inference()
+    for i in ids:
+        assert engine.abort_request(i) is not None
+    final = engine.run([kept])
+    assert final[kept].outputs[0].token_ids == greedy_reference(model, prompts[-1], 5, eos=1)
+    assert engine.slots.num_used == 0

@@ -196,6 +196,7 @@ class LLMEngine:
                 self.scheduler.add(req)
             self.groups[members[0].group_id] = members
 
+    @torch.inference_mode()  # releasing a state writes slot and page tensors made in steps
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop every sample of ``request_id``; returns its final output (None if unknown)."""
         if request_id not in self.groups:
@@ -206,6 +207,7 @@ class LLMEngine:
                 self.scheduler.finish(req)
         return self.output(request_id)
 
+    @torch.inference_mode()
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block (vLLM's name); False when the cache is off. Running
         requests keep their states, and blocks they would extend are simply not recorded."""
@@ -232,7 +234,8 @@ class LLMEngine:
 
         Inference mode (cheaper per op than no_grad: no version counters or view tracking; about
         12% of a CPU decode step on the tiny model) covers every tensor the engine makes: states
-        are created, forked, cached, restored and advanced only inside ``step``.
+        are created, forked, cached, restored and advanced only inside ``step``, and released
+        outside it only by ``abort_request`` and ``reset_prefix_cache``, which run in it too.
         """
         changed: dict[str, None] = {}
         pending, self._pending = self._pending, None
