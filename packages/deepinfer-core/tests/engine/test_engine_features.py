@@ -7,8 +7,9 @@ import torch
 from reference import greedy_reference, random_prompts
 
 from deepinfer.engine.config import EngineConfig
-from deepinfer.engine.engine import LLMEngine, sample_seed
+from deepinfer.engine.engine import LLMEngine
 from deepinfer.errors import InvalidRequestError
+from deepinfer.sampling.rng import sample_seed
 from deepinfer.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5)

@@ -31,9 +31,8 @@ FP8 = re.compile(
     r"attn\.(wq_a|wq_b|wkv|wo_a|wo_b)\.weight$|indexer\.wq_b\.weight$"
     r"|shared_experts\.w[123]\.weight$|(e_proj|h_proj)\.weight$"
 )
-#: Held as FP8 by the model: the plain projections (wo_a is a grouped projection, the shared
-#: experts a fused MLP: both stay dequantised).
-HELD = re.compile(r"attn\.(wq_a|wq_b|wkv|wo_b)\.weight$|indexer\.wq_b\.weight$|[eh]_proj\.weight$")
+#: Held as FP8 by the model: all but Engram's (this model has none).
+HELD = FP8
 FP4 = re.compile(r"ffn\.experts\.\d+\.w[123]\.weight$")
 BLOCK = (128, 128)
 
@@ -134,7 +133,8 @@ def test_plain_fp8_projections_hold_the_stored_bytes(checkpoint: Any, ref: Any) 
             kept += 1
         else:
             assert module.weight.dtype != torch.float8_e4m3fn, name
-    assert kept == 4 * 4 + 1 + 2  # (3 layers + the MTP layer) x 4, one indexer, e/h_proj
+    # (3 layers + the MTP layer) x (5 attention + 3 shared expert), one indexer, e/h_proj
+    assert kept == 4 * (5 + 3) + 1 + 2
     experts = [m for m in held.modules() if isinstance(m, RoutedExperts)]
     assert len(experts) == 4
     for prefix, module in held.named_modules():
@@ -177,8 +177,19 @@ def test_reference_fp8_linear_equals_float64_emulation(checkpoint: Any, ref: Any
         bound = k * 2**-23 * (x.double().abs() * 1.07) @ w.T  # |q| <= |x| (1 + 2**-4)
         assert ((got - want).abs() <= bound + 1e-30).all()
         assert torch.equal(got[3], torch.zeros_like(got[3]))
+        if module.groups > 1:  # the grouped form: group j through rows j of the weight
+            xg = torch.randn(5, module.groups, k, generator=g)
+            got = model.ops.fp8_grouped_linear(xg, module.weight, module.scale, module.block)
+            rows = module.weight.shape[0] // module.groups
+            for j in range(module.groups):
+                part = slice(j * rows, (j + 1) * rows)
+                blocks = slice(j * rows // BLOCK[0], (j + 1) * rows // BLOCK[0])
+                want = emulation.fp8_linear(
+                    xg[:, j].double(), module.weight[part], module.scale[blocks], module.block
+                )
+                torch.testing.assert_close(got[:, j].double(), want, rtol=1e-5, atol=1e-5)
         checked += 1
-    assert checked == 19
+    assert checked == 4 * (5 + 3) + 1 + 2
 
 
 def test_fp8_model_is_the_dequantised_model_within_activation_rounding(checkpoint: Any) -> None:

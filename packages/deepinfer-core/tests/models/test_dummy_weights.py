@@ -98,7 +98,7 @@ def test_dummy_weights_in_stored_formats() -> None:
                 ratio = float(w.std()) * math.sqrt(w.shape[-1])
                 assert 2**-0.5 <= ratio <= 2**0.5 and abs(float(w.mean())) < 0.1 * w.std()
             seen += 1
-    assert seen == 19 + 4
+    assert seen == 4 * (5 + 3) + 1 + 2 + 4  # projections (as in a checkpoint), expert stacks
 
 
 def test_dummy_weights_are_a_function_of_the_seed() -> None:

@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from deepinfer.backends.torch_ref import TorchBackend, sinkhorn
+from deepinfer.backends import moe_ref
+from deepinfer.backends.mhc_ref import sinkhorn
+from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models.layers.rope import Rotary
 
 ops = TorchBackend("cpu")
@@ -200,10 +202,9 @@ def _moe_float64(
 def test_moe_experts_match_float64_per_token(
     grouped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import deepinfer.backends.torch_ref as ref
 
     if not grouped:  # the path for devices/dtypes without a grouped matmul
-        monkeypatch.setitem(ref._GROUPED_MM, ("cpu", torch.float32), None)
+        monkeypatch.setitem(moe_ref.GROUPED_MM, ("cpu", torch.float32), None)
     n, d, inter, experts, k, limit = 13, 16, 8, 6, 2, 1.5
     x = torch.randn(n, d, generator=g)
     w13 = torch.randn(experts, 2 * inter, d, generator=g)
@@ -220,7 +221,6 @@ def test_moe_experts_match_float64_per_token(
 def test_moe_experts_fall_back_when_the_grouped_matmul_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import deepinfer.backends.torch_ref as ref
 
     def refuse(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("grouped gemm: dims must be multiples of 8")
@@ -230,12 +230,12 @@ def test_moe_experts_fall_back_when_the_grouped_matmul_fails(
     w13, w2 = torch.randn(3, 16, 16, generator=g), torch.randn(3, 16, 8, generator=g)
     indices = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 0]])
     weights = torch.rand(5, 2, generator=g)
-    monkeypatch.setitem(ref._GROUPED_MM, key, refuse)
+    monkeypatch.setitem(moe_ref.GROUPED_MM, key, refuse)
     with pytest.warns(RuntimeWarning, match="one matmul per expert"):
         got = ops.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0)
     want = _moe_float64(x, weights, indices, w13=w13, w2=w2, limit=0.0)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
-    assert ref._GROUPED_MM[key] is None  # decided once, not retried every call
+    assert moe_ref.GROUPED_MM[key] is None  # decided once, not retried every call
 
 
 def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,7 +258,7 @@ def test_query_blocking_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_stable_topk_is_the_head_of_a_stable_descending_sort() -> None:
     """Against Python's sort by (-score, index) on tie-heavy rows with -0.0, +-inf."""
-    from deepinfer.backends.torch_ref import stable_topk
+    from deepinfer.backends.topk_ref import stable_topk
 
     gen = torch.Generator().manual_seed(8)
     for _ in range(50):

@@ -60,6 +60,18 @@ class Sm100Backend(TorchBackend):
 
         return fp8_block_linear(x, weight, scale, block, out_dtype=x.dtype)
 
+    def fp8_grouped_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        from deepinfer.backends.fp8_ref import fp8_grouped
+
+        return fp8_grouped(self.fp8_linear, x, weight, scale, block)
+
+    def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
+        from deepinfer_kernels_sm100.elementwise import swiglu
+
+        return swiglu(gate, up, swiglu_limit, gate.dtype)
+
     def moe_experts_fp4(
         self,
         x: Tensor,

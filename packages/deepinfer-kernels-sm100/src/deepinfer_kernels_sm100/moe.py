@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer.backends.torch_ref import group_by_expert
+from deepinfer.backends.moe_ref import group_by_expert
 
 #: pairs one program sorts (registers); a longer prefill chunk groups with the reference's ops
 GROUP_MAX_PAIRS = 4096

@@ -91,6 +91,18 @@ class Backend(ABC):
         [..., N] in ``x``'s dtype."""
 
     @abstractmethod
+    def fp8_grouped_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        """:meth:`grouped_linear` on an FP8 ``weight`` [g*o, i] with its block ``scale``: group
+        j's output is :meth:`fp8_linear` of ``x[..., j, :]`` with rows ``j*o .. (j+1)*o``."""
+
+    @abstractmethod
+    def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
+        """``silu(min(gate, l)) * clamp(up, -l, l)`` computed in fp32 (no clamp when ``l`` <= 0),
+        returned in ``gate``'s dtype: the shared expert's activation between FP8 projections."""
+
+    @abstractmethod
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """Block-diagonal projection: ``x`` [..., g, i], ``weight`` [g*o, i] -> [..., g, o]."""
 

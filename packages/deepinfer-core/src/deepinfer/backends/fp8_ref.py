@@ -8,8 +8,13 @@ is exact in fp32 up to the summation, which a kernel may order differently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+#: ``Backend.fp8_linear``'s signature: (x, weight, scale, block) -> y.
+Fp8Linear = Callable[[Tensor, Tensor, Tensor, tuple[int, int]], Tensor]
 
 #: Activation quantisation group along K (DeepGEMM's and the V4 checkpoints' recipe).
 FP8_ACT_GROUP = 128
@@ -41,3 +46,22 @@ def fp8_linear_ref(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, i
     q, q_scale = quantize_act_fp8(x)
     a = q.float() * q_scale.repeat_interleave(FP8_ACT_GROUP, dim=-1)
     return torch.nn.functional.linear(a, dequant_weight_fp8(weight, scale, block)).to(x.dtype)
+
+
+def fp8_grouped(
+    linear: Fp8Linear, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+) -> Tensor:
+    """``Backend.fp8_grouped_linear`` through ``linear`` (a backend's ``fp8_linear``), one call
+    per group: ``x`` [..., g, i], ``weight`` [g*o, i] whose groups start on block rows."""
+    groups = x.shape[-2]
+    rows = weight.shape[0] // groups
+    if rows % block[0]:
+        raise ValueError(f"group rows ({rows}) are not a multiple of the block rows ({block[0]})")
+    per = rows // block[0]
+    outs = [
+        linear(
+            x[..., j, :], weight[j * rows : (j + 1) * rows], scale[j * per : (j + 1) * per], block
+        )
+        for j in range(groups)
+    ]
+    return torch.stack(outs, dim=-2)

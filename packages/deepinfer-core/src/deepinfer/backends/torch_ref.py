@@ -8,8 +8,7 @@ This module keeps the op dispatch, the blocking of long prefills and the top-k p
 of three op families is in modules of its own, which read (and are reused) without the backend:
 :mod:`~deepinfer.backends.attention_ref` (sink attention, indexer scores, KV compression),
 :mod:`~deepinfer.backends.moe_ref` (expert grouping and matmuls) and
-:mod:`~deepinfer.backends.mhc_ref` (hyper-connection weights, Sinkhorn). The helpers that were
-once defined here stay importable from here.
+:mod:`~deepinfer.backends.mhc_ref` (hyper-connection weights, Sinkhorn).
 """
 
 from __future__ import annotations
@@ -29,33 +28,15 @@ from deepinfer.backends.attention_ref import (
 )
 from deepinfer.backends.base import Availability, Backend
 from deepinfer.backends.fp4_ref import dequant_fp4
-from deepinfer.backends.fp8_ref import fp8_linear_ref
-from deepinfer.backends.mhc_ref import mhc_weights_from_mix, sinkhorn
+from deepinfer.backends.fp8_ref import fp8_grouped, fp8_linear_ref
+from deepinfer.backends.mhc_ref import mhc_weights_from_mix
 from deepinfer.backends.moe_ref import (
-    GROUPED_MM,
     combine_slots,
     expert_outputs,
-    group_by_expert,
     sort_by_expert,
 )
 from deepinfer.backends.topk_ref import stable_topk
 from deepinfer.paging import PagedEntries, dense_entries
-
-# Public names importable from here, including those defined here before the maths moved out.
-__all__ = [
-    "CPU_SCORE_ELEMENTS",
-    "MAX_SCORE_ELEMENTS",
-    "TorchBackend",
-    "combine_slots",
-    "group_by_expert",
-    "sinkhorn",
-    "sort_by_expert",
-    "stable_topk",
-]
-
-#: The grouped-matmul choices under their name from before the move (the same dict object, so
-#: patching an entry here patches :data:`deepinfer.backends.moe_ref.GROUPED_MM`).
-_GROUPED_MM = GROUPED_MM
 
 #: Largest score tensor (elements) the reference materialises at once; longer prefills are
 #: processed in query blocks so a long prompt does not need O(S^2 * heads) memory.
@@ -94,6 +75,14 @@ class TorchBackend(Backend):
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
     ) -> Tensor:
         return fp8_linear_ref(x, weight, scale, block)
+
+    def fp8_grouped_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        return fp8_grouped(self.fp8_linear, x, weight, scale, block)
+
+    def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
+        return self._clamped_swiglu(gate, up, swiglu_limit).to(gate.dtype)
 
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         groups, width = x.shape[-2], x.shape[-1]

@@ -41,22 +41,17 @@ from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.outputs import RequestOutput
+from deepinfer.sampling.rng import sample_seed
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured import GrammarBackend
 
 logger = logging.getLogger(__name__)
 
-_GOLDEN = 0x9E3779B97F4A7C15
 #: Steps a request may be part of a failed step before it is aborted (a request that fails
 #: while it runs alone is aborted at once).
 MAX_FAULTS = 3
 #: Entry pages allocated at startup when decode steps are not captured (more come as needed).
 INITIAL_PAGES = 64
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """Seed of sample ``index`` of a group seeded with ``seed`` (sample 0 keeps it)."""
-    return seed if index == 0 else (seed * _GOLDEN + index * 0xBF58476D1CE4E5B9) % (1 << 63)
 
 
 class LLMEngine:
@@ -207,7 +202,7 @@ class LLMEngine:
                 self.scheduler.finish(req)
         return self.output(request_id)
 
-    @torch.inference_mode()
+    @torch.inference_mode()  # as abort_request
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block (vLLM's name); False when the cache is off. Running
         requests keep their states, and blocks they would extend are simply not recorded."""
@@ -234,8 +229,8 @@ class LLMEngine:
 
         Inference mode (cheaper per op than no_grad: no version counters or view tracking; about
         12% of a CPU decode step on the tiny model) covers every tensor the engine makes: states
-        are created, forked, cached, restored and advanced only inside ``step``, and released
-        outside it only by ``abort_request`` and ``reset_prefix_cache``, which run in it too.
+        are created, forked, cached, restored and advanced only inside ``step`` (released
+        outside it by ``abort_request`` and ``reset_prefix_cache``, in inference mode too).
         """
         changed: dict[str, None] = {}
         pending, self._pending = self._pending, None

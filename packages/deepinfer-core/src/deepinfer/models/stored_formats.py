@@ -5,10 +5,9 @@ FP8 e4m3 with block scales, routed experts as FP4 e2m1 (V4-Flash) or FP8, and no
 and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model keeps what its
 backend computes on (:attr:`~deepinfer.backends.base.Backend.native_formats`) as stored: FP8
 projections (:func:`hold_fp8`, half the bytes of bf16 to hold and to read each step) and FP4
-routed experts (:func:`hold_fp4`, a quarter). Projections the model calls through other ops (the
-grouped output projection, the shared experts' fused MLP, Engram's), shapes the kernels do not
-take, and everything on a backend without such kernels (the torch reference) are dequantised at
-load as before.
+routed experts (:func:`hold_fp4`, a quarter). Engram's projection (which
+another op reads), shapes the kernels do not take, and everything on a backend without such
+kernels (the torch reference) are dequantised at load as before.
 """
 
 from __future__ import annotations
@@ -93,7 +92,10 @@ def hold_fp8(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
             continue
         name = f"{prefix}.weight"
         n, k = module.weight.shape
-        if n % FP8_DIM_MULTIPLE or k % FP8_DIM_MULTIPLE or not stored_as_fp8(name, quant):
+        rows = n // module.groups  # a group's rows must be whole blocks and kernel tiles
+        if rows % FP8_DIM_MULTIPLE or rows % block[0] or k % FP8_DIM_MULTIPLE:
+            continue
+        if not stored_as_fp8(name, quant):
             continue
         module.hold_fp8(block)
         kept.append(name)

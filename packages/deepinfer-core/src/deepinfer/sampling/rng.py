@@ -15,6 +15,13 @@ from torch import Tensor
 
 _M32 = 0xFFFFFFFF
 _M16 = 0xFFFF
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Seed of sample ``index`` of a group seeded with ``seed`` (sample 0 keeps it), so the
+    ``n`` samples of a request draw independent streams that no batch changes."""
+    return seed if index == 0 else (seed * _GOLDEN + index * 0xBF58476D1CE4E5B9) % (1 << 63)
 
 
 def _mul32_(x: Tensor, c: int) -> Tensor:

@@ -46,7 +46,13 @@ def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
     module.wq_b = Linear(cfg.q_lora_rank, hd, dtype, fp8_capable=True)
     module.wkv = Linear(d, cfg.head_dim, dtype, fp8_capable=True)
     module.kv_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-    module.wo_a = Linear(hd // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
+    module.wo_a = Linear(
+        hd // cfg.o_groups,
+        cfg.o_groups * cfg.o_lora_rank,
+        dtype,
+        fp8_capable=True,
+        groups=cfg.o_groups,
+    )
     module.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, d, dtype, fp8_capable=True)
     module.attn_sink = fp32_param(cfg.num_attention_heads)
     return d
@@ -155,7 +161,7 @@ class MQA(nn.Module):
         """De-rotate at the query position, grouped low-rank output projection."""
         b, s = o.shape[:2]
         o = ops.rope(o, cos, sin, inverse=True)
-        o = ops.grouped_linear(o.reshape(b, s, self.groups, -1), self.wo_a.weight)
+        o = self.wo_a.grouped(ops, o.reshape(b, s, self.groups, -1))
         return self.wo_b(ops, o.flatten(2))
 
 

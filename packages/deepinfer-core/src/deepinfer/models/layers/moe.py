@@ -43,9 +43,16 @@ class Expert(nn.Module):
 
     def __init__(self, hidden: int, inter: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.w1 = Linear(hidden, inter, dtype)
-        self.w2 = Linear(inter, hidden, dtype)
-        self.w3 = Linear(hidden, inter, dtype)
+        self.w1 = Linear(hidden, inter, dtype, fp8_capable=True)
+        self.w2 = Linear(inter, hidden, dtype, fp8_capable=True)
+        self.w3 = Linear(hidden, inter, dtype, fp8_capable=True)
+
+    def forward(self, ops: Backend, x: Tensor, swiglu_limit: float) -> Tensor:
+        """fp32 output; one fused op for float weights, three projections for FP8 ones."""
+        if all(w.scale is None for w in (self.w1, self.w2, self.w3)):
+            return ops.swiglu_mlp(x, self.w1.weight, self.w2.weight, self.w3.weight, swiglu_limit)
+        h = ops.swiglu(self.w1(ops, x), self.w3(ops, x), swiglu_limit)
+        return self.w2(ops, h).float()
 
 
 class RoutedExperts(nn.Module):
@@ -161,5 +168,4 @@ class MoE(nn.Module):
             routed = ops.moe_experts(
                 flat, weights, indices, w13=experts.w13, w2=experts.w2, swiglu_limit=limit
             )
-        se = self.shared_experts
-        return routed + ops.swiglu_mlp(flat, se.w1.weight, se.w2.weight, se.w3.weight, limit)
+        return routed + self.shared_experts(ops, flat, limit)

@@ -36,13 +36,20 @@ class Linear(nn.Module):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, dtype: torch.dtype, fp8_capable: bool = False
+        self,
+        in_features: int,
+        out_features: int,
+        dtype: torch.dtype,
+        fp8_capable: bool = False,
+        groups: int = 1,
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
         )
         self.fp8_capable = fp8_capable
+        #: > 1: a block-diagonal projection, called through :meth:`grouped` only.
+        self.groups = groups
         self.scale: nn.Parameter | None = None  # the official ``<name>.scale`` when FP8
         self.block = (0, 0)
 
@@ -64,6 +71,12 @@ class Linear(nn.Module):
         if self.scale is not None:
             return ops.fp8_linear(x, self.weight, self.scale, self.block)
         return ops.linear(x, self.weight)
+
+    def grouped(self, ops: Backend, x: Tensor) -> Tensor:
+        """Group j of ``x`` [..., groups, in / groups] through rows j of the weight."""
+        if self.scale is not None:
+            return ops.fp8_grouped_linear(x, self.weight, self.scale, self.block)
+        return ops.grouped_linear(x, self.weight)
 
 
 class Embedding(nn.Module):
