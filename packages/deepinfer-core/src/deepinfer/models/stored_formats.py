@@ -5,9 +5,9 @@ FP8 e4m3 with block scales, routed experts as FP4 e2m1 (V4-Flash) or FP8, and no
 and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model keeps what its
 backend computes on (:attr:`~deepinfer.backends.base.Backend.native_formats`) as stored: FP8
 projections (:func:`hold_fp8`, half the bytes of bf16 to hold and to read each step) and FP4
-routed experts (:func:`hold_fp4`, a quarter). Engram's projection (which
-another op reads), shapes the kernels do not take, and everything on a backend without such
-kernels (the torch reference) are dequantised at load as before.
+routed experts (:func:`hold_fp4`, a quarter). V4.1's Engram tables, shapes the kernels do not
+take, and everything on a backend without such kernels (the torch reference) are dequantised at
+load as before.
 """
 
 from __future__ import annotations

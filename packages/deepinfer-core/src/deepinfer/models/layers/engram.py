@@ -58,7 +58,7 @@ class Engram(nn.Module):
         shape = (len(primes[layer_id]), cfg.engram_n_heads)
         n_tables = len(flat)
         self.embed = Embedding(rows, cfg.engram_head_dim, dtype)
-        self.wkv = Linear(n_tables * cfg.engram_head_dim, (n + 1) * d, dtype)
+        self.wkv = Linear(n_tables * cfg.engram_head_dim, (n + 1) * d, dtype, fp8_capable=True)
         self.q_weight = fp32_param(n, d)
         self.k_weight = fp32_param(n, d)
         # Hash constants are derived, not checkpoint tensors; they follow the module's device.
@@ -95,7 +95,7 @@ class Engram(nn.Module):
         tokens (no contribution)."""
         b, s, n, d = x.shape
         memory = self.embed(self.rows(compressed_ids, history)).flatten(2)  # [B, S, tables*dim]
-        kv = ops.linear(memory, self.wkv.weight)
+        kv = self.wkv(ops, memory)
         key = kv[..., : n * d].view(b, s, n, d)
         value = kv[..., n * d :].float()
         gate = ops.engram_gate(x, key, self.q_weight, self.k_weight, self.cfg.rms_norm_eps)
