@@ -19,6 +19,7 @@ from deepinfer.assets import tiny_config, tiny_fp8_config
 from deepinfer.backends.fp4_ref import dequant_fp4
 from deepinfer.backends.fp8_ref import dequant_weight_fp8
 from deepinfer.cli import build_parser
+from deepinfer.config import ModelConfig
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.llm import LLM
 from deepinfer.models.checkpoint_config import QuantSettings
@@ -142,3 +143,21 @@ def test_bench_runs_on_dummy_weights(tmp_path: Path) -> None:
     assert ns.func(ns) == 0
     result = json.loads(out.read_text())
     assert result["load_format"] == "dummy" and result["output_tokens"] >= 4
+
+
+def test_dummy_engram_tables_in_fp8_rows() -> None:
+    """V4.1's Engram tables drawn as FP8 rows decode to unit-normal values, as the float
+    embedding kind is drawn (e4m3 rounding moves the spread by well under 2%)."""
+    from deepinfer.assets import TINY_DIR
+    from deepinfer.models import model_class
+    from deepinfer.models.checkpoint_config import read_config
+    from deepinfer.models.stored_formats import hold_fp8_tables
+
+    cfg = ModelConfig.from_dict(read_config(TINY_DIR))
+    model = model_class(cfg.model_type)(cfg, dtype=torch.float32)
+    assert hold_fp8_tables(model, QuantSettings(quant_method="fp8"))
+    fill_dummy_weights(model, seed=4)
+    for prefix, module in model.named_modules():
+        if prefix.endswith("engram.embed"):
+            values = module(torch.arange(module.weight.shape[0]))
+            assert abs(float(values.std()) - 1) < 0.02 and abs(float(values.mean())) < 0.02

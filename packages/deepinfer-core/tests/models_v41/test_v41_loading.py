@@ -11,6 +11,7 @@ from _tiny import TEXT, VOCAB, config, tiny_model
 from _v41_ref import Reference
 from safetensors.torch import save_file
 
+from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models import DeepseekV41ForCausalLM, load_model
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.quant import quant_fp4_e2m1, quant_fp8_block
@@ -117,3 +118,26 @@ def test_official_key_patterns() -> None:
     )
     assert not any(n.startswith("layers.7.attn.indexer.wk") for n in names)
     assert "hc_head_fn" not in names and not any("tid2eid" in n for n in names)
+
+
+class _Fp8Torch(TorchBackend):
+    """The torch reference, keeping FP8 as stored (its reference ``fp8_linear`` runs)."""
+
+    native_formats = frozenset({"fp8"})
+
+
+def test_engram_tables_stay_fp8_as_stored(tmp_path: Path) -> None:
+    """With ``quantization="auto"`` on a backend that computes on FP8, the Engram table holds
+    the stored e4m3 rows and ue8m0 bytes, and a lookup decodes exactly what the loader's
+    dequantisation gives (e4m3 values times powers of two are fp32 values)."""
+    tensors = _write(tmp_path)
+    held = load_model(tmp_path, dtype=torch.float32, backend=_Fp8Torch("cpu"))
+    plain = load_model(tmp_path, dtype=torch.float32, quantization=None)
+    name = "layers.1.engram.embed"
+    table = held.get_submodule(name)
+    assert table.weight.dtype == torch.uint8 and table.scale is not None
+    assert torch.equal(table.weight, tensors[name + ".weight"].view(torch.uint8))
+    assert torch.equal(table.scale, tensors[name + ".scale"].view(torch.uint8))
+    ids = torch.arange(table.weight.shape[0])
+    assert torch.equal(table(ids), plain.get_submodule(name)(ids))
+    assert plain.get_submodule(name).weight.dtype == torch.float32

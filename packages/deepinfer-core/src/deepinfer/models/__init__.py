@@ -59,8 +59,10 @@ def load_model(
     cfg = model_config(layout)
     cls = model_class(cfg.model_type)
     model = cls(cfg, dtype=dtype, device=device, backend=backend)
-    fp8, fp4 = keep_stored_formats(model, layout.config or {}, quantization)
-    tensors = iter_checkpoint_tensors(layout, torch.float32, device, keep_fp8=fp8, keep_fp4=fp4)
+    fp8, as_bytes = keep_stored_formats(model, layout.config or {}, quantization)
+    tensors = iter_checkpoint_tensors(
+        layout, torch.float32, device, keep_fp8=fp8, keep_bytes=as_bytes
+    )
     model.load_state(tensors)
     return model.eval()
 
@@ -69,17 +71,26 @@ def keep_stored_formats(
     model: DeepseekCausalLM, config: dict[str, Any], quantization: str | None
 ) -> tuple[frozenset[str], frozenset[str]]:
     """Under ``quantization="auto"``, make ``model`` hold the stored formats its backend
-    computes on (see :func:`load_model`); the names of the FP8 and FP4 weights it keeps."""
+    computes on (see :func:`load_model`); the names of the FP8 projections it keeps (scales as
+    fp32) and of the weights it keeps as stored bytes (FP4 experts, FP8 tables)."""
     from deepinfer.models.checkpoint_config import quant_settings
-    from deepinfer.models.stored_formats import QUANTIZATION_CHOICES, hold_fp4, hold_fp8
+    from deepinfer.models.stored_formats import (
+        QUANTIZATION_CHOICES,
+        hold_fp4,
+        hold_fp8,
+        hold_fp8_tables,
+    )
 
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization must be 'auto' or None, got {quantization!r}")
     native = model.ops.native_formats if quantization == "auto" else frozenset()
     quant = quant_settings(config)
-    fp8 = hold_fp8(model, quant) if "fp8" in native else frozenset()
-    fp4 = hold_fp4(model, quant) if "fp4_experts" in native else frozenset()
-    return fp8, fp4
+    fp8, as_bytes = frozenset[str](), frozenset[str]()
+    if "fp8" in native:
+        fp8, as_bytes = hold_fp8(model, quant), hold_fp8_tables(model, quant)
+    if "fp4_experts" in native:
+        as_bytes |= hold_fp4(model, quant)
+    return fp8, as_bytes
 
 
 __all__ = [

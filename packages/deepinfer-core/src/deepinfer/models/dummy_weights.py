@@ -29,7 +29,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.checkpoint_config import read_config
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.layers.moe import RoutedExperts
-from deepinfer.models.layers.norm import Linear
+from deepinfer.models.layers.norm import Embedding, Linear
 
 #: How a parameter is drawn: expert ids per token (hash routing's ``tid2eid``), ones (norm
 #: weights), unit normal (the embedding), normal / sqrt(fan-in) in the model's dtype
@@ -64,6 +64,9 @@ def fill_dummy_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
     for prefix, module in model.named_modules():
         if isinstance(module, Linear) and module.scale is not None:
             _fill_fp8(module, g)
+            stored |= {f"{prefix}.weight", f"{prefix}.scale"}
+        elif isinstance(module, Embedding) and module.scale is not None:
+            _fill_fp8_rows(module, g)
             stored |= {f"{prefix}.weight", f"{prefix}.scale"}
         elif isinstance(module, RoutedExperts) and module.w13_scale is not None:
             _fill_fp4(module, g)
@@ -100,6 +103,22 @@ def _fill_fp8(linear: Linear, g: torch.Generator) -> None:
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     linear.scale.copy_(scale)
     linear.weight.copy_((blocks / scale[:, None, :, None]).view(n, k).to(torch.float8_e4m3fn))
+
+
+def _fill_fp8_rows(table: Embedding, g: torch.Generator) -> None:
+    """Unit-normal rows stored as e4m3 with one power-of-two scale per group of a row, the
+    smallest that keeps the group's largest value finite (the checkpoints' ue8m0 recipe)."""
+    assert table.scale is not None
+    rows, dim = table.weight.shape
+    groups = table.scale.shape[1]
+    values = torch.zeros(rows, groups * table.group, device=table.weight.device)
+    values[:, :dim].normal_(0.0, 1.0, generator=g)  # a short last group: zeros beyond the row
+    blocks = values.view(rows, groups, table.group)
+    amax = blocks.abs().amax(dim=-1).clamp(min=2**-100)
+    exponent = torch.ceil(torch.log2(amax / E4M3_MAX))
+    table.scale.copy_(exponent + 127)
+    codes = (blocks / torch.exp2(exponent)[..., None]).to(torch.float8_e4m3fn)
+    table.weight.copy_(codes.view(torch.uint8).view(rows, -1)[:, :dim])
 
 
 def _fill_fp4(experts: RoutedExperts, g: torch.Generator) -> None:

@@ -178,16 +178,17 @@ class _ShardReader:
     block: tuple[int, int] | None
     #: FP8 weights to yield as stored, their scales as fp32 (``quantization="auto"``).
     keep_fp8: frozenset[str] = frozenset()
-    #: Packed FP4 weights to yield as stored bytes, their ue8m0 scales as bytes too.
-    keep_fp4: frozenset[str] = frozenset()
+    #: Weights to yield as their stored bytes (packed FP4 experts, FP8 tables with a scale per
+    #: 32 of a row), their ue8m0 scales as bytes too.
+    keep_bytes: frozenset[str] = frozenset()
 
-    def _fp4_scale_bytes(self, name: str) -> torch.Tensor:
-        """The ue8m0 bytes of a kept FP4 weight's scale ``name``, never converted."""
+    def _scale_bytes(self, name: str) -> torch.Tensor:
+        """The ue8m0 bytes of a weight's scale ``name``, never converted."""
         scale = self.handle.get_tensor(name)
         if not is_ue8m0_dtype(scale.dtype):
             raise CheckpointError(
-                f"scale {name} in shard {self.shard} has dtype {scale.dtype}; FP4 expert scales "
-                "are ue8m0 (uint8 or float8_e8m0fnu)"
+                f"scale {name} in shard {self.shard} has dtype {scale.dtype}; the model keeps "
+                "its weight as stored, with ue8m0 scales (uint8 or float8_e8m0fnu)"
             )
         return scale.view(torch.uint8).to(self.device, copy=True)
 
@@ -203,8 +204,8 @@ class _ShardReader:
         if name.endswith(SCALE_SUFFIX) and weight_name_of(name) in all_names:
             if weight_name_of(name) in self.keep_fp8:  # ue8m0 powers of two are exact in fp32
                 return decode_scale(self.handle.get_tensor(name)).to(self.device)
-            if weight_name_of(name) in self.keep_fp4:
-                return self._fp4_scale_bytes(name)
+            if weight_name_of(name) in self.keep_bytes:
+                return self._scale_bytes(name)
             return None  # consumed (and validated) together with its weight
         raw = self.handle.get_tensor(name)
         raw_storage = raw.untyped_storage().data_ptr()
@@ -232,12 +233,7 @@ class _ShardReader:
                         "it as FP8 e4m3 (quantization='auto'), as config.json describes it"
                     )
                 return raw.to(self.device, copy=True)
-            if name in self.keep_fp4:
-                if raw.dtype == torch.float8_e4m3fn:
-                    raise CheckpointError(
-                        f"routed expert weight {name} in shard {shard} is FP8; the model keeps "
-                        "it as packed FP4 (quantization='auto'), as config.json describes it"
-                    )
+            if name in self.keep_bytes:
                 return raw.view(torch.uint8).to(self.device, copy=True)
             scale = self._scale(scale_name)
             return dequantise_tensor(
@@ -281,7 +277,7 @@ def iter_checkpoint_tensors(
     progress: bool | None = None,
     block_size: tuple[int, int] | None = None,
     keep_fp8: frozenset[str] = frozenset(),
-    keep_fp4: frozenset[str] = frozenset(),
+    keep_bytes: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (raw checkpoint name, tensor) for every non-scale tensor, one shard at a time.
 
@@ -292,7 +288,7 @@ def iter_checkpoint_tensors(
     `progress`: tqdm bar over shards; None shows it only on a terminal. `block_size` overrides
     the FP8 block from config.json (tests and exotic checkpoints only). ``keep_fp8``: FP8
     weights to yield as stored (e4m3) rather than dequantised, each with its scale as fp32;
-    ``keep_fp4``: packed FP4 weights to yield as their bytes, each with its ue8m0 scale bytes.
+    ``keep_bytes``: weights to yield as their stored bytes, each with its ue8m0 scale bytes.
     Consumers should drop each tensor once they have copied it into place; the iterator itself
     keeps no reference to earlier tensors or shards.
     """
@@ -325,7 +321,7 @@ def iter_checkpoint_tensors(
                     target,
                     block_size,
                     keep_fp8,
-                    keep_fp4,
+                    keep_bytes,
                 )
                 for name in layout.names_by_shard[shard]:
                     if since_trim >= _TRIM_EVERY_BYTES:

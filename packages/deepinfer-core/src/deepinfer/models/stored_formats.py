@@ -5,9 +5,9 @@ FP8 e4m3 with block scales, routed experts as FP4 e2m1 (V4-Flash) or FP8, and no
 and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model keeps what its
 backend computes on (:attr:`~deepinfer.backends.base.Backend.native_formats`) as stored: FP8
 projections (:func:`hold_fp8`, half the bytes of bf16 to hold and to read each step) and FP4
-routed experts (:func:`hold_fp4`, a quarter). V4.1's Engram tables, shapes the kernels do not
-take, and everything on a backend without such kernels (the torch reference) are dequantised at
-load as before.
+routed experts (:func:`hold_fp4`, a quarter), and V4.1's Engram tables in FP8 rows
+(:func:`hold_fp8_tables`). Shapes the kernels do not take, and everything on a backend without
+such kernels (the torch reference), are dequantised at load as before.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 from deepinfer.backends.fp4_ref import FP4_GROUP
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.layers.moe import RoutedExperts
-from deepinfer.models.layers.norm import Linear
+from deepinfer.models.layers.norm import Embedding, Linear
 
 _FP8 = re.compile(
     r"(^|\.)attn\.(wq_a|wq_b|wkv|wo_a|wo_b)\.weight$|indexer\.wq_b\.weight$"
@@ -67,6 +67,23 @@ def stored_format(name: str, shape: tuple[int, ...], quant: QuantSettings) -> tu
 
 #: N and K of an FP8 projection the kernels take (whole 128 x 128 weight tiles).
 FP8_DIM_MULTIPLE = 128
+#: Values of an FP8 table row per ue8m0 scale (V4.1's Engram tables, model reference §5.9).
+TABLE_GROUP = 32
+
+
+def hold_fp8_tables(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
+    """Make V4.1's Engram tables hold their FP8 rows and ue8m0 scales per :data:`TABLE_GROUP`
+    values as stored (:meth:`Embedding.hold_fp8_rows`); returns their weight names."""
+    if quant.quant_method != "fp8":
+        return frozenset()
+    kept = []
+    for prefix, module in model.named_modules():
+        if prefix.endswith("engram.embed") and isinstance(module, Embedding):
+            module.hold_fp8_rows(TABLE_GROUP)
+            kept.append(f"{prefix}.weight")
+    return frozenset(kept)
+
+
 #: What ``quantization`` may be: keep the stored formats where the backend computes on them,
 #: or dequantise every weight at load (None).
 QUANTIZATION_CHOICES = ("auto", None)

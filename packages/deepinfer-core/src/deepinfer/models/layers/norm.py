@@ -80,14 +80,38 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding table (``embed.weight``)."""
+    """Token embedding table (``embed.weight``).
+
+    Held as stored (:meth:`hold_fp8_rows`, V4.1's Engram tables), the rows are e4m3 bytes with
+    one ue8m0 byte per ``group`` values, and a lookup decodes only the rows it reads.
+    """
 
     def __init__(self, vocab_size: int, dim: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, dim, dtype=dtype), requires_grad=False)
+        self.dtype = dtype
+        self.scale: nn.Parameter | None = None  # the official ``<name>.scale`` when FP8
+        self.group = 0
+
+    def hold_fp8_rows(self, group: int) -> None:
+        rows, dim = self.weight.shape
+        device = self.weight.device
+        self.weight = nn.Parameter(
+            torch.empty(rows, dim, dtype=torch.uint8, device=device), requires_grad=False
+        )
+        groups = -(-dim // group)  # the last group of a row may be short
+        self.scale = nn.Parameter(
+            torch.empty(rows, groups, dtype=torch.uint8, device=device), requires_grad=False
+        )
+        self.group = group
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.weight[ids]
+        if self.scale is None:
+            return self.weight[ids]
+        values = self.weight[ids].view(torch.float8_e4m3fn).float()
+        factor = torch.exp2(self.scale[ids].float() - 127.0)
+        factor = factor.repeat_interleave(self.group, dim=-1)[..., : values.shape[-1]]
+        return (values * factor).to(self.dtype)
 
 
 def fp32_param(*shape: int) -> nn.Parameter:
