@@ -305,3 +305,18 @@ def test_states_at_marks_equal_states_of_cut_chunks(
         _assert_same_state(states[i], state)
     with pytest.raises(ValueError, match="not inside"):
         ForwardBatch.build([chunks[0]], [model.new_state(1)], record_at=[[0]])
+
+
+def test_decode_batches_equal_the_checked_constructor(model: DeepseekV4ForCausalLM) -> None:
+    """``ForwardBatch.decode`` writes its derived fields itself (it runs every step); they
+    equal what the checked constructor derives, and what it refuses is still refused."""
+    states = [model.new_state(1) for _ in range(5)]
+    ids = torch.arange(5)
+    fast = ForwardBatch.decode(ids, states)
+    checked = ForwardBatch(ids, fast.spans)
+    for name in ("spans", "image_embeds", "return_streams", "offsets", "num_tokens"):
+        assert getattr(fast, name) == getattr(checked, name), name
+    assert fast.decode_rows == checked.decode_rows and torch.equal(fast.input_ids, ids)
+    assert fast.spans == tuple(SequenceSpan.new(s, 1) for s in states)
+    with pytest.raises(ValueError, match="appears in two spans"):
+        ForwardBatch.decode(torch.arange(2), [states[0], states[0]])

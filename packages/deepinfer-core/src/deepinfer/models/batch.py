@@ -14,14 +14,17 @@ applied description fails loudly instead of corrupting a sequence.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from deepinfer.models.state import ModelState
+
+#: ``tuple.__new__``: builds a span without the generated constructor's Python frame.
+_new_tuple: Callable[..., Any] = tuple.__new__
 
 
 class SequenceSpan(NamedTuple):
@@ -68,7 +71,7 @@ class SequenceSpan(NamedTuple):
     def decode_row(cls, state: ModelState) -> SequenceSpan:
         """One next token for ``state`` (the hot path of every decode step: nothing to check
         beyond what the batch checks)."""
-        return cls(state, 1, 1, (), state.pos, state.batch_size)
+        return _new_tuple(cls, (state, 1, 1, (), state.pos, state.batch_size))
 
     @property
     def size(self) -> int:
@@ -171,8 +174,31 @@ class ForwardBatch:
 
     @classmethod
     def decode(cls, input_ids: Tensor, states: Sequence[ModelState]) -> ForwardBatch:
-        """One token per single-sequence state: ``input_ids`` [B]."""
-        return cls(input_ids.reshape(-1), tuple(map(SequenceSpan.decode_row, states)))
+        """One token per single-sequence state: ``input_ids`` [B].
+
+        Built every step for every running request, so the derived fields are written here
+        directly: what ``__post_init__`` would check holds by construction, but for lockstep
+        states and repeated states, which go through the checked path to be refused there.
+        """
+        spans = tuple(map(SequenceSpan.decode_row, states))
+        ids = input_ids.reshape(-1)
+        n = len(spans)
+        single = all(s.batch_size == 1 for s in states)
+        if not single or ids.numel() != n or len({id(s) for s in states}) != n:
+            return cls(ids, spans)
+        batch = object.__new__(cls)
+        every = tuple(range(n))
+        for name, value in (
+            ("input_ids", ids),
+            ("spans", spans),
+            ("image_embeds", None),
+            ("return_streams", False),
+            ("offsets", every),
+            ("num_tokens", n),
+            ("decode_rows", every),
+        ):
+            object.__setattr__(batch, name, value)
+        return batch
 
     def span_ids(self, i: int) -> Tensor:
         """Span ``i``'s ids [rows, num_tokens]."""

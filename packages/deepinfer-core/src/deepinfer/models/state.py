@@ -21,6 +21,7 @@ layers, so it needs no state.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -343,8 +344,9 @@ class ModelState:
     counters_behind: bool = field(default=False, repr=False)
     _layers: list[LayerState] = field(init=False, repr=False, compare=False)
 
-    @property
+    @functools.cached_property
     def batch_size(self) -> int:
+        """Sequences in the state (fixed for its life: read once per decode row and step)."""
         return self._layers[0].swa.kv.shape[0]
 
     @property
