@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from deepinfer.cache.pages import PageTable
-from deepinfer.models.state import CompressorPool
+from deepinfer.cache.slots import CompressorPool
 from deepinfer.paging import PAGE_TOKENS, page_size
 
 RATIOS = (4, 16)

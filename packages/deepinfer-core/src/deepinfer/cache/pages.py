@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from deepinfer.models.state import CompressorPool
+from deepinfer.models.state import SlotBuffers
 from deepinfer.paging import PAGE_TOKENS, PagedEntries, page_size, pages_for
 from deepinfer.transfer import to_device
 
@@ -60,7 +60,7 @@ class PageTable:
         self.max_pages = max_pages
         self.num_pages = max(1, min(initial_pages, max_pages))
         self.table = torch.zeros(rows, self.pages_per_slot, dtype=torch.long, device=device)
-        self.pools: list[CompressorPool] = []
+        self.pools: list[SlotBuffers] = []
         self._free = list(range(self.num_pages, 0, -1))  # popped from the end: lowest first
         self._owned: dict[int, list[int]] = {}
         self._refs: dict[int, int] = {}  # page -> slots and cached blocks that refer to it
@@ -72,7 +72,7 @@ class PageTable:
     def num_free(self) -> int:
         return len(self._free) + self.max_pages - self.num_pages
 
-    def add_pool(self, pool: CompressorPool, entry: Tensor) -> None:
+    def add_pool(self, pool: SlotBuffers, entry: Tensor) -> None:
         """Give ``pool`` page tensors for entries like ``entry`` [..., D] at its ratio."""
         rows = page_size(pool.ratio)
         pool.pages = entry.new_zeros(self.num_pages + 1, rows, entry.shape[-1])

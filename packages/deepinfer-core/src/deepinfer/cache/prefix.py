@@ -26,7 +26,7 @@ from torch import Tensor
 
 from deepinfer.cache.pages import PageTable
 from deepinfer.models.layouts import page_table_of
-from deepinfer.models.state import CompressorPool, CompressorState, ModelState, clone_or_none
+from deepinfer.models.state import CompressorState, ModelState, SlotBuffers, clone_or_none
 from deepinfer.paging import PAGE_TOKENS
 
 #: A block's compressed entries fill whole entry pages.
@@ -47,7 +47,7 @@ class _CompressorSnap:
     num_entries: int  # entries in the whole prefix up to the boundary
     hist_kv: Tensor | None = None  # rollback history of states built with slack
     hist_score: Tensor | None = None
-    pages: CompressorPool | None = None  # the pool whose pages hold the block's entries
+    pages: SlotBuffers | None = None  # the pool whose pages hold the block's entries
 
     @classmethod
     def take(cls, comp: CompressorState, first: int, paged: bool) -> _CompressorSnap:

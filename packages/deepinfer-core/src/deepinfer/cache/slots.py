@@ -26,8 +26,24 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from deepinfer.cache.pages import PageTable
-from deepinfer.models.state import BUFFERS, CompressorPool, CompressorState, ModelState
-from deepinfer.paging import PAGE_TOKENS, pages_for
+from deepinfer.models.state import BUFFERS, CompressorState, ModelState
+from deepinfer.paging import PAGE_TOKENS, PageMap, pages_for
+
+
+@dataclass
+class CompressorPool:
+    """One layer's compressor buffers for every running sequence (the model reads them as
+    :class:`~deepinfer.models.state.SlotBuffers`): row ``slot`` is one sequence's; the entries
+    live in pages that ``page_table`` maps to each slot. :class:`StateSlots` makes one per
+    compressor and updates its tensors when they grow."""
+
+    kv_buf: Tensor | None = None
+    score_buf: Tensor | None = None
+    prev_kv_buf: Tensor | None = None
+    prev_score_buf: Tensor | None = None
+    ratio: int = 1
+    pages: Tensor | None = None
+    page_table: PageMap | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor
 
-from deepinfer.models.state import CompressorPool, CompressorState, LayerState, ModelState
+from deepinfer.models.state import CompressorState, LayerState, ModelState, SlotBuffers
 
 if TYPE_CHECKING:
     from deepinfer.paging import PageMap
@@ -71,7 +71,7 @@ class CompressorRows:
     that row ``slots[i]`` of the page table maps. ``entry_limit``: how many entries to read (the
     batch's most, or an entry bucket's when the step is captured)."""
 
-    pool: CompressorPool
+    pool: SlotBuffers
     slots: Tensor  # [B] long
     ratio: int
     entry_limit: int

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
@@ -38,24 +38,24 @@ def clone_or_none(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clone()
 
 
-#: The fixed-size buffers of a :class:`CompressorState`, rows of a :class:`CompressorPool`.
+#: The fixed-size buffers of a :class:`CompressorState`, rows of its :class:`SlotBuffers`.
 BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf")
 
 
-@dataclass
-class CompressorPool:
-    """One layer's compressor buffers for every running sequence: row ``slot`` is one
-    sequence's (the engine's :class:`~deepinfer.cache.slots.StateSlots` owns the tensors), so a
-    decode batch appends and pools every row's window with one indexed op each. The entries
-    live in pages (:mod:`deepinfer.paging`) that ``page_table`` maps to each slot."""
+class SlotBuffers(Protocol):
+    """What a state row reads of one layer's compressor buffers for every running sequence
+    (the cache's :class:`~deepinfer.cache.slots.CompressorPool` owns them): row ``slot`` is one
+    sequence's, so a decode batch appends and pools every row's window with one indexed op
+    each, and the entries live in pages (:mod:`deepinfer.paging`) that ``page_table`` maps to
+    each slot."""
 
-    kv_buf: Tensor | None = None  # [slots, ratio, c*D]
-    score_buf: Tensor | None = None
-    prev_kv_buf: Tensor | None = None  # [slots, ratio, D], overlapping compressors only
-    prev_score_buf: Tensor | None = None
-    ratio: int = 1
-    pages: Tensor | None = None  # [num_pages + 1, 128 // ratio, D]; None: entries stay per state
-    page_table: PageMap | None = None
+    kv_buf: Tensor | None  # [slots, ratio, c*D]
+    score_buf: Tensor | None
+    prev_kv_buf: Tensor | None  # [slots, ratio, D], overlapping compressors only
+    prev_score_buf: Tensor | None
+    ratio: int
+    pages: Tensor | None  # [num_pages + 1, 128 // ratio, D]; None: entries stay per state
+    page_table: PageMap | None
 
 
 @dataclass
@@ -74,7 +74,7 @@ class CompressorState:
     """One compressor's running state (main KV compressor or indexer-key compressor).
 
     The open window and, with overlap, the previous window's first half live in fixed-size
-    buffers (so they can be rows of a shared :class:`CompressorPool`), and the entries in a
+    buffers (so they can be rows of shared :class:`SlotBuffers`), and the entries in a
     buffer of the state's own, grown as needed, or in the pool's pages; ``buf_kv``/``buf_score``,
     ``prev_kv``/``prev_score`` and ``entries`` read and assign them as variable-length tensors.
     """
@@ -99,7 +99,7 @@ class CompressorState:
     hist_kv: Tensor | None = None  # [B, <= keep, c*D]
     hist_score: Tensor | None = None
     #: Set when the buffers are row ``slot`` of a shared pool.
-    pool: CompressorPool | None = None
+    pool: SlotBuffers | None = None
     slot: int = -1
     #: Lengths strictly inside the next chunk to record the buffers at (:meth:`capture`).
     marks: dict[int, CompressorMark | None] = field(default_factory=dict, repr=False)
