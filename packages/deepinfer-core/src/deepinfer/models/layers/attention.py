@@ -13,6 +13,8 @@ query position, which leaves the value contribution depending on relative positi
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import Tensor, nn
 
@@ -58,11 +60,17 @@ def init_mqa(module: nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> int:
     return d
 
 
-class MQA(nn.Module):
+class MQA(nn.Module, ABC):
     """The maths V4 and V4.1 attention share around their different long-range keys."""
 
     #: Per-head unweighted RMSNorm of the query (always in V4; a config switch in V4.1).
     q_head_norm: bool = True
+
+    @abstractmethod
+    def new_state(
+        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
+    ) -> LayerState:
+        """The layer's empty state: its window ring and whatever long-range state it keeps."""
 
     def project(
         self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor

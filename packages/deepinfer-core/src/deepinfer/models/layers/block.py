@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
-from deepinfer.models.layers.attention import Attention
+from deepinfer.models.layers.attention import MQA, Attention
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
 from deepinfer.models.layers.moe import MoE
 from deepinfer.models.layers.norm import RMSNorm
@@ -31,24 +31,37 @@ class ForwardContext:
         self.rotary = per_call(self.rotary)  # every layer rotates at ``positions``
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+class TransformerLayer(nn.Module):
+    """What every V4 and V4.1 layer holds, under the official names: the two RMSNorms, the
+    attention and MoE a version supplies, and both sublayers' mHC parameters. Sliding-only
+    layers rotate with plain RoPE; compressed ones share their compressor's YaRN RoPE."""
+
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, attn: MQA, ffn: nn.Module, compressed: bool
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.layer_id = layer_id
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg, layer_id, dtype)
-        self.ffn = MoE(cfg, layer_id, dtype)
+        self.attn = attn
+        self.ffn = ffn
         add_hc_params(self, "hc_attn", cfg)
         add_hc_params(self, "hc_ffn", cfg)
-        # Sliding-only layers keep plain RoPE; compressed layers share the compressor's YaRN one.
-        self.rope_kind = "main" if self.attn.kind == "swa" else "compress"
+        self.rope_kind = "compress" if compressed else "main"
 
     def new_state(
         self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
     ) -> LayerState:
         return self.attn.new_state(batch, dtype, device, slack)
+
+
+class Block(TransformerLayer):
+    """A V4 layer: mHC(attention) then mHC(MoE)."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        attn = Attention(cfg, layer_id, dtype)
+        super().__init__(cfg, layer_id, attn, MoE(cfg, layer_id, dtype), attn.kind != "swa")
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: LayerStates) -> Tensor:
         """``x``: residual streams [B, S, hc_mult, d]; ``state`` in the layout of the rows."""

@@ -73,19 +73,11 @@ class Compressor(nn.Module):
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight)
         score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
-        state.remember(kv, score)
-        kv = torch.cat((state.buf_kv, kv), dim=1)
-        score = torch.cat((state.buf_score, score), dim=1)
-        state.capture(kv, score)
-        b, total, width = kv.shape
-        n = total // self.ratio
-        used = n * self.ratio
-        state.buf_kv, state.buf_score = kv[:, used:], score[:, used:]
-        if n == 0:
+        windows = close_windows(state, kv, score)
+        if windows is None:
             return state.entries
-
-        win_kv = kv[:, :used].view(b, n, self.ratio, width)
-        win_score = score[:, :used].view(b, n, self.ratio, width)
+        win_kv, win_score = windows
+        n = win_kv.shape[1]
         pooled = ops.compress(win_kv, win_score, state.prev_kv, state.prev_score, self.overlap)
         if self.overlap:
             state.prev_kv = win_kv[:, -1, :, : self.dim]  # copied into the state's buffer
@@ -136,6 +128,25 @@ class Compressor(nn.Module):
         cos, sin = rotary.cos_sin(at.entry_pos)
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
         return write_slot_entries(rows, at, entries)
+
+
+def close_windows(
+    state: CompressorState, kv: Tensor, score: Tensor
+) -> tuple[Tensor, Tensor] | None:
+    """Append a chunk's projections ``kv``/``score`` [B, S, width] to ``state``'s open window
+    (kept for rollback and recorded at marks on the way) and return the windows that closed,
+    [B, n, ratio, width] each, or None; the rest stays open in the state's buffers."""
+    state.remember(kv, score)
+    kv = torch.cat((state.buf_kv, kv), dim=1)
+    score = torch.cat((state.buf_score, score), dim=1)
+    state.capture(kv, score)
+    b, total, width = kv.shape
+    r = state.ratio
+    n = total // r
+    state.buf_kv, state.buf_score = kv[:, n * r :], score[:, n * r :]
+    if n == 0:
+        return None
+    return kv[:, : n * r].view(b, n, r, width), score[:, : n * r].view(b, n, r, width)
 
 
 @dataclass

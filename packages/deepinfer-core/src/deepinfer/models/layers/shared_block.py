@@ -10,20 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.layers.block import TransformerLayer
 from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.engram import Engram
 from deepinfer.models.layers.lagged_mhc import LaggedHyperConnection
-from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
+from deepinfer.models.layers.mhc import HyperConnection
 from deepinfer.models.layers.moe import MoE
-from deepinfer.models.layers.norm import RMSNorm, fp32_param
+from deepinfer.models.layers.norm import fp32_param
 from deepinfer.models.layers.rope import Rotary, per_call
 from deepinfer.models.layers.shared_attention import SharedAttention
 from deepinfer.models.layouts import LayerStates
-from deepinfer.models.state import LayerState
 
 
 @dataclass
@@ -73,26 +73,14 @@ class ImageBiasMoE(MoE):
         return self.combine(ops, flat, weights, indices).to(x.dtype).view(shape)
 
 
-class SharedBlock(nn.Module):
-    """V4's layer with V4.1 attention, MoE and residual wiring (parameter names unchanged)."""
+class SharedBlock(TransformerLayer):
+    """V4's layer with V4.1 attention, MoE, Engram and residual wiring (names unchanged)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.layer_id = layer_id
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = SharedAttention(cfg, layer_id, dtype)
-        self.ffn = ImageBiasMoE(cfg, layer_id, dtype)
-        add_hc_params(self, "hc_attn", cfg)
-        add_hc_params(self, "hc_ffn", cfg)
+        attn = SharedAttention(cfg, layer_id, dtype)
+        ffn = ImageBiasMoE(cfg, layer_id, dtype)
+        super().__init__(cfg, layer_id, attn, ffn, cfg.compress_ratio(layer_id) != 0)
         self.engram = Engram(cfg, layer_id, dtype) if layer_id in cfg.engram_layer_ids else None
-        self.rope_kind = "main" if cfg.compress_ratio(layer_id) == 0 else "compress"
-
-    def new_state(
-        self, batch: int, dtype: torch.dtype, device: torch.device, slack: int = 0
-    ) -> LayerState:
-        return self.attn.new_state(batch, dtype, device, slack)
 
     def forward(
         self, x: Tensor, pre: Tensor | None, ctx: V41Context, state: LayerStates

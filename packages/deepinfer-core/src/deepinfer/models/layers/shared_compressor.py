@@ -12,7 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
-from deepinfer.models.layers.compressor import SlotPhase, slot_phase, slot_windows
+from deepinfer.models.layers.compressor import (
+    SlotPhase,
+    close_windows,
+    slot_phase,
+    slot_windows,
+)
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layouts import CompressorRows
 from deepinfer.models.state import CompressorState
@@ -53,20 +58,11 @@ class SharedCompressor(nn.Module):
         so a chunk boundary inside a pair changes nothing.
         """
         kv, score = self._project(ops, x)
-        state.remember(kv, score)
-        kv = torch.cat((state.buf_kv, kv), dim=1)
-        score = torch.cat((state.buf_score, score), dim=1)
-        state.capture(kv, score)
-        b, total, width = kv.shape
-        n = total // self.ratio
-        used = n * self.ratio
-        state.buf_kv, state.buf_score = kv[:, used:], score[:, used:]
         first = to_device(torch.tensor(state.num_entries), x.device)
-        if n == 0:
-            return kv.new_zeros(b, 0, self.dim).to(state.entry_dtype), first
-        win_kv = kv[:, :used].view(b, n, self.ratio, width)
-        win_score = score[:, :used].view(b, n, self.ratio, width)
-        pooled = ops.compress(win_kv, win_score, None, None, False)
+        windows = close_windows(state, kv, score)
+        if windows is None:
+            return kv.new_zeros(kv.shape[0], 0, self.dim).to(state.entry_dtype), first
+        pooled = ops.compress(*windows, None, None, False)
         return self.norm(ops, pooled.to(state.entry_dtype)), first
 
     def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
