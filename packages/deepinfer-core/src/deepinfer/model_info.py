@@ -12,6 +12,9 @@ routed experts are FP4 e2m1 (two per byte) with one ue8m0 byte per 32 values whe
 ``expert_dtype`` is ``fp4``, else FP8 blocks; Engram tables are FP8 with one e8m0 byte per 32;
 mHC, norms, sinks, position biases and router biases are fp32; everything else is bf16. A
 config without ``quantization_config`` describes a bf16 checkpoint. Sizes are GiB (2**30 B).
+The GPUs are counted on what DeepInfer holds with ``quantization="auto"`` on the stored-format
+kernels: the stored formats, plus what the model keeps wider than the checkpoint (the router
+gates, compressor projections and LM head in fp32).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from typing import Any
 
 import torch
 
+from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.cache.pools import state_bytes
 from deepinfer.config import ModelConfig
-from deepinfer.models.checkpoint_config import QuantSettings, quant_settings, read_config
+from deepinfer.models.checkpoint_config import quant_settings, read_config
 from deepinfer.models.stored_formats import stored_format
 
 GIB = 2**30
@@ -62,6 +66,10 @@ class KindSize:
     bf16_bytes: int = 0
     split_bytes: int = 0  # the part spread over GPUs rather than replicated
     formats: list[str] = field(default_factory=list)
+    #: Bytes DeepInfer holds with ``quantization="auto"`` on a backend with the FP8/FP4 kernels
+    #: (the stored formats, plus what the model keeps wider: fp32 router, compressors, head).
+    held_bytes: int = 0
+    held_split_bytes: int = 0
 
 
 @dataclass
@@ -75,6 +83,7 @@ class ModelReport:
     params_without_mtp: int
     stored_bytes: int
     bf16_bytes: int
+    held_bytes: int
     state: dict[str, Any]
     gpus: dict[str, Any]
 
@@ -93,10 +102,18 @@ def tensor_kind(name: str) -> str:
     return "other"
 
 
-def weight_sizes(cfg: ModelConfig, quant: QuantSettings) -> dict[str, KindSize]:
-    """Per-kind sizes of every parameter of the model built on the meta device."""
-    from deepinfer.models import model_class
+class _StoredFormatKernels(TorchBackend):
+    """The formats the ``sm100`` kernels compute on, to build the held model on ``meta``."""
 
+    native_formats = frozenset({"fp8", "fp4_experts"})
+
+
+def weight_sizes(cfg: ModelConfig, raw: dict[str, Any]) -> dict[str, KindSize]:
+    """Per-kind sizes of every parameter of the model built on the meta device: as stored,
+    as bf16, and as DeepInfer holds it with the stored-format kernels."""
+    from deepinfer.models import keep_stored_formats, model_class
+
+    quant = quant_settings(raw)
     model = model_class(cfg.model_type)(cfg, dtype=torch.bfloat16, device="meta")
     kinds: dict[str, KindSize] = {}
     for name, param in model.named_parameters():
@@ -108,6 +125,15 @@ def weight_sizes(cfg: ModelConfig, quant: QuantSettings) -> dict[str, KindSize]:
         size.split_bytes += nbytes if _SPLIT.search(name) else 0
         if fmt not in size.formats:
             size.formats.append(fmt)
+    held = model_class(cfg.model_type)(
+        cfg, dtype=torch.bfloat16, device="meta", backend=_StoredFormatKernels("cpu")
+    )
+    keep_stored_formats(held, raw, "auto")
+    for name, param in held.named_parameters():
+        nbytes = param.numel() * param.element_size()
+        size = kinds.setdefault(tensor_kind(name), KindSize())
+        size.held_bytes += nbytes
+        size.held_split_bytes += nbytes if _SPLIT.search(name) else 0
     return kinds
 
 
@@ -142,12 +168,13 @@ def model_report(
     """
     raw = read_config(path)
     cfg = ModelConfig.from_dict(raw)
-    kinds = weight_sizes(cfg, quant_settings(raw))
+    kinds = weight_sizes(cfg, raw)
     dtype = torch.bfloat16
     fixed = state_bytes(cfg, dtype, 0)
     per_seq = state_bytes(cfg, dtype, max_model_len)
     stored = sum(k.stored_bytes for k in kinds.values())
-    split = sum(k.split_bytes for k in kinds.values())
+    held = sum(k.held_bytes for k in kinds.values())
+    split = sum(k.held_split_bytes for k in kinds.values())
     usable = int(gpu_memory_gib * GIB * gpu_memory_utilization)
     state_total = num_seqs * per_seq
     return ModelReport(
@@ -159,6 +186,7 @@ def model_report(
         - kinds.get("mtp", KindSize()).params,
         stored_bytes=stored,
         bf16_bytes=sum(k.bf16_bytes for k in kinds.values()),
+        held_bytes=held,
         state={
             "dtype": "bfloat16",
             "max_model_len": max_model_len,
@@ -171,10 +199,10 @@ def model_report(
             "gpu_memory_utilization": gpu_memory_utilization,
             "usable_bytes": usable,
             "num_seqs": num_seqs,
-            "replicated_bytes": stored - split,
+            "replicated_bytes": held - split,
             "split_bytes": split,
             "state_bytes": state_total,
-            "gpus_needed": gpus_needed(stored - split, split, state_total, usable),
+            "gpus_needed": gpus_needed(held - split, split, state_total, usable),
         },
     )
 
@@ -186,16 +214,18 @@ def format_model_report(report: ModelReport) -> str:
         return f"{n / GIB:10.2f}"
 
     lines = [f"model: {report.model} ({report.model_type}); sizes in GiB (2**30 bytes)", ""]
-    lines.append(f"{'kind':<16}{'params':>18} {'stored':>10} {'bf16':>10}  stored as")
+    lines.append(f"{'kind':<16}{'params':>18} {'stored':>10} {'bf16':>10} {'held':>10}  stored as")
     for kind, size in report.kinds.items():
         lines.append(
             f"{kind:<16}{size.params:>18,} {gib(size.stored_bytes)} {gib(size.bf16_bytes)}"
-            f"  {', '.join(size.formats)}"
+            f" {gib(size.held_bytes)}  {', '.join(size.formats)}"
         )
     lines.append(
         f"{'total':<16}{report.params:>18,} {gib(report.stored_bytes)} {gib(report.bf16_bytes)}"
+        f" {gib(report.held_bytes)}"
     )
     lines.append(f"{'without MTP':<16}{report.params_without_mtp:>18,}")
+    lines.append("held: what DeepInfer holds with quantization='auto' on the sm100 kernels")
     s, g = report.state, report.gpus
     lines += [
         "",
