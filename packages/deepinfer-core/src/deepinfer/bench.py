@@ -13,7 +13,7 @@ import random
 import time
 from pathlib import Path
 
-from deepinfer.cli import UsageError, check_interrupted, deferred_interrupts
+from deepinfer.cli import UsageError, check_interrupted, deferred_interrupts, model_options
 from deepinfer.sampling_params import SamplingParams
 
 
@@ -56,11 +56,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     llm = LLM(
         args.model,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        load_format=args.load_format,
-        quantization=None if args.quantization == "none" else "auto",
+        **model_options(args),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,

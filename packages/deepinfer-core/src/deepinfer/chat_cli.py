@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter, ChatPrompt
-from deepinfer.cli import check_interrupted
+from deepinfer.cli import check_interrupted, model_options
 from deepinfer.errors import DeepInferError
 from deepinfer.llm import LLM
 from deepinfer.sampling_params import SamplingParams
@@ -39,14 +39,7 @@ def run_chat(args: argparse.Namespace, params: SamplingParams) -> int:
     before this module (and torch with it) is imported, so bad options fail at once."""
     if sys.stdin is None or sys.stdin.closed:
         return 0  # nothing can ever be asked: do not load the model for nothing
-    llm = LLM(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        load_format=args.load_format,
-        quantization=None if args.quantization == "none" else "auto",
-    )
+    llm = LLM(args.model, **model_options(args))
     chat = ChatFormatter(llm.tokenizer_path)
     dim, reset = _styles(sys.stdout)
     history: list[dict[str, str]] = []

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from deepinfer import info
 from deepinfer.__about__ import __version__
@@ -166,6 +166,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``LLM`` keyword arguments from the options :func:`_add_model_args` adds."""
+    return {
+        "device": args.device,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "load_format": args.load_format,
+        "quantization": None if args.quantization == "none" else "auto",
+    }
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
     p.add_argument(
@@ -185,14 +196,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     with deferred_interrupts():
         from deepinfer.llm import LLM
 
-    llm = LLM(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        load_format=args.load_format,
-        quantization=None if args.quantization == "none" else "auto",
-    )
+    llm = LLM(args.model, **model_options(args))
     echoed, shown = False, 0
     out = None
     for out in llm.stream(args.prompt, params):
