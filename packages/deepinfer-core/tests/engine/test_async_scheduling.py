@@ -172,3 +172,17 @@ def test_defaults_and_bad_combination(model, tokenizer) -> None:  # type: ignore
     assert not LLMEngine(model, tokenizer).async_scheduling  # a CPU has nothing to overlap
     with pytest.raises(InvalidRequestError, match="async_scheduling"):
         LLMEngine(model, tokenizer, EngineConfig(async_scheduling=True, batch_invariant=True))
+
+
+def test_a_step_with_nothing_to_run_fails_nothing(model, tokenizer, caplog) -> None:  # type: ignore[no-untyped-def]
+    """When every running request waits only for its last token to reach the host (it
+    finishes by length), the scheduler schedules nothing; that step reads the tokens and
+    runs no model at all, rather than failing on an empty batch and logging an error."""
+    engine = engine_for(model, tokenizer)
+    prompts = random_prompts(2, 5, 9, seed=40)
+    with caplog.at_level("ERROR", logger="deepinfer.engine.engine"):
+        outs = run(engine, prompts, SamplingParams(temperature=0.0, max_tokens=3))
+    assert [o.outputs[0].token_ids for o in outs] == [
+        greedy_reference(model, p, 3, eos=1) for p in prompts
+    ]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text

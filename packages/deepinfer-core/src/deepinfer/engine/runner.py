@@ -129,6 +129,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run the scheduled spans; the scheduler applies the returned progress."""
         result = ModelRunnerOutput()
+        if not out.scheduled:  # every request waits for a token in flight: nothing to run
+            return result
         if self.batch_invariant:
             for req, n in out.scheduled.items():
                 logits = self._one_by_one(req, n)
