@@ -76,29 +76,46 @@ def _run(model: DeepseekV4ForCausalLM) -> list[torch.Tensor]:
     return out
 
 
+#: What Hopper's fp8 tensor cores may add per output to fp32 summation: they keep about 14 bits
+#: while summing a 128-wide K step (DeepSeek-V3's report), up to 2**-11 sum |a||w| (the
+#: derivation is in ``test_fp8_linear_kernel.py``). The interpreter sums in fp32.
+TENSOR_CORE_REL = 2.0**-11 if DEVICE == "cuda" else 0.0
+
+
 class _CheckedKernels(Sm100Backend):
     """The kernels, each stored-format op also run by the torch reference on the same inputs;
-    the largest difference relative to the output's scale is kept per op."""
+    the largest error relative to what the op may differ by is kept per op (at most 1)."""
 
-    def _check(self, name: str, got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-        scale = float(want.abs().max()) or 1.0
-        diff = float((got.float() - want.float()).abs().max()) / scale
-        self.worst[name] = max(self.worst.get(name, 0.0), diff)
+    def _check(self, name: str, got: Tensor, want: Tensor, allowed: Tensor | float) -> Tensor:
+        excess = (got.float() - want.float()).abs() / allowed
+        self.worst[name] = max(self.worst.get(name, 0.0), float(excess.max()))
         return got
+
+    def _relative(self, name: str, got: Tensor, want: Tensor) -> Tensor:
+        """fp32 sums of up to 128-wide K in another order: a few units of 2**-24 of the
+        output's scale."""
+        return self._check(name, got, want, 1e-5 * (float(want.abs().max()) or 1.0))
 
     def fp8_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
     ) -> Tensor:
         want = TorchBackend.fp8_linear(self, x, weight, scale, block)
-        return self._check("fp8_linear", super().fp8_linear(x, weight, scale, block), want)
+        got = super().fp8_linear(x, weight, scale, block)
+        # sum |a||w| of the quantised operands: e4m3 and its quantisation are sign-symmetric.
+        magnitude = weight.float().abs().to(weight.dtype)
+        abs_sum = TorchBackend.fp8_linear(self, x.abs(), magnitude, scale, block).float()
+        out_u = 2.0**-8 if got.dtype == torch.bfloat16 else 2.0**-24
+        arith = (x.shape[-1] * 2.0**-23 + TENSOR_CORE_REL) * abs_sum
+        allowed = arith + out_u * (want.float().abs() + arith) + 1e-30
+        return self._check("fp8_linear", got, want, allowed)
 
     def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
         want = TorchBackend.swiglu(self, gate, up, swiglu_limit)
-        return self._check("swiglu", super().swiglu(gate, up, swiglu_limit), want)
+        return self._relative("swiglu", super().swiglu(gate, up, swiglu_limit), want)
 
     def moe_experts_fp4(self, x: Tensor, weights: Tensor, indices: Tensor, **w: Any) -> Tensor:
         want = TorchBackend.moe_experts_fp4(self, x, weights, indices, **w)
-        return self._check(
+        return self._relative(
             "moe_experts_fp4", super().moe_experts_fp4(x, weights, indices, **w), want
         )
 
@@ -110,6 +127,5 @@ def test_stored_format_ops_match_the_reference_inside_the_model() -> None:
     ops.worst = {}
     model.ops = ops
     _run(model)
-    # fp32 sums of up to 128-wide K in another order: a few units of 2**-24 of the scale.
     assert set(ops.worst) == {"fp8_linear", "swiglu", "moe_experts_fp4"}
-    assert all(v <= 1e-5 for v in ops.worst.values()), ops.worst
+    assert all(v <= 1.0 for v in ops.worst.values()), ops.worst
