@@ -318,7 +318,7 @@ def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dic
     from deepinfer.cache.slots import StateSlots
     from deepinfer.models.graphs import DecodeGraphs
     from deepinfer.models.layouts import page_table_of
-    from deepinfer.models.state_rows import gather_rows, scatter_rows
+    from deepinfer.models.state_views import clone_state
 
     rows = []
     for arch in ("v41", "v4"):
@@ -329,14 +329,10 @@ def step_rows(att: Any, mhc: Any, variants: list[str], context: int) -> list[dic
         for start in range(0, context, 4096):
             model.step(prompt[None, start : start + 4096], alone)
         for b in (1, 32):
-            batch = model.new_state(b)
-            gather_rows([alone] * b, batch)
             slots = StateSlots(
                 partial(model.new_state, 1), max_slots=b, max_len=context + 4096, initial_slots=b
             )
-            states = [slots.new_state() for _ in range(b)]
-            scatter_rows(batch, states)
-            del batch
+            states = [slots.adopt(clone_state(alone)) for _ in range(b)]
             found = page_table_of(states[0])
             if found is not None:  # pages for every timed step now
                 for st in states:

@@ -41,7 +41,6 @@ from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layouts import page_table_of
-from deepinfer.models.state_rows import gather_rows, scatter_rows
 from deepinfer.models.state_views import clone_state
 
 ATTENTION = {
@@ -125,14 +124,10 @@ def measure(
         model.step(prompt[None, start : start + 4096], alone)
     rows = []
     for b in batches:
-        batch = model.new_state(b)
-        gather_rows([alone] * b, batch)
         slots = StateSlots(
             lambda: model.new_state(1), max_slots=b, max_len=context + 4096, initial_slots=b
         )
-        states = [slots.new_state() for _ in range(b)]
-        scatter_rows(batch, states)
-        del batch
+        states = [slots.adopt(clone_state(alone)) for _ in range(b)]
         found = page_table_of(states[0])
         if found is not None:  # pages for every timed step now: growing them is no step's cost
             for st in states:

@@ -73,9 +73,9 @@ def _gpu_and_cpu(**gpu_options: bool) -> tuple[LLM, LLM, int]:
     return gpu, cpu, min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
 
 
-def test_padded_prefill_groups_change_no_token() -> None:
-    """On a GPU fresh prompts of different lengths prefill as padded lockstep groups, rolled
-    back row by row (the CPU runs them span by span); greedy outputs agree."""
+def test_padded_score_groups_change_no_token() -> None:
+    """On a GPU the indexers score prompts of different lengths as padded groups of one ragged
+    pass (the CPU groups equal lengths only); greedy outputs agree."""
     gpu, cpu, top = _gpu_and_cpu(enable_prefix_caching=False)
     rnd = random.Random(0)
     prompts = [[rnd.randrange(3, top) for _ in range(rnd.randint(20, 200))] for _ in range(24)]
@@ -86,9 +86,9 @@ def test_padded_prefill_groups_change_no_token() -> None:
 
 
 def test_prefix_hits_on_blocks_recorded_inside_chunks_change_no_token() -> None:
-    """Prompts prefill in one forward each (padded groups on a GPU) and the prefix cache keeps
-    the states the forward handed back at the 128-token boundaries inside them; prompts that
-    share those prefixes restore them and decode as a CPU engine without a cache does."""
+    """Prompts prefill in one ragged pass and the prefix cache keeps the states the pass
+    handed back at the 128-token boundaries inside them; prompts that share those prefixes
+    restore them and decode as a CPU engine without a cache does."""
     gpu, cpu, top = _gpu_and_cpu()
     rnd = random.Random(1)
     first = [[rnd.randrange(3, top) for _ in range(rnd.randint(260, 520))] for _ in range(12)]

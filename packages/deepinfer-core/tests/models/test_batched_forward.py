@@ -18,11 +18,10 @@ import torch
 from _tiny_models import text_ids, tiny_models
 
 from deepinfer.cache.slots import StateSlots
+from deepinfer.models import ragged
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM as DeepseekV4ForCausalLM
-from deepinfer.models.packing import MAX_PADDING, lockstep_groups
 from deepinfer.models.state import ModelState
-from deepinfer.models.state_rows import entry_bytes_per_token
 from deepinfer.models.state_views import clone_state
 
 CHUNK_LENGTHS = (1, 2, 3, 5, 17, 40, 70, 129)
@@ -123,30 +122,50 @@ def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM)
         model(ForwardBatch.decode(torch.tensor([5, 6]), [model.new_state(2), model.new_state(1)]))
 
 
+def _new_states(model: DeepseekV4ForCausalLM, layout: str) -> Callable[[], ModelState]:
+    """States with their own tensors (a packed pass), in the engine's slots with paged
+    entries (the ragged pass), or in slots with their own entries (a packed pass)."""
+    if layout == "own":
+        return lambda: model.new_state(1)
+    max_len = 4096 if layout == "slots" else None
+    return StateSlots(lambda: model.new_state(1), max_slots=8, max_len=max_len).new_state
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many ragged and packed passes the model runs (each test checks the one it meant)."""
+    from deepinfer.models import causal_lm
+
+    counts = {"ragged": 0, "packed": 0}
+    for name in counts:
+        run = getattr(causal_lm, f"run_{name}")
+
+        def counted(*args: object, _run: Callable[..., object] = run, _name: str = name) -> object:
+            counts[_name] += 1
+            return _run(*args)
+
+        monkeypatch.setattr(causal_lm, f"run_{name}", counted)
+    return counts
+
+
 @pytest.mark.parametrize("start", ["fresh", "continuing"])
-@pytest.mark.parametrize("lengths", ["equal", "padded"])
 @pytest.mark.parametrize("layout", ["own", "slots", "slots_own_entries"])
-def test_lockstep_groups_equal_separate_forwards(
+def test_spans_at_one_position_equal_separate_forwards(
     model: DeepseekV4ForCausalLM,
     layout: str,
-    lengths: str,
     start: str,
+    passes: dict[str, int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Sequences at one position with chunks of similar length run as one lockstep chunk
-    (padded to the longest and rolled back row by row, or of one length) and are scattered
-    into their states, here beside a sequence at another position and a chunk too long to
-    join them; the logits and every later decode step equal separate forwards. Fresh
-    prompts start from empty states; continuing ones are gathered from states whose rings
-    have wrapped and whose compressors have open windows (a suffix after a prefix-cache hit,
-    the next piece of a chunked prompt)."""
+    """Sequences at one position with chunks of different lengths, beside a sequence at
+    another position and a much longer chunk, run as one pass; the logits and every later
+    decode step equal separate forwards. Fresh prompts start from empty states; continuing
+    ones from states whose rings have wrapped and whose compressors have open windows (a
+    suffix after a prefix-cache hit, the next piece of a chunked prompt). The indexers score
+    spans of similar length as padded groups (forced on the CPU here)."""
+    monkeypatch.setattr(ragged, "score_padding", lambda _: 0.5)
     gen = torch.Generator().manual_seed(5)
-    if layout == "own":
-        new_state: Callable[[], ModelState] = lambda: model.new_state(1)  # noqa: E731
-    else:
-        max_len = 4096 if layout == "slots" else None
-        slots = StateSlots(lambda: model.new_state(1), max_slots=8, max_len=max_len)
-        new_state = slots.new_state
+    new_state = _new_states(model, layout)
     n = 6
     separate = [model.new_state(1) for _ in range(n)]
     batched = [new_state() for _ in range(n)]
@@ -159,15 +178,9 @@ def test_lockstep_groups_equal_separate_forwards(
             model.step(prefix[None], separate[j])
             model(ForwardBatch.build([prefix], batched[j : j + 1]))
     length = model.cfg.sliding_window + 3  # the ring wraps inside the prompt
-    # Padded: 13 to 10 tokens short of the longest, past a compressor window (CSA ratio 4,
-    # HCA 16), so the rollback rebuilds entries, open windows and ring rows.
-    sizes = [length] * (n - 2) if lengths == "equal" else [length - 13, length - 10, length, 60]
+    sizes = [length - 13, length - 10, length, 60]
     chunks = [text_ids(model, gen, 5)] + [text_ids(model, gen, k) for k in sizes]
-    chunks.append(text_ids(model, gen, 4 * length))  # alone: it would pad the others too much
-    monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)  # on the CPU too
-    groups = lockstep_groups(_spans(chunks, batched))
-    assert groups == [[1, 2, 3, 4]]
-    assert (len({chunks[i].numel() for i in groups[0]}) == 1) == (lengths == "equal")
+    chunks.append(text_ids(model, gen, 4 * length))
     want = torch.stack(
         [model.step(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)]
     )
@@ -179,25 +192,25 @@ def test_lockstep_groups_equal_separate_forwards(
         want = torch.stack([model.step(ids[j].view(1, 1), s)[0, 0] for j, s in enumerate(separate)])
         got = model(ForwardBatch.decode(ids, batched)).logits
         torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
+    ragged_pass = layout == "slots"
+    assert (passes["ragged"] > 0, passes["packed"] > 0) == (ragged_pass, not ragged_pass)
 
 
-def test_lockstep_rows_rolled_back_inside_their_open_window(
-    model: DeepseekV4ForCausalLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Continuing rows of a padded group so short that no compressor window closes in them:
-    their rollback rebuilds the open window and the previous window's first half from what
-    the gathered buffers held before the chunk (positions before the group's start)."""
+@pytest.mark.parametrize("layout", ["own", "slots"])
+def test_short_spans_inside_their_open_window(model: DeepseekV4ForCausalLM, layout: str) -> None:
+    """Continuing spans so short that no compressor window closes in them, beside one that
+    closes several: the open windows take their rows and the previous window's first half
+    stays, so the decode steps after them equal separate forwards."""
     gen = torch.Generator().manual_seed(9)
     p0 = model.cfg.sliding_window + 9  # CSA (ratio 4): one row open; V4.1 (2): one row open
+    new_state = _new_states(model, layout)
     separate = [model.new_state(1) for _ in range(3)]
-    batched = [model.new_state(1) for _ in range(3)]
+    batched = [new_state() for _ in range(3)]
     for a, b in zip(separate, batched, strict=True):
         prefix = text_ids(model, gen, p0)
         model.step(prefix[None], a)
         model(ForwardBatch.build([prefix], [b]))
     chunks = [text_ids(model, gen, k) for k in (1, 2, 12)]
-    monkeypatch.setattr(model, "prefill_padding", 10.0)
-    assert lockstep_groups(_spans(chunks, batched), 10.0) == [[0, 1, 2]]
     want = torch.stack(
         [model.step(c[None], s)[0, -1] for c, s in zip(chunks, separate, strict=True)]
     )
@@ -210,32 +223,6 @@ def test_lockstep_rows_rolled_back_inside_their_open_window(
         torch.testing.assert_close(
             model(ForwardBatch.decode(ids, batched)).logits, want, rtol=0, atol=5e-5
         )
-
-
-def test_lockstep_groups_bound_the_entries_they_copy(model: DeepseekV4ForCausalLM) -> None:
-    """Sequences under way bring their entries into the group's batch state: a group stops
-    growing before those copies pass ``max_gather_bytes`` (fresh prompts copy none)."""
-    gen = torch.Generator().manual_seed(3)
-    states = [model.new_state(1) for _ in range(3)]
-    model(ForwardBatch.build([text_ids(model, gen, 32) for _ in states], states))
-    entries = sum(
-        comp.entries.numel() * comp.entries.element_size()
-        for layer in states[0].layers
-        for comp in (layer.compressor, layer.indexer)
-        if comp is not None
-    )
-    assert entries == 32 * entry_bytes_per_token(states[0]) > 0
-    chunks = [text_ids(model, gen, 5) for _ in states]
-    assert lockstep_groups(_spans(chunks, states), 0.0) == [[0, 1, 2]]
-    assert lockstep_groups(_spans(chunks, states), 0.0, max_gather_bytes=2 * entries) == [[0, 1]]
-    assert lockstep_groups(_spans(chunks, states), 0.0, max_gather_bytes=entries) == []
-    fresh = [model.new_state(1) for _ in states]
-    assert lockstep_groups(_spans(chunks, fresh), 0.0, max_gather_bytes=0) == [[0, 1, 2]]
-    assert lockstep_groups(_spans(chunks, states), 0.0, continuing=False) == []
-
-
-def _spans(chunks: list[torch.Tensor], states: list[ModelState]) -> tuple[SequenceSpan, ...]:
-    return ForwardBatch.build(chunks, states).spans
 
 
 def _assert_same_state(got: ModelState, want: ModelState) -> None:
@@ -260,37 +247,32 @@ def _assert_same_state(got: ModelState, want: ModelState) -> None:
         assert torch.equal(got.token_history, want.token_history)
 
 
-@pytest.mark.parametrize("layout", ["spans", "padded_group", "continuing_group"])
+@pytest.mark.parametrize("layout", ["own", "slots"])
 def test_states_at_marks_equal_states_of_cut_chunks(
-    model: DeepseekV4ForCausalLM, layout: str, monkeypatch: pytest.MonkeyPatch
+    model: DeepseekV4ForCausalLM, layout: str
 ) -> None:
-    """``forward_packed_at`` hands back each sequence's state at lengths inside its chunk (how
-    the prefix cache records block boundaries without cutting the chunk): rings, open windows,
-    previous half-windows, entries and Engram history equal those of a state whose chunk was
-    cut there. The marks fall mid-window for every compressor ratio, before and after the ring
-    wraps and on both sides of the first complete windows."""
+    """A step hands back each sequence's state at lengths inside its chunk (how the prefix
+    cache records block boundaries without cutting the chunk): rings, open windows, previous
+    half-windows, entries and Engram history equal those of a state whose chunk was cut
+    there. The marks fall mid-window for every compressor ratio, before and after the ring
+    wraps and on both sides of the first complete windows; a continuing sequence and a fresh
+    one share the step."""
     gen = torch.Generator().manual_seed(11)
     w = model.cfg.sliding_window
     warm = text_ids(model, gen, 9)
-    if layout == "spans":  # a continuing sequence and a fresh one, span by span
-        chunks = [text_ids(model, gen, 3 * w), text_ids(model, gen, 2 * w + 5)]
-        starts = [9, 0]
-    else:  # chunks of different lengths as one padded lockstep chunk
-        monkeypatch.setattr(model, "prefill_padding", MAX_PADDING)
-        chunks = [text_ids(model, gen, 2 * w + k) for k in (0, 7, 13)]
-        starts = [0, 0, 0] if layout == "padded_group" else [9, 9, 9]
+    chunks = [text_ids(model, gen, 3 * w), text_ids(model, gen, 2 * w + 5)]
+    starts = [9, 0]
     marks = [
         [s + 1, s + 6, s + w - 1, s + w + 3, s + c.numel() - 2]
         for s, c in zip(starts, chunks, strict=True)
     ]
-    states = [model.new_state(1) for _ in chunks]
+    new_state = _new_states(model, layout)
+    states = [new_state() for _ in chunks]
     cut = [model.new_state(1) for _ in chunks]
     for start, s, c in zip(starts, states, cut, strict=True):
         if start:
             model(ForwardBatch.build([warm], [s]))
             model.step(warm[None], c)
-    if layout != "spans":
-        assert lockstep_groups(_spans(chunks, states)) == [[0, 1, 2]]
     out = model(ForwardBatch.build(chunks, states, record_at=marks))
     logits, views = out.logits, out.states_at
     for i, (chunk, start, state) in enumerate(zip(chunks, starts, cut, strict=True)):

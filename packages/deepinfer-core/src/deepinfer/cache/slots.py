@@ -143,6 +143,14 @@ class StateSlots:
         """A fresh single-sequence state whose fixed-size tensors live in a free slot."""
         return self._adopt(self._new_state())
 
+    def adopt(self, state: ModelState) -> ModelState:
+        """Move ``state``, built on its own (``model.new_state(1)``, then run), into a free
+        slot: its fixed-size tensors are copied into the slot's rows and its entries into the
+        slot's pages; the state object then lives there."""
+        if state.ring_pool is not None:
+            raise ValueError("this state already lives in slot tensors")
+        return self._adopt(state)
+
     def clone(self, state: ModelState) -> ModelState:
         """A deep copy of ``state`` in a slot of its own (the samples of an ``n`` > 1 group).
         Its full entry pages are shared, not copied: neither sequence writes them again."""

@@ -230,11 +230,3 @@ class ForwardOutput:
         """The logits per span: [rows * num_logits, V] each."""
         sizes = [s.rows * s.num_logits for s in batch.spans]
         return list(torch.split(self.logits, sizes))
-
-
-def span_order_index(order: Sequence[int], spans: Sequence[SequenceSpan]) -> list[int]:
-    """Where each kept row of single-sequence ``spans`` belongs in span order, for rows that
-    came out span by span in ``order`` (``num_logits`` rows each): a pass that runs some spans
-    before others puts its rows back with one ``index_copy``."""
-    first = list(itertools.accumulate((s.num_logits for s in spans), initial=0))
-    return [first[i] + j for i in order for j in range(spans[i].num_logits)]

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.config import ModelConfig
-from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan, span_order_index
+from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.decode import run_decode, slot_decodable
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.graphs import DecodeGraphs
@@ -33,7 +33,8 @@ from deepinfer.models.layers.mhc import add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.packing import MAX_PADDING, run_packed
+from deepinfer.models.packing import run_packed
+from deepinfer.models.ragged import run_ragged
 from deepinfer.models.rollback import rollback_layers
 from deepinfer.models.state import ModelState, clone_or_none
 from deepinfer.models.state_views import clear_marks, set_marks, states_at
@@ -46,11 +47,6 @@ from deepinfer.transfer import to_device
 class DeepseekCausalLM(nn.Module):
     """The shared model (see the module); subclasses build ``layers`` in :meth:`build_layers`
     and run them in :meth:`run_layers`."""
-
-    #: How much padding a packed pass may add to run chunks of different lengths as one
-    #: lockstep batch (:data:`~deepinfer.models.packing.MAX_PADDING`); None: that on an
-    #: accelerator, none on the CPU.
-    prefill_padding: float | None = None
 
     def __init__(
         self,
@@ -163,39 +159,16 @@ class DeepseekCausalLM(nn.Module):
                 return self._run_single(batch)
         if batch.image_embeds is None:
             self._check_text(batch.input_ids)
-        offsets = batch.offsets
-        decode = [] if batch.return_streams else list(batch.decode_rows)
-        if len(decode) == 1 and graphs is None and len(spans) > 1:
-            decode = []  # a lone eager decode row costs less as one more packed span
-        states = [s.state for s in spans] if len(decode) == len(spans) else []
-        if decode and not states:
-            states = [spans[i].state for i in decode]
-        if decode and not slot_decodable(states):
-            decode = []  # rows of states with their own tensors: one-token packed spans
-        rest = [] if len(decode) == len(spans) else sorted(set(range(len(spans))) - set(decode))
-        parts: list[Tensor] = []
-        if decode:
-            ids = batch.input_ids  # a decode step: every row, in order
-            if rest:
-                ids = _take(batch.input_ids, [offsets[i] for i in decode])
-            parts.append(run_decode(self, ids, states, graphs))
+        states = [s.state for s in spans]
+        chunks = [batch.span_ids(i)[0] for i in range(len(spans))]
         views: list[Sequence[ModelState]] = [()] * len(spans)  # one shared empty tuple
-        streams = None
-        if rest:
-            chunks = [batch.span_ids(i)[0] for i in rest]
-            packed = [spans[i] for i in rest]
-            out = run_packed(self, packed, chunks, self._padding(), batch.return_streams)
-            parts.append(out.logits)
-            for i, v in zip(rest, out.views, strict=True):
-                views[i] = v
-            streams = out.streams
-        logits = parts[0] if len(parts) == 1 else _in_span_order(parts, decode, rest, spans)
-        return ForwardOutput(logits, views, streams)
-
-    def _padding(self) -> float:
-        if self.prefill_padding is not None:
-            return self.prefill_padding
-        return MAX_PADDING if self.device.type != "cpu" else 0.0
+        if not slot_decodable(states):  # states with their own tensors (tests, tools)
+            out = run_packed(self, spans, chunks, batch.return_streams)
+        elif len(batch.decode_rows) == len(spans) and not batch.return_streams:
+            return ForwardOutput(run_decode(self, batch.input_ids, states, graphs), views, None)
+        else:
+            out = run_ragged(self, spans, chunks, batch.return_streams)
+        return ForwardOutput(out.logits, out.views, out.streams)
 
     def _check_text(self, input_ids: Tensor) -> None:
         """Refuse image tokens without embeddings, where the ids are on the host (ids on an
@@ -219,7 +192,7 @@ class DeepseekCausalLM(nn.Module):
         set_marks(state, span.record_at)
         try:
             logits, streams = self.run_span(ids, span, batch.image_embeds)
-            views = states_at(state, state, span.record_at)
+            views = states_at(state, span.record_at)
         finally:
             clear_marks(state)
         for view in views:
@@ -365,19 +338,3 @@ class DeepseekCausalLM(nn.Module):
             f"{self.cfg.num_nextn_predict_layers} MTP"
         )
         load_named(self.expected_tensors(), tensors, what)
-
-
-def _take(ids: Tensor, index: list[int]) -> Tensor:
-    """``ids[index]``, as a view when the index is a contiguous run (decode rows come first)."""
-    if index == list(range(index[0], index[0] + len(index))):
-        return ids[index[0] : index[0] + len(index)]
-    return ids[torch.tensor(index, device=ids.device)]
-
-
-def _in_span_order(
-    parts: list[Tensor], decode: list[int], rest: list[int], spans: Sequence[SequenceSpan]
-) -> Tensor:
-    """The decode rows' logits and the packed spans' kept rows, back in span order."""
-    logits = torch.cat(parts)
-    where = torch.tensor(span_order_index(decode + rest, spans), device=logits.device)
-    return torch.empty_like(logits).index_copy_(0, where, logits)

@@ -1,10 +1,11 @@
 """What one layer's forward receives, by kind of row.
 
-A single span (one sequence, or a lockstep batch of sequences at one position) carries its
-:class:`~deepinfer.models.state.LayerState`; a batch of decode rows, whose states live in shared
-slot tensors, those tensors and the rows it uses (:class:`SlotRows`); a packed pass its spans
-(:class:`Packed`). The layers branch on these; the step code (:mod:`.decode`,
-:mod:`.packing`) builds them.
+A single span (one sequence, or a batch of sequences fed alike) carries its
+:class:`~deepinfer.models.state.LayerState`; spans of any length whose states live in shared slot
+tensors, those tensors and where each span stands (:class:`RaggedRows`, with one token a span
+the capturable :class:`SlotRows`); spans of states with their own tensors (tests, tools) their
+states (:class:`Packed`). The layers branch on these; the step code (:mod:`.decode`,
+:mod:`.ragged`, :mod:`.packing`) builds them.
 """
 
 from __future__ import annotations
@@ -23,23 +24,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class Packed:
-    """Chunks of several sequences packed along the sequence dim of one [1, N] batch.
-
-    Token-wise work (projections, MoE, mHC) runs once over all N tokens; each layer's attention
-    walks the spans, each with its own state. A span of ``rows`` > 1 is a lockstep group: its
-    tokens are the rows of a [rows, length / rows] chunk, one after the other, and its state
-    a batch of that many rows.
-    """
+    """Chunks of several sequences of states with their own tensors, packed along the
+    sequence dim of one [1, N] batch: token-wise work (projections, MoE, mHC) runs once over
+    all N tokens, each layer's attention walks the spans, each with its own state."""
 
     states: list[LayerState]
     lengths: list[int]
-    rows: list[int] = field(default_factory=list)  # empty: one row each
 
-    def spans(self) -> list[tuple[slice, LayerState, int]]:
+    def spans(self) -> list[tuple[slice, LayerState]]:
         out, start = [], 0
-        rows = self.rows or [1] * len(self.states)
-        for state, n, r in zip(self.states, self.lengths, rows, strict=True):
-            out.append((slice(start, start + n), state, r))
+        for state, n in zip(self.states, self.lengths, strict=True):
+            out.append((slice(start, start + n), state))
             start += n
         return out
 
@@ -91,10 +86,71 @@ class SlotRows:
     step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
 
 
+@dataclass
+class RaggedMeta:
+    """Where the spans of a ragged pass stand (one per sequence, any number of tokens each,
+    packed along one [1, N] batch), built once per step on the host: every layer derives its
+    gathers and scatters from these (memoised in ``step_memo``), so the number of device ops
+    per layer does not grow with the number of spans."""
+
+    slots: Tensor  # [n] long: each span's slot row
+    slot_ids: list[int]  # the same on the host
+    starts: list[int]  # tokens each span's state held before the step
+    lengths: list[int]  # tokens each span feeds
+    positions: Tensor  # [N] absolute position of every token
+    token_span: Tensor  # [N] long: the span of every token
+    span_start: Tensor  # [N] long: the start of every token's span
+    #: Most padding a group of spans may add where a per-span op (the indexer's scores) runs
+    #: them as one [G, S] batch, as a fraction of their real tokens (0: equal lengths only).
+    padding: float = 0.0
+    step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
+
+    @property
+    def num_spans(self) -> int:
+        return len(self.starts)
+
+    @property
+    def offsets(self) -> list[int]:
+        """Each span's first token in the packed batch."""
+        return self.step_memo.get("offsets", lambda: _prefix_sums(self.lengths))
+
+
+def _prefix_sums(lengths: Sequence[int]) -> list[int]:
+    out, total = [], 0
+    for n in lengths:
+        out.append(total)
+        total += n
+    return out
+
+
+@dataclass
+class RaggedCompressor:
+    """One compressor's shared buffers for a ragged pass; ``marked``: the spans whose state
+    records marks in this step (the prefix cache's record points), with their own states."""
+
+    pool: SlotBuffers
+    meta: RaggedMeta
+    ratio: int
+    marked: list[tuple[int, CompressorState]] = field(default_factory=list)
+
+
+@dataclass
+class RaggedRows:
+    """One layer's state for a ragged pass: the shared ring tensor, the compressors' buffers
+    and the step's :class:`RaggedMeta`; ``marked`` as in :class:`RaggedCompressor`."""
+
+    ring: Tensor  # [rows, capacity, D]
+    meta: RaggedMeta
+    compressor: RaggedCompressor | None = None
+    indexer: RaggedCompressor | None = None
+    marked: list[tuple[int, LayerState]] = field(default_factory=list)
+
+
 #: What a layer's forward receives: the state of a span ([B, S] layout), the shared rows of a
-#: batch of decode rows ([B, 1] layout), or packed spans ([1, N] layout).
-LayerStates = LayerState | SlotRows | Packed
-CompressorStates = CompressorState | CompressorRows
+#: batch of decode rows ([B, 1] layout), spans over shared slots or packed spans of own states
+#: ([1, N] layout).
+LayerStates = LayerState | SlotRows | RaggedRows | Packed
+CompressorStates = CompressorState | CompressorRows | RaggedCompressor
 
 
 def page_table_of(state: ModelState) -> tuple[PageMap, int] | None:

@@ -46,13 +46,13 @@ class SWARing:
         for length in self.marks:
             if start < length < start + kv.shape[1]:
                 ring = self.kv.clone()
-                _write_ring(ring, kv[:, : length - start], start)
+                write_ring(ring, kv[:, : length - start], start)
                 self.marks[length] = ring
-        _write_ring(self.kv, kv, start)
+        write_ring(self.kv, kv, start)
         self.length = start + kv.shape[1]
 
 
-def _write_ring(ring: Tensor, kv: Tensor, start: int) -> None:
+def write_ring(ring: Tensor, kv: Tensor, start: int) -> None:
     """Put rows ``kv`` [B, S, D] of positions start.. into ``ring`` [B, capacity, D]."""
     capacity = ring.shape[1]
     keep = min(kv.shape[1], capacity)

@@ -1,8 +1,9 @@
 """What the ways of running a step need from a model version: one pass over its layers.
 
 V4 and V4.1 share everything around their layer stacks: the batch description, the state, the
-three ways spans run (one sequence or lockstep batch, a batch of single-token rows, a packed pass
-over many spans; :mod:`.decode`, :mod:`.packing`) and the output head. A version supplies
+ways spans run (one span straight through; a batch of single-token rows, :mod:`.decode`; spans of
+any length over shared slots, :mod:`.ragged`; spans of states with their own tensors,
+:mod:`.packing`) and the output head. A version supplies
 :meth:`StepModel.run_layers` (its layers and how their outputs reach the head) and
 :meth:`StepModel.engram_ids` (V4.1's hashed look-back; none in V4), and the step code calls them
 the same way for every kind of row.
@@ -30,7 +31,7 @@ class LayerInputs:
     """One pass over the layers."""
 
     input_ids: Tensor  # [B, S] on the model's device
-    positions: Tensor  # [S] for a chunk or packed spans; [B, 1] for a batch of decode rows
+    positions: Tensor  # [S] for a chunk, [N] for packed spans, [B, 1] for decode rows
     layer_states: Sequence[LayerStates]  # one per layer, in the layout the rows need
     #: V4.1 Engram: compressed ids with the look-back in front, [B, history + S] (one such
     #: tensor per span when packed); None without Engram.
@@ -68,13 +69,9 @@ class StepModel(Protocol):
 
 
 def take_rows(x: Tensor, rows: Tensor | None) -> Tensor:
-    """``x`` [B, S, ...] at sequence positions ``rows``: [R] the same for every row, [B, 1]
-    one per row (a padded lockstep batch), or None for all."""
-    if rows is None:
-        return x
-    if rows.dim() == 1:
-        return x[:, rows]
-    return x[torch.arange(x.shape[0], device=x.device)[:, None], rows]
+    """``x`` [B, S, ...] at sequence positions ``rows`` [R] (the same for every row), or
+    all of it for None."""
+    return x if rows is None else x[:, rows]
 
 
 def history_after(

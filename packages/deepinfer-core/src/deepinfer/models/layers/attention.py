@@ -26,8 +26,8 @@ from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_mask
-from deepinfer.models.layers.window import chunk_window, window_keys
-from deepinfer.models.layouts import LayerStates, Packed, SlotRows, compressor_states
+from deepinfer.models.layers.window import chunk_window, ragged_window, window_keys
+from deepinfer.models.layouts import LayerStates, Packed, RaggedRows, SlotRows, compressor_states
 from deepinfer.models.ring import SWARing
 from deepinfer.models.state import LayerState
 from deepinfer.paging import dense_entries
@@ -104,12 +104,9 @@ class MQA(nn.Module, ABC):
         if isinstance(state, Packed):
             shares = shared if isinstance(shared, list) else [shared] * len(state.states)
             parts = []
-            for (sl, st, rows), sh in zip(state.spans(), shares, strict=True):
-                # A lockstep group's tokens are its rows one after the other: [rows, S, ...].
-                cut = [t[:, sl].reshape(rows, -1, *t.shape[2:]) for t in (x, q, qr, kv)]
-                width = cut[0].shape[1]
-                o = self.attend(ops, *cut, positions[sl][:width], rotary, st, sh)
-                parts.append(o.reshape(1, -1, *o.shape[2:]))
+            for (sl, st), sh in zip(state.spans(), shares, strict=True):
+                cut = [t[:, sl] for t in (x, q, qr, kv)]
+                parts.append(self.attend(ops, *cut, positions[sl], rotary, st, sh))
             o = torch.cat(parts, dim=1)
         else:
             assert not isinstance(shared, list)
@@ -125,23 +122,31 @@ class MQA(nn.Module, ABC):
         kv: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | SlotRows,
+        state: LayerState | SlotRows | RaggedRows,
         shared: SharedKV | None,
     ) -> Tensor:
-        """Attention output [B, S, H, D] of one sequence chunk (or one decode batch): the
-        sliding window plus whatever long-range entries the layer kind adds.
+        """Attention output [B, S, H, D] of one sequence chunk, of a ragged pass's spans, or
+        of one decode batch: the sliding window plus whatever long-range entries the layer
+        kind adds.
 
-        A chunk lists each query's keys (window rows, then its entries) for sparse attention;
-        a decode batch masks its rows' ring slots and picked entries, which are all it reads.
+        A chunk or ragged spans list each query's keys (window rows, then its entries) for
+        sparse attention; a decode batch masks its rows' ring slots and picked entries, which
+        are all it reads.
         """
         scale = self.head_dim**-0.5
-        if isinstance(state, LayerState):
-            keys, window = chunk_window(kv, state, self.window)
-            index = window.expand(q.shape[0], -1, -1)
+        if not isinstance(state, SlotRows):
+            if isinstance(state, RaggedRows):
+                keys, index = ragged_window(kv, state, self.window)
+            else:
+                keys, window = chunk_window(kv, state, self.window)
+                index = window.expand(q.shape[0], -1, -1)
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:
                 index = torch.cat((index, extra.index(keys.shape[1])), dim=-1)
-                keys = torch.cat((keys, dense_entries(extra.entries).to(kv.dtype)), dim=1)
+                entries = dense_entries(extra.entries).to(kv.dtype)
+                if extra.span_of is not None:  # [n, T, D]: every span's, one after another
+                    entries = entries.flatten(0, 1)[None]
+                keys = torch.cat((keys, entries), dim=1)
             return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
         keys, mask = window_keys(kv, positions, state, self.window)
         extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
@@ -158,7 +163,7 @@ class MQA(nn.Module, ABC):
         qr: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | SlotRows,
+        state: LayerState | SlotRows | RaggedRows,
         shared: SharedKV | None,
     ) -> LongRange | None:
         """The compressed entries and which of them each query sees, or None for a
@@ -207,16 +212,18 @@ class Attention(MQA):
         qr: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | SlotRows,
+        state: LayerState | SlotRows | RaggedRows,
         shared: SharedKV | None,
     ) -> LongRange | None:
         if self.compressor is None:
             return None
         entries = self.compressor(ops, x, positions, rotary, compressor_states(state))
         n = entries.shape[1]
+        span_of = state.meta.token_span if isinstance(state, RaggedRows) else None
         if self.indexer is not None:
             picks = self.indexer(
                 ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
             )
-            return LongRange(entries, picks=picks)
-        return LongRange(entries, visible=visible_mask(positions, self.ratio, n, x.shape[0]))
+            return LongRange(entries, picks=picks, span_of=span_of)
+        visible = visible_mask(positions, self.ratio, n, x.shape[0])
+        return LongRange(entries, visible=visible, span_of=span_of)

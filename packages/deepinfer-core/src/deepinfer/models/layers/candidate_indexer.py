@@ -38,7 +38,9 @@ class SharedKV:
     entries: dict[int, Tensor | PagedEntries] = field(default_factory=dict)
     keys: dict[int, Tensor | PagedEntries] = field(default_factory=dict)
     picks: dict[int, Tensor] = field(default_factory=dict)  # index source -> [B, S, k], -1 = none
-    candidates: Tensor | None = None  # [B, S, T] entries inside the candidate blocks
+    #: [B, S, T] entries inside the candidate blocks, by score group of a ragged pass (0
+    #: for any other layout)
+    candidates: dict[int, Tensor] = field(default_factory=dict)
 
 
 def pick_topk(ops: Backend, scores: Tensor, allowed: Tensor, k: int) -> Tensor:
@@ -58,14 +60,22 @@ class LongRange:
     entries: Tensor | PagedEntries
     picks: Tensor | None = None
     visible: Tensor | None = None
+    #: A ragged pass's: [N] each query's span, whose entries are row span of ``entries``
+    #: ([n, T, D]); picks and masks then count within the query's own span.
+    span_of: Tensor | None = None
 
     def index(self, offset: int) -> Tensor:
         """[B, S, K] the entries each query sees as rows ``offset + entry`` of a key tensor
-        (-1 = none): the picks, or every entry a mask shows (K = T)."""
+        (-1 = none): the picks, or every entry a mask shows (K = T). In a ragged pass the key
+        tensor holds every span's entries one span after the other."""
+        t = self.entries.shape[1]
+        base: Tensor | int = offset
+        if self.span_of is not None:
+            base = (offset + self.span_of * t)[None, :, None]
         if self.picks is not None:
-            return torch.where(self.picks >= 0, self.picks + offset, -1)
+            return torch.where(self.picks >= 0, self.picks + base, -1)
         assert self.visible is not None
-        rows = offset + torch.arange(self.entries.shape[1], device=self.entries.device)
+        rows = base + torch.arange(t, device=self.visible.device)
         return torch.where(self.visible, rows, -1)
 
     def decode_keys(self) -> tuple[Tensor, Tensor]:

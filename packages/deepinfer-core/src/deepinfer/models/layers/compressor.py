@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.layouts import CompressorRows, CompressorStates
+from deepinfer.models.layouts import CompressorRows, CompressorStates, RaggedCompressor
+from deepinfer.models.ragged_plan import ClosePlan, close_plan
 from deepinfer.models.state import CompressorState
 from deepinfer.paging import PagedEntries
 
@@ -70,6 +71,8 @@ class Compressor(nn.Module):
         """
         if isinstance(state, CompressorRows):
             return self._forward_slots(ops, x, positions, rotary, state)
+        if isinstance(state, RaggedCompressor):
+            return self._forward_ragged(ops, x, positions, rotary, state)
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight)
         score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
@@ -128,6 +131,100 @@ class Compressor(nn.Module):
         cos, sin = rotary.cos_sin(at.entry_pos)
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
         return write_slot_entries(rows, at, entries)
+
+    def _forward_ragged(
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        comp: RaggedCompressor,
+    ) -> PagedEntries:
+        """The new tokens [1, N, d] of a ragged pass's spans: every completed window of every
+        span pooled in one op, its entry written by index; returns every span's entries."""
+        xf = x[0].float()
+        kv = ops.linear(xf, self.wkv.weight)
+        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
+        windows = ragged_windows(comp, kv, score, self.dim if self.overlap else 0)
+        if windows.plan.num_windows:
+            pooled = ops.compress(
+                windows.kv[:, None],
+                windows.score[:, None],
+                windows.prev_kv,
+                windows.prev_score,
+                self.overlap,
+            )
+            assert comp.pool.pages is not None
+            entries = self.norm(ops, pooled.to(comp.pool.pages.dtype))  # [W, 1, D]
+            cos, sin = rotary.cos_sin(windows.plan.entry[:, None] * self.ratio)
+            entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+            write_ragged_entries(comp, windows.plan, entries)
+        return ragged_entries(comp, windows.plan)
+
+
+@dataclass
+class RaggedWindows:
+    """The windows a ragged step completes, with the window before each (overlap only)."""
+
+    plan: ClosePlan
+    kv: Tensor  # [W, ratio, c*D]
+    score: Tensor
+    prev_kv: Tensor | None  # [W, ratio, D]
+    prev_score: Tensor | None
+
+
+def ragged_windows(comp: RaggedCompressor, kv: Tensor, score: Tensor, half: int) -> RaggedWindows:
+    """Every span's completed windows from its open window and the new projections ``kv``/
+    ``score`` [N, c*D]; with overlap (``half`` = D > 0) also each window's previous one. Then
+    stores the last completed half and the rows left open, and records the marked spans."""
+    pool, meta = comp.pool, comp.meta
+    plan = meta.step_memo.get(("close", comp.ratio), lambda: close_plan(meta, comp.ratio))
+    for i, state in comp.marked:  # record before any buffer changes
+        chunk = slice(meta.offsets[i], meta.offsets[i] + meta.lengths[i])
+        state.capture(
+            torch.cat((state.buf_kv, kv[None, chunk]), dim=1),
+            torch.cat((state.buf_score, score[None, chunk]), dim=1),
+        )
+    open_kv = pool.kv_buf.index_select(0, meta.slots).flatten(0, 1)
+    open_score = pool.score_buf.index_select(0, meta.slots).flatten(0, 1)
+    win_kv = torch.cat((open_kv, kv))[plan.rows]
+    win_score = torch.cat((open_score, score))[plan.rows]
+    prev_kv = prev_score = None
+    if half:
+        assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
+        stored_kv = pool.prev_kv_buf.index_select(0, meta.slots)
+        stored_score = pool.prev_score_buf.index_select(0, meta.slots)
+        prev_kv = torch.cat((win_kv[..., :half], stored_kv))[plan.prev]
+        prev_score = torch.cat((win_score[..., :half], stored_score))[plan.prev]
+        pool.prev_kv_buf[plan.last_slots] = win_kv[plan.last, :, :half]
+        pool.prev_score_buf[plan.last_slots] = win_score[plan.last, :, :half]
+    pool.kv_buf[plan.open_slots, plan.open_rows] = kv[plan.open_tokens]
+    pool.score_buf[plan.open_slots, plan.open_rows] = score[plan.open_tokens]
+    return RaggedWindows(plan, win_kv, win_score, prev_kv, prev_score)
+
+
+def write_ragged_entries(comp: RaggedCompressor, plan: ClosePlan, new: Tensor) -> None:
+    """Write the entries ``new`` [W, 1, D] of a ragged step's completed windows."""
+    pages, table = comp.pool.pages, comp.pool.page_table
+    assert pages is not None and table is not None
+    per_page = pages.shape[1]
+    page, row = comp.meta.step_memo.get(
+        ("ragged pages", comp.ratio, per_page),
+        lambda: table.locate(plan.entry_slots, plan.entry, per_page),
+    )
+    pages[page, row] = new[:, 0].to(pages.dtype)
+
+
+def ragged_entries(comp: RaggedCompressor, plan: ClosePlan) -> PagedEntries:
+    """Every span's entries after a ragged step, in their pages ([n, most entries, D])."""
+    pages, table = comp.pool.pages, comp.pool.page_table
+    assert pages is not None and table is not None
+    per_page, limit = pages.shape[1], max(plan.counts, default=0)
+    held = comp.meta.step_memo.get(
+        ("ragged held", comp.ratio, per_page),
+        lambda: table.row_pages(comp.meta.slots, limit, per_page),
+    )
+    return PagedEntries(pages, held, limit)
 
 
 def close_windows(

@@ -16,7 +16,9 @@ from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_count
-from deepinfer.models.layouts import CompressorStates
+from deepinfer.models.layouts import CompressorStates, RaggedCompressor
+from deepinfer.models.ragged_plan import ScoreGroup, by_score_group, group_entries
+from deepinfer.paging import dense_entries
 
 
 class Indexer(nn.Module):
@@ -42,11 +44,27 @@ class Indexer(nn.Module):
         rotary: Rotary,
         state: CompressorStates,
     ) -> Tensor:
-        """Returns selected entry ids [B, S, k], -1 where fewer than k entries are visible."""
+        """Returns selected entry ids [B, S, k], -1 where fewer than k entries are visible
+        (for a ragged pass [1, N, k], each among its own span's entries)."""
         keys = self.compressor(ops, x, positions, rotary, state)
         b, s = x.shape[:2]
         q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
         cos, sin = rotary.cos_sin(positions)
         q = ops.rope(q, cos, sin)
         weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
-        return ops.indexer_topk(q, keys, weights, visible_count(positions, self.ratio), self.topk)
+        visible = visible_count(positions, self.ratio)
+        if not isinstance(state, RaggedCompressor):
+            return ops.indexer_topk(q, keys, weights, visible, self.topk)
+        # Each span's queries against its own keys, spans of similar length as one batch.
+        per_span = dense_entries(keys)  # [n, T, c]
+        k = min(self.topk, per_span.shape[1])
+        if k == 0:
+            return torch.full((*x.shape[:2], 0), -1, dtype=torch.long, device=x.device)
+
+        def picks(_: int, g: ScoreGroup) -> Tensor:
+            seen = torch.where(g.real, visible[g.tokens], 0)
+            limit = group_entries(state.meta, g, self.ratio)
+            keys_g = per_span[:, :limit].index_select(0, g.spans)
+            return ops.indexer_topk(q[0, g.tokens], keys_g, weights[0, g.tokens], seen, k)
+
+        return by_score_group(state.meta, k, picks)

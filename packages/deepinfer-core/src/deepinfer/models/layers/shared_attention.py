@@ -17,13 +17,19 @@ from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, init_mqa
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedIndexer, SharedKV
-from deepinfer.models.layers.compressor import write_slot_entries
+from deepinfer.models.layers.compressor import (
+    ragged_entries,
+    write_ragged_entries,
+    write_slot_entries,
+)
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor
 from deepinfer.models.layers.visibility import visible_mask
-from deepinfer.models.layouts import SlotRows
+from deepinfer.models.layouts import RaggedRows, SlotRows
+from deepinfer.models.ragged_plan import ScoreGroup, by_score_group, group_entries
 from deepinfer.models.ring import SWARing
 from deepinfer.models.state import CompressorState, LayerState
+from deepinfer.paging import PagedEntries, dense_entries
 
 
 class SharedAttention(MQA):
@@ -115,37 +121,50 @@ class SharedAttention(MQA):
         shared.entries[self.layer_id] = write_slot_entries(rows.compressor, at, entries)
         shared.keys[self.layer_id] = write_slot_entries(rows.indexer, at, keys)
 
-    def _long_range(
+    def _update_ragged_sources(
+        self, ops: Backend, x: Tensor, rotary: Rotary, rows: RaggedRows, shared: SharedKV
+    ) -> None:
+        """KV source over a ragged pass's spans: every completed pair's entry and index key
+        written by index, every span's published."""
+        assert self.compressor is not None and self.indexer is not None
+        assert rows.compressor is not None and rows.indexer is not None
+        latents, plan = self.compressor.forward_ragged(ops, x, rows.compressor)
+        if plan.num_windows:
+            cos, sin = rotary.cos_sin(plan.entry[:, None] * self.ratio)
+            keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
+            entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
+            write_ragged_entries(rows.compressor, plan, entries)
+            write_ragged_entries(rows.indexer, plan, keys)
+        shared.entries[self.layer_id] = ragged_entries(rows.compressor, plan)
+        shared.keys[self.layer_id] = ragged_entries(rows.indexer, plan)
+
+    def _pick(  # noqa: PLR0917
         self,
         ops: Backend,
         x: Tensor,
         qr: Tensor,
         positions: Tensor,
-        *,
         rotary: Rotary,
+        keys: Tensor | PagedEntries,
         shared: SharedKV,
-    ) -> LongRange:
-        """The shared entries and this layer's queries' picks among them."""
-        assert self.kv_source is not None and self.index_source is not None
-        entries = shared.entries[self.kv_source]
-        if self.is_index_source:
-            assert self.indexer is not None
-            keys = shared.keys[self.kv_source]
-            t = keys.shape[1]
-            visible = visible_mask(positions, self.ratio, t, x.shape[0])
-            scores = self.indexer.scores(ops, x, qr, positions, rotary=rotary, keys=keys)
-            picks, candidates = self.indexer.select(
-                ops,
-                scores,
-                visible,
-                within=shared.candidates if self.uses_candidates else None,
-                publish_candidates=self.publishes_candidates,
-                own_candidates=self.cfg.candidate_source_uses_candidates,
-            )
-            shared.picks[self.layer_id] = picks
-            if candidates is not None:
-                shared.candidates = candidates
-        return LongRange(entries, picks=shared.picks[self.index_source])
+        group: int = 0,
+    ) -> Tensor:
+        """This index source's picks [B, S, k] for queries ``x``/``qr`` at ``positions``
+        against ``keys`` [B, T, c]; publishes candidates under ``group``."""
+        assert self.indexer is not None
+        visible = visible_mask(positions, self.ratio, keys.shape[1], x.shape[0])
+        scores = self.indexer.scores(ops, x, qr, positions, rotary=rotary, keys=keys)
+        picks, candidates = self.indexer.select(
+            ops,
+            scores,
+            visible,
+            within=shared.candidates[group] if self.uses_candidates else None,
+            publish_candidates=self.publishes_candidates,
+            own_candidates=self.cfg.candidate_source_uses_candidates,
+        )
+        if candidates is not None:
+            shared.candidates[group] = candidates
+        return picks
 
     def long_range(  # noqa: PLR0917
         self,
@@ -154,7 +173,7 @@ class SharedAttention(MQA):
         qr: Tensor,
         positions: Tensor,
         rotary: Rotary,
-        state: LayerState | SlotRows,
+        state: LayerState | SlotRows | RaggedRows,
         shared: SharedKV | None,
     ) -> LongRange | None:
         if not self.ratio:
@@ -162,6 +181,30 @@ class SharedAttention(MQA):
         assert shared is not None
         if self.is_kv_source and isinstance(state, SlotRows):
             self._update_slot_sources(ops, x, positions, rotary, state, shared)
+        elif self.is_kv_source and isinstance(state, RaggedRows):
+            self._update_ragged_sources(ops, x, rotary, state, shared)
         elif self.is_kv_source:
             self._update_sources(ops, x, rotary, state, shared)
-        return self._long_range(ops, x, qr, positions, rotary=rotary, shared=shared)
+        # The shared entries and this layer's queries' picks among them.
+        assert self.kv_source is not None and self.index_source is not None
+        entries = shared.entries[self.kv_source]
+        keys = shared.keys[self.kv_source]
+        if not isinstance(state, RaggedRows):
+            if self.is_index_source:
+                picks = self._pick(ops, x, qr, positions, rotary, keys, shared)
+                shared.picks[self.layer_id] = picks
+            return LongRange(entries, picks=shared.picks[self.index_source])
+        if self.is_index_source:  # each span's queries against its own keys, by score group
+            assert self.indexer is not None
+            per_span = dense_entries(keys)
+
+            def picks_of(b: int, g: ScoreGroup) -> Tensor:
+                x_g, qr_g, at = x[0, g.tokens], qr[0, g.tokens], positions[g.tokens]
+                limit = group_entries(state.meta, g, self.ratio)
+                keys_g = per_span[:, :limit].index_select(0, g.spans)
+                return self._pick(ops, x_g, qr_g, at, rotary, keys_g, shared, b)
+
+            width = min(self.indexer.topk, per_span.shape[1])
+            shared.picks[self.layer_id] = by_score_group(state.meta, width, picks_of)
+        span_of = state.meta.token_span
+        return LongRange(entries, picks=shared.picks[self.index_source], span_of=span_of)

@@ -15,11 +15,13 @@ from deepinfer.backends.base import Backend
 from deepinfer.models.layers.compressor import (
     SlotPhase,
     close_windows,
+    ragged_windows,
     slot_phase,
     slot_windows,
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
-from deepinfer.models.layouts import CompressorRows
+from deepinfer.models.layouts import CompressorRows, RaggedCompressor
+from deepinfer.models.ragged_plan import ClosePlan
 from deepinfer.models.state import CompressorState
 from deepinfer.transfer import to_device
 
@@ -84,3 +86,18 @@ class SharedCompressor(nn.Module):
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         assert rows.pool.pages is not None
         return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
+
+    def forward_ragged(
+        self, ops: Backend, x: Tensor, comp: RaggedCompressor
+    ) -> tuple[Tensor, ClosePlan]:
+        """The new tokens [1, N, d] of a ragged pass's spans: (the normalised latents
+        [W, 1, D] of every span's completed pairs, pooled in one op, and which windows they
+        are); the open halves wait in the shared buffers."""
+        kv, score = self._project(ops, x[0])
+        windows = ragged_windows(comp, kv, score, 0)
+        assert comp.pool.pages is not None
+        dtype = comp.pool.pages.dtype
+        if not windows.plan.num_windows:
+            return kv.new_zeros(0, 1, self.dim).to(dtype), windows.plan
+        pooled = ops.compress(windows.kv[:, None], windows.score[:, None], None, None, False)
+        return self.norm(ops, pooled.to(dtype)), windows.plan

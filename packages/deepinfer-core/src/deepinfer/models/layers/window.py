@@ -1,14 +1,15 @@
 """Sliding-window keys for one layer: read the ring, append the new rows, say what each sees.
 
-Two layouts reach a layer. A sequence chunk ([B, S] in lockstep, one :class:`LayerState`) reads
+Three layouts reach a layer. A sequence chunk ([B, S] in lockstep, one :class:`LayerState`) reads
 the ring rows its first query can still see, in position order, then its own rows; each query
 lists the ``window`` rows it sees (:func:`chunk_window`), so attention costs S x window rather
 than S x (window + S). A decode batch ([B, 1], rows of a shared ring tensor at different
 positions) writes its new rows into the rings first (the slot a new row takes held position
 p - capacity, which no query at p can see), then reads every ring slot of every row and masks
 by the position each slot holds, so the whole batch is one gather and one mask whatever the
-positions (:func:`window_keys`). Both give each query its own token plus the ``window - 1``
-before it.
+positions (:func:`window_keys`). Spans of any length over shared rings ([1, N] packed) gather
+every span's ring before writing any, and list each query's rows among those and the new ones
+(:func:`ragged_window`). All give each query its own token plus the ``window - 1`` before it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deepinfer.models.layouts import SlotRows
+from deepinfer.models.layouts import RaggedRows, SlotRows
+from deepinfer.models.ragged_plan import window_plan
+from deepinfer.models.ring import write_ring
 from deepinfer.models.state import LayerState
 
 
@@ -53,3 +56,25 @@ def window_keys(
         return ((held >= 0) & (p - held < window))[:, None, :]
 
     return keys.to(kv.dtype), rows.step_memo.get(("window", capacity, window), mask)
+
+
+def ragged_window(kv: Tensor, rows: RaggedRows, window: int) -> tuple[Tensor, Tensor]:
+    """Keys [1, n * capacity + N, D] (every span's ring as it stood, then the new rows) and
+    each query's window rows [1, N, window] (-1 = none) for the new rows ``kv`` [1, N, D] of
+    a ragged pass's spans; writes the rings and records the marked spans' rings."""
+    ring, meta = rows.ring, rows.meta
+    capacity = ring.shape[1]
+    plan = meta.step_memo.get(
+        ("window", capacity, window), lambda: window_plan(meta, capacity, window)
+    )
+    past = ring.index_select(0, meta.slots)  # [n, capacity, D], before any write
+    for i, state in rows.marked:  # the ring as it stood at each mark inside the span
+        start, offset = meta.starts[i], meta.offsets[i]
+        for length in state.swa.marks:
+            if start < length < start + meta.lengths[i]:
+                at = past[i : i + 1].clone()
+                write_ring(at, kv[:, offset : offset + length - start], start)
+                state.swa.marks[length] = at
+    ring[plan.write_slots, plan.write_rows] = kv[0, plan.write_tokens].to(ring.dtype)
+    keys = torch.cat((past.flatten(0, 1).to(kv.dtype), kv[0]))[None]
+    return keys, plan.index

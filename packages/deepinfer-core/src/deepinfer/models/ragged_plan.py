@@ -1,0 +1,202 @@
+"""The index arithmetic of a ragged pass: which rows every layer gathers and scatters.
+
+A ragged pass feeds spans of any length whose states live in shared slot tensors (see
+:mod:`.ragged`). Each layer reads and writes all spans with a fixed number of indexed ops; the
+indices depend only on where the spans stand, so each is built once per step (on the host,
+where it is a few ops per span) and shared by every layer through the step memo:
+
+* :func:`window_plan`: each query's ``window`` keys among [the spans' ring rows as they stood
+  before the step ; the step's new rows], and which new rows the rings keep;
+* :func:`close_plan`: for one compression ratio, the windows the step completes (each as
+  ``ratio`` rows of [the spans' open windows ; the step's new projections]), the window before
+  each (for overlapping compressors), and which new rows stay open;
+* :func:`score_groups`: spans of similar length grouped for the ops that score a span's
+  queries against its own keys, so a step of many spans costs a few ops, not a few per span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deepinfer.models.layouts import RaggedMeta
+from deepinfer.transfer import to_device
+
+
+def _on(device: torch.device, *parts: list[Tensor]) -> list[Tensor]:
+    """Each list of host tensors concatenated (long) and moved to ``device``."""
+    empty = torch.empty(0, dtype=torch.long)
+    return [to_device(torch.cat(p) if p else empty, device) for p in parts]
+
+
+@dataclass
+class WindowPlan:
+    """A ring shape's gathers and scatters for one ragged step."""
+
+    index: Tensor  # [1, N, window]: rows of [n * capacity ring rows ; N new rows], -1 = none
+    write_tokens: Tensor  # [M] new rows the rings keep (each span's last ``capacity``)
+    write_slots: Tensor  # [M] their slot
+    write_rows: Tensor  # [M] their ring row (position % capacity)
+
+
+def window_plan(meta: RaggedMeta, capacity: int, window: int) -> WindowPlan:
+    """:class:`WindowPlan` for rings of ``capacity`` rows and an attention ``window``.
+
+    Query t at position p sees positions p - j, j < window. One inside its span's chunk is new
+    row ``t - j``; one before it is ring row ``p - j`` of its span's slot, still there because
+    ``capacity >= window`` and the ring held every position up to the span's start.
+    """
+    device = meta.positions.device
+    p = meta.positions[:, None]
+    j = torch.arange(window, device=device)
+    q = p - j
+    t = torch.arange(p.shape[0], device=device)[:, None]
+    ring_row = meta.token_span[:, None] * capacity + q.remainder(capacity)
+    index = torch.where(q >= meta.span_start[:, None], meta.num_spans * capacity + t - j, ring_row)
+    index = torch.where(q < 0, -1, index)
+    tokens, slots, rows = [], [], []
+    for slot, start, length, offset in _spans(meta):
+        kept = torch.arange(max(0, length - capacity), length)
+        tokens.append(offset + kept)
+        slots.append(torch.full_like(kept, slot))
+        rows.append((start + kept) % capacity)
+    return WindowPlan(index[None], *_on(device, tokens, slots, rows))
+
+
+def _spans(meta: RaggedMeta) -> zip[tuple[int, int, int, int]]:
+    return zip(meta.slot_ids, meta.starts, meta.lengths, meta.offsets, strict=True)
+
+
+@dataclass
+class ClosePlan:
+    """One compression ratio's gathers and scatters for one ragged step."""
+
+    rows: Tensor  # [W, ratio]: rows of [n * ratio open-window rows ; N new rows]
+    entry: Tensor  # [W] the entry each completed window makes
+    entry_slots: Tensor  # [W] its span's slot
+    #: [W]: the window before each, as a row of [the W windows ; the n spans' stored halves]
+    prev: Tensor
+    last: Tensor  # [m] the last window each span completes (spans completing any)
+    last_slots: Tensor  # [m]
+    open_tokens: Tensor  # [M] new rows left in an open window
+    open_slots: Tensor  # [M]
+    open_rows: Tensor  # [M] their row in the window (position % ratio)
+    counts: list[int]  # entries each span holds after the step
+
+    @property
+    def num_windows(self) -> int:
+        return self.rows.shape[0]
+
+
+def close_plan(meta: RaggedMeta, ratio: int) -> ClosePlan:
+    """:class:`ClosePlan` for compressors of ``ratio``: window e covers positions
+    ``e*ratio ..``; a row before the span's start is still in its open window (row
+    ``position % ratio``), the rest are new."""
+    n, r = meta.num_spans, ratio
+    rows, entry, entry_slots, prev, last, last_slots = [], [], [], [], [], []
+    open_tokens, open_slots, open_rows, counts = [], [], [], []
+    done = 0  # windows planned so far
+    for i, (slot, start, length, offset) in enumerate(_spans(meta)):
+        end = start + length
+        first, stop = start // r, end // r
+        e = torch.arange(first, stop)
+        q = (e[:, None] * r + torch.arange(r)).flatten()
+        rows.append(torch.where(q >= start, n * r + offset + q - start, i * r + q % r))
+        entry.append(e)
+        entry_slots.append(torch.full_like(e, slot))
+        # The window before the span's first is its stored half (row W + i, fixed up below).
+        before = torch.arange(done - 1, done + len(e) - 1)
+        if len(e):
+            before[0] = -1 - i
+        prev.append(before)
+        done += len(e)
+        if len(e):
+            last.append(torch.tensor([done - 1]))
+            last_slots.append(torch.tensor([slot]))
+        tail = torch.arange(max(start, stop * r), end)
+        open_tokens.append(offset + tail - start)
+        open_slots.append(torch.full_like(tail, slot))
+        open_rows.append(tail % r)
+        counts.append(stop)
+    device = meta.positions.device
+    prev_all = torch.cat(prev) if prev else torch.empty(0, dtype=torch.long)
+    prev_all = torch.where(prev_all < 0, done - 1 - prev_all, prev_all)
+    out = _on(
+        device, rows, entry, entry_slots, last, last_slots, open_tokens, open_slots, open_rows
+    )
+    return ClosePlan(
+        out[0].view(done, r), out[1], out[2], to_device(prev_all, device), *out[3:], counts
+    )
+
+
+@dataclass
+class ScoreGroup:
+    """Spans whose queries are scored as one [G, S] batch, each row one span's tokens
+    padded at the end with its last."""
+
+    spans: Tensor  # [G] span indices
+    members: list[int]  # the same on the host
+    tokens: Tensor  # [G, S] token of each row and column (padding repeats the last)
+    real: Tensor  # [G, S] bool: a real token, not padding
+    flat_real: Tensor  # [R] positions of the real tokens in the flattened [G * S]
+    flat_tokens: Tensor  # [R] their tokens
+
+
+def score_groups(meta: RaggedMeta) -> list[ScoreGroup]:
+    """The step's spans in groups of similar length (each group pads within
+    ``meta.padding`` times its real tokens; 0: equal lengths)."""
+    order = sorted(range(meta.num_spans), key=lambda i: meta.lengths[i])
+    groups: list[list[int]] = []
+    real = 0
+    for i in order:  # ascending: the newest member is the group's longest
+        n = meta.lengths[i]
+        if groups and (len(groups[-1]) + 1) * n <= (1 + meta.padding) * (real + n):
+            groups[-1].append(i)
+            real += n
+        else:
+            groups.append([i])
+            real = n
+    return [_score_group(meta, g) for g in groups]
+
+
+def _score_group(meta: RaggedMeta, group: list[int]) -> ScoreGroup:
+    width = max(meta.lengths[i] for i in group)
+    cols = torch.arange(width)
+    lengths = torch.tensor([meta.lengths[i] for i in group])[:, None]
+    offsets = torch.tensor([meta.offsets[i] for i in group])[:, None]
+    tokens = offsets + torch.minimum(cols, lengths - 1)
+    real = cols < lengths
+    flat_real = real.flatten().nonzero()[:, 0]
+    device = meta.positions.device
+    return ScoreGroup(
+        spans=to_device(torch.tensor(group), device),
+        members=group,
+        tokens=to_device(tokens, device),
+        real=to_device(real, device),
+        flat_real=to_device(flat_real, device),
+        flat_tokens=to_device(tokens.flatten()[flat_real], device),
+    )
+
+
+def group_entries(meta: RaggedMeta, group: ScoreGroup, ratio: int) -> int:
+    """Entries of ``ratio`` the group's longest-held span has after the step: the keys its
+    queries are scored against (a group of short spans reads no further than its own)."""
+    return max((meta.starts[i] + meta.lengths[i]) // ratio for i in group.members)
+
+
+def by_score_group(
+    meta: RaggedMeta, width: int, score: Callable[[int, ScoreGroup], Tensor]
+) -> Tensor:
+    """[1, N, width] long: ``score(b, group)`` ([G, S, <= width] for group b's rows, -1 =
+    none) put back in token order, -1 past each group's own width."""
+    groups = meta.step_memo.get("score groups", lambda: score_groups(meta))
+    out = torch.full(
+        (meta.positions.shape[0], width), -1, dtype=torch.long, device=meta.positions.device
+    )
+    for b, group in enumerate(groups):
+        picks = score(b, group)
+        out[group.flat_tokens, : picks.shape[-1]] = picks.flatten(0, 1)[group.flat_real]
+    return out[None]
