@@ -329,10 +329,13 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
 
 @torch.no_grad()
 def prefill_floor(llm: Any, prompts: torch.Tensor, device: str) -> dict[str, float]:
-    """The matmuls of DeepInfer's prefill of ``prompts`` (one packed pass, as the engine runs
-    it), captured and replayed back to back as for the step's floor."""
+    """The matmuls of DeepInfer's prefill of ``prompts`` (one ragged pass over slotted
+    states, as the engine runs it), captured and replayed back to back as for the step's
+    floor."""
     model = llm.engine.model
-    states = [model.new_state(1) for _ in range(prompts.shape[0])]
+    n, length = prompts.shape
+    slots = StateSlots(lambda: model.new_state(1), max_slots=n, max_len=length + 1)
+    states = [slots.new_state() for _ in range(n)]
     capture = _CaptureMatmuls()
     with capture:
         model(ForwardBatch.build(list(prompts), states))

@@ -104,7 +104,7 @@ class StepApi:
     decode_step: Callable[
         [DeepseekV4ForCausalLM, Tensor, Sequence[ModelState], DecodeGraphs | None], Tensor
     ]
-    #: One chunk [S_i] per state, in one packed pass -> the last token's logits per chunk.
+    #: One chunk [S_i] per state, in one step -> the last token's logits per chunk.
     prefill: Callable[[DeepseekV4ForCausalLM, Sequence[Tensor], Sequence[ModelState]], Tensor]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -123,8 +124,8 @@ def test_batched_forwards_reject_mismatched_inputs(model: DeepseekV4ForCausalLM)
 
 
 def _new_states(model: DeepseekV4ForCausalLM, layout: str) -> Callable[[], ModelState]:
-    """States with their own tensors (a packed pass), in the engine's slots with paged
-    entries (the ragged pass), or in slots with their own entries (a packed pass)."""
+    """States with their own tensors (run span by span), in the engine's slots with paged
+    entries (the ragged pass), or in slots with their own entries (span by span)."""
     if layout == "own":
         return lambda: model.new_state(1)
     max_len = 4096 if layout == "slots" else None
@@ -133,18 +134,23 @@ def _new_states(model: DeepseekV4ForCausalLM, layout: str) -> Callable[[], Model
 
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many ragged and packed passes the model runs (each test checks the one it meant)."""
+    """How many multi-span steps ran as a ragged pass and how many span by span (each test
+    checks the one it meant)."""
     from deepinfer.models import causal_lm
 
-    counts = {"ragged": 0, "packed": 0}
-    for name in counts:
-        run = getattr(causal_lm, f"run_{name}")
+    counts = {"ragged": 0, "each": 0}
+    ragged, each = causal_lm.run_ragged, DeepseekV4ForCausalLM._run_each
 
-        def counted(*args: object, _run: Callable[..., object] = run, _name: str = name) -> object:
-            counts[_name] += 1
-            return _run(*args)
+    def run_ragged(*args: Any) -> Any:
+        counts["ragged"] += 1
+        return ragged(*args)
 
-        monkeypatch.setattr(causal_lm, f"run_{name}", counted)
+    def run_each(self: DeepseekV4ForCausalLM, batch: ForwardBatch) -> Any:
+        counts["each"] += len(batch.spans) > 1
+        return each(self, batch)
+
+    monkeypatch.setattr(causal_lm, "run_ragged", run_ragged)
+    monkeypatch.setattr(DeepseekV4ForCausalLM, "_run_each", run_each)
     return counts
 
 
@@ -193,7 +199,7 @@ def test_spans_at_one_position_equal_separate_forwards(
         got = model(ForwardBatch.decode(ids, batched)).logits
         torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
     ragged_pass = layout == "slots"
-    assert (passes["ragged"] > 0, passes["packed"] > 0) == (ragged_pass, not ragged_pass)
+    assert (passes["ragged"] > 0, passes["each"] > 0) == (ragged_pass, not ragged_pass)
 
 
 @pytest.mark.parametrize("layout", ["own", "slots"])

@@ -116,7 +116,7 @@ def test_capturable_step_equals_per_row_decode(name: str) -> None:
         # Reading the whole bucket changes matmul shapes, so fp32 rounding may differ.
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
     # The slot pass advances positions alone; the layers' counters, read afterwards, are
-    # those the packed pass wrote for the same tokens.
+    # those the span-by-span run wrote for the same tokens.
     for a, b in zip(own, slotted, strict=True):
         assert b.counters_behind and _counters(b) == _counters(a)
         assert not b.counters_behind

@@ -124,6 +124,38 @@ def test_a_batch_runs_once(name: str) -> None:
         )
 
 
+@pytest.mark.parametrize(("device", "backend"), CASES)
+def test_batched_verification_rows_roll_back_exactly(name: str, device: str, backend: str) -> None:
+    """Several sequences in the engine's slots, built with rollback slack, verify drafts of
+    1-6 tokens in one step (some steps all single-token rows, the decode pass; the others one
+    ragged pass), keep a prefix of each and roll back. Every kept logit equals a from-scratch
+    forward over that sequence's accepted tokens, so the rings, open windows and history
+    rings the shared passes wrote by index are exactly what a rollback needs."""
+    model = _model(name, device, backend)
+    slots = StateSlots(lambda: model.new_state(1, slack=6), max_slots=3, max_len=1024)
+    states = [slots.new_state() for _ in range(3)]
+    rnd, gen = random.Random(11), torch.Generator().manual_seed(11)
+    accepted: list[list[int]] = [[] for _ in states]
+    tol = 5e-5 if device == "cpu" else 2e-4
+    decode_steps = 0
+    while min(len(a) for a in accepted) <= model.cfg.sliding_window:  # the rings wrapped
+        single = rnd.random() < 0.3
+        drafts = [text_ids(model, gen, 1 if single else rnd.randint(1, 6)) for _ in states]
+        decode_steps += single
+        batch = ForwardBatch.build(
+            [d.to(device) for d in drafts], states, [d.numel() for d in drafts]
+        )
+        got = model(batch).split(batch)
+        for i, (state, draft, logits) in enumerate(zip(states, drafts, got, strict=True)):
+            keep = rnd.randint(1, draft.numel())
+            accepted[i] += draft[:keep].tolist()
+            model.rollback(state, len(accepted[i]), accepted[i])
+            ids = torch.tensor([accepted[i]], device=device)
+            want = model.forward_logits(ids)[0, -keep:]
+            torch.testing.assert_close(logits[:keep], want, rtol=0, atol=tol)
+    assert decode_steps > 0 and [s.pos for s in states] == [len(a) for a in accepted]
+
+
 @pytest.mark.parametrize("layout", ["own", "slots"])
 def test_verification_rows_roll_back_exactly(name: str, layout: str) -> None:
     """Speculative decoding's loop on one sequence: feed k drafted tokens as one row that

@@ -45,7 +45,7 @@ class _CompressorSnap:
     prev_kv: Tensor | None
     prev_score: Tensor | None
     num_entries: int  # entries in the whole prefix up to the boundary
-    hist_kv: Tensor | None = None  # rollback history of states built with slack
+    hist_kv: Tensor | None = None  # rollback history ring of states built with slack
     hist_score: Tensor | None = None
     pages: SlotBuffers | None = None  # the pool whose pages hold the block's entries
 
@@ -58,8 +58,8 @@ class _CompressorSnap:
             clone_or_none(comp.prev_kv),
             clone_or_none(comp.prev_score),
             comp.num_entries,
-            clone_or_none(comp.hist_kv),
-            clone_or_none(comp.hist_score),
+            clone_or_none(comp.hist_kv_buf),
+            clone_or_none(comp.hist_score_buf),
             comp.pool if paged else None,
         )
 
@@ -212,11 +212,12 @@ class PrefixCache:
                     clone_or_none(last.prev_kv),
                     clone_or_none(last.prev_score),
                 )
-                if comp.keep and last.hist_kv is not None:
-                    comp.hist_kv, comp.hist_score = (
-                        clone_or_none(last.hist_kv),
-                        clone_or_none(last.hist_score),
-                    )
+                if comp.hist_kv_buf is not None and last.hist_kv is not None:
+                    assert comp.hist_score_buf is not None and last.hist_score is not None
+                    comp.hist_kv_buf.copy_(last.hist_kv)
+                    comp.hist_score_buf.copy_(last.hist_score)
+                elif comp.keep:  # no rollback may reach before the restored prefix's end
+                    state.history_from = block.end
         state.pos = block.end
         state.token_history = clone_or_none(block.token_history)
         return state

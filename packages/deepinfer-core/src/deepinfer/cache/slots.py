@@ -41,6 +41,8 @@ class CompressorPool:
     score_buf: Tensor | None = None
     prev_kv_buf: Tensor | None = None
     prev_score_buf: Tensor | None = None
+    hist_kv_buf: Tensor | None = None
+    hist_score_buf: Tensor | None = None
     ratio: int = 1
     pages: Tensor | None = None
     page_table: PageMap | None = None

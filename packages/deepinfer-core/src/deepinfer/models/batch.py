@@ -3,8 +3,9 @@
 A step feeds each scheduled sequence a *span* of tokens: a prefill chunk, one decode token, or
 the k tokens of a speculative verification row. The runner describes the whole step once, as an
 immutable :class:`ForwardBatch`, and calls ``model(batch)``; the model picks how to run the spans
-(one batched pass over shared slot rows for the single-token rows, one packed pass for the rest)
-and advances each span's state. Nothing else in the model is an entry point for inference.
+(over the shared slot rows, one decode pass for single-token rows only, one ragged pass for any
+other mix; spans of states with their own tensors one after the other) and advances each span's
+state. Nothing else in the model is an entry point for inference.
 
 Positions are explicit: a span starts where its state stands when the batch is built
 (``start``), and the model refuses a batch whose states have moved since, so a stale or doubly

@@ -33,7 +33,6 @@ from deepinfer.models.layers.mhc import add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.packing import run_packed
 from deepinfer.models.ragged import run_ragged
 from deepinfer.models.rollback import rollback_layers
 from deepinfer.models.state import ModelState, clone_or_none
@@ -143,31 +142,30 @@ class DeepseekCausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, graphs: DecodeGraphs | None = None) -> ForwardOutput:
         """Run one step (see :mod:`.batch`): advance every span's state by its tokens and
-        return the kept logits. Single-token rows of states in shared slot tensors run as one
-        batched decode pass (captured whole by ``graphs`` on a GPU), everything else as one
-        packed pass."""
+        return the kept logits. Spans of states in the shared slot tensors run as one pass: a
+        batch of single-token rows as the decode pass (captured whole by ``graphs`` on a GPU),
+        any other mix as the ragged pass. Spans of states with their own tensors (tests,
+        tools) run one after the other, each straight through the layers."""
         batch.check_fresh()
         self.check_ready()
         spans = batch.spans
+        states = [s.state for s in spans]
         # A lone decode row whose token is on the device (drawn by the previous step) takes the
         # decode pass too: it needs no look at its id (the sampler never draws an image token).
         if len(spans) == 1:
-            span = spans[0]
             on_device = batch.input_ids.device.type != "cpu"
-            slotted = span.is_decode and (graphs is not None or on_device)
-            if not (slotted and slot_decodable([span.state])):
-                return self._run_single(batch)
+            slotted = spans[0].is_decode and (graphs is not None or on_device)
+            if not (slotted and slot_decodable(states)):
+                return self._run_each(batch)
         if batch.image_embeds is None:
             self._check_text(batch.input_ids)
-        states = [s.state for s in spans]
+        if not slot_decodable(states):
+            return self._run_each(batch)
+        if len(batch.decode_rows) == len(spans) and not batch.return_streams:
+            logits = run_decode(self, batch.input_ids, states, graphs)
+            return ForwardOutput(logits, [()] * len(spans), None)
         chunks = [batch.span_ids(i)[0] for i in range(len(spans))]
-        views: list[Sequence[ModelState]] = [()] * len(spans)  # one shared empty tuple
-        if not slot_decodable(states):  # states with their own tensors (tests, tools)
-            out = run_packed(self, spans, chunks, batch.return_streams)
-        elif len(batch.decode_rows) == len(spans) and not batch.return_streams:
-            return ForwardOutput(run_decode(self, batch.input_ids, states, graphs), views, None)
-        else:
-            out = run_ragged(self, spans, chunks, batch.return_streams)
+        out = run_ragged(self, spans, chunks, batch.return_streams)
         return ForwardOutput(out.logits, out.views, out.streams)
 
     def _check_text(self, input_ids: Tensor) -> None:
@@ -182,24 +180,30 @@ class DeepseekCausalLM(nn.Module):
                 "with image_embeds"
             )
 
-    def _run_single(self, batch: ForwardBatch) -> ForwardOutput:
-        """A batch of one span (one sequence or a lockstep batch) runs straight through the
-        layers: no packing, every row's kept positions from one [B, S] pass."""
-        span = batch.spans[0]
-        ids = batch.span_ids(0)
-        state = span.state
-        before = clone_or_none(state.token_history) if span.record_at else None
-        set_marks(state, span.record_at)
-        try:
-            logits, streams = self.run_span(ids, span, batch.image_embeds)
-            views = states_at(state, span.record_at)
-        finally:
-            clear_marks(state)
-        for view in views:
-            view.token_history = history_after(before, ids, view.pos - span.start, self.device)
-        keep = streams[:, streams.shape[1] - span.num_logits :] if batch.return_streams else None
+    def _run_each(self, batch: ForwardBatch) -> ForwardOutput:
+        """Each span straight through the layers, one after the other: no shared tensors to
+        pack into, every row's kept positions of a [B, S] span from one pass."""
+        logits, views, streams = [], [], []
+        for i, span in enumerate(batch.spans):
+            ids = batch.span_ids(i)
+            state = span.state
+            before = clone_or_none(state.token_history) if span.record_at else None
+            set_marks(state, span.record_at)
+            try:
+                out, x = self.run_span(ids, span, batch.image_embeds)
+                at = states_at(state, span.record_at)
+            finally:
+                clear_marks(state)
+            for view in at:
+                view.token_history = history_after(before, ids, view.pos - span.start, self.device)
+            logits.append(out.flatten(0, 1))
+            views.append(at)
+            if batch.return_streams:
+                streams.append(x[:, x.shape[1] - span.num_logits :].flatten(0, 1))
         return ForwardOutput(
-            logits.flatten(0, 1), [views], None if keep is None else keep.flatten(0, 1)
+            logits[0] if len(logits) == 1 else torch.cat(logits),
+            views,
+            (streams[0] if len(streams) == 1 else torch.cat(streams)) if streams else None,
         )
 
     def run_span(

@@ -2,10 +2,10 @@
 
 One batched pass over the layers advances every row by one token, as separate forwards would.
 The rows' states live in shared slot tensors (:class:`~deepinfer.cache.slots.StateSlots` with
-entry pages, no rollback slack; :func:`slot_decodable`), so every layer reads and writes all rows
+entry pages; :func:`slot_decodable`), so every layer reads and writes all rows
 with a few indexed ops and no per-row host work. The step is then a fixed sequence of device ops
 over the slot tensors, and on a GPU it is captured whole, once per batch bucket and entry bucket
-(:mod:`.graphs`). Rows of any other state run as one-token spans of the packed pass.
+(:mod:`.graphs`). Rows of states with their own tensors run one after the other.
 """
 
 from __future__ import annotations
@@ -73,17 +73,17 @@ def run_decode(
 
 def slot_decodable(states: Sequence[ModelState]) -> bool:
     """Whether a decode pass can run ``states``: every one lives in the same shared slot
-    tensors, entries and (with Engram) history included, with no rollback history."""
+    tensors, entries, (with Engram) token history and (with slack) rollback history
+    included."""
     if not all_slotted(states):
         return False
     return states[0].history_buf is None or states[0].history_pool is not None
 
 
 def all_slotted(states: Sequence[ModelState]) -> bool:
-    """Whether every state lives in the same shared slot tensors, entries included, with no
-    rollback history (the shared-rows decode path keeps none)."""
+    """Whether every state lives in the same shared slot tensors, entries included."""
     ring = states[0].ring_pool
-    if ring is None or any(s.ring_pool is not ring or s.slack for s in states):
+    if ring is None or any(s.ring_pool is not ring for s in states):
         return False
     return all(
         comp.pool is not None and comp.pool.pages is not None

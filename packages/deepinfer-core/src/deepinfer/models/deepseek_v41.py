@@ -34,7 +34,6 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layers.candidate_indexer import SharedKV
 from deepinfer.models.layers.mhc import HyperConnection
 from deepinfer.models.layers.shared_block import SharedBlock, V41Context
-from deepinfer.models.layouts import Packed
 from deepinfer.models.state import ModelState
 from deepinfer.models.trunk import LayerInputs, take_rows
 from deepinfer.transfer import to_device
@@ -148,9 +147,7 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
         ids = inputs.input_ids
         e = self.embed(ids) if inputs.embeds is None else inputs.embeds
         states = inputs.layer_states
-        # A packed pass gives each span its own source-layer outputs.
-        packed = states[0] if isinstance(states[0], Packed) else None
-        shared = [SharedKV() for _ in packed.states] if packed is not None else SharedKV()
+        shared = SharedKV()
         ctx = V41Context(
             ops=self.ops,
             positions=inputs.positions,

@@ -1,11 +1,10 @@
 """What one layer's forward receives, by kind of row.
 
-A single span (one sequence, or a batch of sequences fed alike) carries its
-:class:`~deepinfer.models.state.LayerState`; spans of any length whose states live in shared slot
-tensors, those tensors and where each span stands (:class:`RaggedRows`, with one token a span
-the capturable :class:`SlotRows`); spans of states with their own tensors (tests, tools) their
-states (:class:`Packed`). The layers branch on these; the step code (:mod:`.decode`,
-:mod:`.ragged`, :mod:`.packing`) builds them.
+A single span (one sequence, or a batch of sequences fed alike, with tensors of its own or rows
+of the shared slots) carries its :class:`~deepinfer.models.state.LayerState`; spans of any length
+whose states live in the shared slot tensors, those tensors and where each span stands
+(:class:`RaggedRows`; with one token a span, the capturable :class:`SlotRows`). The layers branch
+on these; the step code (:mod:`.causal_lm`, :mod:`.decode`, :mod:`.ragged`) builds them.
 """
 
 from __future__ import annotations
@@ -20,23 +19,6 @@ from deepinfer.models.state import CompressorState, LayerState, ModelState, Slot
 
 if TYPE_CHECKING:
     from deepinfer.paging import PageMap
-
-
-@dataclass
-class Packed:
-    """Chunks of several sequences of states with their own tensors, packed along the
-    sequence dim of one [1, N] batch: token-wise work (projections, MoE, mHC) runs once over
-    all N tokens, each layer's attention walks the spans, each with its own state."""
-
-    states: list[LayerState]
-    lengths: list[int]
-
-    def spans(self) -> list[tuple[slice, LayerState]]:
-        out, start = [], 0
-        for state, n in zip(self.states, self.lengths, strict=True):
-            out.append((slice(start, start + n), state))
-            start += n
-        return out
 
 
 _T = TypeVar("_T")
@@ -147,9 +129,8 @@ class RaggedRows:
 
 
 #: What a layer's forward receives: the state of a span ([B, S] layout), the shared rows of a
-#: batch of decode rows ([B, 1] layout), spans over shared slots or packed spans of own states
-#: ([1, N] layout).
-LayerStates = LayerState | SlotRows | RaggedRows | Packed
+#: batch of decode rows ([B, 1] layout) or of spans packed along [1, N] (ragged).
+LayerStates = LayerState | SlotRows | RaggedRows
 CompressorStates = CompressorState | CompressorRows | RaggedCompressor
 
 
@@ -168,12 +149,6 @@ def page_table_of(state: ModelState) -> tuple[PageMap, int] | None:
 
 def compressor_states(state: LayerStates, which: str = "compressor") -> CompressorStates:
     """A layer's ``compressor`` (or ``indexer``) state, or its shared rows in a decode batch."""
-    assert not isinstance(state, Packed), "packed spans are split before this point"
     found = getattr(state, which)
     assert found is not None
     return found
-
-
-def per_layer_states(states: Sequence[ModelState]) -> list[list[LayerState]]:
-    """Transpose per-sequence states into, for each layer, one state per row."""
-    return [list(layer) for layer in zip(*(s.layers for s in states), strict=True)]

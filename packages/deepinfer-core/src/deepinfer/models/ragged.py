@@ -17,19 +17,18 @@ read-only views.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from deepinfer.models.batch import SequenceSpan
-from deepinfer.models.decode import slot_decodable
 from deepinfer.models.layouts import (
     RaggedCompressor,
     RaggedMeta,
     RaggedRows,
     page_table_of,
 )
-from deepinfer.models.packing import PackedResult
 from deepinfer.models.state import CompressorState, LayerState, ModelState, clone_or_none
 from deepinfer.models.state_views import clear_marks, set_marks, states_at
 from deepinfer.models.trunk import LayerInputs, StepModel, history_after
@@ -42,14 +41,16 @@ def score_padding(device: torch.device) -> float:
     return 0.5 if device.type != "cpu" else 0.0
 
 
-def ragged_runnable(states: Sequence[ModelState]) -> bool:
-    """Whether a ragged pass can run ``states``: the slotted layout a decode pass needs."""
-    return slot_decodable(states)
+@dataclass
+class RaggedResult:
+    logits: Tensor  # [sum of num_logits, V] in span order
+    views: list[list[ModelState]]  # per span, its states at ``record_at``
+    streams: Tensor | None  # [same rows, hc, d] when asked for
 
 
 def run_ragged(
     model: StepModel, spans: Sequence[SequenceSpan], chunks: Sequence[Tensor], streams: bool
-) -> PackedResult:
+) -> RaggedResult:
     """Feed each span its ids ``chunks[i]`` ([S_i]) in one ragged pass (see the module);
     returns the kept logits in span order, the states at record points, and the streams of
     the kept rows when asked for."""
@@ -88,7 +89,7 @@ def run_ragged(
             n = view.pos - spans[i].start
             view.token_history = history_after(history[i], chunks[i], n, model.device)
         out[i] = at
-    return PackedResult(logits[0], out, x[0, rows] if streams else None)
+    return RaggedResult(logits[0], out, x[0, rows] if streams else None)
 
 
 def _meta(model: StepModel, spans: Sequence[SequenceSpan]) -> RaggedMeta:

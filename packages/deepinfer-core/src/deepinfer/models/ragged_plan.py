@@ -57,13 +57,33 @@ def window_plan(meta: RaggedMeta, capacity: int, window: int) -> WindowPlan:
     ring_row = meta.token_span[:, None] * capacity + q.remainder(capacity)
     index = torch.where(q >= meta.span_start[:, None], meta.num_spans * capacity + t - j, ring_row)
     index = torch.where(q < 0, -1, index)
-    tokens, slots, rows = [], [], []
-    for slot, start, length, offset in _spans(meta):
-        kept = torch.arange(max(0, length - capacity), length)
-        tokens.append(offset + kept)
-        slots.append(torch.full_like(kept, slot))
-        rows.append((start + kept) % capacity)
-    return WindowPlan(index[None], *_on(device, tokens, slots, rows))
+    writes = ring_writes(meta, capacity)
+    return WindowPlan(index[None], writes.tokens, writes.slots, writes.rows)
+
+
+@dataclass
+class RingWrites:
+    """The new rows a ring of ``capacity`` rows per slot keeps after a ragged step: each
+    span's last ``capacity`` tokens, at row position % capacity of its slot."""
+
+    tokens: Tensor  # [M]
+    slots: Tensor  # [M]
+    rows: Tensor  # [M]
+
+
+def ring_writes(meta: RaggedMeta, capacity: int) -> RingWrites:
+    """:class:`RingWrites` for rings of ``capacity`` rows (memoised in the step)."""
+
+    def make() -> RingWrites:
+        tokens, slots, rows = [], [], []
+        for slot, start, length, offset in _spans(meta):
+            kept = torch.arange(max(0, length - capacity), length)
+            tokens.append(offset + kept)
+            slots.append(torch.full_like(kept, slot))
+            rows.append((start + kept) % capacity)
+        return RingWrites(*_on(meta.positions.device, tokens, slots, rows))
+
+    return meta.step_memo.get(("ring writes", capacity), make)
 
 
 def _spans(meta: RaggedMeta) -> zip[tuple[int, int, int, int]]:

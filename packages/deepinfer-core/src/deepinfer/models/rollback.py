@@ -5,7 +5,8 @@ then be what it would be had only those j run. Everything per-token is cheap to 
 was kept: the SWA ring holds ``slack`` rows beyond the window (so the rows the rejected tokens
 overwrote are still there), compressed entries are truncated to the complete windows of the new
 length, and each compressor's open window (and, with overlap, the previous window's first half)
-is rebuilt from the raw projections of its last ``slack + 2 * ratio`` inputs. A state built
+is rebuilt from the raw projections of its last ``slack + 2 * ratio`` inputs, kept in a ring
+like the window's (so the engine's shared passes write them by index). A state built
 without slack cannot be rolled back.
 
 The contract is speculative decoding's: a rollback reaches at most ``slack`` tokens back and never
@@ -15,6 +16,8 @@ kept projections suffice however the steps interleave.
 """
 
 from __future__ import annotations
+
+import torch
 
 from deepinfer.models.state import CompressorState, LayerState, ModelState
 
@@ -36,44 +39,47 @@ def rollback_layers(state: ModelState, length: int) -> None:
             f"cannot roll back to {length}: an earlier rollback made the first "
             f"{state.committed} tokens final"
         )
+    state.fed = fed = max(state.fed, state.pos)
     for layer in state.layers:
-        _rollback_layer(layer, length)
+        _rollback_layer(layer, length, fed, state.history_from)
     if state.mtp_pos > length:
-        for layer in state.mtp:
-            _rollback_layer(layer, length)
+        for layer in state.mtp:  # fed up to mtp_pos, never past it
+            _rollback_layer(layer, length, layer.swa.length, state.history_from)
         state.mtp_pos = length
     state.pos = state.committed = length
 
 
-def _rollback_layer(layer: LayerState, length: int) -> None:
-    fed = layer.swa.length  # every token this layer has seen also went through its compressors
-    layer.swa.length = min(fed, length)
+def _rollback_layer(layer: LayerState, length: int, fed: int, history_from: int) -> None:
+    layer.swa.length = min(layer.swa.length, length)
     for comp in (layer.compressor, layer.indexer):
         if comp is not None:
-            _rollback_compressor(comp, length, fed)
+            _rollback_compressor(comp, length, fed, history_from)
 
 
-def _rollback_compressor(comp: CompressorState, length: int, fed: int) -> None:
+def _rollback_compressor(comp: CompressorState, length: int, fed: int, history_from: int) -> None:
+    """``fed``: the most tokens the state has held; its history ring holds the projections of
+    positions ``max(fed - keep, history_from) ..`` up to the current length (rows of later
+    positions a rollback took back are stale, and overwritten before they are read again)."""
     r = comp.ratio
     n = length // r  # complete windows at the new length
     if comp.keep:
-        assert comp.hist_kv is not None and comp.hist_score is not None
-        first = fed - comp.hist_kv.shape[1]  # position of the oldest kept projection
+        assert comp.hist_kv_buf is not None and comp.hist_score_buf is not None
         need = (n - 1) * r if comp.overlap and n else n * r
-        if need < first:
+        oldest = max(fed - comp.keep, history_from)
+        if need < oldest:
             raise ValueError(
-                f"compressor history starts at position {first}, rollback to {length} needs "
-                f"{need}: the state's slack is too small"
+                f"compressor history starts at position {oldest}, rollback to {length} "
+                f"needs {need}: the state's slack is too small, or it was restored without "
+                "its history"
             )
-        start, stop = n * r - first, length - first
+        rows = torch.arange(n * r, length, device=comp.hist_kv_buf.device) % comp.keep
         if comp.overlap:
             dim = comp.entry_dim
-            comp.prev_kv = comp.hist_kv[:, start - r : start, :dim].clone() if n else None
-            comp.prev_score = comp.hist_score[:, start - r : start, :dim].clone() if n else None
-        comp.buf_kv = comp.hist_kv[:, start:stop]
-        comp.buf_score = comp.hist_score[:, start:stop]
-        comp.hist_kv = comp.hist_kv[:, :stop]
-        comp.hist_score = comp.hist_score[:, :stop]
+            before = torch.arange(n * r - r, n * r, device=rows.device) % comp.keep
+            comp.prev_kv = comp.hist_kv_buf[:, before, :dim] if n else None
+            comp.prev_score = comp.hist_score_buf[:, before, :dim] if n else None
+        comp.buf_kv = comp.hist_kv_buf[:, rows]
+        comp.buf_score = comp.hist_score_buf[:, rows]
     elif comp.buf_kv.shape[1]:
         # Only entry-only states (V4.1 index keys: no buffers) roll back without history.
         raise ValueError("this compressor state kept no history to roll back with")

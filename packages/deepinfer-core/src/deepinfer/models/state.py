@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from deepinfer.models.ring import SWARing
+from deepinfer.models.ring import SWARing, write_ring
 
 if TYPE_CHECKING:
     from deepinfer.paging import PageMap
@@ -39,7 +39,7 @@ def clone_or_none(t: Tensor | None) -> Tensor | None:
 
 
 #: The fixed-size buffers of a :class:`CompressorState`, rows of its :class:`SlotBuffers`.
-BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf")
+BUFFERS = ("kv_buf", "score_buf", "prev_kv_buf", "prev_score_buf", "hist_kv_buf", "hist_score_buf")
 
 
 class SlotBuffers(Protocol):
@@ -53,6 +53,8 @@ class SlotBuffers(Protocol):
     score_buf: Tensor | None
     prev_kv_buf: Tensor | None  # [slots, ratio, D], overlapping compressors only
     prev_score_buf: Tensor | None
+    hist_kv_buf: Tensor | None  # [slots, keep, c*D], states with rollback slack only
+    hist_score_buf: Tensor | None
     ratio: int
     pages: Tensor | None  # [num_pages + 1, 128 // ratio, D]; None: entries stay per state
     page_table: PageMap | None
@@ -94,10 +96,12 @@ class CompressorState:
     prev_kv_buf: Tensor | None = None
     prev_score_buf: Tensor | None = None
     #: Rollback support: the raw projections of the last ``keep`` tokens (fp32, like the
-    #: buffers), from which the buffers of an earlier length are rebuilt. keep = 0: none kept.
+    #: buffers), from which the buffers of an earlier length are rebuilt, in a ring like the
+    #: SWA window's (position p at row p % keep, so a decode step writes them by index).
+    #: keep = 0: none kept.
     keep: int = 0
-    hist_kv: Tensor | None = None  # [B, <= keep, c*D]
-    hist_score: Tensor | None = None
+    hist_kv_buf: Tensor | None = None  # [B, keep, c*D]
+    hist_score_buf: Tensor | None = None
     #: Set when the buffers are row ``slot`` of a shared pool.
     pool: SlotBuffers | None = None
     slot: int = -1
@@ -234,10 +238,10 @@ class CompressorState:
         """An empty state; ``slack`` > 0 keeps enough history to roll back that many tokens;
         ``capacity``: entries to allocate up front."""
         width = 2 * dim if overlap else dim
-        empty = torch.zeros(batch, 0, width, dtype=torch.float32, device=device)
+        keep = slack + 2 * ratio if slack else 0
 
-        def buf(d: int, value: float = 0.0) -> Tensor:
-            return torch.full((batch, ratio, d), value, dtype=torch.float32, device=device)
+        def buf(d: int, value: float = 0.0, rows: int = ratio) -> Tensor:
+            return torch.full((batch, rows, d), value, dtype=torch.float32, device=device)
 
         return cls(
             ratio=ratio,
@@ -247,9 +251,9 @@ class CompressorState:
             entries_buf=torch.zeros(batch, capacity, dim, dtype=dtype, device=device),
             prev_kv_buf=buf(dim) if overlap else None,
             prev_score_buf=buf(dim, float("-inf")) if overlap else None,
-            keep=slack + 2 * ratio if slack else 0,
-            hist_kv=empty if slack else None,
-            hist_score=empty if slack else None,
+            keep=keep,
+            hist_kv_buf=buf(width, rows=keep) if keep else None,
+            hist_score_buf=buf(width, rows=keep) if keep else None,
             entries_only=entries_only,
         )
 
@@ -278,12 +282,14 @@ class CompressorState:
             )
 
     def remember(self, kv: Tensor, score: Tensor) -> None:
-        """Keep the newest raw projections [B, S, c*D] for rollback (no-op without slack)."""
+        """Keep the newest raw projections [B, S, c*D] (a chunk's, before it changes the
+        buffers) for rollback; no-op without slack."""
         if not self.keep:
             return
-        assert self.hist_kv is not None and self.hist_score is not None
-        self.hist_kv = torch.cat((self.hist_kv, kv), dim=1)[:, -self.keep :]
-        self.hist_score = torch.cat((self.hist_score, score), dim=1)[:, -self.keep :]
+        assert self.hist_kv_buf is not None and self.hist_score_buf is not None
+        start = self.count * self.ratio + self.fill  # position of the chunk's first token
+        write_ring(self.hist_kv_buf, kv, start)
+        write_ring(self.hist_score_buf, score, start)
 
 
 @dataclass
@@ -334,6 +340,11 @@ class ModelState:
     #: last rollback: tokens before it are final, so no later rollback goes below it.
     slack: int = 0
     committed: int = 0
+    #: The most tokens the state has held (``pos`` before the last rollback, if larger): the
+    #: rollback history rings hold the projections of positions from ``fed - keep`` on, and
+    #: none before ``history_from`` (a state restored without its history).
+    fed: int = 0
+    history_from: int = 0
     mtp_pos: int = 0  # positions consumed by the MTP layers
     #: V4.1 Engram only: [B, engram_max_ngram_size - 1] raw token ids before ``pos`` (oldest
     #: first), the pad id where the sequence is shorter; read and assigned as

@@ -1,9 +1,8 @@
 """What the ways of running a step need from a model version: one pass over its layers.
 
 V4 and V4.1 share everything around their layer stacks: the batch description, the state, the
-ways spans run (one span straight through; a batch of single-token rows, :mod:`.decode`; spans of
-any length over shared slots, :mod:`.ragged`; spans of states with their own tensors,
-:mod:`.packing`) and the output head. A version supplies
+ways spans run (a span straight through; a batch of single-token rows, :mod:`.decode`; spans of
+any length over the shared slots, :mod:`.ragged`) and the output head. A version supplies
 :meth:`StepModel.run_layers` (its layers and how their outputs reach the head) and
 :meth:`StepModel.engram_ids` (V4.1's hashed look-back; none in V4), and the step code calls them
 the same way for every kind of row.

@@ -27,7 +27,7 @@ from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_mask
 from deepinfer.models.layers.window import chunk_window, ragged_window, window_keys
-from deepinfer.models.layouts import LayerStates, Packed, RaggedRows, SlotRows, compressor_states
+from deepinfer.models.layouts import LayerStates, RaggedRows, SlotRows, compressor_states
 from deepinfer.models.ring import SWARing
 from deepinfer.models.state import LayerState
 from deepinfer.paging import dense_entries
@@ -94,26 +94,17 @@ class MQA(nn.Module, ABC):
         rotary: Rotary,
         state: LayerStates,
         *,
-        shared: SharedKV | list[SharedKV] | None = None,
+        shared: SharedKV | None = None,
     ) -> Tensor:
         """``x`` [B, S, d] is the normed sublayer input at absolute ``positions``: [S] for a
-        span or packed spans, [B, 1] for a batch of decode rows in shared slots.
-        ``shared``: V4.1's per-call source-layer outputs (one per span when packed)."""
+        span, [N] for a ragged pass's spans packed in [1, N], [B, 1] for a batch of decode rows
+        in shared slots. ``shared``: V4.1's per-call source-layer outputs."""
         cos, sin = rotary.cos_sin(positions)
         q, qr, kv = self.project(ops, x, cos, sin)
-        if isinstance(state, Packed):
-            shares = shared if isinstance(shared, list) else [shared] * len(state.states)
-            parts = []
-            for (sl, st), sh in zip(state.spans(), shares, strict=True):
-                cut = [t[:, sl] for t in (x, q, qr, kv)]
-                parts.append(self.attend(ops, *cut, positions[sl], rotary, st, sh))
-            o = torch.cat(parts, dim=1)
-        else:
-            assert not isinstance(shared, list)
-            o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
+        o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
         return self.output(ops, o, cos, sin)
 
-    def attend(  # noqa: PLR0917 - the per-sequence slice of everything forward built
+    def attend(  # noqa: PLR0917 - everything forward built
         self,
         ops: Backend,
         x: Tensor,

@@ -18,7 +18,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layouts import CompressorRows, CompressorStates, RaggedCompressor
-from deepinfer.models.ragged_plan import ClosePlan, close_plan
+from deepinfer.models.ragged_plan import ClosePlan, close_plan, ring_writes
 from deepinfer.models.state import CompressorState
 from deepinfer.paging import PagedEntries
 
@@ -113,7 +113,7 @@ class Compressor(nn.Module):
         xf = x.float()
         kv = ops.linear(xf, self.wkv.weight)
         score = ops.linear(xf, self.wgate.weight) + self.ape[at.phase[:, None]]
-        win_kv, win_score = slot_windows(rows, at.phase, kv, score)
+        win_kv, win_score = slot_windows(rows, at, kv, score)
         prev_kv = prev_score = None
         if self.overlap:
             assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
@@ -200,6 +200,11 @@ def ragged_windows(comp: RaggedCompressor, kv: Tensor, score: Tensor, half: int)
         pool.prev_score_buf[plan.last_slots] = win_score[plan.last, :, :half]
     pool.kv_buf[plan.open_slots, plan.open_rows] = kv[plan.open_tokens]
     pool.score_buf[plan.open_slots, plan.open_rows] = score[plan.open_tokens]
+    if pool.hist_kv_buf is not None:  # states with rollback slack keep their projections
+        assert pool.hist_score_buf is not None
+        kept = ring_writes(meta, pool.hist_kv_buf.shape[1])
+        pool.hist_kv_buf[kept.slots, kept.rows] = kv[kept.tokens]
+        pool.hist_score_buf[kept.slots, kept.rows] = score[kept.tokens]
     return RaggedWindows(plan, win_kv, win_score, prev_kv, prev_score)
 
 
@@ -272,11 +277,17 @@ def slot_phase(rows: CompressorRows, positions: Tensor) -> SlotPhase:
 
 
 def slot_windows(
-    rows: CompressorRows, phase: Tensor, kv: Tensor, score: Tensor
+    rows: CompressorRows, at: SlotPhase, kv: Tensor, score: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Put each row's new projections [B, 1, width] (slot ``phase`` [B] of its window) into
-    its open window and return every row's window [B, ratio, width], complete or not."""
-    pool, slots = rows.pool, rows.slots
+    """Put each row's new projections [B, 1, width] (slot ``at.phase`` [B] of its window)
+    into its open window (and, with rollback slack, its history ring) and return every row's
+    window [B, ratio, width], complete or not."""
+    pool, slots, phase = rows.pool, rows.slots, at.phase
+    if pool.hist_kv_buf is not None:
+        assert pool.hist_score_buf is not None
+        row = (at.index * rows.ratio + phase) % pool.hist_kv_buf.shape[1]  # position % keep
+        pool.hist_kv_buf[slots, row] = kv[:, 0]
+        pool.hist_score_buf[slots, row] = score[:, 0]
     if rows.ratio == 1:  # every token is a whole window: nothing to buffer
         return kv, score
     pool.kv_buf[slots, phase] = kv[:, 0]

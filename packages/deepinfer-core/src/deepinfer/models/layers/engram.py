@@ -77,7 +77,8 @@ class Engram(nn.Module):
     def rows(self, compressed_ids: Tensor | list[Tensor], history: int) -> Tensor:
         """Table rows [B, S, n_tables] for compressed ids with ``history`` look-back columns.
 
-        Packed spans pass one [1, history + S_i] tensor per span; their rows are concatenated.
+        A ragged pass's spans pass one [1, history + S_i] tensor per span; their rows are
+        concatenated.
         """
         if isinstance(compressed_ids, list):
             return torch.cat([self.rows(ids, history) for ids in compressed_ids], dim=1)

@@ -34,7 +34,7 @@ class V41Context:
     positions: Tensor  # [S]; [B, 1] for a decode batch
     input_ids: Tensor  # [B, S]
     rotary: dict[str, Rotary]
-    shared: SharedKV | list[SharedKV]  # one per span when packed
+    shared: SharedKV
     image_mask: Tensor | None  # [B, S] True at image-token positions
     #: [B, history + S] compressed ids with the look-back in front (one per span when packed)
     engram_ids: Tensor | list[Tensor] | None

@@ -82,7 +82,7 @@ class SharedCompressor(nn.Module):
         work."""
         kv, score = self._project(ops, x)
         at = slot_phase(rows, positions)
-        win_kv, win_score = slot_windows(rows, at.phase, kv, score)
+        win_kv, win_score = slot_windows(rows, at, kv, score)
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         assert rows.pool.pages is not None
         return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
