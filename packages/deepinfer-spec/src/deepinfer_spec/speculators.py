@@ -1,8 +1,9 @@
 """Speculator factories registered under ``deepinfer.speculators``.
 
-Both are registered so that configuration and ``deepinfer info`` see them, but drafting is not
-implemented yet: constructing one raises, naming what is missing, instead of silently decoding
-without speculation.
+Both are registered so that configuration and ``deepinfer info`` see them, but the engine does not
+run speculative steps yet: constructing one raises, naming what is missing, instead of silently
+decoding without speculation. MTP drafting and lossless verification exist for one sequence
+(:func:`deepinfer_spec.speculative.speculative_generate`, the engine's future reference).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class MTPSpeculator:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
-            "MTP speculative decoding is not implemented in deepinfer-spec 0.1: "
-            "drafting with the checkpoint's MTP layers and verification are still missing"
+            "MTP speculative decoding in the engine is not implemented in deepinfer-spec 0.1: "
+            "drafting and verification run for one sequence "
+            "(deepinfer_spec.speculative.speculative_generate), the engine's speculative "
+            "steps are still missing"
         )

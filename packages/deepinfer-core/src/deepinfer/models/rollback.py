@@ -84,3 +84,18 @@ def _rollback_compressor(comp: CompressorState, length: int, fed: int, history_f
         # Only entry-only states (V4.1 index keys: no buffers) roll back without history.
         raise ValueError("this compressor state kept no history to roll back with")
     comp.count = min(comp.count, n)
+
+
+def rollback_mtp_layers(state: ModelState, length: int) -> None:
+    """Roll the MTP layers alone back to ``length`` positions (a drafter that chained drafts
+    through them keeps only the positions it fed with the target's own streams)."""
+    if length > state.mtp_pos or length < 0:
+        raise ValueError(f"cannot roll MTP layers at {state.mtp_pos} positions to {length}")
+    if state.mtp_pos - length > state.slack:
+        raise ValueError(
+            f"cannot roll MTP layers back {state.mtp_pos - length} positions: the state keeps "
+            f"{state.slack}"
+        )
+    for layer in state.mtp:
+        _rollback_layer(layer, length, layer.swa.length, state.history_from)
+    state.mtp_pos = length

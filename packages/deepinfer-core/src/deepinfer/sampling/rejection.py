@@ -1,0 +1,71 @@
+"""Lossless verification of drafted tokens: speculative decoding's rejection sampling.
+
+A drafter proposes tokens x_1..x_l with probabilities q_1..q_l; one target step over the anchor
+and the drafts gives the target's distributions p_1..p_{l+1} at those positions. Draft k is
+kept with probability min(1, p_k(x_k) / q_k(x_k)), the kept drafts being the prefix before the
+first rejection; the token after them is drawn from the residual norm(max(0, p_j - q_j)) at the
+first rejection j, or from p_{l+1} when every draft is kept (Leviathan et al. 2023; Chen et al.
+2023). Every emitted token is then distributed as the target's own draw at its position,
+whatever the drafter proposed. A greedy request passes one-hot distributions (its argmax): a
+draft is kept iff it is the target's argmax, and the token after is the argmax itself.
+
+The verification is split at the point where randomness is keyed by position: :func:`accept`
+says how many drafts each row keeps (from uniforms the caller draws for the drafts'
+positions), :func:`next_distribution` gives the distribution of the token after them, which
+the caller samples with the noise of that token's position (the sampler's Gumbel-max).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Draft probabilities are clamped to at least this (a drafter may assign a token 0 after
+#: rounding although it drew it).
+MIN_DRAFT_PROB = 1e-8
+#: A residual with less mass than this is rounding noise: fall back to the target itself.
+MIN_RESIDUAL = 1e-8
+
+
+def draft_probs_of(q: Tensor | None, drafts: Tensor) -> Tensor:
+    """[R, k] the probability each draft had under its proposal ``q`` [R, k, V]; 1 for a
+    deterministic drafter (``q`` None: it proposed its argmax)."""
+    if q is None:
+        return torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
+    return q.gather(-1, drafts[..., None])[..., 0].float()
+
+
+def accept(p: Tensor, q: Tensor | None, drafts: Tensor, num_drafts: Tensor, u: Tensor) -> Tensor:
+    """[R] long: how many drafts each row keeps.
+
+    ``p`` [R, k + 1, V] target probabilities (row i: the position of draft i + 1; row k: the
+    bonus), ``q`` [R, k, V] draft probabilities (None: deterministic drafts), ``drafts``
+    [R, k] long, ``num_drafts`` [R] long: drafts each row verifies (<= k; the rest are
+    ignored), ``u`` [R, k] uniforms in (0, 1) keyed by each draft's position.
+    """
+    k = drafts.shape[1]
+    target = p[:, :k].gather(-1, drafts[..., None])[..., 0].float()
+    ratio = target / draft_probs_of(q, drafts).clamp(min=MIN_DRAFT_PROB)
+    ok = u < ratio.clamp(max=1.0)
+    ok &= torch.arange(k, device=drafts.device) < num_drafts[:, None]
+    return ok.long().cumprod(dim=1).sum(dim=1)  # the kept prefix
+
+
+def next_distribution(
+    p: Tensor, q: Tensor | None, drafts: Tensor, num_drafts: Tensor, kept: Tensor
+) -> Tensor:
+    """[R, V] the distribution of the token after each row's ``kept`` drafts: the residual
+    norm(max(0, p_j - q_j)) at the first rejected draft j, or the target's own distribution
+    after the last verified draft (every one kept). Arguments as :func:`accept`."""
+    rows = torch.arange(p.shape[0], device=p.device)
+    target = p[rows, kept].float()  # row j = kept: the rejected draft's position, or the bonus
+    rejected = kept < num_drafts
+    if q is None:  # deterministic drafts: the residual takes the drafted token out of p
+        j = kept.clamp(max=drafts.shape[1] - 1)
+        proposal = torch.zeros_like(target).scatter_(-1, drafts[rows, j][:, None], 1.0)
+    else:
+        proposal = q[rows, kept.clamp(max=q.shape[1] - 1)].float()
+    residual = (target - proposal).clamp(min=0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    use = rejected[:, None] & (mass > MIN_RESIDUAL)
+    return torch.where(use, residual / mass.clamp(min=MIN_RESIDUAL), target)

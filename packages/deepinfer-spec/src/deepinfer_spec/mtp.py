@@ -1,0 +1,61 @@
+"""Drafting with the checkpoint's MTP layer: k tokens a round, chained through one layer.
+
+An MTP layer predicts the token two positions ahead from the target's final residual streams at
+position t and the token at t + 1. A round first feeds it, with the target's own streams, every
+position verified since the last round (the anchor and the drafts the target kept); the last of
+those predicts the first draft. Each further draft feeds the layer its own output streams and
+the draft before (the layer is reused, as vLLM does when ``num_speculative_tokens`` exceeds the
+checkpoint's MTP depth). Those chained positions saw approximate streams, so the layer is rolled
+back to the verified positions right after drafting; the next round feeds them again with the
+target's streams once they are verified.
+
+Drafts are the MTP logits' argmax (a deterministic proposal), which verification accepts with
+the target's own probability of the token: lossless at any temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.rollback import rollback_mtp_layers
+from deepinfer.models.state import ModelState
+
+
+@dataclass
+class Draft:
+    tokens: Tensor  # [k] long: the proposed tokens
+    logits: Tensor  # [k, V] fp32: the MTP logits each was the argmax of
+
+
+class MTPDrafter:
+    """Proposes ``k`` tokens per round for one sequence from its MTP layer (see the module)."""
+
+    def __init__(self, model: DeepseekCausalLM, k: int) -> None:
+        if not model.has_mtp:
+            raise ValueError("the model has no MTP layers to draft with")
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+        self.model = model
+        self.k = k
+
+    @torch.no_grad()
+    def draft(self, state: ModelState, streams: Tensor, next_ids: Tensor) -> Draft:
+        """Feed the MTP layer the verified positions since the last round (``streams``
+        [m, hc, d]: the target's at positions ``state.mtp_pos ..``; ``next_ids`` [m]: the
+        token one position after each) and chain ``k`` drafts after them. The layer ends at
+        the verified positions (``state.mtp_pos`` grows by m)."""
+        model = self.model
+        logits, out = model.mtp_forward(streams[None], next_ids[None], state)
+        verified = state.mtp_pos
+        rows, tokens = [logits[0, -1]], [int(torch.argmax(logits[0, -1]))]
+        for _ in range(self.k - 1):
+            ids = torch.tensor([[tokens[-1]]], device=model.device)
+            logits, out = model.mtp_forward(out[:, -1:], ids, state)
+            rows.append(logits[0, -1])
+            tokens.append(int(torch.argmax(logits[0, -1])))
+        rollback_mtp_layers(state, verified)
+        return Draft(torch.tensor(tokens, device=model.device), torch.stack(rows))
