@@ -308,3 +308,20 @@ def test_decode_batches_equal_the_checked_constructor(model: DeepseekV4ForCausal
     assert fast.spans == tuple(SequenceSpan.new(s, 1) for s in states)
     with pytest.raises(ValueError, match="appears in two spans"):
         ForwardBatch.decode(torch.arange(2), [states[0], states[0]])
+
+
+def test_streams_of_every_position_whatever_the_logits_kept(model: DeepseekV4ForCausalLM) -> None:
+    """``return_streams`` hands back the final streams at every position of every span (an
+    MTP drafter reads them all) while each span keeps only its last logits: the same from the
+    ragged pass over slotted states as from span-by-span runs of states of their own."""
+    gen = torch.Generator().manual_seed(4)
+    chunks = [text_ids(model, gen, n) for n in (3, 17, 40)]
+    streams = []
+    for layout in ("own", "slots"):
+        new_state = _new_states(model, layout)
+        states = [new_state() for _ in chunks]
+        out = model(ForwardBatch.build(chunks, states, return_streams=True))
+        assert out.logits.shape[0] == len(chunks) and out.streams is not None
+        streams.append(out.streams)
+    assert streams[0].shape[0] == sum(c.numel() for c in chunks)
+    torch.testing.assert_close(streams[1], streams[0], rtol=0, atol=5e-5)

@@ -62,7 +62,7 @@ def speculative_generate(
     device = model.device
     state = model.new_state(1, slack=k)
     ids = torch.tensor(prompt, device=device)
-    out = model(ForwardBatch.of(ids, state, num_logits=len(prompt), return_streams=True))
+    out = model(ForwardBatch.of(ids, state, num_logits=1, return_streams=True))
     assert out.streams is not None
     anchor = _draw(_distributions(out.logits[-1], temperature), temperature, seed, len(prompt))
     result = SpeculativeOutput([anchor])

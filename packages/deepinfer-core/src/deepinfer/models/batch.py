@@ -92,8 +92,9 @@ class ForwardBatch:
     ``input_ids`` [N] (host or device; a decode row's token may still be on the device, where
     the previous step drew it) holds the spans' ids one after the other, a lockstep span's row
     by row. ``image_embeds`` [n, d]: V4.1's aligned image embeddings, one per image token, in a
-    batch of a single span; ``return_streams``: also return the final residual streams at the
-    kept positions (MTP drafting reads them). ``offsets``, ``num_tokens`` and ``decode_rows``
+    batch of a single span; ``return_streams``: also return the final residual streams at
+    every position, whatever logits are kept (an MTP layer reads the target's streams at every
+    position it drafts from). ``offsets``, ``num_tokens`` and ``decode_rows``
     (the spans that are single decode tokens) are derived once, at construction.
     """
 
@@ -159,6 +160,7 @@ class ForwardBatch:
         states: Sequence[ModelState],
         num_logits: Sequence[int] | None = None,
         record_at: Sequence[Sequence[int]] | None = None,
+        return_streams: bool = False,
     ) -> ForwardBatch:
         """Spans of single sequences: ``chunks[i]`` (any shape, read flat) continues
         ``states[i]``; by default each keeps its last logits."""
@@ -171,7 +173,7 @@ class ForwardBatch:
             for c, s, n, m in zip(chunks, states, keep, marks, strict=True)
         )
         ids = torch.cat([c.reshape(-1) for c in chunks]) if chunks else torch.empty(0)
-        return cls(ids, spans)
+        return cls(ids, spans, return_streams=return_streams)
 
     @classmethod
     def decode(cls, input_ids: Tensor, states: Sequence[ModelState]) -> ForwardBatch:
@@ -224,7 +226,8 @@ class ForwardOutput:
     logits: Tensor
     #: Per span, one state per ``record_at`` length: read-only views for the prefix cache.
     states_at: list[Sequence[ModelState]]
-    #: [same rows, hc_mult, d] the final residual streams (``return_streams``), else None.
+    #: [num_tokens, hc_mult, d] the final residual streams at every position, in span order
+    #: (``return_streams``), else None.
     streams: Tensor | None = None
 
     def split(self, batch: ForwardBatch) -> list[Tensor]:

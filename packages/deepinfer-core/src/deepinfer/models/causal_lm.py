@@ -199,7 +199,7 @@ class DeepseekCausalLM(nn.Module):
             logits.append(out.flatten(0, 1))
             views.append(at)
             if batch.return_streams:
-                streams.append(x[:, x.shape[1] - span.num_logits :].flatten(0, 1))
+                streams.append(x.flatten(0, 1))
         return ForwardOutput(
             logits[0] if len(logits) == 1 else torch.cat(logits),
             views,

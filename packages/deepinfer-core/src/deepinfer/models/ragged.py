@@ -45,7 +45,7 @@ def score_padding(device: torch.device) -> float:
 class RaggedResult:
     logits: Tensor  # [sum of num_logits, V] in span order
     views: list[list[ModelState]]  # per span, its states at ``record_at``
-    streams: Tensor | None  # [same rows, hc, d] when asked for
+    streams: Tensor | None  # [N, hc, d] when asked for
 
 
 def run_ragged(
@@ -53,7 +53,7 @@ def run_ragged(
 ) -> RaggedResult:
     """Feed each span its ids ``chunks[i]`` ([S_i]) in one ragged pass (see the module);
     returns the kept logits in span order, the states at record points, and the streams of
-    the kept rows when asked for."""
+    every token when asked for."""
     states = [s.state for s in spans]
     meta = _meta(model, spans)
     marked = [i for i, s in enumerate(spans) if s.record_at]
@@ -89,7 +89,7 @@ def run_ragged(
             n = view.pos - spans[i].start
             view.token_history = history_after(history[i], chunks[i], n, model.device)
         out[i] = at
-    return RaggedResult(logits[0], out, x[0, rows] if streams else None)
+    return RaggedResult(logits[0], out, x[0] if streams else None)
 
 
 def _meta(model: StepModel, spans: Sequence[SequenceSpan]) -> RaggedMeta:
