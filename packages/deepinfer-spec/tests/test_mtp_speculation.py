@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from deepinfer.assets import random_tiny_model
+from deepinfer.cache.slots import StateSlots
+from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer_spec.mtp import MTPDrafter
 from deepinfer_spec.speculative import speculative_generate
@@ -55,3 +57,30 @@ def test_seeded_sampling_is_reproducible(model: DeepseekCausalLM) -> None:
 def test_a_drafter_needs_at_least_one_token(model: DeepseekCausalLM) -> None:
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         MTPDrafter(model, 0)
+
+
+def test_batched_drafts_equal_drafts_one_sequence_at_a_time(model: DeepseekCausalLM) -> None:
+    """Sequences in the engine's slots draft in one ragged pass of the MTP layer per draft:
+    the same drafts as each sequence drafting on its own state, round after round (the second
+    round continues from where the first left the layer)."""
+    k, g = 3, torch.Generator().manual_seed(9)
+    slots = StateSlots(lambda: model.new_state(1, slack=k), max_slots=3, max_len=1024)
+    shared = [slots.new_state() for _ in range(3)]
+    own = [model.new_state(1, slack=k) for _ in range(3)]
+    drafter = MTPDrafter(model, k)
+    pending = [torch.randint(3, 8000, (n,), generator=g) for n in (5, 40, 130)]
+    for _ in range(2):
+        streams, after, want = [], [], []
+        for chunk, a, b in zip(pending, own, shared, strict=True):
+            out_a = model(ForwardBatch.of(chunk, a, num_logits=1, return_streams=True))
+            out_b = model(ForwardBatch.of(chunk, b, num_logits=1, return_streams=True))
+            assert out_a.streams is not None and out_b.streams is not None
+            nxt = torch.cat((chunk[1:], out_a.logits[-1:].argmax(dim=-1)))
+            want.append(drafter.draft(a, out_a.streams, nxt).tokens)
+            streams.append(out_b.streams)
+            after.append(nxt)
+        lengths = [c.numel() for c in pending]
+        got = drafter.draft_batch(shared, torch.cat(streams), torch.cat(after), lengths)
+        assert torch.equal(got, torch.stack(want))
+        assert [s.mtp_pos for s in shared] == [s.mtp_pos for s in own]
+        pending = [torch.randint(3, 8000, (n,), generator=g) for n in (1, 7, 3)]

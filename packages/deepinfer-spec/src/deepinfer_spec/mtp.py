@@ -15,12 +15,14 @@ the target's own probability of the token: lossless at any temperature.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.mtp_pass import mtp_forward_ragged
 from deepinfer.models.rollback import rollback_mtp_layers
 from deepinfer.models.state import ModelState
 
@@ -59,3 +61,28 @@ class MTPDrafter:
             tokens.append(int(torch.argmax(logits[0, -1])))
         rollback_mtp_layers(state, verified)
         return Draft(torch.tensor(tokens, device=model.device), torch.stack(rows))
+
+    @torch.no_grad()
+    def draft_batch(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> Tensor:
+        """:meth:`draft` for many sequences whose MTP rings live in the engine's slots, as one
+        ragged pass of the layer per draft: span i feeds ``lengths[i]`` verified positions
+        (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the other). Returns the
+        drafts [n, k]."""
+        model = self.model
+        logits, out = mtp_forward_ragged(model, states, streams, next_ids, lengths)
+        verified = [s.mtp_pos for s in states]
+        ends = torch.tensor(list(lengths)).cumsum(0) - 1
+        drafts = [logits.argmax(dim=-1)]
+        out = out[ends.to(out.device)]
+        for _ in range(self.k - 1):
+            logits, out = mtp_forward_ragged(model, states, out, drafts[-1], [1] * len(states))
+            drafts.append(logits.argmax(dim=-1))
+        for state, length in zip(states, verified, strict=True):
+            rollback_mtp_layers(state, length)
+        return torch.stack(drafts, dim=1)

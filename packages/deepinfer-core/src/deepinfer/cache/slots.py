@@ -53,12 +53,14 @@ class _Field:
     """One slotted tensor of a state: ``state.layers[layer].<part>.<name>``."""
 
     layer: int  # -1: the state itself
-    part: str  # "swa", "compressor", "indexer" or "state"
+    part: str  # "swa", "compressor", "indexer", "mtp" (an MTP layer's ring) or "state"
     name: str
 
     def owner(self, state: ModelState) -> object:
         if self.layer < 0:
             return state
+        if self.part == "mtp":
+            return state.mtp[self.layer].swa
         return getattr(state.layers[self.layer], self.part)
 
 
@@ -70,6 +72,13 @@ def _fields(state: ModelState) -> list[_Field]:
             comp = getattr(layer, part)
             if comp is not None:
                 out.extend(_Field(i, part, n) for n in BUFFERS if getattr(comp, n) is not None)
+    # MTP layers' rings, so drafts for many sequences run as one pass; an MTP layer with
+    # compressors (none in the published configs) keeps its own tensors.
+    out.extend(
+        _Field(i, "mtp", "kv")
+        for i, layer in enumerate(state.mtp)
+        if layer.compressor is None and layer.indexer is None
+    )
     if state.history_buf is not None:  # V4.1 Engram's token history
         out.append(_Field(-1, "state", "history_buf"))
     return out
@@ -179,7 +188,7 @@ class StateSlots:
         if self.page_table is not None:
             self.page_table.release(slot)
         state.history_pool = None
-        for layer in state.layers:
+        for layer in (*state.layers, *state.mtp):
             layer.swa.pool, layer.swa.slot = None, -1
             for comp in (layer.compressor, layer.indexer):
                 if comp is not None:
@@ -243,7 +252,7 @@ class StateSlots:
         for t, f in zip(self.tensors, self.fields, strict=True):
             owner = f.owner(state)
             setattr(owner, f.name, t[slot : slot + 1])
-            if f.part == "swa":
+            if f.part in ("swa", "mtp"):
                 owner.pool, owner.slot = t, slot  # type: ignore[attr-defined]
             elif f.part == "state":
                 state.history_pool = t

@@ -93,8 +93,7 @@ def run_ragged(
 
 
 def _meta(model: StepModel, spans: Sequence[SequenceSpan]) -> RaggedMeta:
-    """Where the spans stand, on the host and (per token) on the device; holds every span's
-    entry pages up to its end."""
+    """Where the spans stand; holds every span's entry pages up to its end."""
     starts = [s.state.pos for s in spans]
     lengths = [s.num_tokens for s in spans]
     slot_ids = [s.state.slot for s in spans]
@@ -102,21 +101,29 @@ def _meta(model: StepModel, spans: Sequence[SequenceSpan]) -> RaggedMeta:
     if found is not None:
         for slot, start, n in zip(slot_ids, starts, lengths, strict=True):
             found[0].ensure(slot, start + n)
+    return ragged_meta(model.device, slot_ids, starts, lengths)
+
+
+def ragged_meta(
+    device: torch.device, slot_ids: list[int], starts: list[int], lengths: list[int]
+) -> RaggedMeta:
+    """:class:`RaggedMeta` of spans in slots ``slot_ids`` that start at ``starts`` and feed
+    ``lengths`` tokens: per-token positions and spans built on the host, moved at once."""
     counts = torch.tensor(lengths)
     span_start = torch.tensor(starts).repeat_interleave(counts)
     first = torch.tensor(starts) - torch.tensor([0, *lengths[:-1]]).cumsum(0)
     positions = torch.arange(int(counts.sum())) + first.repeat_interleave(counts)
-    host = torch.stack((positions, torch.arange(len(spans)).repeat_interleave(counts), span_start))
-    device = to_device(host, model.device)
+    spans = torch.arange(len(lengths)).repeat_interleave(counts)
+    on_device = to_device(torch.stack((positions, spans, span_start)), device)
     return RaggedMeta(
-        slots=to_device(torch.tensor(slot_ids), model.device),
+        slots=to_device(torch.tensor(slot_ids), device),
         slot_ids=slot_ids,
         starts=starts,
         lengths=lengths,
-        positions=device[0],
-        token_span=device[1],
-        span_start=device[2],
-        padding=score_padding(model.device),
+        positions=on_device[0],
+        token_span=on_device[1],
+        span_start=on_device[2],
+        padding=score_padding(device),
     )
 
 

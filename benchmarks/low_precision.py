@@ -1,0 +1,279 @@
+"""Weights in their stored formats against the vendor's FP8 GEMM and bf16, side by side.
+
+Three parts, each written to ``benchmarks/results/low_precision_<device>.json``:
+
+* ``gemm``: the FP8 block-scaled linear (``Sm100Backend.fp8_linear``: activations quantised
+  per token and 128 columns inside the kernel) at V4-Flash projection shapes and M = 1 ..
+  4096, against ``torch._scaled_mm`` with row-wise scales on pre-quantised operands (the
+  vendor's FP8 GEMM, given its quantisation for free) and a bf16 ``torch.matmul``: TFLOP/s,
+  and for small M the weight bytes read per second as a fraction of the measured copy
+  bandwidth.
+* ``experts``: the FP4 routed experts at decode (256 experts, top-6, batch 1 .. 256): bytes of
+  the experts a step touches per second, as a fraction of the copy bandwidth.
+* ``model``: a V4-Flash-width model (the published config cut to ``--layers`` layers, dummy
+  weights): prefill of one ``--prefill-len`` prompt and decode steps at each batch, held as
+  stored (``quantization="auto"``) and dequantised to bf16, with the deepest prefix of the full
+  config whose stored-format weights fit this GPU (``deepinfer info``'s arithmetic) reported.
+
+    python benchmarks/low_precision.py --device cuda [--parts gemm experts model]
+    python benchmarks/low_precision.py --device cpu --small   # a check of the code paths
+
+Medians over ``--repeats`` timed runs after a warm-up; on the CPU (Triton's interpreter) the
+figures mean nothing and only ``--small`` shapes are practical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import write_result
+from torch import Tensor
+
+ROOT = Path(__file__).resolve().parent.parent
+FLASH_CONFIG = ROOT / "examples" / "configs" / "deepseek-v4-flash" / "config.json"
+#: (name, N, K) of V4-Flash's FP8 projections (hidden 4096).
+FLASH_SHAPES = [
+    ("wq_a", 1024, 4096),
+    ("wq_b", 32768, 1024),
+    ("wkv", 512, 4096),
+    ("wo_b", 4096, 8192),
+    ("shared_w13", 4096, 4096),
+    ("shared_w2", 4096, 2048),
+]
+SMALL_SHAPES = [("small", 256, 256)]
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_s(fn: Callable[[], object], device: str, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: str, repeats: int, nbytes: int) -> float:
+    """Bytes per second a device-to-device copy moves (read plus write)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / median_s(lambda: dst.copy_(src), device, repeats)
+
+
+def kernel_ops(device: str) -> Any:
+    """The sm100 op table (bound directly off the GPU, where the kernels run interpreted)."""
+    from deepinfer_kernels_sm100.backend import Sm100Backend
+
+    if device.startswith("cuda"):
+        return Sm100Backend(torch.device(device))
+    ops = object.__new__(Sm100Backend)
+    ops.device = torch.device(device)
+    return ops
+
+
+def gemm(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
+    from deepinfer.models.quant import quant_fp8_block
+
+    ops, device = kernel_ops(args.device), args.device
+    rows = []
+    for name, n, k in SMALL_SHAPES if args.small else FLASH_SHAPES:
+        w = (torch.randn(n, k) / k**0.5).to(torch.bfloat16)
+        wq, ws = (t.to(device) for t in quant_fp8_block(w, (128, 128), "ue8m0"))
+        wb = w.to(device)
+        for m in [1, 8] if args.small else args.m:
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            flops = 2 * m * n * k
+            ours = median_s(partial(ops.fp8_linear, x, wq, ws, (128, 128)), device, args.repeats)
+            bf16 = median_s(partial(torch.matmul, x, wb.T), device, args.repeats)
+            row = {
+                "shape": name,
+                "m": m,
+                "n": n,
+                "k": k,
+                "fp8_tflops": round(flops / ours / 1e12, 2),
+                "bf16_tflops": round(flops / bf16 / 1e12, 2),
+                "fp8_weight_bw_fraction": round(n * k / ours / bandwidth, 3),
+            }
+            if device.startswith("cuda"):
+                xq = (x.float() / 448).to(torch.float8_e4m3fn)
+                sa = torch.ones(m, 1, device=device)
+                sb = torch.ones(1, n, device=device)
+                vendor_mm = partial(
+                    torch._scaled_mm, xq, wq.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
+                )
+                vendor = median_s(vendor_mm, device, args.repeats)
+                row["scaled_mm_tflops"] = round(flops / vendor / 1e12, 2)
+                row["fp8_over_scaled_mm"] = round(vendor / ours, 3)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
+    """FP4 routed experts at decode: the bytes of the experts a step touches per second."""
+    ops, device = kernel_ops(args.device), args.device
+    e, d, inter, top = (16, 256, 128, 2) if args.small else (256, 4096, 2048, 6)
+    g = torch.Generator().manual_seed(0)
+
+    def codes(*shape: int) -> Tensor:
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)
+
+    def scales(*shape: int) -> Tensor:
+        return torch.randint(112, 120, shape, dtype=torch.uint8, generator=g).to(device)
+
+    w = {
+        "w13": codes(e, 2 * inter, d // 2),
+        "w13_scale": scales(e, 2 * inter, d // 32),
+        "w2": codes(e, d, inter // 2),
+        "w2_scale": scales(e, d, inter // 32),
+    }
+    per_expert = sum(t[0].numel() for t in w.values())
+    rows = []
+    for b in [1, 4] if args.small else args.experts_batches:
+        x = torch.randn(b, d, generator=g).to(torch.bfloat16).to(device)
+        indices = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(b)]).to(device)
+        weights = torch.softmax(torch.randn(b, top, generator=g), dim=-1).to(device)
+        run = partial(ops.moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, **w)
+        seconds = median_s(run, device, args.repeats)
+        touched = int(torch.unique(indices).numel()) * per_expert
+        row = {
+            "batch": b,
+            "experts_touched": int(torch.unique(indices).numel()),
+            "us": round(seconds * 1e6, 1),
+            "bytes_per_s": round(touched / seconds),
+            "bw_fraction": round(touched / seconds / bandwidth, 3),
+        }
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def cut(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The config's first ``layers`` layers (and its MTP layer)."""
+    short = dict(cfg, num_hidden_layers=layers)
+    ratios = cfg.get("compress_ratios")
+    if ratios:
+        mtp = ratios[cfg["num_hidden_layers"] :]
+        short["compress_ratios"] = ratios[:layers] + mtp
+    return short
+
+
+def fitting_layers(cfg: dict[str, Any], budget_bytes: float) -> int:
+    """The deepest prefix of the config whose weights, held as stored, fit ``budget_bytes``
+    (deepinfer info's arithmetic, per layer from two depths' totals)."""
+    from deepinfer.model_info import model_report
+
+    def held(layers: int) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps(cut(cfg, layers)))
+            return model_report(tmp).held_bytes
+
+    one, two = held(1), held(2)
+    per_layer = two - one
+    return max(1, min(cfg["num_hidden_layers"], int((budget_bytes - one) // per_layer) + 1))
+
+
+def model(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from step_ab import pick_api, time_decode, time_prefill
+
+    from deepinfer.loading import load
+
+    cfg = json.loads(args.config.read_text())
+    out: dict[str, Any] = {}
+    if args.device.startswith("cuda"):
+        total = torch.cuda.get_device_properties(args.device).total_memory
+        out["deepest_prefix_layers"] = fitting_layers(cfg, 0.85 * total)
+    runs = {"stored": "auto", "bf16": None}
+    for name, quantization in runs.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps(cut(cfg, args.layers)))
+            net, _ = load(
+                tmp, "bfloat16", args.device, load_format="dummy", quantization=quantization
+            )
+        net.eval()
+        api = pick_api(net, "new")
+        top = net.cfg.vocab_size
+        with torch.inference_mode():
+            ids = torch.randint(3, top, (args.prefill_len,)).to(args.device)
+            prefill = statistics.median(time_prefill(net, api, ids, 2, args.device))
+            run: dict[str, Any] = {"prefill_tok_per_s": round(args.prefill_len / prefill, 1)}
+            for batch in args.batches:
+                step = time_decode(net, api, batch, args, top)
+                run[f"decode_B{batch}_ms"] = step["ms"]
+                run[f"decode_B{batch}_tok_per_s"] = round(batch / step["ms"] * 1e3, 1)
+        out[name] = run
+        print(json.dumps({name: run}), file=sys.stderr)
+        del net
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    out["layers"] = args.layers
+    return out
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--parts", nargs="+", default=["gemm", "experts", "model"])
+    ap.add_argument("--small", action="store_true", help="tiny shapes: a CPU check")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 256, 4096])
+    ap.add_argument("--experts-batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--config", type=Path, default=FLASH_CONFIG, help="model part's config.json")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prefill-len", type=int, default=4096)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
+    # What step_ab's decode timing reads.
+    ap.add_argument("--decode-prompt-len", type=int, default=512)
+    ap.add_argument("--warmup-steps", type=int, default=3)
+    ap.add_argument("--decode-steps", type=int, default=10)
+    ap.add_argument("--max-len", type=int, default=640)
+    ap.add_argument("--prefill-group", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    if not args.device.startswith("cuda"):  # the kernels run in Triton's interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    bandwidth = copy_bandwidth(args.device, args.repeats, (1 << 22) if args.small else (1 << 30))
+    result: dict[str, Any] = {
+        "benchmark": "low_precision",
+        "device": args.device,
+        "torch": torch.__version__,
+        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+    }
+    if "gemm" in args.parts:
+        result["gemm"] = gemm(args, bandwidth)
+    if "experts" in args.parts:
+        result["experts"] = experts(args, bandwidth)
+    if "model" in args.parts:
+        result["model"] = model(args)
+    name = f"low_precision_{args.device.split(':')[0]}" + ("_small" if args.small else "")
+    write_result(result, args.out, name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
