@@ -74,3 +74,33 @@ def test_rollback_refuses_what_it_cannot_do_exactly(model: DeepseekV4ForCausalLM
     if getattr(model, "engram_history", 0):  # V4.1 Engram rebuilds its look-back from ids
         with pytest.raises(ValueError, match="token ids"):
             model.rollback(state, 29)
+
+
+@pytest.mark.parametrize("extra", [1, 3, 6])
+def test_rollback_right_after_a_prefix_cache_restore(
+    model: DeepseekV4ForCausalLM, extra: int
+) -> None:
+    """A state restored from a prefix-cache block at a 128-token boundary (recorded inside a
+    chunk, so without rollback history) feeds a verification row and rolls back into it, as a
+    speculative step after a cache hit does: the history is rebuilt from the restored open
+    windows and previous halves, so the logits afterwards equal a fresh forward."""
+    from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache
+
+    slack = 6
+    gen = torch.Generator().manual_seed(extra)
+    ids = text_ids(model, gen, BLOCK_SIZE + 40)
+    first = model.new_state(1, slack=slack)
+    out = model(ForwardBatch.build([ids[: BLOCK_SIZE + 9]], [first], record_at=[[BLOCK_SIZE]]))
+    cache = PrefixCache(1 << 30)
+    view = out.states_at[0][0]
+    block = cache.insert(None, ids[:BLOCK_SIZE].tolist(), cache.snapshot(None, view))
+    state = cache.restore(block, lambda: model.new_state(1, slack=slack))
+    tokens = ids[:BLOCK_SIZE].tolist()
+    model.step(ids[None, BLOCK_SIZE : BLOCK_SIZE + slack], state)  # the row: 6 drafts
+    keep = BLOCK_SIZE + extra
+    model.rollback(state, keep, ids[:keep].tolist())
+    tokens = ids[:keep].tolist()
+    rest = ids[keep : keep + 12]
+    got = model.step(rest[None], state)[0, -1]
+    want = model.forward_logits(torch.tensor([tokens + rest.tolist()]))[0, -1]
+    torch.testing.assert_close(got, want, rtol=0, atol=5e-5)

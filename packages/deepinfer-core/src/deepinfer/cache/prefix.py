@@ -26,6 +26,7 @@ from torch import Tensor
 
 from deepinfer.cache.pages import PageTable
 from deepinfer.models.layouts import page_table_of
+from deepinfer.models.rollback import seed_history
 from deepinfer.models.state import CompressorState, ModelState, SlotBuffers, clone_or_none
 from deepinfer.paging import PAGE_TOKENS
 
@@ -216,8 +217,8 @@ class PrefixCache:
                     assert comp.hist_score_buf is not None and last.hist_score is not None
                     comp.hist_kv_buf.copy_(last.hist_kv)
                     comp.hist_score_buf.copy_(last.hist_score)
-                elif comp.keep:  # no rollback may reach before the restored prefix's end
-                    state.history_from = block.end
+                elif comp.keep:  # rebuilt from the buffers: a rollback reads no further back
+                    seed_history(comp, block.end)
         state.pos = block.end
         state.token_history = clone_or_none(block.token_history)
         return state

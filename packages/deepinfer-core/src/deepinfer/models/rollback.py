@@ -41,31 +41,31 @@ def rollback_layers(state: ModelState, length: int) -> None:
         )
     state.fed = fed = max(state.fed, state.pos)
     for layer in state.layers:
-        _rollback_layer(layer, length, fed, state.history_from)
+        _rollback_layer(layer, length, fed)
     if state.mtp_pos > length:
         for layer in state.mtp:  # fed up to mtp_pos, never past it
-            _rollback_layer(layer, length, layer.swa.length, state.history_from)
+            _rollback_layer(layer, length, layer.swa.length)
         state.mtp_pos = length
     state.pos = state.committed = length
 
 
-def _rollback_layer(layer: LayerState, length: int, fed: int, history_from: int) -> None:
+def _rollback_layer(layer: LayerState, length: int, fed: int) -> None:
     layer.swa.length = min(layer.swa.length, length)
     for comp in (layer.compressor, layer.indexer):
         if comp is not None:
-            _rollback_compressor(comp, length, fed, history_from)
+            _rollback_compressor(comp, length, fed)
 
 
-def _rollback_compressor(comp: CompressorState, length: int, fed: int, history_from: int) -> None:
+def _rollback_compressor(comp: CompressorState, length: int, fed: int) -> None:
     """``fed``: the most tokens the state has held; its history ring holds the projections of
-    positions ``max(fed - keep, history_from) ..`` up to the current length (rows of later
+    positions ``max(fed - keep, hist_from) ..`` up to the current length (rows of later
     positions a rollback took back are stale, and overwritten before they are read again)."""
     r = comp.ratio
     n = length // r  # complete windows at the new length
     if comp.keep:
         assert comp.hist_kv_buf is not None and comp.hist_score_buf is not None
         need = (n - 1) * r if comp.overlap and n else n * r
-        oldest = max(fed - comp.keep, history_from)
+        oldest = max(fed - comp.keep, comp.hist_from)
         if need < oldest:
             raise ValueError(
                 f"compressor history starts at position {oldest}, rollback to {length} "
@@ -97,5 +97,29 @@ def rollback_mtp_layers(state: ModelState, length: int) -> None:
             f"{state.slack}"
         )
     for layer in state.mtp:
-        _rollback_layer(layer, length, layer.swa.length, state.history_from)
+        _rollback_layer(layer, length, layer.swa.length)
     state.mtp_pos = length
+
+
+def seed_history(comp: CompressorState, length: int) -> None:
+    """Write what ``comp``'s buffers hold at ``length`` (the open window's rows and, with
+    overlap, the previous window's first half) into its history ring, for a state restored
+    without its history (a prefix-cache hit), and mark the ring as holding nothing earlier:
+    that is all a rollback to a length from ``length`` on reads."""
+    assert comp.hist_kv_buf is not None and comp.hist_score_buf is not None
+    r, keep = comp.ratio, comp.keep
+    base = length // r * r
+    device = comp.hist_kv_buf.device
+    rows = torch.arange(base, length, device=device) % keep
+    comp.hist_kv_buf[:, rows] = comp.buf_kv
+    comp.hist_score_buf[:, rows] = comp.buf_score
+    comp.hist_from = base
+    if not (comp.overlap and comp.count):
+        return
+    before = torch.arange(base - r, base, device=device) % keep
+    dim = comp.entry_dim
+    prev_kv, prev_score = comp.prev_kv, comp.prev_score
+    assert prev_kv is not None and prev_score is not None
+    comp.hist_kv_buf[:, before, :dim] = prev_kv
+    comp.hist_score_buf[:, before, :dim] = prev_score
+    comp.hist_from = base - r

@@ -102,6 +102,9 @@ class CompressorState:
     keep: int = 0
     hist_kv_buf: Tensor | None = None  # [B, keep, c*D]
     hist_score_buf: Tensor | None = None
+    #: The first position whose projections the ring holds, where a state was restored
+    #: without its history (``rollback.seed_history``); 0 otherwise.
+    hist_from: int = 0
     #: Set when the buffers are row ``slot`` of a shared pool.
     pool: SlotBuffers | None = None
     slot: int = -1
@@ -341,10 +344,8 @@ class ModelState:
     slack: int = 0
     committed: int = 0
     #: The most tokens the state has held (``pos`` before the last rollback, if larger): the
-    #: rollback history rings hold the projections of positions from ``fed - keep`` on, and
-    #: none before ``history_from`` (a state restored without its history).
+    #: rollback history rings hold the projections of positions from ``fed - keep`` on.
     fed: int = 0
-    history_from: int = 0
     mtp_pos: int = 0  # positions consumed by the MTP layers
     #: V4.1 Engram only: [B, engram_max_ngram_size - 1] raw token ids before ``pos`` (oldest
     #: first), the pad id where the sequence is shorter; read and assigned as
