@@ -1,9 +1,9 @@
 """Speculator factories registered under ``deepinfer.speculators``.
 
-Both are registered so that configuration and ``deepinfer info`` see them, but the engine does not
-run speculative steps yet: constructing one raises, naming what is missing, instead of silently
-decoding without speculation. MTP drafting and lossless verification exist for one sequence
-(:func:`deepinfer_spec.speculative.speculative_generate`, the engine's future reference).
+``mtp`` drafts with the checkpoint's own MTP layer (:class:`~deepinfer_spec.mtp.MTPDrafter`);
+the engine verifies its drafts (``LLM(..., speculative_config={"method": "mtp", ...})``).
+``dspark`` is registered so that configuration and ``deepinfer info`` see it, but constructing
+it raises, naming what is missing, instead of silently decoding without speculation.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer.plugins import Availability
+from deepinfer_spec.mtp import MTPDrafter
 
 
 class DSparkSpeculator:
@@ -29,19 +30,12 @@ class DSparkSpeculator:
         )
 
 
-class MTPSpeculator:
-    """Multi-token prediction with the checkpoint's MTP layers as the drafter."""
+class MTPSpeculator(MTPDrafter):
+    """Multi-token prediction with the checkpoint's MTP layers as the drafter: the engine
+    builds one with ``(model, num_speculative_tokens)`` and calls ``draft_batch``."""
 
     name = "mtp"
 
     @classmethod
     def availability(cls) -> Availability:
-        return Availability(False, "not implemented in deepinfer-spec 0.1")
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "MTP speculative decoding in the engine is not implemented in deepinfer-spec 0.1: "
-            "drafting and verification run for one sequence "
-            "(deepinfer_spec.speculative.speculative_generate), the engine's speculative "
-            "steps are still missing"
-        )
+        return Availability(True)

@@ -42,10 +42,14 @@ class EngineConfig:
     #: falling back to llguidance for schemas xgrammar would enforce inexactly), ``"xgrammar"``
     #: or ``"llguidance"`` (vLLM's backend names).
     structured_outputs_backend: str = "auto"
+    #: vLLM's ``{"method": "mtp", "num_speculative_tokens": k}`` (None: no speculation).
+    speculative_config: dict[str, object] | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "speculative_config":
+                continue  # checked where it is parsed (engine/speculative.py)
             if f.name in _OPTIONAL_BOOLS:
                 ok, expected = value is None or isinstance(value, bool), "None or a boolean"
             elif isinstance(f.default, bool):

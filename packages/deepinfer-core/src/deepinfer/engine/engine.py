@@ -12,7 +12,8 @@ one step of lag: a request that stops on a token (EOS, a stop string) has alread
 scheduled once more, and that extra token is dropped. A step reads the previous tokens first
 when the next one needs them on the host: a structured-output mask or a penalty depends on
 them. A prefix-cache block that ends with a token in flight is snapshotted at the boundary and
-keyed (recorded) when the token is read.
+keyed (recorded) when the token is read. With ``speculative_config`` a step verifies drafted
+tokens and may emit several per request (:mod:`.speculative`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from deepinfer.engine.processor import InputProcessor, fit_max_model_len
 from deepinfer.engine.request import Request, RequestStatus
 from deepinfer.engine.runner import Due, ModelRunner, PendingSample, SampledToken
 from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine.speculative import speculation
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
@@ -74,14 +76,18 @@ class LLMEngine:
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
-        graphs = None
-        if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
+        #: Drafts tokens and verifies them (``speculative_config``); None: one token a step.
+        self.spec = speculation(config, model)
+        slack = self.spec.k if self.spec is not None else 0
+        graphs = None  # a speculative step feeds rows of several tokens: nothing to capture
+        eager = config.enforce_eager or self.spec is not None
+        if not eager and model.ops.supports_cuda_graphs(model.dtype):
             graphs = DecodeGraphs(config.max_num_seqs)
         # Captured decode steps bake in the slot and page tensors' addresses, which move when
         # they grow: with graphs, all are allocated up front (as vLLM sizes its KV cache).
         max_pages = self.pool.max_pages(config.max_num_seqs, self.max_model_len)
         self.slots = StateSlots(
-            lambda: model.new_state(1),
+            lambda: model.new_state(1, slack=slack),
             max_slots=config.max_num_seqs,
             max_len=self.max_model_len,
             initial_slots=config.max_num_seqs if graphs else 8,
@@ -106,10 +112,11 @@ class LLMEngine:
             batch_invariant=config.batch_invariant,
             graphs=graphs,
         )
+        self.scheduler.lookahead = slack
         self.async_scheduling = (
             config.async_scheduling
             if config.async_scheduling is not None
-            else model.device.type == "cuda" and not config.batch_invariant
+            else model.device.type == "cuda" and not config.batch_invariant and not slack
         )
         if self.async_scheduling and config.batch_invariant:
             raise InvalidRequestError(
@@ -249,10 +256,14 @@ class LLMEngine:
             # Cannot happen while max_model_len fits the budget; never cut a request silently.
             self._fail(req, f"its state does not fit state_memory_bytes ({self.pool.budget_bytes})")
         try:
-            ran = self.runner.execute(out)
-            self.scheduler.update_from_output(ran.num_computed)
-            due = ran.due + self._fork(ran.due)
-            launched = self.runner.launch_sample(due)
+            if self.spec is not None:
+                self.spec.step(out, self.runner, self.scheduler, self._append, changed)
+                launched = None
+            else:
+                ran = self.runner.execute(out)
+                self.scheduler.update_from_output(ran.num_computed)
+                due = ran.due + self._fork(ran.due)
+                launched = self.runner.launch_sample(due)
         except BaseException as exc:
             if pending is not None:
                 self._read(pending, changed)
@@ -328,17 +339,8 @@ class LLMEngine:
         return extra
 
     def _needs_tokens(self, pending: PendingSample) -> bool:
-        """Whether the next step needs ``pending``'s tokens on the host before it is scheduled:
-        their masks or penalties depend on them (a multi-token bad word, on the last ones)."""
-        return any(
-            not req.finished
-            and (
-                req.grammar is not None
-                or req.params.penalized
-                or any(len(seq) > 1 for seq in req.bad_words)
-            )
-            for req in pending.requests
-        )
+        """Whether the next step needs ``pending``'s tokens on the host before it is built."""
+        return any(r.reads_host_tokens for r in pending.requests)
 
     def _read(self, pending: PendingSample, changed: dict[str, None]) -> None:
         """Take in a step's tokens; those of requests that ended meanwhile are dropped. A

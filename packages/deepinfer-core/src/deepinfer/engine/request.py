@@ -95,6 +95,17 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     @property
+    def reads_host_tokens(self) -> bool:
+        """Whether the next step needs this request's last tokens on the host before it is
+        scheduled: its mask or penalties depend on them (a multi-token bad word, on the last
+        ones)."""
+        return not self.finished and (
+            self.grammar is not None
+            or self.params.penalized
+            or any(len(seq) > 1 for seq in self.bad_words)
+        )
+
+    @property
     def sort_key(self) -> tuple[int, float, str]:
         """Scheduling order: lower priority value first, then arrival (FCFS)."""
         return (self.priority, self.metrics.arrival_time, self.request_id)

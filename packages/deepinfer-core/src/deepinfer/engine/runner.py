@@ -149,7 +149,7 @@ class ModelRunner:
                 self.record_block(req, view)
             end = span.start + span.num_tokens
             result.num_computed[req] = end
-            self._maybe_record(req)
+            self.maybe_record(req)
             if all_decode:
                 continue
             logits = per_span[i]
@@ -180,7 +180,7 @@ class ModelRunner:
             pieces.append(torch.tensor(ids, dtype=torch.long))
             keep = n if req.prompt_logprobs is not None else 1
             spans.append(
-                SequenceSpan.new(req.state, n, keep, tuple(self._boundaries(req, start + n)))
+                SequenceSpan.new(req.state, n, keep, tuple(self.boundaries(req, start + n)))
             )
         device = pieces[0].device
         ids = torch.cat([to_device(p, device) for p in pieces]) if len(pieces) > 1 else pieces[0]
@@ -215,7 +215,7 @@ class ModelRunner:
             return gathered
         return torch.where(index >= 0, gathered, to_device(torch.tensor(host), drawn.device))
 
-    def _boundaries(self, req: Request, end: int) -> list[int]:
+    def boundaries(self, req: Request, end: int) -> list[int]:
         """The block boundaries strictly inside the request's next chunk (none without a
         prefix cache)."""
         if self.prefix_cache is None:
@@ -223,7 +223,7 @@ class ModelRunner:
         first = (req.num_computed_tokens // BLOCK_SIZE + 1) * BLOCK_SIZE
         return list(range(first, end, BLOCK_SIZE))
 
-    def _maybe_record(self, req: Request) -> None:
+    def maybe_record(self, req: Request) -> None:
         """Record the block that ends where the request's state now stands, if one does."""
         state = req.state
         if self.prefix_cache is not None and state is not None and state.pos % BLOCK_SIZE == 0:
@@ -245,7 +245,7 @@ class ModelRunner:
             if req.prompt_logprobs is not None:
                 self._prompt_logprobs(req, start, logits)
             last = logits[-1]
-            self._maybe_record(req)
+            self.maybe_record(req)
         assert last is not None
         return last
 

@@ -60,6 +60,9 @@ class Scheduler:
         #: Requests of a failed step: each runs alone until it draws a token again, so the
         #: one that caused the failure fails alone and is found.
         self.suspects: set[Request] = set()
+        #: Tokens a running request may feed beyond its own (speculative drafts): reserved in
+        #: the pool with its next tokens.
+        self.lookahead = 0
 
     # -- queue management ---------------------------------------------------------------------
 
@@ -134,7 +137,8 @@ class Scheduler:
             if req.num_inflight and req.num_tokens >= req.max_total_tokens:
                 continue  # finishes by length once the host reads its last token
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.pool.try_reserve(req.request_id, req.num_computed_tokens + n):
+            ahead = min(req.num_computed_tokens + n + self.lookahead, req.max_total_tokens)
+            while not self.pool.try_reserve(req.request_id, ahead):
                 if self.running == [req]:
                     out.out_of_memory.append(req)
                     break

@@ -169,14 +169,16 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
             h = self.ops.mhc_collapse(last, take_rows(pre, inputs.rows))
         return self.logits(h), x
 
+    mtp_drafting_missing = (
+        "V4.1 MTP/DSpark drafting: the MTP layers are loaded, but how V4.1 feeds them (which "
+        "streams, DSpark's target-layer features and heads) is not implemented"
+    )
+
     def mtp_forward(
         self, streams: Tensor, next_ids: Tensor, state: ModelState, depth: int = 0
     ) -> tuple[Tensor, Tensor]:
         self._require_mtp()
-        raise NotImplementedError(
-            "V4.1 MTP/DSpark drafting: the MTP layers are loaded, but how V4.1 feeds them (which "
-            "streams, DSpark's target-layer features and heads) is not implemented"
-        )
+        raise NotImplementedError(self.mtp_drafting_missing)
 
     # -- weights ----------------------------------------------------------------------------------
 

@@ -1,0 +1,352 @@
+"""Speculative decoding in the engine: draft, verify as k-token rows, keep what passes.
+
+Each step feeds every decoding request its last token and the drafts proposed for it after the
+previous step, as one span that keeps every logit (prefill chunks ride in the same ragged pass).
+Verification (:mod:`deepinfer.sampling.rejection`) keeps a prefix of the drafts and draws the
+token after them, so a step emits one to k + 1 tokens per request, distributed as the target's
+own (greedy requests get exactly the target's greedy tokens). The state is rolled back to the
+accepted tokens, and the speculator drafts the next round from the target's streams at the
+verified positions. Randomness is keyed by position (acceptance on its own stream, the emitted
+token on the sampler's Gumbel noise), so a seeded request draws the same tokens in any batch;
+they are not the tokens it draws without speculation (the residual draws differ).
+
+Scope: synchronous scheduling; sampling with temperature, top-k, top-p and min-p. Requests
+that need more (penalties, logit bias, bad words, allowed tokens, min_tokens, structured
+outputs, logprobs, prompt logprobs, n > 1) are refused with speculation on, by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from deepinfer import plugins
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.request import Request
+from deepinfer.engine.runner import SampledToken
+from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.errors import InvalidRequestError
+from deepinfer.models.batch import ForwardBatch, SequenceSpan
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.state import ModelState
+from deepinfer.sampling import rng
+from deepinfer.sampling.rejection import accept, next_distribution
+from deepinfer.sampling.sampler import filter_mask
+from deepinfer.sampling_params import SamplingParams
+
+#: Sampling options a speculative step does not apply yet (each needs per-position masks or
+#: counts over the drafts): refused by name rather than ignored.
+UNSUPPORTED = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "bad_words",
+    "allowed_token_ids",
+    "min_tokens",
+    "logprobs",
+    "prompt_logprobs",
+    "structured_outputs",
+)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config``: ``{"method": "mtp", "num_speculative_tokens": k}``."""
+
+    method: str
+    num_speculative_tokens: int
+
+    @classmethod
+    def parse(cls, raw: object) -> SpeculativeConfig | None:
+        if raw is None or isinstance(raw, SpeculativeConfig):
+            return raw
+        if not isinstance(raw, dict):
+            raise InvalidRequestError("speculative_config", "must be a dict or None")
+        unknown = set(raw) - {"method", "num_speculative_tokens", "model"}
+        if unknown:
+            raise InvalidRequestError("speculative_config", f"unknown keys {sorted(unknown)}")
+        method, k = raw.get("method"), raw.get("num_speculative_tokens")
+        if not isinstance(method, str):
+            raise InvalidRequestError("speculative_config", "needs 'method' ('mtp' or 'dspark')")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+            raise InvalidRequestError(
+                "speculative_config", f"num_speculative_tokens must be 1..16, got {k!r}"
+            )
+        if raw.get("model") is not None:
+            raise InvalidRequestError(
+                "speculative_config",
+                "a separate draft 'model' is not supported (MTP drafts "
+                "with the checkpoint's own layers)",
+            )
+        return cls(method, k)
+
+
+def check_params(params: SamplingParams) -> None:
+    """Refuse the sampling options a speculative step does not apply (see the module)."""
+    defaults = SamplingParams()
+    for name in UNSUPPORTED:
+        if getattr(params, name, None) != getattr(defaults, name, None):
+            raise InvalidRequestError(name, "not supported with speculative decoding yet")
+    if params.n != 1:
+        raise InvalidRequestError("n", "n > 1 is not supported with speculative decoding yet")
+
+
+class Drafter(Protocol):
+    """What the engine asks of a speculator (``deepinfer.speculators``)."""
+
+    k: int
+
+    def draft_batch(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> Tensor: ...
+
+
+def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
+    """The registered speculator for ``config.method``, built for ``model``."""
+    factory: Any = plugins.speculators.load(config.method)
+    return factory(model, config.num_speculative_tokens)
+
+
+def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRunner | None:
+    """The engine's speculative runner for ``config.speculative_config`` (None: off)."""
+    spec = SpeculativeConfig.parse(config.speculative_config)
+    if spec is None:
+        return None
+    if config.async_scheduling or config.batch_invariant:
+        raise InvalidRequestError(
+            "speculative_config", "cannot be combined with async_scheduling or batch_invariant yet"
+        )
+    return SpeculativeRunner(model, load_drafter(spec, model))
+
+
+class Recorder(Protocol):
+    """The runner's prefix-cache recording, as a speculative step uses it."""
+
+    def boundaries(self, req: Request, end: int) -> list[int]: ...
+
+    def record_block(self, req: Request, state: ModelState) -> None: ...
+
+    def maybe_record(self, req: Request) -> None: ...
+
+
+@dataclass
+class SpecStep:
+    """What a speculative step hands the engine."""
+
+    num_computed: dict[Request, int] = field(default_factory=dict)
+    #: Per request, the tokens it emits this step with their logprobs, in order.
+    tokens: dict[Request, list[tuple[int, float]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    """A request's verified positions the drafter has not read yet, for the state they are
+    in (a preempted request starts again with a new state)."""
+
+    state: ModelState | None
+    streams: list[Tensor] = field(default_factory=list)  # [m, hc, d] pieces
+    next_ids: list[int] = field(default_factory=list)
+
+
+class SpeculativeRunner:
+    """Runs speculative steps (see the module) for the engine's runner."""
+
+    def __init__(self, model: DeepseekCausalLM, drafter: Drafter) -> None:
+        self.model = model
+        self.drafter = drafter
+        self.k = drafter.k
+        self.drafts: dict[Request, list[int]] = {}
+        self.pending: dict[Request, _Pending] = {}
+        #: Drafts proposed and kept, over the engine's life (acceptance statistics).
+        self.num_drafts = 0
+        self.num_accepted = 0
+
+    def step(
+        self,
+        out: SchedulerOutput,
+        runner: Recorder,
+        scheduler: Scheduler,
+        append: Callable[[SampledToken], None],
+        changed: dict[str, None],
+    ) -> None:
+        """One engine step: run ``out``, apply its progress, take in each request's tokens
+        one by one (a stop among them ends the request there), forget ended requests."""
+        result = self.execute(out, runner)
+        scheduler.update_from_output(result.num_computed)
+        for req, tokens in result.tokens.items():
+            for token, logprob in tokens:
+                if req.finished:
+                    break
+                append(SampledToken(req, token, logprob, None))
+            changed[req.group_id] = None
+        for req in [r for r in {**self.drafts, **self.pending} if r.finished or r.state is None]:
+            self.forget(req)
+
+    def _pending(self, req: Request) -> _Pending:
+        found = self.pending.get(req)
+        if found is None or found.state is not req.state:
+            found = self.pending[req] = _Pending(req.state)
+        return found
+
+    def forget(self, req: Request) -> None:
+        """Drop a finished or preempted request's drafts and pending positions."""
+        self.drafts.pop(req, None)
+        self.pending.pop(req, None)
+
+    @torch.no_grad()
+    def execute(self, out: SchedulerOutput, runner: Recorder) -> SpecStep:
+        """Run ``out``'s spans; ``runner`` records the prefix cache's blocks that prefill
+        chunks complete (verification rows record none: their states hold drafts)."""
+        result = SpecStep()
+        reqs, chunks, keep, marks, rows = [], [], [], [], []
+        for req, n in out.scheduled.items():
+            start = req.num_computed_tokens
+            verifying = n == 1 and start >= req.num_prompt_tokens and start + 1 == req.num_tokens
+            ids = req.all_token_ids[start : start + n]
+            state = req.state
+            assert state is not None
+            if verifying:
+                ids = ids + self.drafts.get(req, [])
+            elif self._pending(req).next_ids == [] and state.mtp_pos < start:  # a cache hit
+                state.mtp_pos = start  # its MTP layer starts here, without the window before
+                for layer in state.mtp:
+                    layer.swa.length = start
+            reqs.append(req)
+            rows.append(verifying)
+            chunks.append(torch.tensor(ids, dtype=torch.long))
+            keep.append(len(ids) if verifying else 1)
+            marks.append(() if verifying else tuple(runner.boundaries(req, start + n)))
+        states = [r.state for r in reqs]
+        batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=True)  # type: ignore[arg-type]
+        output = self.model(batch)
+        assert output.streams is not None
+        logits = output.split(batch)
+        for i, req in enumerate(reqs):
+            span, streams = batch.spans[i], output.streams[batch.offsets[i] :][: len(chunks[i])]
+            if rows[i]:
+                self._verify(req, span, chunks[i], logits[i], streams, result)
+                continue
+            for view in output.states_at[i]:
+                runner.record_block(req, view)
+            self._prefill(req, span, logits[i], streams, result)
+            runner.maybe_record(req)
+        self._draft(result)
+        return result
+
+    def _prefill(
+        self, req: Request, span: SequenceSpan, logits: Tensor, streams: Tensor, result: SpecStep
+    ) -> None:
+        """A chunk of the prompt (or of tokens recomputed after a preemption): its positions
+        wait for the drafter; the last one of the sequence draws the next token."""
+        start, n = span.start, span.num_tokens
+        pending = self._pending(req)
+        result.num_computed[req] = start + n
+        pending.streams.append(streams)
+        after = req.all_token_ids[start + 1 : start + n + 1]
+        if start + n < req.num_tokens:
+            pending.next_ids += after
+            return
+        token, logprob = self._sample(req, logits[-1], start + n)
+        pending.next_ids += [*after, token]
+        result.tokens[req] = [(token, logprob)]
+
+    def _verify(  # noqa: PLR0917
+        self,
+        req: Request,
+        span: SequenceSpan,
+        ids: Tensor,
+        logits: Tensor,
+        streams: Tensor,
+        result: SpecStep,
+    ) -> None:
+        """A verification row: keep the drafts that pass, draw the token after them, roll
+        the state back to what was kept."""
+        start = span.start
+        pending = self._pending(req)
+        drafts = ids[1:]
+        p = self._target(req, logits)
+        positions = torch.arange(start + 1, start + 1 + drafts.numel())
+        u = rng.sampling_uniform(
+            torch.full_like(positions, req.seed), positions, 1, rng.STREAM_ACCEPT
+        )[:, 0]
+        num = torch.tensor([drafts.numel()])
+        device = logits.device
+        d = drafts.to(device)[None]
+        kept = accept(p[None], None, d, num.to(device), u.to(device)[None])
+        dist = next_distribution(p[None], None, d, num.to(device), kept)[0]
+        n_kept = int(kept[0])
+        token = self._draw(req, dist, start + n_kept + 1)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        emitted = [*drafts[:n_kept].tolist(), token]
+        result.tokens[req] = [(t, float(logp[j, t])) for j, t in enumerate(emitted)]
+        self.num_drafts += drafts.numel()
+        self.num_accepted += n_kept
+        assert req.state is not None
+        self.model.rollback(req.state, start + n_kept + 1, req.all_token_ids + emitted[:-1])
+        result.num_computed[req] = start + n_kept + 1
+        pending.streams.append(streams[: n_kept + 1])
+        pending.next_ids += emitted
+
+    def _target(self, req: Request, logits: Tensor) -> Tensor:
+        """[rows, V] the request's sampling distribution at each row: one-hot when greedy,
+        else the filtered, temperature-scaled softmax the sampler draws from."""
+        params = req.params
+        x = logits.float()
+        if params.temperature <= 0:
+            return torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).float()
+        probs = torch.softmax(x / params.temperature, dim=-1)
+        rows = probs.shape[0]
+
+        def col(v: float, dtype: torch.dtype) -> Tensor:
+            return torch.full((rows,), v, dtype=dtype, device=x.device)
+
+        any_filter = params.top_k > 0 or params.top_p < 1
+        top_k = col(max(params.top_k, 0), torch.int64)
+        keep = filter_mask(
+            probs,
+            top_k,
+            col(params.top_p, torch.float32),
+            col(params.min_p, torch.float32),
+            any_filter,
+        )
+        probs = torch.where(keep, probs, 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+    def _draw(self, req: Request, dist: Tensor, position: int) -> int:
+        """The token at ``position`` from ``dist`` [V], with the sampler's noise there."""
+        if req.params.temperature <= 0:
+            return int(dist.argmax())
+        seeds = torch.tensor([req.seed], device=dist.device)
+        at = torch.tensor([position], device=dist.device)
+        noise = rng.gumbel(self.model.ops.sampling_uniform(seeds, at, dist.shape[-1]))[0]
+        return int(torch.argmax(torch.log(dist) + noise))
+
+    def _sample(self, req: Request, logits: Tensor, position: int) -> tuple[int, float]:
+        """The first token after the prompt, as the sampler would draw it."""
+        token = self._draw(req, self._target(req, logits[None])[0], position)
+        return token, float(torch.log_softmax(logits.float(), dim=-1)[token])
+
+    def _draft(self, result: SpecStep) -> None:
+        """Draft the next round for every request that emitted tokens this step, in one
+        batched pass of the speculator; at most what the request may still generate."""
+        reqs = [r for r in result.tokens if r.state is not None]
+        if not reqs:
+            return
+        pieces = [self.pending.pop(r) for r in reqs]
+        streams = torch.cat([s for p in pieces for s in p.streams])
+        next_ids = torch.tensor([t for p in pieces for t in p.next_ids], device=streams.device)
+        lengths = [len(p.next_ids) for p in pieces]
+        states = [r.state for r in reqs]
+        drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
+        for req, row in zip(reqs, drafts, strict=True):
+            room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
+            self.drafts[req] = row[: max(0, room)]

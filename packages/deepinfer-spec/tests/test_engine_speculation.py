@@ -1,0 +1,143 @@
+"""The engine with speculative decoding: greedy outputs equal the engine without it.
+
+Two drafters: the tiny model's own MTP layer (random weights: it proposes, the target rejects,
+so this checks the flow end to end), and a drafter that knows the greedy continuations and
+proposes them with every third round's second draft corrupted, so rows keep all, some or none
+of their drafts. Either way every emitted token must be the target's own greedy choice, through
+chunked prefill, prefix-cache hits and rollbacks. Seeded sampling gives a request the same
+tokens alone and in a batch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+from torch import Tensor
+
+from deepinfer.assets import random_tiny_model, tiny_tokenizer
+from deepinfer.engine import speculative as speculative_module
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.errors import InvalidRequestError
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.state import ModelState
+from deepinfer.sampling_params import SamplingParams
+
+K = 3
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+SPEC = {"method": "mtp", "num_speculative_tokens": K}
+
+
+@pytest.fixture(scope="module")
+def model() -> DeepseekCausalLM:
+    return random_tiny_model(torch.float32, seed=5)
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rnd = random.Random(seed)
+    return [[rnd.randrange(3, 8000) for _ in range(rnd.randint(5, 200))] for _ in range(n)]
+
+
+def _run(
+    model: DeepseekCausalLM, prompts: list[list[int]], params: SamplingParams, spec: bool
+) -> tuple[list[list[int]], LLMEngine]:
+    config = EngineConfig(
+        max_num_batched_tokens=96,
+        speculative_config=SPEC if spec else None,
+    )
+    engine = LLMEngine(model, tiny_tokenizer(), config)
+    ids = [engine.add_request(p, params) for p in prompts]
+    out = engine.run()
+    return [out[i].outputs[0].token_ids for i in ids], engine
+
+
+class KnowingDrafter:
+    """Proposes the known continuation of the sequence it sees, corrupting the second draft of
+    every third round; follows the verified positions as the MTP drafter does."""
+
+    def __init__(self, sequences: list[list[int]]) -> None:
+        self.k = K
+        self.next: dict[tuple[int, int], list[int]] = {}
+        for seq in sequences:
+            for t in range(len(seq) - 1):
+                self.next[t, seq[t]] = seq[t + 1 : t + 1 + K]
+        self.rounds = 0
+
+    def draft_batch(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> Tensor:
+        out, end = [], 0
+        for state, n in zip(states, lengths, strict=True):
+            end += n
+            state.mtp_pos += n
+            row = list(self.next.get((state.mtp_pos, int(next_ids[end - 1])), []))
+            row += [7] * (K - len(row))
+            self.rounds += 1
+            if self.rounds % 3 == 0:
+                row[1] = (row[1] + 1) % 8000
+            out.append(row)
+        return torch.tensor(out)
+
+
+def test_mtp_speculation_keeps_greedy_outputs(model: DeepseekCausalLM) -> None:
+    prompts = _prompts(5, 0)
+    prompts += [[*p[:150], 11, 12] for p in prompts if len(p) > 140]  # prefix-cache hits
+    want, _ = _run(model, prompts, GREEDY, spec=False)
+    got, engine = _run(model, prompts, GREEDY, spec=True)
+    assert got == want
+    assert engine.spec is not None and engine.spec.num_drafts > 0
+
+
+def test_accepted_drafts_keep_greedy_outputs(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = _prompts(6, 1)
+    want, plain = _run(model, prompts, GREEDY, spec=False)
+    drafter = KnowingDrafter([p + w for p, w in zip(prompts, want, strict=True)])
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    got, engine = _run(model, prompts, GREEDY, spec=True)
+    assert got == want
+    spec = engine.spec
+    assert spec is not None and 0 < spec.num_accepted < spec.num_drafts
+    assert engine.num_steps < plain.num_steps  # several tokens a step
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = _prompts(4, 2)
+    drafter = KnowingDrafter([])
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
+    batched, _ = _run(model, prompts, params, spec=True)
+    alone, _ = _run(model, prompts[1:2], params, spec=True)
+    assert alone[0] == batched[1]
+
+
+def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -> None:
+    _, engine = _run(model, [], GREEDY, spec=True)
+    with pytest.raises(InvalidRequestError, match="logprobs"):
+        engine.add_request([5, 6], SamplingParams(logprobs=2))
+    with pytest.raises(InvalidRequestError, match="n > 1"):
+        engine.add_request([5, 6], SamplingParams(n=2))
+    bad = [{"method": "mtp"}, {"method": "mtp", "num_speculative_tokens": 0}, "mtp"]
+    for config in bad:
+        with pytest.raises(InvalidRequestError, match="speculative_config"):
+            LLMEngine(model, tiny_tokenizer(), EngineConfig(speculative_config=config))  # type: ignore[arg-type]
+    dspark = {"method": "dspark", "num_speculative_tokens": 5}
+    with pytest.raises(NotImplementedError, match="DSpark"):
+        LLMEngine(model, tiny_tokenizer(), EngineConfig(speculative_config=dspark))
+
+
+def test_v41_says_mtp_drafting_is_not_implemented() -> None:
+    from deepinfer.assets import tiny_model
+
+    with pytest.raises(NotImplementedError, match=r"V4\.1"):
+        LLMEngine(tiny_model(), tiny_tokenizer(), EngineConfig(speculative_config=SPEC))
