@@ -10,20 +10,26 @@ tokens alone and in a batch.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor
 
 from deepinfer.assets import random_tiny_model, tiny_tokenizer
+from deepinfer.cli import main
 from deepinfer.engine import speculative as speculative_module
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
+from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
 K = 3
@@ -43,7 +49,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 def _run(
     model: DeepseekCausalLM, prompts: list[list[int]], params: SamplingParams, spec: bool
-) -> tuple[list[list[int]], LLMEngine]:
+) -> tuple[list[list[int]], LLMEngine, list[RequestOutput]]:
     config = EngineConfig(
         max_num_batched_tokens=96,
         speculative_config=SPEC if spec else None,
@@ -51,7 +57,7 @@ def _run(
     engine = LLMEngine(model, tiny_tokenizer(), config)
     ids = [engine.add_request(p, params) for p in prompts]
     out = engine.run()
-    return [out[i].outputs[0].token_ids for i in ids], engine
+    return [out[i].outputs[0].token_ids for i in ids], engine, [out[i] for i in ids]
 
 
 class KnowingDrafter:
@@ -89,8 +95,8 @@ class KnowingDrafter:
 def test_mtp_speculation_keeps_greedy_outputs(model: DeepseekCausalLM) -> None:
     prompts = _prompts(5, 0)
     prompts += [[*p[:150], 11, 12] for p in prompts if len(p) > 140]  # prefix-cache hits
-    want, _ = _run(model, prompts, GREEDY, spec=False)
-    got, engine = _run(model, prompts, GREEDY, spec=True)
+    want, _, _ = _run(model, prompts, GREEDY, spec=False)
+    got, engine, _ = _run(model, prompts, GREEDY, spec=True)
     assert got == want
     assert engine.spec is not None and engine.spec.num_drafts > 0
 
@@ -99,14 +105,22 @@ def test_accepted_drafts_keep_greedy_outputs(
     model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prompts = _prompts(6, 1)
-    want, plain = _run(model, prompts, GREEDY, spec=False)
+    want, plain, _ = _run(model, prompts, GREEDY, spec=False)
     drafter = KnowingDrafter([p + w for p, w in zip(prompts, want, strict=True)])
     monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
-    got, engine = _run(model, prompts, GREEDY, spec=True)
+    got, engine, outs = _run(model, prompts, GREEDY, spec=True)
     assert got == want
     spec = engine.spec
     assert spec is not None and 0 < spec.num_accepted < spec.num_drafts
     assert engine.num_steps < plain.num_steps  # several tokens a step
+    metrics = [o.metrics for o in outs if o.metrics is not None]
+    assert sum(m.spec_accepted_tokens for m in metrics) == spec.num_accepted
+    assert sum(m.spec_draft_tokens for m in metrics) == spec.num_drafts
+    for m in metrics:  # kept drafts are a prefix: each position at most as often as the one before
+        per = m.spec_accepted_per_position
+        assert len(per) == K and sum(per) == m.spec_accepted_tokens
+        assert all(a >= b for a, b in itertools.pairwise(per))
+        assert m.spec_acceptance_length == (m.spec_accepted_tokens + m.spec_rounds) / m.spec_rounds
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(
@@ -116,13 +130,13 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(
     drafter = KnowingDrafter([])
     monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
-    batched, _ = _run(model, prompts, params, spec=True)
-    alone, _ = _run(model, prompts[1:2], params, spec=True)
+    batched, _, _ = _run(model, prompts, params, spec=True)
+    alone, _, _ = _run(model, prompts[1:2], params, spec=True)
     assert alone[0] == batched[1]
 
 
 def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -> None:
-    _, engine = _run(model, [], GREEDY, spec=True)
+    _, engine, _ = _run(model, [], GREEDY, spec=True)
     with pytest.raises(InvalidRequestError, match="logprobs"):
         engine.add_request([5, 6], SamplingParams(logprobs=2))
     with pytest.raises(InvalidRequestError, match="n > 1"):
@@ -132,12 +146,36 @@ def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -
         with pytest.raises(InvalidRequestError, match="speculative_config"):
             LLMEngine(model, tiny_tokenizer(), EngineConfig(speculative_config=config))  # type: ignore[arg-type]
     dspark = {"method": "dspark", "num_speculative_tokens": 5}
-    with pytest.raises(NotImplementedError, match="DSpark"):
+    with pytest.raises(InvalidRequestError, match="DSpark"):
         LLMEngine(model, tiny_tokenizer(), EngineConfig(speculative_config=dspark))
 
 
 def test_v41_says_mtp_drafting_is_not_implemented() -> None:
     from deepinfer.assets import tiny_model
 
-    with pytest.raises(NotImplementedError, match=r"V4\.1"):
+    with pytest.raises(InvalidRequestError, match=r"V4\.1"):
         LLMEngine(tiny_model(), tiny_tokenizer(), EngineConfig(speculative_config=SPEC))
+
+
+def test_bench_reports_the_acceptance(
+    model: DeepseekCausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``deepinfer bench --speculative-method mtp`` on a V4 model (dummy weights from a
+    config.json) reports tau and the acceptance per draft position; on the V4.1 tiny model it
+    fails with one line naming what is missing."""
+    raw = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(model.cfg) if f.init}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    raw.update(model_type="deepseek_v4", vocab_size=129280)  # the dummy tokenizer's size
+    (tmp_path / "config.json").write_text(json.dumps(raw, default=list))
+    out = tmp_path / "bench.json"
+    common = ["bench", "--device", "cpu", "--num-seqs", "2", "--max-input-len", "32"]
+    common += ["--max-output-len", "16", "--speculative-method", "mtp"]
+    argv = [*common, "--model", str(tmp_path), "--load-format", "dummy", "--json", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["spec_acceptance_length"] >= 1
+    assert len(result["spec_acceptance_per_position"]) == 3
+    capsys.readouterr()
+    assert main([*common, "--model", "tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: speculative_config") and "V4.1" in err[0]

@@ -12,6 +12,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from deepinfer.cli import UsageError, check_interrupted, deferred_interrupts, model_options
 from deepinfer.sampling_params import SamplingParams
@@ -62,6 +63,7 @@ def run_bench(args: argparse.Namespace) -> int:
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling,
+        speculative_config=speculative_config(args),
     )
     rnd = random.Random(args.seed)
     cfg = llm.engine.model.cfg
@@ -106,6 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
         # longer contexts, on first use.
         "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }
+    result.update(acceptance(outs))
     width = max(len(k) for k in result)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in result.items()))
     if args.json:
@@ -114,3 +117,32 @@ def run_bench(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError("--json", f"cannot write {args.json}: {exc.strerror or exc}") from exc
     return 0
+
+
+def speculative_config(args: argparse.Namespace) -> dict[str, object] | None:
+    """vLLM's ``speculative_config`` from ``--speculative-method`` (None: no speculation)."""
+    if args.speculative_method is None:
+        return None
+    return {
+        "method": args.speculative_method,
+        "num_speculative_tokens": args.num_speculative_tokens,
+    }
+
+
+def acceptance(outs: list[Any]) -> dict[str, object]:
+    """Speculative decoding's acceptance over the run: tau (tokens a verification row
+    emitted, on average) and the share of rows that kept a draft at each position."""
+    metrics = [o.metrics for o in outs if o.metrics is not None and o.metrics.spec_rounds]
+    if not metrics:
+        return {}
+    rounds = sum(m.spec_rounds for m in metrics)
+    kept = sum(m.spec_accepted_tokens for m in metrics)
+    width = max(len(m.spec_accepted_per_position) for m in metrics)
+    per = [0] * width
+    for m in metrics:
+        for j, count in enumerate(m.spec_accepted_per_position):
+            per[j] += count
+    return {
+        "spec_acceptance_length": round((kept + rounds) / rounds, 3),
+        "spec_acceptance_per_position": [round(c / rounds, 3) for c in per],
+    }

@@ -290,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read each step's tokens before queueing the next (GPU; vLLM's flag)",
     )
+    p_bench.add_argument(
+        "--speculative-method", choices=("mtp",), help="speculative decoding's drafter"
+    )
+    p_bench.add_argument(
+        "--num-speculative-tokens", type=positive, default=3, help="drafts a round"
+    )
     p_bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p_bench.set_defaults(func=_cmd_bench)
     return parser

@@ -17,6 +17,20 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens restored from the prefix cache
     num_preemptions: int = 0
+    #: Speculative decoding: verification rows, drafts they checked, drafts kept, and how
+    #: many rows kept a draft at each position (the acceptance per position).
+    spec_rounds: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def spec_acceptance_length(self) -> float | None:
+        """Mean tokens a verification row emitted (tau: kept drafts plus the one after);
+        None without speculative rows."""
+        if not self.spec_rounds:
+            return None
+        return (self.spec_accepted_tokens + self.spec_rounds) / self.spec_rounds
 
 
 @dataclass

@@ -125,7 +125,11 @@ def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRun
         raise InvalidRequestError(
             "speculative_config", "cannot be combined with async_scheduling or batch_invariant yet"
         )
-    return SpeculativeRunner(model, load_drafter(spec, model))
+    try:
+        drafter = load_drafter(spec, model)
+    except NotImplementedError as exc:  # a drafter this model or version does not have yet
+        raise InvalidRequestError("speculative_config", str(exc)) from exc
+    return SpeculativeRunner(model, drafter)
 
 
 class Recorder(Protocol):
@@ -290,6 +294,14 @@ class SpeculativeRunner:
         result.tokens[req] = [(t, float(logp[j, t])) for j, t in enumerate(emitted)]
         self.num_drafts += drafts.numel()
         self.num_accepted += n_kept
+        metrics = req.metrics
+        metrics.spec_rounds += 1
+        metrics.spec_draft_tokens += drafts.numel()
+        metrics.spec_accepted_tokens += n_kept
+        per = metrics.spec_accepted_per_position
+        per += [0] * (drafts.numel() - len(per))
+        for j in range(n_kept):
+            per[j] += 1
         assert req.state is not None
         self.model.rollback(req.state, start + n_kept + 1, req.all_token_ids + emitted[:-1])
         result.num_computed[req] = start + n_kept + 1
