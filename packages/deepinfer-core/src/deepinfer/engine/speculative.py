@@ -211,6 +211,8 @@ class SpeculativeRunner:
         """Run ``out``'s spans; ``runner`` records the prefix cache's blocks that prefill
         chunks complete (verification rows record none: their states hold drafts)."""
         result = SpecStep()
+        if not out.scheduled:  # nothing to run this step (a preemption only)
+            return result
         reqs, chunks, keep, marks, rows = [], [], [], [], []
         for req, n in out.scheduled.items():
             start = req.num_computed_tokens
