@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from deepinfer.assets import random_tiny_model, tiny_tokenizer
+from deepinfer.cache.pools import state_bytes
 from deepinfer.cli import main
 from deepinfer.engine import speculative as speculative_module
 from deepinfer.engine.config import EngineConfig
@@ -30,6 +31,7 @@ from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
 from deepinfer.outputs import RequestOutput
+from deepinfer.paging import PAGE_TOKENS
 from deepinfer.sampling_params import SamplingParams
 
 K = 3
@@ -179,3 +181,36 @@ def test_bench_reports_the_acceptance(
     assert main([*common, "--model", "tiny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: speculative_config") and "V4.1" in err[0]
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "knowing"])
+def test_preemption_keeps_greedy_outputs(
+    model: DeepseekCausalLM, drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool that holds three 128-token states preempts sequences as they cross into their
+    second page, drafts and pending positions included: after recomputation the outputs
+    still equal the engine's without speculation, and every byte comes back."""
+    rnd = random.Random(1)
+    prompts = [[rnd.randrange(3, 8000) for _ in range(rnd.randint(100, 120))] for _ in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    base = LLMEngine(
+        model, tiny_tokenizer(), EngineConfig(max_num_seqs=8, max_num_batched_tokens=64)
+    )
+    ids = [base.add_request(p, params) for p in prompts]
+    done = base.run()
+    want = [done[i].outputs[0].token_ids for i in ids]
+    if drafter == "knowing":
+        knowing = KnowingDrafter([p + w for p, w in zip(prompts, want, strict=True)])
+        monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: knowing)
+    config = EngineConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        speculative_config=SPEC,
+        state_memory_bytes=3 * state_bytes(model.cfg, model.dtype, PAGE_TOKENS),
+    )
+    engine = LLMEngine(model, tiny_tokenizer(), config)
+    ids = [engine.add_request(p, params) for p in prompts]
+    done = engine.run()
+    assert [done[i].outputs[0].token_ids for i in ids] == want
+    assert sum(o.metrics.num_preemptions for o in done.values() if o.metrics) > 0
+    assert engine.pool.used_bytes == 0
