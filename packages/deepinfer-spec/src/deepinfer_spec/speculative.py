@@ -15,12 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.causal_lm import DeepseekCausalLM
-from deepinfer.sampling import rng
-from deepinfer.sampling.rejection import accept, next_distribution
+from deepinfer.sampling.rejection import (
+    accept,
+    acceptance_uniforms,
+    draw,
+    next_distribution,
+    target_distribution,
+)
 from deepinfer_spec.mtp import MTPDrafter
 
 
@@ -29,22 +33,6 @@ class SpeculativeOutput:
     tokens: list[int]
     #: Drafts kept in each round (the acceptance length tau is their mean plus one).
     accepted: list[int] = field(default_factory=list)
-
-
-def _distributions(logits: Tensor, temperature: float) -> Tensor:
-    """[..., V] the target's sampling distribution: one-hot argmax when greedy."""
-    if temperature <= 0:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    return torch.softmax(logits / temperature, dim=-1)
-
-
-def _draw(dist: Tensor, temperature: float, seed: int, position: int) -> int:
-    """The token at ``position`` from ``dist`` [V], with the sampler's noise for that position."""
-    if temperature <= 0:
-        return int(dist.argmax())
-    keys = torch.tensor([seed], device=dist.device), torch.tensor([position], device=dist.device)
-    noise = rng.gumbel(rng.sampling_uniform(*keys, dist.shape[-1]))[0]
-    return int(torch.argmax(torch.log(dist) + noise))
 
 
 @torch.no_grad()
@@ -64,7 +52,8 @@ def speculative_generate(
     ids = torch.tensor(prompt, device=device)
     out = model(ForwardBatch.of(ids, state, num_logits=1, return_streams=True))
     assert out.streams is not None
-    anchor = _draw(_distributions(out.logits[-1], temperature), temperature, seed, len(prompt))
+    first = target_distribution(out.logits[-1:], temperature)[0]
+    anchor = draw(first, temperature, seed, len(prompt))
     result = SpeculativeOutput([anchor])
     streams, after = out.streams, torch.tensor([*prompt[1:], anchor], device=device)
     while len(result.tokens) < max_tokens:
@@ -73,15 +62,13 @@ def speculative_generate(
         row = torch.cat((torch.tensor([anchor], device=device), draft.tokens))
         verify = model(ForwardBatch.of(row, state, num_logits=k + 1, return_streams=True))
         assert verify.streams is not None
-        p = _distributions(verify.logits, temperature)[None]
-        positions = torch.arange(start + 1, start + k + 1, device=device)
-        seeds = torch.full_like(positions, seed)
-        u = rng.sampling_uniform(seeds, positions, 1, rng.STREAM_ACCEPT)[:, 0][None]
+        p = target_distribution(verify.logits, temperature)[None]
+        u = acceptance_uniforms(seed, start + 1, k, device)[None]
         drafts, num = draft.tokens[None], torch.tensor([k], device=device)
         kept = accept(p, None, drafts, num, u)
         n = int(kept[0])
         dist = next_distribution(p, None, drafts, num, kept)[0]
-        anchor = _draw(dist, temperature, seed, start + n + 1)
+        anchor = draw(dist, temperature, seed, start + n + 1)
         result.tokens += [*draft.tokens[:n].tolist(), anchor]
         result.accepted.append(n)
         model.rollback(state, start + n + 1)

@@ -33,9 +33,13 @@ from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
-from deepinfer.sampling import rng
-from deepinfer.sampling.rejection import accept, next_distribution
-from deepinfer.sampling.sampler import filter_mask
+from deepinfer.sampling.rejection import (
+    accept,
+    acceptance_uniforms,
+    draw,
+    next_distribution,
+    target_distribution,
+)
 from deepinfer.sampling_params import SamplingParams
 
 #: Sampling options a speculative step does not apply yet (each needs per-position masks or
@@ -280,14 +284,11 @@ class SpeculativeRunner:
         pending = self._pending(req)
         drafts = ids[1:]
         p = self._target(req, logits)
-        positions = torch.arange(start + 1, start + 1 + drafts.numel())
-        u = rng.sampling_uniform(
-            torch.full_like(positions, req.seed), positions, 1, rng.STREAM_ACCEPT
-        )[:, 0]
-        num = torch.tensor([drafts.numel()])
         device = logits.device
+        u = acceptance_uniforms(req.seed, start + 1, drafts.numel(), device)
+        num = torch.tensor([drafts.numel()])
         d = drafts.to(device)[None]
-        kept = accept(p[None], None, d, num.to(device), u.to(device)[None])
+        kept = accept(p[None], None, d, num.to(device), u[None])
         dist = next_distribution(p[None], None, d, num.to(device), kept)[0]
         n_kept = int(kept[0])
         token = self._draw(req, dist, start + n_kept + 1)
@@ -311,38 +312,14 @@ class SpeculativeRunner:
         pending.next_ids += emitted
 
     def _target(self, req: Request, logits: Tensor) -> Tensor:
-        """[rows, V] the request's sampling distribution at each row: one-hot when greedy,
-        else the filtered, temperature-scaled softmax the sampler draws from."""
-        params = req.params
-        x = logits.float()
-        if params.temperature <= 0:
-            return torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).float()
-        probs = torch.softmax(x / params.temperature, dim=-1)
-        rows = probs.shape[0]
-
-        def col(v: float, dtype: torch.dtype) -> Tensor:
-            return torch.full((rows,), v, dtype=dtype, device=x.device)
-
-        any_filter = params.top_k > 0 or params.top_p < 1
-        top_k = col(max(params.top_k, 0), torch.int64)
-        keep = filter_mask(
-            probs,
-            top_k,
-            col(params.top_p, torch.float32),
-            col(params.min_p, torch.float32),
-            any_filter,
-        )
-        probs = torch.where(keep, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
+        """[rows, V] the request's sampling distribution at each row."""
+        p = req.params
+        return target_distribution(logits, p.temperature, p.top_k, p.top_p, p.min_p)
 
     def _draw(self, req: Request, dist: Tensor, position: int) -> int:
         """The token at ``position`` from ``dist`` [V], with the sampler's noise there."""
-        if req.params.temperature <= 0:
-            return int(dist.argmax())
-        seeds = torch.tensor([req.seed], device=dist.device)
-        at = torch.tensor([position], device=dist.device)
-        noise = rng.gumbel(self.model.ops.sampling_uniform(seeds, at, dist.shape[-1]))[0]
-        return int(torch.argmax(torch.log(dist) + noise))
+        uniform = self.model.ops.sampling_uniform
+        return draw(dist, req.params.temperature, req.seed, position, uniform)
 
     def _sample(self, req: Request, logits: Tensor, position: int) -> tuple[int, float]:
         """The first token after the prompt, as the sampler would draw it."""

@@ -9,7 +9,8 @@ on these; the step code (:mod:`.causal_lm`, :mod:`.decode`, :mod:`.ragged`) buil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import itertools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -94,15 +95,9 @@ class RaggedMeta:
     @property
     def offsets(self) -> list[int]:
         """Each span's first token in the packed batch."""
-        return self.step_memo.get("offsets", lambda: _prefix_sums(self.lengths))
-
-
-def _prefix_sums(lengths: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for n in lengths:
-        out.append(total)
-        total += n
-    return out
+        return self.step_memo.get(
+            "offsets", lambda: list(itertools.accumulate(self.lengths[:-1], initial=0))
+        )
 
 
 @dataclass

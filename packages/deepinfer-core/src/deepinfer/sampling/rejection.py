@@ -17,8 +17,13 @@ the caller samples with the noise of that token's position (the sampler's Gumbel
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+from deepinfer.sampling import rng
+from deepinfer.sampling.sampler import filter_mask
 
 #: Draft probabilities are clamped to at least this (a drafter may assign a token 0 after
 #: rounding although it drew it).
@@ -69,3 +74,54 @@ def next_distribution(
     mass = residual.sum(dim=-1, keepdim=True)
     use = rejected[:, None] & (mass > MIN_RESIDUAL)
     return torch.where(use, residual / mass.clamp(min=MIN_RESIDUAL), target)
+
+
+def target_distribution(
+    logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> Tensor:
+    """[rows, V] what the sampler draws from at each row of ``logits``: one-hot argmax when
+    greedy, else the temperature-scaled softmax with min-p, top-k and top-p applied."""
+    x = logits.float()
+    if temperature <= 0:
+        return torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).float()
+    probs = torch.softmax(x / temperature, dim=-1)
+    if top_k <= 0 and top_p >= 1 and min_p <= 0:
+        return probs
+
+    def col(v: float, dtype: torch.dtype) -> Tensor:
+        return torch.full((probs.shape[0],), v, dtype=dtype, device=x.device)
+
+    keep = filter_mask(
+        probs,
+        col(max(top_k, 0), torch.int64),
+        col(top_p, torch.float32),
+        col(min_p, torch.float32),
+        top_k > 0 or top_p < 1,
+    )
+    probs = torch.where(keep, probs, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def acceptance_uniforms(seed: int, first: int, count: int, device: torch.device) -> Tensor:
+    """[count] the uniforms that accept or reject drafts at positions ``first ..``: the
+    counter RNG on its own stream, so they never share a draw with the sampler's noise."""
+    positions = torch.arange(first, first + count)
+    u = rng.sampling_uniform(torch.full_like(positions, seed), positions, 1, rng.STREAM_ACCEPT)
+    return u[:, 0].to(device)
+
+
+def draw(
+    dist: Tensor,
+    temperature: float,
+    seed: int,
+    position: int,
+    uniform: Callable[[Tensor, Tensor, int], Tensor] = rng.sampling_uniform,
+) -> int:
+    """The token at ``position`` from ``dist`` [V] with the sampler's Gumbel noise there
+    (``uniform``: a backend's fused RNG, the same bits); the argmax when greedy."""
+    if temperature <= 0:
+        return int(dist.argmax())
+    seeds = torch.tensor([seed], device=dist.device)
+    at = torch.tensor([position], device=dist.device)
+    noise = rng.gumbel(uniform(seeds, at, dist.shape[-1]))[0]
+    return int(torch.argmax(torch.log(dist) + noise))
