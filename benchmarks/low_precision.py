@@ -12,14 +12,17 @@ Three parts, each written to ``benchmarks/results/low_precision_<device>.json``:
   the experts a step touches per second, as a fraction of the copy bandwidth.
 * ``model``: a V4-Flash-width model (the published config cut to ``--layers`` layers, dummy
   weights): prefill of one ``--prefill-len`` prompt and decode steps at each batch, held as
-  stored (``quantization="auto"``) and dequantised to bf16, with the deepest prefix of the full
-  config whose stored-format weights fit this GPU (``deepinfer info``'s arithmetic) reported.
+  stored (``quantization="auto"``) and dequantised to bf16; on a GPU also the deepest prefix of
+  the full config whose stored-format weights fit it (``deepinfer info``'s arithmetic), timed
+  the same way, with its memory: weights held, peak, and the predicted bytes by tensor kind.
 
     python benchmarks/low_precision.py --device cuda [--parts gemm experts model]
     python benchmarks/low_precision.py --device cpu --small   # a check of the code paths
 
-Medians over ``--repeats`` timed runs after a warm-up; on the CPU (Triton's interpreter) the
-figures mean nothing and only ``--small`` shapes are practical.
+On the GPU the kernels are timed in CUDA graphs (:func:`graph_s`: no host launch overhead, as
+in a decode step's graph, and weights read from HBM, not L2), medians over ``--repeats``
+replays. On the CPU (Triton's interpreter) the figures mean nothing and only ``--small``
+shapes are practical.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def sync(device: str) -> None:
 
 
 def median_s(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up."""
+    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up (host timing)."""
     fn()
     times = []
     for _ in range(repeats):
@@ -70,6 +73,42 @@ def median_s(fn: Callable[[], object], device: str, repeats: int) -> float:
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def graph_s(fns: list[Callable[[], object]], repeats: int, calls: int = 16) -> float:
+    """Median GPU seconds of one call, from CUDA graphs of ``calls`` calls cycling ``fns``.
+
+    A graph replays the calls without host launch overhead, as a decode step's graph does;
+    each of ``fns`` reads its own copy of the weights, together larger than the L2 cache, so
+    the weights come from HBM as they do in a model, where the other layers' weights pass
+    through the cache in between.
+    """
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fns[0]()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(max(calls, len(fns))):
+            fns[i % len(fns)]()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / max(calls, len(fns)))
+    return statistics.median(times)
+
+
+def copies_for(nbytes: int) -> int:
+    """Copies of ``nbytes`` of weights that together pass any GPU's L2 cache (256 MB)."""
+    return max(2, min(64, -(-(256 << 20) // max(nbytes, 1))))
 
 
 def copy_bandwidth(device: str, repeats: int, nbytes: int) -> float:
@@ -94,33 +133,45 @@ def gemm(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
     from deepinfer.models.quant import quant_fp8_block
 
     ops, device = kernel_ops(args.device), args.device
+    cuda = device.startswith("cuda")
     rows = []
     for name, n, k in SMALL_SHAPES if args.small else FLASH_SHAPES:
         w = (torch.randn(n, k) / k**0.5).to(torch.bfloat16)
-        wq, ws = (t.to(device) for t in quant_fp8_block(w, (128, 128), "ue8m0"))
-        wb = w.to(device)
+        wq, ws = quant_fp8_block(w, (128, 128), "ue8m0")
+        copies = copies_for(n * k) if cuda else 1
+        fp8 = [tuple(t.to(device) for t in (wq, ws)) for _ in range(copies)]
+        bf16 = [w.to(device) for _ in range(copies)]
         for m in [1, 8] if args.small else args.m:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             flops = 2 * m * n * k
-            ours = median_s(partial(ops.fp8_linear, x, wq, ws, (128, 128)), device, args.repeats)
-            bf16 = median_s(partial(torch.matmul, x, wb.T), device, args.repeats)
+            ours_fns = [partial(ops.fp8_linear, x, q, s, (128, 128)) for q, s in fp8]
+            bf16_fns = [partial(torch.matmul, x, b.T) for b in bf16]
+            if cuda:
+                ours, plain = graph_s(ours_fns, args.repeats), graph_s(bf16_fns, args.repeats)
+            else:
+                ours = median_s(ours_fns[0], device, args.repeats)
+                plain = median_s(bf16_fns[0], device, args.repeats)
             row = {
                 "shape": name,
                 "m": m,
                 "n": n,
                 "k": k,
+                "fp8_us": round(ours * 1e6, 2),
                 "fp8_tflops": round(flops / ours / 1e12, 2),
-                "bf16_tflops": round(flops / bf16 / 1e12, 2),
+                "bf16_tflops": round(flops / plain / 1e12, 2),
                 "fp8_weight_bw_fraction": round(n * k / ours / bandwidth, 3),
             }
-            if device.startswith("cuda"):
+            if cuda:
                 xq = (x.float() / 448).to(torch.float8_e4m3fn)
                 sa = torch.ones(m, 1, device=device)
                 sb = torch.ones(1, n, device=device)
-                vendor_mm = partial(
-                    torch._scaled_mm, xq, wq.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
-                )
-                vendor = median_s(vendor_mm, device, args.repeats)
+                vendor_fns = [
+                    partial(
+                        torch._scaled_mm, xq, q.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
+                    )
+                    for q, _ in fp8
+                ]
+                vendor = graph_s(vendor_fns, args.repeats)
                 row["scaled_mm_tflops"] = round(flops / vendor / 1e12, 2)
                 row["fp8_over_scaled_mm"] = round(vendor / ours, 3)
             rows.append(row)
@@ -153,7 +204,8 @@ def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
         indices = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(b)]).to(device)
         weights = torch.softmax(torch.randn(b, top, generator=g), dim=-1).to(device)
         run = partial(ops.moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, **w)
-        seconds = median_s(run, device, args.repeats)
+        cuda = device.startswith("cuda")
+        seconds = graph_s([run], args.repeats) if cuda else median_s(run, device, args.repeats)
         touched = int(torch.unique(indices).numel()) * per_expert
         row = {
             "batch": b,
@@ -192,41 +244,64 @@ def fitting_layers(cfg: dict[str, Any], budget_bytes: float) -> int:
     return max(1, min(cfg["num_hidden_layers"], int((budget_bytes - one) // per_layer) + 1))
 
 
-def model(args: argparse.Namespace) -> dict[str, Any]:
+def time_model(args: argparse.Namespace, cfg: dict[str, Any], quantization: str | None) -> dict:
+    """Prefill and decode figures of ``cfg`` with dummy weights, and its memory split."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from step_ab import pick_api, time_decode, time_prefill
 
+    from deepinfer import plugins
+    from deepinfer.device import select_backend
     from deepinfer.loading import load
+    from deepinfer.model_info import model_report
 
+    cuda = args.device.startswith("cuda")
+    choice = select_backend(args.device)  # as LLM picks it: sm100 on an NVIDIA GPU
+    backend = plugins.backends.load(choice.backend)(choice.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg))
+        kinds = {name: k.held_bytes for name, k in model_report(tmp).kinds.items()}
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(args.device)
+        net, _ = load(
+            tmp, "bfloat16", choice.device, backend, load_format="dummy", quantization=quantization
+        )
+    run: dict[str, Any] = {"layers": cfg["num_hidden_layers"], "backend": choice.backend}
+    net.eval()
+    if cuda:
+        run["weights_gib"] = round(torch.cuda.memory_allocated(args.device) / 2**30, 2)
+    if quantization == "auto":  # deepinfer info's arithmetic is that of the stored formats
+        run["predicted_weights_gib_by_kind"] = {k: round(v / 2**30, 2) for k, v in kinds.items()}
+    api = pick_api(net, "new")
+    top = net.cfg.vocab_size
+    with torch.inference_mode():
+        ids = torch.randint(3, top, (args.prefill_len,)).to(args.device)
+        prefill = statistics.median(time_prefill(net, api, ids, 2, args.device))
+        run["prefill_tok_per_s"] = round(args.prefill_len / prefill, 1)
+        for batch in args.batches:
+            step = time_decode(net, api, batch, args, top)
+            run[f"decode_B{batch}_ms"] = step["ms"]
+            run[f"decode_B{batch}_tok_per_s"] = round(batch / step["ms"] * 1e3, 1)
+    if cuda:
+        run["peak_gib"] = round(torch.cuda.max_memory_allocated(args.device) / 2**30, 2)
+    del net, api
+    if cuda:
+        torch.cuda.empty_cache()
+    return run
+
+
+def model(args: argparse.Namespace) -> dict[str, Any]:
+    """The V4-Flash-width model cut to ``--layers``, stored vs bf16; on a GPU also the deepest
+    prefix of the full config that fits it, in the stored formats."""
     cfg = json.loads(args.config.read_text())
-    out: dict[str, Any] = {}
-    if args.device.startswith("cuda"):
+    out: dict[str, Any] = {"layers": args.layers}
+    for name, quantization in {"stored": "auto", "bf16": None}.items():
+        out[name] = time_model(args, cut(cfg, args.layers), quantization)
+        print(json.dumps({name: out[name]}), file=sys.stderr)
+    if args.device.startswith("cuda") and args.deepest:
         total = torch.cuda.get_device_properties(args.device).total_memory
-        out["deepest_prefix_layers"] = fitting_layers(cfg, 0.85 * total)
-    runs = {"stored": "auto", "bf16": None}
-    for name, quantization in runs.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "config.json").write_text(json.dumps(cut(cfg, args.layers)))
-            net, _ = load(
-                tmp, "bfloat16", args.device, load_format="dummy", quantization=quantization
-            )
-        net.eval()
-        api = pick_api(net, "new")
-        top = net.cfg.vocab_size
-        with torch.inference_mode():
-            ids = torch.randint(3, top, (args.prefill_len,)).to(args.device)
-            prefill = statistics.median(time_prefill(net, api, ids, 2, args.device))
-            run: dict[str, Any] = {"prefill_tok_per_s": round(args.prefill_len / prefill, 1)}
-            for batch in args.batches:
-                step = time_decode(net, api, batch, args, top)
-                run[f"decode_B{batch}_ms"] = step["ms"]
-                run[f"decode_B{batch}_tok_per_s"] = round(batch / step["ms"] * 1e3, 1)
-        out[name] = run
-        print(json.dumps({name: run}), file=sys.stderr)
-        del net
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    out["layers"] = args.layers
+        layers = fitting_layers(cfg, 0.85 * total)
+        out["deepest_prefix"] = time_model(args, cut(cfg, layers), "auto")
+        print(json.dumps({"deepest_prefix": out["deepest_prefix"]}), file=sys.stderr)
     return out
 
 
@@ -242,6 +317,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prefill-len", type=int, default=4096)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument(
+        "--no-deepest", dest="deepest", action="store_false", help="skip the deepest prefix"
+    )
     # What step_ab's decode timing reads.
     ap.add_argument("--decode-prompt-len", type=int, default=512)
     ap.add_argument("--warmup-steps", type=int, default=3)

@@ -243,24 +243,32 @@ def _moe_specs() -> Iterator[AotSpec]:
 
 def _fp4_moe_specs() -> Iterator[AotSpec]:
     # The same pairs and row tiles as _moe_specs, on packed e2m1 weights with ue8m0 bytes.
-    # bf16 activations: K steps of 128 into the tensor cores; fp32 activations: IEEE dots,
-    # K steps of one 32-wide scale group.
-    for dt, block_m, block_k in (("bf16", 16, 128), ("bf16", 64, 128), ("fp32", 16, 32)):
-        variant = f"{dt}-decode-block-m{block_m}"
-        flags = {"IEEE": dt == "fp32", "WIDEN": False,
-                 "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k}  # fmt: skip
+    # bf16 activations: K steps of 128 into the tensor cores, weights decoded by inline PTX,
+    # 32-column tiles at decode and 128 at prefill; fp32 activations: IEEE dots, K steps of one
+    # 32-wide scale group. EVEN (V4-Flash's shapes) loads without masks; d = 4096 with
+    # I = 1056 (not a multiple of the tiles) takes the masked loads.
+    cases = (
+        ("bf16", 16, 32, 128, 2048, True),
+        ("bf16", 64, 128, 128, 2048, True),
+        ("bf16", 16, 32, 128, 1056, False),
+        ("fp32", 16, 64, 32, 2048, True),
+    )
+    for dt, block_m, block_n, block_k, inter, even in cases:
+        variant = f"{dt}-block-m{block_m}-i{inter}"
+        flags = {"IEEE": dt == "fp32", "WIDEN": False, "EVEN": even,
+                 "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_gate_up_kernel",
             variant,
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
-             "scale_ptr": "*fp32", "ends_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048,
+             "scale_ptr": "*fp32", "ends_ptr": "*i32", "h_ptr": f"*{dt}", "inter": inter,
              "k_dim": 4096, "limit": 10.0, "CLAMP": True, **flags},
         )  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_down_kernel",
             variant,
             {"h_ptr": f"*{dt}", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
-             "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, **flags},
+             "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": inter, **flags},
         )  # fmt: skip
 
 
@@ -403,33 +411,56 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
             {"x_ptr": f"*{dt}", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "m": 4096, "k": 4096,
              "EMULATE": False, "GROUP": 128, "BLOCK_R": 16},
         )  # fmt: skip
-    # (variant, rows, N, K, ue8m0 scales, weight block, BLOCK_M, BLOCK_N, BLOCK_K, warps, out):
-    # as fp8_linear._tiles picks them. Up to 64 rows quantise in the GEMM (fused) unless the
-    # weight blocks are narrower than a group (V4.1's 32 x 32); V4-Flash's q/kv/o projections
-    # (wq_a 1024 x 4096, wkv 512 x 4096, wq_b 32768 x 1024, wo_b 4096 x 8192); ue8m0 scales
-    # in the instruct checkpoints, fp32 in -Base.
+    # (variant, rows, N, K, ue8m0 scales, weight block, BLOCK_M, BLOCK_N, BLOCK_K, warps, out,
+    # fused): as fp8_linear._tiles picks them. Up to 64 rows take decode tiles over a split K
+    # (activations quantised ahead, or in the GEMM with FUSE_DECODE_QUANT unless the weight
+    # blocks are narrower than a group, V4.1's 32 x 32); V4-Flash's q/kv/o projections (wq_a
+    # 1024 x 4096, wkv 512 x 4096, wq_b 32768 x 1024, wo_b 4096 x 8192); ue8m0 scales in the
+    # instruct checkpoints, fp32 in -Base.
     cases = (
-        ("decode1-wq_a-ue8m0", 1, 1024, 4096, True, 128, 16, 64, 128, 4, "bf16"),
-        ("decode32-wkv-ue8m0", 32, 512, 4096, True, 128, 32, 64, 128, 4, "bf16"),
-        ("decode64-wo_b-ue8m0", 64, 4096, 8192, True, 128, 64, 64, 128, 4, "bf16"),
-        ("decode16-4096-fp32-scales", 16, 4096, 4096, False, 128, 16, 64, 128, 4, "bf16"),
-        ("prefill-4096-ue8m0", 4096, 4096, 4096, True, 128, 128, 128, 128, 8, "bf16"),
-        ("prefill-wq_b-fp32-scales", 4096, 32768, 1024, False, 128, 128, 128, 128, 8, "bf16"),
-        ("prefill-4096-fp32-out", 4096, 4096, 4096, True, 128, 128, 128, 128, 8, "fp32"),
-        ("decode16-v41-block32", 16, 5120, 5120, True, 32, 16, 64, 32, 4, "bf16"),
-        ("prefill-v41-block32", 4096, 5120, 5120, True, 32, 128, 128, 32, 8, "bf16"),
+        ("decode1-wq_a-ue8m0", 1, 1024, 4096, True, 128, 16, 64, 128, 4, "bf16", False),
+        ("decode1-wq_a-ue8m0-fused", 1, 1024, 4096, True, 128, 16, 64, 128, 4, "bf16", True),
+        ("decode32-wkv-ue8m0", 32, 512, 4096, True, 128, 32, 64, 128, 4, "bf16", False),
+        ("decode64-wo_b-ue8m0", 64, 4096, 8192, True, 128, 64, 64, 128, 4, "bf16", False),
+        ("decode16-4096-fp32-scales", 16, 4096, 4096, False, 128, 16, 64, 128, 4, "bf16", False),
+        ("prefill-4096-ue8m0", 4096, 4096, 4096, True, 128, 64, 128, 128, 4, "bf16", False),
+        ("prefill256-4096-ue8m0", 256, 4096, 4096, True, 128, 64, 64, 128, 4, "bf16", False),
+        ("prefill-wq_b-fp32-scales", 4096, 32768, 1024, False, 128, 64, 128, 128, 4, "bf16", False),
+        ("prefill-4096-fp32-out", 4096, 4096, 4096, True, 128, 64, 128, 128, 4, "fp32", False),
+        ("decode16-v41-block32", 16, 5120, 5120, True, 32, 16, 64, 32, 4, "bf16", False),
+        ("prefill-v41-block32", 4096, 5120, 5120, True, 32, 64, 128, 32, 4, "bf16", False),
     )
-    for variant, m, n, k, ue8m0, wb, block_m, block_n, block_k, warps, out in cases:
-        fused = m <= 64 and block_k == 128
+    for variant, m, n, k, ue8m0, wb, block_m, block_n, block_k, warps, out, fused in cases:
+        split = m <= 64  # decode tiles write fp32 partial sums over a split K
         yield AotSpec(
             "fp8_linear._fp8_gemm_kernel",
             variant,
             {"a_ptr": "*bf16" if fused else "*fp8e4nv", "as_ptr": "*fp8e4nv" if fused else "*fp32",
-             "w_ptr": "*fp8e4nv", "ws_ptr": "*u8" if ue8m0 else "*fp32", "out_ptr": f"*{out}",
-             "m": m, "n": n, "k": k, "FUSED": fused, "EMULATE": False, "SCALE_UE8M0": ue8m0,
-             "GROUP": 128, "W_BN": wb, "W_BK": wb,
+             "w_ptr": "*fp8e4nv", "ws_ptr": "*u8" if ue8m0 else "*fp32",
+             "out_ptr": "*fp32" if split else f"*{out}", "m": m, "n": n, "k": k, "lda": k,
+             "group_n": n, "k_split": 512 if split else k, "FUSED": fused, "EMULATE": False,
+             "SCALE_UE8M0": ue8m0, "SPLIT_OUT": split, "GROUP": 128, "W_BN": wb, "W_BK": wb,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k},
             num_warps=warps,
+        )  # fmt: skip
+    # V4-Flash's grouped output projection (wo_a: 8 groups of 1024 rows over 4096 columns)
+    yield AotSpec(
+        "fp8_linear._fp8_gemm_kernel",
+        "prefill-wo_a-grouped",
+        {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8",
+         "out_ptr": "*bf16", "m": 4096, "n": 8192, "k": 4096, "lda": 8 * 4096, "group_n": 1024,
+         "k_split": 4096, "FUSED": False, "EMULATE": False, "SCALE_UE8M0": True,
+         "SPLIT_OUT": False, "GROUP": 128, "W_BN": 128, "W_BK": 128,
+         "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128},
+        num_warps=4,
+    )  # fmt: skip
+    # the split partial sums, added in order and rounded to the output's dtype
+    for out in ("bf16", "fp32"):
+        yield AotSpec(
+            "fp8_linear._split_sum_kernel",
+            f"{out}-8-splits",
+            {"part_ptr": "*fp32", "out_ptr": f"*{out}", "size": 32 * 1024, "SPLITS": 8,
+             "EMULATE": False, "BLOCK": 1024},
         )  # fmt: skip
 
 

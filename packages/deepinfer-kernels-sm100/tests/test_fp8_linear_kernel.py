@@ -29,7 +29,12 @@ import pytest
 import torch
 
 from deepinfer.models.quant import decode_scale, dequant_fp8_block, quant_fp8_block
-from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear, quantize_act_fp8
+from deepinfer_kernels_sm100 import fp8_linear
+from deepinfer_kernels_sm100.fp8_linear import (
+    fp8_block_grouped_linear,
+    fp8_block_linear,
+    quantize_act_fp8,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS_FP32 = 2.0**-23
@@ -119,12 +124,16 @@ def _check_against_float64(
     ws: torch.Tensor,
     block: tuple[int, int],
     out_dtype: torch.dtype,
+    *,
+    got: torch.Tensor | None = None,
 ) -> None:
-    """The kernel against float64 sums of the dequantised quantised operands."""
-    got = _run(x, wq, ws, block=block, out_dtype=out_dtype)
+    """The kernel (or its result ``got``) against float64 sums of the dequantised quantised
+    operands."""
+    if got is None:
+        got = _run(x, wq, ws, block=block, out_dtype=out_dtype)
     assert got.dtype == out_dtype and got.shape == (*x.shape[:-1], wq.shape[0])
     q, s = (t.cpu() for t in quantize_act_fp8(x.to(DEVICE)))
-    a = _dequant_act(q, s).reshape(-1, K)
+    a = _dequant_act(q, s).reshape(-1, x.shape[-1])
     w = dequant_fp8_block(wq, ws, block, out_dtype=torch.float64)
     want = a @ w.T
     bound = _kernel_bound(a.abs() @ w.abs().T, want, out_dtype)
@@ -135,7 +144,7 @@ def _check_against_float64(
 @pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
 @pytest.mark.parametrize("m", [1, 3, 64, 300])
 def test_linear_matches_float64(m: int, fmt: str) -> None:
-    """m <= 64 quantises in the GEMM, 300 through quantize_act_fp8 and 128-row tiles."""
+    """m <= 64 takes decode tiles (K split across programs), 300 prefill tiles."""
     x = _activations(m, K, seed=10 + m)
     _, wq, ws = _weight(N, K, fmt, seed=m)
     _check_against_float64(x, wq, ws, (128, 128), torch.bfloat16)
@@ -222,3 +231,49 @@ def test_bf16_output_is_the_fp32_result_rounded_to_nearest(m: int) -> None:
     wide = _run(x, wq, ws, out_dtype=torch.float32)
     assert torch.equal(_run(x, wq, ws), wide.bfloat16())
     assert torch.equal(_run(x, wq, ws, out_dtype=torch.float16), wide.half())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["quantised-ahead", "quantised-in-gemm"])
+@pytest.mark.parametrize("programs", [1, 4096])
+@pytest.mark.parametrize("m", [1, 64])
+def test_split_and_whole_k_are_within_the_bound(
+    m: int, programs: int, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode batches split K across programs when the output has few column tiles; summed
+    in order by a second kernel, the result keeps the whole-K bound (more programs: the most
+    splits). Decode activations are quantised ahead of the GEMM or, fused, inside it."""
+    monkeypatch.setattr(fp8_linear, "_programs", lambda device: programs)
+    monkeypatch.setattr(fp8_linear, "FUSE_DECODE_QUANT", fused)
+    tiles = fp8_linear._tiles(m, N, K, 128, programs, fused=fused)
+    assert tiles.fused == fused
+    assert tiles.splits == (1 if programs == 1 else K // 128 // fp8_linear.MIN_SPLIT_STEPS)
+    x = _activations(m, K, seed=60 + m)
+    _, wq, ws = _weight(N, K, "ue8m0", seed=60 + m)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        _check_against_float64(x, wq, ws, (128, 128), out_dtype)
+
+
+@pytest.mark.parametrize("m", [2, 300])
+def test_grouped_linear_is_each_group_against_float64(m: int) -> None:
+    """fp8_block_grouped_linear: group j of x against rows j * O .. (j + 1) * O, one launch."""
+    groups, rows = 3, 128
+    x = _activations(m * groups, K, seed=70 + m).view(m, groups, K)
+    _, wq, ws = _weight(groups * rows, K, "ue8m0", seed=70 + m)
+    dev = (t.to(DEVICE) for t in (x, wq, ws))
+    got = fp8_block_grouped_linear(*dev).cpu()
+    assert got.shape == (m, groups, rows)
+    for j in range(groups):
+        part = slice(j * rows, (j + 1) * rows)
+        _check_against_float64(
+            x[:, j], wq[part], ws[j : j + 1], (128, 128), torch.bfloat16, got=got[:, j]
+        )
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "n"), [((2, 3, 256), 256), ((2, 2, 128), 256), ((256,), 256)],
+    ids=["rows-not-split-evenly", "features", "no-group-dim"],
+)  # fmt: skip
+def test_grouped_linear_rejects_bad_shapes(x_shape: tuple[int, ...], n: int) -> None:
+    _, wq, ws = _weight(n, 256, "ue8m0", seed=0)
+    with pytest.raises(ValueError):
+        fp8_block_grouped_linear(torch.zeros(x_shape, dtype=torch.bfloat16), wq, ws)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,10 @@ from deepinfer.cli import build_parser
 from deepinfer.config import ModelConfig
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.llm import LLM
+from deepinfer.models import keep_stored_formats, model_class
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
-from deepinfer.models.dummy_weights import SMALL_STD, fill_dummy_weights, init_kind
+from deepinfer.models.dummy_weights import SMALL_STD, dummy_model, fill_dummy_weights, init_kind
 from deepinfer.models.layers.moe import RoutedExperts
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.stored_formats import hold_fp4, hold_fp8
@@ -111,6 +113,33 @@ def test_dummy_weights_are_a_function_of_the_seed() -> None:
     a, b, c = draw(1), draw(1), draw(2)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["embed.weight"], c["embed.weight"])
+
+
+@pytest.mark.parametrize("config", [tiny_config, tiny_fp8_config], ids=["v41-engram", "v4-fp8"])
+def test_planned_on_meta_equals_built_in_place(
+    config: Callable[[], ModelConfig], tmp_path: Path
+) -> None:
+    """dummy_model plans the model on the meta device and allocates it only once its stored
+    formats are set (so a model is never held in bf16 first): every tensor, the derived
+    Engram hash constants included, equals a model built on the CPU and filled alike."""
+    raw = config().to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    planned = dummy_model(tmp_path, torch.float32, "cpu", seed=4)
+    built = model_class(raw["model_type"])(config(), dtype=torch.float32, device="cpu")
+    keep_stored_formats(built, raw, "auto")
+    fill_dummy_weights(built, seed=4)
+    want = dict(built.named_buffers()) | built.state_dict()
+    got = dict(planned.named_buffers()) | planned.state_dict()
+    assert want.keys() == got.keys()
+    for name, tensor in want.items():
+        assert tensor.dtype == got[name].dtype and torch.equal(tensor, got[name]), name
+        assert got[name].device.type == "cpu"
+    # and what no tensor listing shows (the RoPE tables): the same logits
+    ids = torch.randint(3, raw["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(0))
+    for model in (planned, built):
+        if hasattr(model, "set_engram_token_map"):
+            model.set_engram_token_map(torch.arange(raw["vocab_size"]) % 7)
+    assert torch.equal(planned.forward_logits(ids), built.forward_logits(ids))
 
 
 def test_engine_runs_from_config_json_alone(tmp_path: Path) -> None:

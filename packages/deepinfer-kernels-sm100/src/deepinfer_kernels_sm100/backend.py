@@ -63,9 +63,9 @@ class Sm100Backend(TorchBackend):
     def fp8_grouped_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
     ) -> Tensor:
-        from deepinfer.backends.fp8_ref import fp8_grouped
+        from deepinfer_kernels_sm100.fp8_linear import fp8_block_grouped_linear
 
-        return fp8_grouped(self.fp8_linear, x, weight, scale, block)
+        return fp8_block_grouped_linear(x, weight, scale, block, out_dtype=x.dtype)
 
     def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
         from deepinfer_kernels_sm100.elementwise import swiglu

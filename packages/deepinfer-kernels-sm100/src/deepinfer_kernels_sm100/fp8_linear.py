@@ -14,12 +14,20 @@ activations in the tensor cores' fp8 dots, as DeepGEMM does on Hopper:
   Hopper fp8 MMA chain, which keeps fewer bits than fp32 in its accumulator, sums before the
   sum reaches a full fp32 register: one step.
 
-Two launch shapes (:func:`_tiles`): up to ``SMALL_M`` rows (decode) the GEMM kernel quantises
-its activation tile in registers right before the dot. Each column program quantises the same
-few rows again, which costs far less than the weights it streams, and it saves a launch and a
-round trip of the quantised activations. Larger batches (prefill) quantise once with
-:func:`quantize_act_fp8` and run 128 x 128 tiles on 8 warps. Both use the one quantiser body
+Two launch shapes (:func:`_tiles`). Up to ``SMALL_M`` rows (decode), row tiles just cover the
+batch; a projection with few outputs (V4-Flash's wkv has 512) would give only a few programs the
+whole weight to stream, so K is split across programs and their fp32 partial sums are added in
+split order by :func:`_split_sum_kernel` (no atomics: every run adds them alike). Larger
+batches (prefill) run 64-row tiles that reuse each weight tile. Both read activations that
+:func:`quantize_act_fp8` quantised once ahead of the GEMM. The kernel can also quantise a
+decode batch's tile in registers right before the dot (``FUSE_DECODE_QUANT``), saving a launch,
+but every column program then redoes the IEEE divisions, which on an H200 costs more than the
+launch (``benchmarks/results/low_precision_h200.json``). Both use the one quantiser body
 (:func:`_quantize_tile`), so they give the same bits.
+
+:func:`fp8_block_grouped_linear` runs V4's grouped output projection (``wo_a``: each of 8 head
+groups against its own 1024 rows) as one launch: a column tile reads its group's slice of the
+activation row.
 
 ue8m0 scales are decoded in the kernel from their bytes (exactly as
 :func:`deepinfer.models.quant.decode_ue8m0` does), so a call does no host-side work on them
@@ -35,6 +43,7 @@ exactly. Its fp8 dots are exact products summed in fp32, so they need no such pa
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -129,17 +138,21 @@ def _quant_act_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
 
 @triton.jit(do_not_specialize=["m"])
 def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    a_ptr,  # [M, K]: bf16 / fp16 / fp32 activations (FUSED) or their e4m3 values
-    as_ptr,  # [M, K / GROUP] fp32 activation scales (read unless FUSED)
+    a_ptr,  # [M, lda]: bf16 / fp16 / fp32 activations (FUSED) or their e4m3 values
+    as_ptr,  # [M, lda / GROUP] fp32 activation scales (read unless FUSED)
     w_ptr,  # [N, K] e4m3 weight
     ws_ptr,  # [ceil(N / W_BN), ceil(K / W_BK)] weight scales: fp32, or ue8m0 bytes
-    out_ptr,  # [M, N]
+    out_ptr,  # [M, N] out, or [splits, M, N] fp32 partial sums (SPLIT_OUT)
     m,
     n,
     k,
+    lda,  # elements between rows of A: K, or groups * K for a grouped linear
+    group_n,  # output columns per group: column c reads A's columns from (c // group_n) * K
+    k_split,  # K columns per program along grid axis 2 (a multiple of BLOCK_K)
     FUSED: tl.constexpr,  # quantise the activation tiles here
     EMULATE: tl.constexpr,
     SCALE_UE8M0: tl.constexpr,
+    SPLIT_OUT: tl.constexpr,  # write this K range's fp32 partial sums, summed later in order
     GROUP: tl.constexpr,
     W_BN: tl.constexpr,
     W_BK: tl.constexpr,
@@ -149,23 +162,27 @@ def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
 ):
     """out = sum over K steps of dot(a, w.T) * a_scale[:, None] * w_scale[None, :], in fp32.
 
-    BLOCK_K divides GROUP and W_BK (equals GROUP when FUSED), and BLOCK_N divides N: a step has
-    one scale per row and one per column, and nothing along N or K needs a mask. The weight
-    tile is read [BLOCK_N, BLOCK_K] and transposed in the dot, so B reaches the MMA K-major,
-    as Hopper's fp8 wgmma requires.
+    BLOCK_K divides GROUP and W_BK (equals GROUP when FUSED), and BLOCK_N divides N and
+    group_n: a step has one scale per row and one per column, a tile lies in one group, and
+    nothing along N or K needs a mask. The weight tile is read [BLOCK_N, BLOCK_K] and
+    transposed in the dot, so B reaches the MMA K-major, as Hopper's fp8 wgmma requires.
     """
     tl.static_assert(GROUP % BLOCK_K == 0 and W_BK % BLOCK_K == 0)
     tl.static_assert(not FUSED or BLOCK_K == GROUP)
+    col0 = tl.program_id(0) * BLOCK_N
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(2) * k_split
+    k_hi = tl.minimum(k_lo + k_split, k)
     kk = tl.arange(0, BLOCK_K)
     row_ok = rows < m
-    a_tile = a_ptr + rows[:, None].to(tl.int64) * k + kk[None, :]
+    a_col0 = (col0 // group_n) * k
+    a_tile = a_ptr + rows[:, None].to(tl.int64) * lda + a_col0 + kk[None, :]
     w_tile = w_ptr + cols[:, None].to(tl.int64) * k + kk[None, :]
-    a_scales = as_ptr + rows.to(tl.int64) * (k // GROUP)
+    a_scales = as_ptr + rows.to(tl.int64) * (lda // GROUP) + a_col0 // GROUP
     w_scales = ws_ptr + (cols // W_BN) * tl.cdiv(k, W_BK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, k, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         x = tl.load(a_tile + k0, mask=row_ok[:, None], other=0.0)
         if FUSED:
             a, a_scale = _quantize_tile(x.to(tl.float32), EMULATE)
@@ -178,13 +195,42 @@ def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
             w_scale = _ue8m0_to_fp32(w_scale)
         part = tl.dot(a, tl.trans(w))
         acc += part * (a_scale[:, None] * w_scale[None, :])
-    out_ty: tl.constexpr = out_ptr.dtype.element_ty
+    out = rows[:, None].to(tl.int64) * n + cols[None, :]
+    if SPLIT_OUT:
+        out += tl.program_id(2).to(tl.int64) * m * n
+        tl.store(out_ptr + out, acc, mask=row_ok[:, None])
+    else:
+        _store_rounded(out_ptr + out, acc, row_ok[:, None], EMULATE)
+
+
+@triton.jit
+def _store_rounded(ptrs, acc, mask, EMULATE: tl.constexpr):
+    """Store fp32 values rounded to the nearest value of the pointers' dtype."""
+    out_ty: tl.constexpr = ptrs.dtype.element_ty
     if EMULATE and out_ty == tl.bfloat16:
         acc = _round_to_grid(acc, 7, -119)
     if EMULATE and out_ty == tl.float16:
         acc = _round_to_grid(acc, 10, -14)
-    out = out_ptr + rows[:, None].to(tl.int64) * n + cols[None, :]
-    tl.store(out, acc.to(out_ty), mask=row_ok[:, None])
+    tl.store(ptrs, acc.to(out_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["size"])
+def _split_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    part_ptr,  # [splits, size] fp32 partial sums
+    out_ptr,  # [size]
+    size,
+    SPLITS: tl.constexpr,
+    EMULATE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """out = the partial sums added in split order (so every run adds them alike), rounded
+    once to out's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < size
+    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + s * size + offs, mask=ok, other=0.0)
+    _store_rounded(out_ptr + offs, acc, ok, EMULATE)
 
 
 @dataclass(frozen=True)
@@ -195,24 +241,58 @@ class _Tiles:
     block_n: int
     block_k: int
     num_warps: int
+    num_stages: int
     fused: bool
+    #: programs along K, each summing ``k_split`` columns (1: no split)
+    splits: int = 1
+    k_split: int = 0
 
 
-def _tiles(m: int, block_k_weight: int) -> _Tiles:
-    """Tile shape by batch size.
+#: fewest K steps a split program takes (fewer and its setup outweighs its streaming)
+MIN_SPLIT_STEPS = 2
+
+
+def _tiles(m: int, n: int, k: int, block_k_weight: int, programs: int, *, fused: bool) -> _Tiles:
+    """Tile shape by batch size, and how far to split K so ``programs`` programs run.
 
     Decode batches read every weight byte for a few rows: row tiles just cover the batch (16 to
-    64, the narrowest an MMA takes is 16) and 64-column programs give the GPU more programs to
-    stream the weight with. Prefill batches reuse each weight tile over 128 rows: 128 x 128
-    tiles on 8 warps, the shape Hopper's wgmma and Blackwell's tcgen05 run at full rate. The K
-    step is one activation group, or one weight block where blocks are narrower (V4.1's 32);
-    only whole-group steps can quantise their activations in the GEMM.
+    64, the narrowest an MMA takes is 16) and 64-column programs stream the weight. A
+    projection of 512 or 1024 outputs has only 8 or 16 such programs, far fewer than the SMs
+    that must share its bytes, so K is split until about ``programs`` run; the fp32 partial
+    sums are added in a fixed order by a second kernel. Prefill batches reuse each weight
+    tile over 64 rows, in 64 x 128 tiles on one warpgroup (64 x 64 below 1024 rows, for more
+    programs), several programs to an SM. The K step is one activation group, or one weight
+    block where blocks are narrower (V4.1's 32); only whole-group steps can quantise their
+    activations in the GEMM (``fused``).
     """
     block_k = min(ACT_GROUP, block_k_weight)
-    if m <= SMALL_M:
-        block_m = max(16, triton.next_power_of_2(m))
-        return _Tiles(block_m, 64, block_k, 4, fused=block_k == ACT_GROUP)
-    return _Tiles(128, 128, block_k, 8, fused=False)
+    steps = k // block_k
+    if m > SMALL_M:
+        block_n = 128 if m >= 1024 else 64
+        return _Tiles(64, block_n, block_k, 4, 4, fused=False, k_split=k)
+    block_m = max(16, triton.next_power_of_2(m))
+    tiles = n // 64 * triton.cdiv(m, block_m)
+    most = max(1, steps // MIN_SPLIT_STEPS)
+    splits = min(most, triton.next_power_of_2(triton.cdiv(programs, tiles)))
+    k_split = triton.cdiv(steps, splits) * block_k
+    splits = triton.cdiv(k, k_split)
+    fused = fused and block_k == ACT_GROUP
+    return _Tiles(block_m, 64, block_k, 4, 3, fused, splits, k_split)
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    """Programs a decode GEMM launch should have to keep every SM streaming: four per SM
+    (132 SMs when not on a GPU, as an H100/H200, so the interpreter runs the split path)."""
+    sms = 132
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return 4 * sms
+
+
+#: quantise decode activations inside the GEMM (each column program redoes it) rather than
+#: once ahead of it
+FUSE_DECODE_QUANT = False
 
 
 def _check_multiple(name: str, value: int) -> None:
@@ -301,43 +381,99 @@ def fp8_block_linear(
     128 (:func:`quantize_act_fp8`); the sums run in fp32 and are rounded once to ``out_dtype``.
     N and K must be multiples of 128; anything else raises ValueError.
     """
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
-    if x.dtype not in _IN_DTYPES:
-        raise ValueError(f"activations must be one of {_IN_DTYPES}, got {x.dtype}")
     w, ws, ue8m0 = _weight_operands(weight, weight_scale, block)
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes K = {k}")
-    x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
-    out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    if m:
-        t = _tiles(m, block[1])
-        # Fused, the kernel reads x itself and no activation scales: the weight stands in for
-        # them, so the pointer types, and the compiled kernel, are the same on every call.
-        a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
-        _fp8_gemm_kernel[(n // t.block_n, triton.cdiv(m, t.block_m))](
-            a,
-            a_scale,
-            w,
-            ws,
-            out,
-            m,
-            n,
-            k,
-            FUSED=t.fused,
-            EMULATE=_EMULATE_CAST,
-            SCALE_UE8M0=ue8m0,
-            GROUP=ACT_GROUP,
-            W_BN=block[0],
-            W_BK=block[1],
-            BLOCK_M=t.block_m,
-            BLOCK_N=t.block_n,
-            BLOCK_K=t.block_k,
-            num_warps=t.num_warps,
-        )
+    x2 = x.reshape(-1, k)
+    out = _gemm(x2, w, ws, ue8m0=ue8m0, block=block, out_dtype=out_dtype, groups=1)
     return out.view(*x.shape[:-1], n)
 
 
-__all__ = ["ACT_GROUP", "fp8_block_linear", "quantize_act_fp8"]
+def fp8_block_grouped_linear(
+    x: Tensor,
+    weight: Tensor,
+    weight_scale: Tensor,
+    block: tuple[int, int] = (128, 128),
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> Tensor:
+    """Per-group linears in one launch: x [..., g, K] and weight [g * O, K] (group j's rows
+    j * O .. (j + 1) * O, whose scales start on a block row) -> [..., g, O], group j's output
+    x[..., j, :] @ W_j.T, each as :func:`fp8_block_linear` computes it. V4's grouped output
+    projection (``wo_a``) is this shape; O must be a multiple of 128.
+    """
+    w, ws, ue8m0 = _weight_operands(weight, weight_scale, block)
+    n, k = w.shape
+    groups = x.shape[-2] if x.dim() >= 2 else 0
+    if x.dim() < 2 or x.shape[-1] != k or n % groups or (n // groups) % DIM_MULTIPLE:
+        raise ValueError(
+            f"x {tuple(x.shape)} must be [..., g, {k}] with the weight's {n} rows split into g "
+            f"groups of a multiple of {DIM_MULTIPLE}"
+        )
+    x2 = x.reshape(-1, groups * k)
+    out = _gemm(x2, w, ws, ue8m0=ue8m0, block=block, out_dtype=out_dtype, groups=groups)
+    return out.view(*x.shape[:-1], n // groups)
+
+
+def _gemm(
+    x2: Tensor,
+    w: Tensor,
+    ws: Tensor,
+    *,
+    ue8m0: bool,
+    block: tuple[int, int],
+    out_dtype: torch.dtype,
+    groups: int,
+) -> Tensor:
+    """[M, groups * K] activations times the [N, K] weight, group j of x against rows
+    j * N / groups ... of the weight: the launch behind both linears."""
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
+    if x2.dtype not in _IN_DTYPES:
+        raise ValueError(f"activations must be one of {_IN_DTYPES}, got {x2.dtype}")
+    x2 = x2.contiguous()
+    (n, k), m = w.shape, x2.shape[0]
+    out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
+    if not m:
+        return out
+    t = _tiles(m, n, k, block[1], _programs(x2.device), fused=FUSE_DECODE_QUANT)
+    # Fused, the kernel reads x itself and no activation scales: the weight stands in for
+    # them, so the pointer types, and the compiled kernel, are the same on every call.
+    a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
+    dest = out
+    if t.splits > 1:
+        dest = torch.empty(t.splits, m, n, dtype=torch.float32, device=x2.device)
+    _fp8_gemm_kernel[(n // t.block_n, triton.cdiv(m, t.block_m), t.splits)](
+        a,
+        a_scale,
+        w,
+        ws,
+        dest,
+        m,
+        n,
+        k,
+        groups * k,
+        n // groups,
+        t.k_split,
+        FUSED=t.fused,
+        EMULATE=_EMULATE_CAST,
+        SCALE_UE8M0=ue8m0,
+        SPLIT_OUT=t.splits > 1,
+        GROUP=ACT_GROUP,
+        W_BN=block[0],
+        W_BK=block[1],
+        BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    if t.splits > 1:
+        block_size = 1024
+        _split_sum_kernel[(triton.cdiv(m * n, block_size),)](
+            dest, out, m * n, SPLITS=t.splits, EMULATE=_EMULATE_CAST, BLOCK=block_size
+        )
+    return out
+
+
+__all__ = ["ACT_GROUP", "fp8_block_grouped_linear", "fp8_block_linear", "quantize_act_fp8"]

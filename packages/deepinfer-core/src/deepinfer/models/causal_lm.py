@@ -78,6 +78,12 @@ class DeepseekCausalLM(nn.Module):
                 MTPBlock(cfg, cfg.num_hidden_layers + i, dtype)
                 for i in range(cfg.num_nextn_predict_layers)
             )
+        self.rebuild_derived_buffers()
+
+    def rebuild_derived_buffers(self) -> None:
+        """(Re)compute the RoPE tables on the model's device: derived from the config, so a
+        model planned on the meta device and then allocated gets them back here."""
+        cfg, device = self.cfg, self.embed.weight.device
         rope_dim = cfg.qk_rope_head_dim
         self.rotary = {
             "main": Rotary.build(rope_dim, cfg.rope_theta, None, device),

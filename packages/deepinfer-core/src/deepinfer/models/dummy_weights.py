@@ -144,26 +144,37 @@ def dummy_model(
 ) -> DeepseekCausalLM:
     """The model ``path/config.json`` describes (or the file itself), with dummy weights,
     FP8 where a checkpoint stores them so and ``quantization`` keeps them
-    (:func:`~deepinfer.models.keep_stored_formats`)."""
+    (:func:`~deepinfer.models.keep_stored_formats`).
+
+    The model is planned on the meta device, given its stored formats there and only then
+    allocated on ``device``: built there directly it would first hold every weight in
+    ``dtype``, about four times the bytes of FP4 experts, so a model that fits as stored
+    could not be built.
+    """
+    from deepinfer.backends.torch_ref import TorchBackend
     from deepinfer.models import keep_stored_formats, model_class
 
     raw = read_config(path)
     cfg = ModelConfig.from_dict(raw)
-    cls = model_class(cfg.model_type)
     device = torch.device(device)
-    planned = cls(cfg, dtype=dtype, device="meta", backend=backend)
-    keep_stored_formats(planned, raw, quantization)
-    needed = weight_bytes(planned)
+    if backend is None:  # the op table a model built on ``device`` would take
+        backend = TorchBackend(device)
+    model = model_class(cfg.model_type)(cfg, dtype=dtype, device="meta", backend=backend)
+    keep_stored_formats(model, raw, quantization)
+    needed = weight_bytes(model)
     free = free_bytes(device)
     if free is not None and needed > free:
         gib = 2**30
         raise CheckpointError(
-            f"{path}: the weights need {needed / gib:.1f} GiB as {dtype} and {device} has "
-            f"{free / gib:.1f} GiB free (`deepinfer info --model {path}` plans the GPUs a "
-            "model needs)"
+            f"{path}: the weights need {needed / gib:.1f} GiB as held ({dtype} where not "
+            f"stored FP8/FP4) and {device} has {free / gib:.1f} GiB free (`deepinfer info "
+            f"--model {path}` plans the GPUs a model needs)"
         )
-    model = cls(cfg, dtype=dtype, device=device, backend=backend)
-    keep_stored_formats(model, raw, quantization)
+    model.to_empty(device=device)
+    for module in model.modules():  # constants derived at build time, lost on the meta device
+        rebuild = getattr(module, "rebuild_derived_buffers", None)
+        if rebuild is not None:
+            rebuild()
     fill_dummy_weights(model, seed)
     return model.eval()
 

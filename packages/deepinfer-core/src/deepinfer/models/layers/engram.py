@@ -54,14 +54,22 @@ class Engram(nn.Module):
                 f"engram_num_embeddings[{index}]={cfg.engram_num_embeddings[index]} but the "
                 f"hash primes of layer {layer_id} give {rows} rows"
             )
-        offsets = [sum(flat[:i]) for i in range(len(flat))]
-        shape = (len(primes[layer_id]), cfg.engram_n_heads)
         n_tables = len(flat)
         self.embed = Embedding(rows, cfg.engram_head_dim, dtype)
         self.wkv = Linear(n_tables * cfg.engram_head_dim, (n + 1) * d, dtype, fp8_capable=True)
         self.q_weight = fp32_param(n, d)
         self.k_weight = fp32_param(n, d)
-        # Hash constants are derived, not checkpoint tensors; they follow the module's device.
+        self.rebuild_derived_buffers()
+
+    def rebuild_derived_buffers(self) -> None:
+        """(Re)compute the hash constants on the module's device: derived from the config, not
+        checkpoint tensors, so a model planned on the meta device and then allocated gets them
+        back here."""
+        cfg, layer_id = self.cfg, self.layer_id
+        primes = table_primes(cfg.engram_layer_ids, engram_vocab_sizes(cfg), cfg.engram_n_heads)
+        flat = [p for size in primes[layer_id] for p in size]
+        offsets = [sum(flat[:i]) for i in range(len(flat))]
+        shape = (len(primes[layer_id]), cfg.engram_n_heads)
         device = self.q_weight.device
         multipliers = hash_multipliers(
             layer_id, cfg.engram_max_ngram_size, cfg.engram_compressed_vocab_size, cfg.engram_seed
