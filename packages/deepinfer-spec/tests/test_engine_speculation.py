@@ -1,4 +1,5 @@
-"""The engine with speculative decoding: greedy outputs equal the engine without it.
+"""The engine with speculative decoding: greedy outputs equal the engine without it, and
+sampled outputs follow the target's distribution.
 
 Two drafters: the tiny model's own MTP layer (random weights: it proposes, the target rejects,
 so this checks the flow end to end), and a drafter that knows the greedy continuations and
@@ -103,15 +104,24 @@ def test_mtp_speculation_keeps_greedy_outputs(model: DeepseekCausalLM) -> None:
     assert engine.spec is not None and engine.spec.num_drafts > 0
 
 
+@pytest.mark.parametrize("batch", [1, 6, 64])
 def test_accepted_drafts_keep_greedy_outputs(
-    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+    model: DeepseekCausalLM, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prompts = _prompts(6, 1)
+    """Batches of 1 to 64 sequences (chunked prefill at 96 tokens a step; the larger batches
+    share prefixes, so some prefills hit the prefix cache)."""
+    prompts = _prompts(batch, 1)
+    if batch > 6:
+        prompts = [p[:40] for p in prompts]
+        shared = _prompts(1, 7)[0] * 2
+        prompts[-8:] = [[*shared[:140], *p[:9]] for p in prompts[-8:]]  # prefix-cache hits
     want, plain, _ = _run(model, prompts, GREEDY, spec=False)
     drafter = KnowingDrafter([p + w for p, w in zip(prompts, want, strict=True)])
     monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
     got, engine, outs = _run(model, prompts, GREEDY, spec=True)
     assert got == want
+    if batch > 6:
+        assert sum(o.metrics.num_cached_tokens > 0 for o in outs if o.metrics) > 0
     spec = engine.spec
     assert spec is not None and 0 < spec.num_accepted < spec.num_drafts
     assert engine.num_steps < plain.num_steps  # several tokens a step
@@ -214,3 +224,89 @@ def test_preemption_keeps_greedy_outputs(
     assert [done[i].outputs[0].token_ids for i in ids] == want
     assert sum(o.metrics.num_preemptions for o in done.values() if o.metrics) > 0
     assert engine.pool.used_bytes == 0
+
+
+def _filtered(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """The sampler's distribution at temperature 1, recomputed in float64 from its documented
+    semantics: the k most likely tokens, then the shortest most-likely prefix of their
+    renormalised mass that reaches top_p."""
+    p = torch.softmax(logits.double(), dim=-1)
+    kept = torch.sort(-p, stable=True).indices[:top_k]
+    q = p[kept] / p[kept].sum()
+    kept = kept[(torch.cumsum(q, 0) - q) < top_p]
+    out = torch.zeros_like(p)
+    out[kept] = p[kept] / p[kept].sum()
+    return out
+
+
+def _chi_square_p(counts: Tensor, want: Tensor) -> float:
+    """p-value of Pearson's chi-square test of ``counts`` against the distribution ``want``
+    (bins expecting fewer than 5 draws are pooled with the smallest of the rest); no draw may
+    fall outside the distribution's support."""
+    assert int(counts[want == 0].sum()) == 0, "a token the filters remove was drawn"
+    n = float(counts.sum())
+    expected = want * n
+    order = torch.argsort(expected)
+    obs, exp = counts.double()[order], expected[order]
+    small = exp < 5
+    obs = torch.cat((obs[small].sum().view(1), obs[~small]))
+    exp = torch.cat((exp[small].sum().view(1), exp[~small]))
+    if exp[0] < 5:  # too little to stand alone: fold into the next bin
+        obs, exp = (
+            torch.cat((obs[:2].sum().view(1), obs[2:])),
+            torch.cat((exp[:2].sum().view(1), exp[2:])),
+        )
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = exp.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
+
+
+def test_speculative_sampling_keeps_the_target_distribution(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many seeded requests of one prompt at temperature 1 with top-k and top-p, verified
+    against drafts of the target's greedy continuations (every third round's second draft
+    corrupted): the second token, given the first, and the third, given the first two where
+    the first draft was kept, are distributed as the target's filtered distribution,
+    recomputed in float64 from its logits (Pearson's chi-square, p > 1e-3 per group)."""
+    top_k, top_p, n = 4, 0.9, 1200
+    prompt = _prompts(1, 9)[0][:12]
+
+    def dist(tokens: list[int]) -> Tensor:
+        return _filtered(model.forward_logits(torch.tensor([tokens]))[0, -1], top_k, top_p)
+
+    first = dist(prompt)
+    sequences = []
+    for t1 in first.nonzero()[:, 0].tolist():
+        seq = [*prompt, t1]
+        for _ in range(K):
+            seq.append(int(dist(seq).argmax()))
+        sequences.append(seq)
+    drafter = KnowingDrafter(sequences)
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    engine = LLMEngine(
+        model, tiny_tokenizer(), EngineConfig(max_num_seqs=256, speculative_config=SPEC)
+    )
+    ids = []
+    for seed in range(n):
+        params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, seed=seed,
+                                max_tokens=3, ignore_eos=True)  # fmt: skip
+        ids.append(engine.add_request(prompt, params))
+    done = engine.run()
+    outs = torch.tensor([done[i].outputs[0].token_ids for i in ids])
+    assert engine.spec is not None and 0 < engine.spec.num_accepted < engine.spec.num_drafts
+    vocab = model.cfg.vocab_size
+    tested = 0
+    for seq in sequences:
+        t1, a2 = seq[len(prompt)], seq[len(prompt) + 1]
+        rows = outs[:, 0] == t1
+        if int(rows.sum()) >= 100:
+            counts = torch.bincount(outs[rows, 1], minlength=vocab)
+            assert _chi_square_p(counts, dist([*prompt, t1])) > 1e-3
+            tested += 1
+        rows &= outs[:, 1] == a2  # the first draft kept: the third token checks draft two
+        if int(rows.sum()) >= 100:
+            counts = torch.bincount(outs[rows, 2], minlength=vocab)
+            assert _chi_square_p(counts, dist([*prompt, t1, a2])) > 1e-3
+            tested += 1
+    assert tested >= 3

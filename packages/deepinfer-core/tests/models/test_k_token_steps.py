@@ -158,24 +158,29 @@ def test_batched_verification_rows_roll_back_exactly(name: str, device: str, bac
 
 @pytest.mark.parametrize("layout", ["own", "slots"])
 def test_verification_rows_roll_back_exactly(name: str, layout: str) -> None:
-    """Speculative decoding's loop on one sequence: feed k drafted tokens as one row that
-    keeps every logit, keep a prefix of them, roll the state back to it. The kept logits and
-    the next row's logits equal a from-scratch forward over the accepted tokens, with the
-    state's rings and buffers in shared slot tensors and entry pages too."""
+    """Speculative decoding's loop on one sequence: feed k = 6 drafted tokens as one row that
+    keeps every logit, keep a prefix of them, roll the state back to it. Rounds cycle through
+    every rejection position (keep 1 .. k: the first draft rejected, ..., none), at offsets
+    that drift across the compressors' windows and the SWA ring's wrap. The kept logits
+    equal a from-scratch forward over the accepted tokens, with the state's rings and buffers
+    in shared slot tensors and entry pages too."""
     model = _model(name, "cpu", "torch")
-    new_state: Callable[[], ModelState] = lambda: model.new_state(1, slack=6)  # noqa: E731
+    k = 6
+    new_state: Callable[[], ModelState] = lambda: model.new_state(1, slack=k)  # noqa: E731
     if layout == "slots":
         new_state = StateSlots(new_state, max_slots=2, max_len=1024).new_state
     state = new_state()
-    rnd, gen = random.Random(3), torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(3)
     accepted: list[int] = []
-    while len(accepted) <= model.cfg.sliding_window:  # until the ring has wrapped
-        draft = text_ids(model, gen, rnd.randint(2, 6))
-        k = draft.numel()
+    kept_counts = []
+    while len(accepted) <= model.cfg.sliding_window + k:  # until the ring has wrapped
+        draft = text_ids(model, gen, k)
         got = model(ForwardBatch.build([draft], [state], num_logits=[k])).logits
-        keep = rnd.randint(1, k)
+        keep = len(kept_counts) % k + 1
+        kept_counts.append(keep)
         accepted += draft[:keep].tolist()
         model.rollback(state, len(accepted), accepted)
         want = model.forward_logits(torch.tensor([accepted]))[0, -keep:]
         torch.testing.assert_close(got[:keep], want, rtol=0, atol=5e-5)
     assert state.pos == len(accepted)
+    assert kept_counts.count(1) >= 4 and set(kept_counts) == set(range(1, k + 1))
