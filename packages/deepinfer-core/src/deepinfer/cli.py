@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="read each step's tokens before queueing the next (GPU; vLLM's flag)",
     )
     p_bench.add_argument(
-        "--speculative-method", choices=("mtp",), help="speculative decoding's drafter"
+        "--speculative-method", choices=("mtp", "dspark"), help="speculative decoding's drafter"
     )
     p_bench.add_argument(
         "--num-speculative-tokens", type=positive, default=3, help="drafts a round"

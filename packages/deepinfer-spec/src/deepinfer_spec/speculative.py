@@ -18,13 +18,7 @@ import torch
 
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.causal_lm import DeepseekCausalLM
-from deepinfer.sampling.rejection import (
-    accept,
-    acceptance_uniforms,
-    draw,
-    next_distribution,
-    target_distribution,
-)
+from deepinfer.sampling.rejection import draw, target_distribution, verify_sequence
 from deepinfer_spec.mtp import MTPDrafter
 
 
@@ -62,12 +56,8 @@ def speculative_generate(
         row = torch.cat((torch.tensor([anchor], device=device), draft.tokens))
         verify = model(ForwardBatch.of(row, state, num_logits=k + 1, return_streams=True))
         assert verify.streams is not None
-        p = target_distribution(verify.logits, temperature)[None]
-        u = acceptance_uniforms(seed, start + 1, k, device)[None]
-        drafts, num = draft.tokens[None], torch.tensor([k], device=device)
-        kept = accept(p, None, drafts, num, u)
-        n = int(kept[0])
-        dist = next_distribution(p, None, drafts, num, kept)[0]
+        p = target_distribution(verify.logits, temperature)
+        n, dist = verify_sequence(p, None, draft.tokens, seed, start)
         anchor = draw(dist, temperature, seed, start + n + 1)
         result.tokens += [*draft.tokens[:n].tolist(), anchor]
         result.accepted.append(n)

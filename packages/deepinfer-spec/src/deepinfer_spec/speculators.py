@@ -1,33 +1,85 @@
 """Speculator factories registered under ``deepinfer.speculators``.
 
 ``mtp`` drafts with the checkpoint's own MTP layer (:class:`~deepinfer_spec.mtp.MTPDrafter`);
-the engine verifies its drafts (``LLM(..., speculative_config={"method": "mtp", ...})``).
-``dspark`` is registered so that configuration and ``deepinfer info`` see it, but constructing
-it raises, naming what is missing, instead of silently decoding without speculation.
+``dspark`` with a DSpark drafter (:mod:`deepinfer_spec.dspark`) reading the target's layer
+outputs: the one shipped for the embedded tiny model, or the directory given as
+``speculative_config["model"]``. The engine verifies either's drafts
+(``LLM(..., speculative_config={"method": ..., "num_speculative_tokens": k})``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
 
+import torch
+from torch import Tensor
+
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.state import ModelState
 from deepinfer.plugins import Availability
+from deepinfer_spec.dspark.draft import DraftContext, propose
+from deepinfer_spec.dspark.weights import SHIPPED, load_drafter
 from deepinfer_spec.mtp import MTPDrafter
 
 
 class DSparkSpeculator:
-    """DSpark: a drafter proposes 5 tokens; a confidence head picks how many to verify."""
+    """DSpark in the engine: a block of drafts per request and round, its first ``k`` verified.
+
+    Drafts are the drafter's greedy choices (deterministic drafts, which verification keeps
+    lossless at any temperature); each request's drafter context follows its state and
+    starts again when the state does (a preemption, a prefix-cache hit). Requests are drafted
+    one after another: the drafter is small, and batching its rounds is the next step.
+    """
 
     name = "dspark"
 
     @classmethod
     def availability(cls) -> Availability:
-        return Availability(False, "not implemented in deepinfer-spec 0.1")
+        return Availability(True)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "DSpark speculative decoding is not implemented in deepinfer-spec "
-            "0.1: the drafter, confidence head and verification are still missing"
-        )
+    def __init__(
+        self, model: DeepseekCausalLM, num_speculative_tokens: int, path: str | None = None
+    ) -> None:
+        self.drafter = load_drafter(Path(path) if path else SHIPPED, model)
+        block = self.drafter.c.block_size
+        if num_speculative_tokens > block:
+            raise ValueError(
+                f"the DSpark drafter proposes {block} tokens a round; "
+                f"num_speculative_tokens={num_speculative_tokens} asks for more"
+            )
+        self.model = model
+        self.k = num_speculative_tokens
+        self.feature_layers = self.drafter.c.target_layer_ids
+        #: each live state's drafter context, by id (states compare by value, so they are
+        #: no dict keys); the reference tells a reused id from the state it was taken for
+        self.contexts: dict[int, tuple[weakref.ref[ModelState], DraftContext]] = {}
+
+    @torch.no_grad()
+    def draft_batch(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> Tensor:
+        """[requests, k] drafts; ``streams`` are the feature rows of each request's newly
+        verified positions, ``next_ids`` the token after each (the last: the anchor)."""
+        self.contexts = {k: v for k, v in self.contexts.items() if v[0]() is not None}
+        out, end = [], 0
+        for state, n in zip(states, lengths, strict=True):
+            features, end = streams[end : end + n], end + n
+            first = state.pos - n
+            ref, ctx = self.contexts.get(id(state), (None, None))
+            if ctx is None or ref is None or ref() is not state or ctx.end != first:
+                ctx = DraftContext(first=first)
+                self.contexts[id(state)] = (weakref.ref(state), ctx)
+            ctx.absorb(self.drafter, features)
+            anchor = int(next_ids[end - 1])
+            prop = propose(self.drafter, ctx, anchor, self.model.embed, self.model.logits)
+            out.append(prop.tokens[: self.k])
+        return torch.stack(out)
 
 
 class MTPSpeculator(MTPDrafter):

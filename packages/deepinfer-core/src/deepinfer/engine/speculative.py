@@ -32,14 +32,9 @@ from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
-from deepinfer.sampling.rejection import (
-    accept,
-    acceptance_uniforms,
-    draw,
-    next_distribution,
-    target_distribution,
-)
+from deepinfer.sampling.rejection import draw, target_distribution, verify_sequence
 from deepinfer.sampling_params import SamplingParams
 
 #: Sampling options a speculative step does not apply yet (each needs per-position masks or
@@ -64,6 +59,8 @@ class SpeculativeConfig:
 
     method: str
     num_speculative_tokens: int
+    #: the drafter's directory (DSpark; None: the one shipped for the model, if any)
+    model: str | None = None
 
     @classmethod
     def parse(cls, raw: object) -> SpeculativeConfig | None:
@@ -81,13 +78,14 @@ class SpeculativeConfig:
             raise InvalidRequestError(
                 "speculative_config", f"num_speculative_tokens must be 1..16, got {k!r}"
             )
-        if raw.get("model") is not None:
+        model = raw.get("model")
+        if model is not None and (method != "dspark" or not isinstance(model, str)):
             raise InvalidRequestError(
                 "speculative_config",
-                "a separate draft 'model' is not supported (MTP drafts "
-                "with the checkpoint's own layers)",
+                "'model' names a DSpark drafter directory (MTP drafts with the checkpoint's "
+                "own layers)",
             )
-        return cls(method, k)
+        return cls(method, k, model)
 
 
 def check_params(params: SamplingParams) -> None:
@@ -101,7 +99,13 @@ def check_params(params: SamplingParams) -> None:
 
 
 class Drafter(Protocol):
-    """What the engine asks of a speculator (``deepinfer.speculators``)."""
+    """What the engine asks of a speculator (``deepinfer.speculators``).
+
+    ``draft_batch`` gets, per request, the rows of every position verified since its last
+    round (``lengths`` of them, in request order) and the token after each: the target's final
+    streams [N, hc, d], or, where the drafter names ``feature_layers``, those layers' outputs
+    concatenated per position [N, F] (DSpark). It returns [requests, k] drafts.
+    """
 
     k: int
 
@@ -117,6 +121,8 @@ class Drafter(Protocol):
 def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
     """The registered speculator for ``config.method``, built for ``model``."""
     factory: Any = plugins.speculators.load(config.method)
+    if config.model is not None:
+        return factory(model, config.num_speculative_tokens, config.model)
     return factory(model, config.num_speculative_tokens)
 
 
@@ -131,7 +137,7 @@ def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRun
         )
     try:
         drafter = load_drafter(spec, model)
-    except NotImplementedError as exc:  # a drafter this model or version does not have yet
+    except (NotImplementedError, ValueError) as exc:  # none for this model or version (yet)
         raise InvalidRequestError("speculative_config", str(exc)) from exc
     return SpeculativeRunner(model, drafter)
 
@@ -237,11 +243,18 @@ class SpeculativeRunner:
             marks.append(() if verifying else tuple(runner.boundaries(req, start + n)))
         states = [r.state for r in reqs]
         batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=True)  # type: ignore[arg-type]
-        output = self.model(batch)
-        assert output.streams is not None
+        layers = getattr(self.drafter, "feature_layers", None)
+        if layers:  # the drafter reads intermediate layers' outputs (DSpark)
+            with captured_layers(self.model, layers) as seen:
+                output = self.model(batch)
+            per_token = features_of(seen, layers)
+        else:
+            output = self.model(batch)
+            assert output.streams is not None
+            per_token = output.streams
         logits = output.split(batch)
         for i, req in enumerate(reqs):
-            span, streams = batch.spans[i], output.streams[batch.offsets[i] :][: len(chunks[i])]
+            span, streams = batch.spans[i], per_token[batch.offsets[i] :][: len(chunks[i])]
             if rows[i]:
                 self._verify(req, span, chunks[i], logits[i], streams, result)
                 continue
@@ -284,13 +297,7 @@ class SpeculativeRunner:
         pending = self._pending(req)
         drafts = ids[1:]
         p = self._target(req, logits)
-        device = logits.device
-        u = acceptance_uniforms(req.seed, start + 1, drafts.numel(), device)
-        num = torch.tensor([drafts.numel()])
-        d = drafts.to(device)[None]
-        kept = accept(p[None], None, d, num.to(device), u[None])
-        dist = next_distribution(p[None], None, d, num.to(device), kept)[0]
-        n_kept = int(kept[0])
+        n_kept, dist = verify_sequence(p, None, drafts, req.seed, start)
         token = self._draw(req, dist, start + n_kept + 1)
         logp = torch.log_softmax(logits.float(), dim=-1)
         emitted = [*drafts[:n_kept].tolist(), token]

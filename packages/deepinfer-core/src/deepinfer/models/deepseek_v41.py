@@ -170,8 +170,8 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
         return self.logits(h), x
 
     mtp_drafting_missing = (
-        "V4.1 MTP/DSpark drafting: the MTP layers are loaded, but how V4.1 feeds them (which "
-        "streams, DSpark's target-layer features and heads) is not implemented"
+        "V4.1 MTP drafting: the MTP layers are loaded, but how V4.1 feeds them (which streams) "
+        "is not implemented; DSpark drafts for V4.1 (speculative_config method 'dspark')"
     )
 
     def mtp_forward(

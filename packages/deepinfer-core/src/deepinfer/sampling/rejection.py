@@ -110,6 +110,22 @@ def acceptance_uniforms(seed: int, first: int, count: int, device: torch.device)
     return u[:, 0].to(device)
 
 
+def verify_sequence(
+    p: Tensor, q: Tensor | None, drafts: Tensor, seed: int, start: int
+) -> tuple[int, Tensor]:
+    """One sequence's round: (drafts kept, [V] the distribution of the token after them), for
+    target distributions ``p`` [k + 1, V] from the anchor's position ``start`` on and drafts
+    [k] at positions ``start + 1 ..`` drawn from ``q`` [k, V] (None: deterministic drafts),
+    accepted with the uniforms of their positions (:func:`acceptance_uniforms`)."""
+    k, device = drafts.numel(), p.device
+    u = acceptance_uniforms(seed, start + 1, k, device)[None]
+    num = torch.tensor([k], device=device)
+    d = drafts.to(device)[None]
+    q_rows = None if q is None else q[None]
+    kept = accept(p[None], q_rows, d, num, u)
+    return int(kept[0]), next_distribution(p[None], q_rows, d, num, kept)[0]
+
+
 def draw(
     dist: Tensor,
     temperature: float,

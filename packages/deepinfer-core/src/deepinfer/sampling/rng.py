@@ -47,9 +47,11 @@ def hash32(x: Tensor) -> Tensor:
     return x.bitwise_xor_(x >> 14)
 
 
-#: Salt that separates independent streams drawn at the same position (sampling vs. acceptance).
+#: Salt that separates independent streams drawn at the same position (sampling, acceptance of
+#: speculative drafts, and the drafts' own draws).
 STREAM_SAMPLE = 0
 STREAM_ACCEPT = 0x5BD1E995
+STREAM_DRAFT = 0x27D4EB2F
 
 
 def position_keys(seeds: Tensor, positions: Tensor, stream: int = STREAM_SAMPLE) -> Tensor:

@@ -1,0 +1,151 @@
+"""The DSpark drafter (``dspark.md`` §3): a parallel backbone over the block, a Markov head and
+a confidence head.
+
+* **Context.** The target's raw outputs at ``target_layer_ids`` (every residual stream) are
+  concatenated per position, projected to the hidden size (``fc``) and normalised: ``H_ctx``.
+  Each draft layer projects ``H_ctx`` to keys and values (no input norm: ``H_ctx`` is normed
+  already) at the positions' true offsets; these are the drafter's only state.
+* **Backbone.** The block ``[anchor, noise x (block_size - 1)]`` is embedded with the target's
+  own (frozen) embedding and runs through pre-norm attention + SwiGLU layers whose queries see
+  every context key before the anchor and every key of their own block (non-causal inside
+  it). A final norm gives ``h_1 .. h_block``; the target's (frozen) head gives base logits
+  ``U_k``.
+* **Markov head.** ``U_k + W2 E1[x_{k-1}]``: a rank-``markov_rank`` bigram bias from the token
+  sampled before (the anchor for the first slot), applied left to right while sampling.
+* **Confidence head.** ``sigmoid(w [h_k ; E1[x_{k-1}]] + b)``: the probability that draft k
+  survives verification given that the drafts before it did.
+
+Everything runs in the module's dtype (fp32 for training and the CPU); the target's pieces are
+passed in, never copied into the drafter's weights, so the shipped file holds only its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from deepinfer_spec.dspark.config import DSparkConfig
+
+#: the target's frozen token embedding: ids [...] -> [..., d]
+Embed = Callable[[Tensor], Tensor]
+#: the target's frozen head: hidden [..., d] -> fp32 logits [..., V]
+Head = Callable[[Tensor], Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate-half RoPE over the whole head: x [..., S, H, D], positions [..., S]."""
+    half = x.shape[-1] // 2
+    freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.float()[..., None] * freq  # [..., S, half]
+    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]
+    a, b = x.float()[..., :half], x.float()[..., half:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm attention over [context ; block] and a SwiGLU MLP."""
+
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        d, h, hd = c.hidden_size, c.num_heads, c.head_dim
+        self.c = c
+        self.attn_norm = RMSNorm(d, c.rms_norm_eps)
+        self.wq = nn.Linear(d, h * hd, bias=False)
+        self.wk = nn.Linear(d, h * hd, bias=False)
+        self.wv = nn.Linear(d, h * hd, bias=False)
+        self.wo = nn.Linear(h * hd, d, bias=False)
+        self.q_norm = RMSNorm(hd, c.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, c.rms_norm_eps)
+        self.mlp_norm = RMSNorm(d, c.rms_norm_eps)
+        self.w1 = nn.Linear(d, c.intermediate_size, bias=False)
+        self.w3 = nn.Linear(d, c.intermediate_size, bias=False)
+        self.w2 = nn.Linear(c.intermediate_size, d, bias=False)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        return x.view(*x.shape[:-1], self.c.num_heads, self.c.head_dim)
+
+    def kv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (normed, rotated) and values [..., S, H, D] of already normed inputs."""
+        k = rope(self.k_norm(self._heads(self.wk(x))), positions, self.c.rope_theta)
+        return k, self._heads(self.wv(x))
+
+    def forward(
+        self, x: Tensor, positions: Tensor, context: tuple[Tensor, Tensor], mask: Tensor | None
+    ) -> Tensor:
+        """x [B, Q, d] block rows at ``positions`` [B, Q]; ``context`` keys and values
+        [B, T, H, D]; ``mask`` [B, Q, T + Q] (True: visible) or None (all visible)."""
+        n = self.attn_norm(x)
+        q = rope(self.q_norm(self._heads(self.wq(n))), positions, self.c.rope_theta)
+        k, v = self.kv(n, positions)
+        k = torch.cat((context[0], k), dim=1)
+        v = torch.cat((context[1], v), dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=None if mask is None else mask[:, None],
+        )
+        x = x + self.wo(out.transpose(1, 2).flatten(2))
+        n = self.mlp_norm(x)
+        return x + self.w2(F.silu(self.w1(n)) * self.w3(n))
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.fc = nn.Linear(c.feature_size, c.hidden_size, bias=False)
+        self.ctx_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.markov_embed = nn.Embedding(c.vocab_size, c.markov_rank)
+        self.markov_out = nn.Linear(c.markov_rank, c.vocab_size, bias=False)
+        self.confidence = nn.Linear(c.hidden_size + c.markov_rank, 1)
+
+    def context(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's context keys and values [B, T, H, D] for target features
+        [B, T, feature_size] at ``positions`` [B, T]."""
+        h = self.ctx_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return [layer.kv(h, positions) for layer in self.layers]
+
+    def backbone(
+        self,
+        block: Tensor,
+        positions: Tensor,
+        context: list[tuple[Tensor, Tensor]],
+        mask: Tensor | None,
+    ) -> Tensor:
+        """Normed hidden states [B, Q, d] of embedded block rows ``block`` [B, Q, d]."""
+        x = block.to(self.fc.weight.dtype)
+        for layer, kv in zip(self.layers, context, strict=True):
+            x = layer(x, positions, kv, mask)
+        return self.norm(x)
+
+    def markov_bias(self, prev: Tensor) -> Tensor:
+        """[..., V] the bias the previous tokens ``prev`` [...] add to the base logits."""
+        return self.markov_out(self.markov_embed(prev)).float()
+
+    def confidence_logit(self, h: Tensor, prev: Tensor) -> Tensor:
+        """[...] the logit of draft k surviving given the drafts before it did."""
+        return self.confidence(torch.cat((h, self.markov_embed(prev)), dim=-1))[..., 0].float()
+
+    def block_input(self, anchors: Tensor, embed: Embed) -> Tensor:
+        """[..., block_size, d] embeddings of [anchor, noise, ...] for anchors [...]."""
+        noise = torch.full_like(anchors, self.c.noise_token_id)
+        ids = torch.stack((anchors, *[noise] * (self.c.block_size - 1)), dim=-1)
+        return embed(ids)
