@@ -23,6 +23,8 @@ from deepinfer.assets import random_tiny_model, tiny_model, tiny_tokenizer
 from deepinfer.cache.pools import state_bytes
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.speculative import SpeculativeConfig
+from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.paging import PAGE_TOKENS
 from deepinfer.sampling_params import SamplingParams
@@ -184,3 +186,23 @@ def test_engine_dspark_with_preemption(tiny: DeepseekCausalLM) -> None:
     got, engine = _engine_run(tiny, prompts, spec, state_memory_bytes=memory, **options)
     assert got == want
     assert engine.pool.used_bytes == 0
+
+
+def test_engine_dspark_confidence_threshold(tiny: DeepseekCausalLM) -> None:
+    """The static threshold verifies drafts only up to the first whose confidence is below it:
+    fewer drafts than verifying all, none at all with a threshold of 1 (no confidence reaches
+    it), and the same greedy outputs either way."""
+    prompts = _engine_prompts(4)
+    want, _ = _engine_run(tiny, prompts, None)
+    counts = []
+    for threshold in (0.0, 0.3, 1.0):
+        spec = {"method": "dspark", "num_speculative_tokens": 5,
+                "confidence_threshold": threshold}  # fmt: skip
+        got, engine = _engine_run(tiny, prompts, spec)
+        assert got == want
+        assert engine.spec is not None
+        counts.append(engine.spec.num_drafts)
+    assert counts[0] > counts[1] > counts[2] == 0
+    with pytest.raises(InvalidRequestError, match="confidence_threshold"):
+        SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 2,
+                                 "confidence_threshold": 0.5})  # fmt: skip

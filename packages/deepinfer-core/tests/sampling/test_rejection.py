@@ -89,3 +89,15 @@ def test_greedy_rows_keep_the_drafts_equal_to_the_argmax() -> None:
     assert torch.equal(kept, want)
     after = next_distribution(p, None, drafts, torch.full((rows,), K), kept).argmax(dim=-1)
     assert torch.equal(after, best[torch.arange(rows), kept])
+
+
+def test_a_row_without_drafts_draws_from_the_target() -> None:
+    """Zero drafts (a round the drafter thought not worth verifying): nothing kept, and the
+    next token's distribution is the target's own at the anchor."""
+    g = torch.Generator().manual_seed(3)
+    p = _distributions(g, 1)[None]
+    drafts = torch.zeros(1, 0, dtype=torch.long)
+    num = torch.zeros(1, dtype=torch.long)
+    kept = accept(p, None, drafts, num, torch.rand(1, 0, generator=g))
+    assert kept.tolist() == [0]
+    assert torch.equal(next_distribution(p, None, drafts, num, kept), p[:, 0])

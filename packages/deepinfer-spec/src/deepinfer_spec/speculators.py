@@ -28,7 +28,10 @@ class DSparkSpeculator:
     """DSpark in the engine: a block of drafts per request and round, its first ``k`` verified.
 
     Drafts are the drafter's greedy choices (deterministic drafts, which verification keeps
-    lossless at any temperature); each request's drafter context follows its state and
+    lossless at any temperature). With ``confidence_threshold`` > 0 a row stops at the first
+    draft whose confidence is below it (``dspark.md`` §7; -1 past it): the cut depends on the
+    drafter alone, so verification stays lossless. Each request's drafter context follows its
+    state and
     starts again when the state does (a preemption, a prefix-cache hit). Requests are drafted
     one after another: the drafter is small, and batching its rounds is the next step.
     """
@@ -40,7 +43,11 @@ class DSparkSpeculator:
         return Availability(True)
 
     def __init__(
-        self, model: DeepseekCausalLM, num_speculative_tokens: int, path: str | None = None
+        self,
+        model: DeepseekCausalLM,
+        num_speculative_tokens: int,
+        path: str | None = None,
+        confidence_threshold: float = 0.0,
     ) -> None:
         self.drafter = load_drafter(Path(path) if path else SHIPPED, model)
         block = self.drafter.c.block_size
@@ -51,6 +58,7 @@ class DSparkSpeculator:
             )
         self.model = model
         self.k = num_speculative_tokens
+        self.threshold = confidence_threshold
         self.feature_layers = self.drafter.c.target_layer_ids
         #: each live state's drafter context, by id (states compare by value, so they are
         #: no dict keys); the reference tells a reused id from the state it was taken for
@@ -78,7 +86,11 @@ class DSparkSpeculator:
             ctx.absorb(self.drafter, features)
             anchor = int(next_ids[end - 1])
             prop = propose(self.drafter, ctx, anchor, self.model.embed, self.model.logits)
-            out.append(prop.tokens[: self.k])
+            row = prop.tokens[: self.k].clone()
+            low = (prop.confidence[: self.k] < self.threshold).nonzero()
+            if low.numel():  # a non-anticipating cut: the drafter's own confidences only
+                row[int(low[0, 0]) :] = -1
+            out.append(row)
         return torch.stack(out)
 
 

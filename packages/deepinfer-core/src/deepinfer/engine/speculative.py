@@ -61,6 +61,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     #: the drafter's directory (DSpark; None: the one shipped for the model, if any)
     model: str | None = None
+    #: DSpark's static threshold (``dspark.md`` §7): verify drafts up to the first whose
+    #: confidence is below it (0: every draft)
+    confidence_threshold: float = 0.0
 
     @classmethod
     def parse(cls, raw: object) -> SpeculativeConfig | None:
@@ -68,7 +71,7 @@ class SpeculativeConfig:
             return raw
         if not isinstance(raw, dict):
             raise InvalidRequestError("speculative_config", "must be a dict or None")
-        unknown = set(raw) - {"method", "num_speculative_tokens", "model"}
+        unknown = set(raw) - {"method", "num_speculative_tokens", "model", "confidence_threshold"}
         if unknown:
             raise InvalidRequestError("speculative_config", f"unknown keys {sorted(unknown)}")
         method, k = raw.get("method"), raw.get("num_speculative_tokens")
@@ -85,7 +88,15 @@ class SpeculativeConfig:
                 "'model' names a DSpark drafter directory (MTP drafts with the checkpoint's "
                 "own layers)",
             )
-        return cls(method, k, model)
+        threshold = raw.get("confidence_threshold", 0.0)
+        if not isinstance(threshold, int | float) or isinstance(threshold, bool):
+            raise InvalidRequestError("speculative_config", "confidence_threshold must be a number")
+        if (threshold and method != "dspark") or not 0.0 <= threshold <= 1.0:
+            raise InvalidRequestError(
+                "speculative_config",
+                f"confidence_threshold is DSpark's, in [0, 1]; got {threshold!r} for {method!r}",
+            )
+        return cls(method, k, model, float(threshold))
 
 
 def check_params(params: SamplingParams) -> None:
@@ -104,7 +115,8 @@ class Drafter(Protocol):
     ``draft_batch`` gets, per request, the rows of every position verified since its last
     round (``lengths`` of them, in request order) and the token after each: the target's final
     streams [N, hc, d], or, where the drafter names ``feature_layers``, those layers' outputs
-    concatenated per position [N, F] (DSpark). It returns [requests, k] drafts.
+    concatenated per position [N, F] (DSpark). It returns [requests, k] drafts; a row may end
+    in -1s, drafts not worth verifying (DSpark's confidence threshold).
     """
 
     k: int
@@ -121,9 +133,10 @@ class Drafter(Protocol):
 def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
     """The registered speculator for ``config.method``, built for ``model``."""
     factory: Any = plugins.speculators.load(config.method)
-    if config.model is not None:
-        return factory(model, config.num_speculative_tokens, config.model)
-    return factory(model, config.num_speculative_tokens)
+    if config.method != "dspark":
+        return factory(model, config.num_speculative_tokens)
+    threshold = config.confidence_threshold
+    return factory(model, config.num_speculative_tokens, config.model, threshold)
 
 
 def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRunner | None:
@@ -347,4 +360,5 @@ class SpeculativeRunner:
         drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
         for req, row in zip(reqs, drafts, strict=True):
             room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
-            self.drafts[req] = row[: max(0, room)]
+            kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying
+            self.drafts[req] = kept[: max(0, room)]

@@ -64,6 +64,8 @@ def next_distribution(
     after the last verified draft (every one kept). Arguments as :func:`accept`."""
     rows = torch.arange(p.shape[0], device=p.device)
     target = p[rows, kept].float()  # row j = kept: the rejected draft's position, or the bonus
+    if drafts.shape[1] == 0:  # nothing was drafted (a plain decode row): the target's own
+        return target
     rejected = kept < num_drafts
     if q is None:  # deterministic drafts: the residual takes the drafted token out of p
         j = kept.clamp(max=drafts.shape[1] - 1)
