@@ -133,10 +133,8 @@ class Drafter(Protocol):
 def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
     """The registered speculator for ``config.method``, built for ``model``."""
     factory: Any = plugins.speculators.load(config.method)
-    if config.method != "dspark":
-        return factory(model, config.num_speculative_tokens)
-    threshold = config.confidence_threshold
-    return factory(model, config.num_speculative_tokens, config.model, threshold)
+    options = {"path": config.model, "confidence_threshold": config.confidence_threshold}
+    return factory(model, config.num_speculative_tokens, **{k: v for k, v in options.items() if v})
 
 
 def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRunner | None:
