@@ -18,7 +18,7 @@ kernels are compiled as part of those.
 The compiles run in subprocesses, one per target and in parallel. On a machine without a GPU
 the root conftest sets ``TRITON_INTERPRET=1``, under which ``triton.jit`` makes interpreter
 functions that cannot be compiled, and the kernel modules pick their interpreter-only code paths
-(``attention.QK_NATIVE``, ``moe._WIDEN``, ``fp8_linear._EMULATE_CAST``); the subprocesses get an
+(``attention.QK_NATIVE``, ``moe._WIDEN``, ``fp8_quant.EMULATE_CAST``); the subprocesses get an
 environment without ``TRITON_*`` settings (tool paths aside) and a fresh cache directory, so
 every run compiles the kernels as a GPU process would.
 """
@@ -406,7 +406,7 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
     # activations quantised once ahead of a prefill GEMM: bf16 model activations, fp32 runs
     for dt in ("bf16", "fp32"):
         yield AotSpec(
-            "fp8_linear._quant_act_kernel",
+            "fp8_quant._quant_act_kernel",
             dt,
             {"x_ptr": f"*{dt}", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "m": 4096, "k": 4096,
              "EMULATE": False, "GROUP": 128, "BLOCK_R": 16},

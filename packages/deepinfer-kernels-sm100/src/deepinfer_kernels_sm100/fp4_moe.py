@@ -24,20 +24,10 @@ fp32; fp32 activations meet them in IEEE fp32 dots, as the fp32 reference's do. 
 activation is rounded to the activations' dtype before w2, as the reference rounds it to the
 weights' dtype.
 
-Decoding: the codes are turned into values and multiplied by their group's scale in registers
-(:func:`_fp4_tile`), on every target (Hopper has no FP4 tensor cores). A decode step reads
-few bytes per weight, so the decoding's instruction count, not the bytes, sets its speed: bf16
-tiles on a GPU are decoded by a few lines of inline PTX that move each nibble's bits to their
-bf16 places, two weights per 32-bit instruction; fp32 tiles and the interpreter use integer
-arithmetic on each code.
-``tl.dot_scaled(bf16, e2m1)`` would let Triton do that upcast on sm_100a, but forced on an H200
-it gave wrong results with this layout, so it is not used until checked on Blackwell.
-Blackwell's native FP4 MMA would need the activations quantised to FP8 with per-32 scales: a
-numerics change the reference does not make.
-
+Decoding: each weight tile is decoded in registers right before its dot (:mod:`.fp4_decode`).
 Under the interpreter (CI, no GPU) tiles are widened to fp32 before the dots (``moe._WIDEN``:
 its bf16 dots are wrong) and the fp32 -> bf16 rounding of the hidden activation is done in
-fp32 first (``fp8_linear._round_to_grid``: its conversion truncates).
+fp32 first (``fp8_quant.round_to_grid``: its conversion truncates).
 """
 
 from __future__ import annotations
@@ -48,169 +38,16 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.models.quant import is_ue8m0_dtype
-from deepinfer_kernels_sm100.fp8_linear import _round_to_grid, _ue8m0_to_fp32
-from deepinfer_kernels_sm100.moe import _WIDEN, _expert_range, _mma, _tile, group_pairs
+from deepinfer_kernels_sm100.fp4_decode import _GROUP, GROUP, fp4_step
+from deepinfer_kernels_sm100.fp8_quant import round_to_grid
+from deepinfer_kernels_sm100.moe import _WIDEN, _expert_range, _tile, group_pairs
 
-#: elements per ue8m0 scale along K (the checkpoints' FP4 group)
-GROUP = 32
-_GROUP = tl.constexpr(GROUP)  # for the kernels: Triton reads constexpr globals only
 #: up to this many pairs per expert on average, row tiles of 16; past it 64 (as moe.py)
 SMALL_PAIRS_PER_EXPERT = 64
 _ACT_DTYPES = (torch.bfloat16, torch.float32)
 _PACKED_DTYPES = tuple(
     dt for dt in (torch.uint8, torch.int8, getattr(torch, "float4_e2m1fn_x2", None)) if dt
 )
-
-
-@triton.jit
-def _e2m1_times(code, scale):
-    """e2m1 codes (0..15, any int type) times fp32 scales, exactly.
-
-    Code bits: sign, two exponent bits e, one mantissa bit m. Twice the magnitude is the
-    integer m for e = 0 (the subnormals 0 and 0.5) and (2 + m) << (e - 1) otherwise (2, 3, 4,
-    6, 8, 12), which fp32 holds exactly; halving and a power-of-two scale keep it exact.
-    """
-    code = code.to(tl.int32)
-    e = (code >> 1) & 3
-    m = code & 1
-    twice = tl.where(e == 0, m, (2 + m) << tl.maximum(e - 1, 0))
-    magnitude = twice.to(tl.float32) * 0.5
-    return tl.where(code >= 8, -magnitude, magnitude) * scale
-
-
-@triton.jit
-def _fp4_bytes(  # noqa: PLR0917 (Triton helpers take positional arguments)
-    w_rows, s_rows, k0, k_dim, col_ok, EVEN: tl.constexpr, BLOCK_K: tl.constexpr
-):
-    """A tile's packed bytes [BLOCK_N, BLOCK_K / 2] and ue8m0 bytes [BLOCK_N, BLOCK_K / GROUP].
-
-    Past k_dim (a multiple of GROUP) whole groups are masked: code 0 with scale 1 is zero.
-    ``EVEN`` tiles (every column in range, K a multiple of BLOCK_K) load without masks, whose
-    per-byte predicates would cost about as much as decoding the byte.
-    """
-    kb = tl.arange(0, BLOCK_K // 2)
-    kg = tl.arange(0, BLOCK_K // _GROUP)
-    if EVEN:
-        packed = tl.load(w_rows + k0 // 2 + kb[None, :])
-        raw = tl.load(s_rows + k0 // _GROUP + kg[None, :])
-    else:
-        packed = tl.load(
-            w_rows + k0 // 2 + kb[None, :],
-            mask=col_ok[:, None] & (k0 + 2 * kb < k_dim)[None, :],
-            other=0,
-        )
-        raw = tl.load(
-            s_rows + k0 // _GROUP + kg[None, :],
-            mask=col_ok[:, None] & (k0 + kg * _GROUP < k_dim)[None, :],
-            other=127,
-        )
-    return packed, raw
-
-
-#: bf16 values of the low (``lo``) or high nibbles of 4 packed bytes ($2) times their scales
-#: ($3, $4: two bf16 each), into $0 and $1 (two bf16 each). A nibble's sign, exponent and
-#: mantissa bits are moved to their bf16 places: the bf16 number they make is the e2m1 value
-#: times 2**-126 (a subnormal for e2m1's own subnormal 0.5 and for 0), so multiplying by
-#: 2**126 and then by the power-of-two scale gives the weight exactly (bf16 arithmetic keeps
-#: subnormals; the product leaves bf16's range only where it leaves fp32's). Two bf16 per
-#: 32-bit register: about four instructions per weight.
-_E2M1_BF16_ASM = """
-{{
-.reg .b32 lo, hi, t, big;
-mov.b32 big, 0x7E807E80;
-prmt.b32 lo, $2, 0, 0x4140;
-prmt.b32 hi, $2, 0, 0x4342;
-{decode_lo}
-{decode_hi}
-mul.rn.bf16x2 lo, lo, big;
-mul.rn.bf16x2 hi, hi, big;
-mul.rn.bf16x2 $0, lo, $3;
-mul.rn.bf16x2 $1, hi, $4;
-}}
-"""
-#: per register of two bytes (one in each 16-bit half): nibble bits to bf16 bits
-_NIBBLE_TO_BF16 = {
-    "lo": "and.b32 t, {r}, 0x00080008; and.b32 {r}, {r}, 0x00070007; "
-    "shl.b32 t, t, 12; shl.b32 {r}, {r}, 6; or.b32 {r}, {r}, t;",
-    "hi": "and.b32 t, {r}, 0x00800080; and.b32 {r}, {r}, 0x00700070; "
-    "shl.b32 t, t, 8; shl.b32 {r}, {r}, 2; or.b32 {r}, {r}, t;",
-}
-_ASM_LO = tl.constexpr(
-    _E2M1_BF16_ASM.format(
-        decode_lo=_NIBBLE_TO_BF16["lo"].format(r="lo"),
-        decode_hi=_NIBBLE_TO_BF16["lo"].format(r="hi"),
-    )
-)
-_ASM_HI = tl.constexpr(
-    _E2M1_BF16_ASM.format(
-        decode_lo=_NIBBLE_TO_BF16["hi"].format(r="lo"),
-        decode_hi=_NIBBLE_TO_BF16["hi"].format(r="hi"),
-    )
-)
-
-
-@triton.jit
-def _nibbles_bf16(packed, scale):
-    """bf16 weights of the packed bytes' low and high nibbles, times ``scale`` (bf16, the
-    bytes' shape), through the inline PTX above."""
-    lo = tl.inline_asm_elementwise(
-        _ASM_LO, "=r,=r,r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True, pack=4
-    )
-    hi = tl.inline_asm_elementwise(
-        _ASM_HI, "=r,=r,r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True, pack=4
-    )
-    return lo, hi
-
-
-@triton.jit
-def _fp4_tile(  # noqa: PLR0917 (Triton helpers take positional arguments)
-    packed,
-    raw,
-    DTYPE: tl.constexpr,
-    NATIVE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """[BLOCK_N, BLOCK_K] weights in DTYPE (exact) from their packed and scale bytes.
-
-    Both nibbles of a byte lie in the same group of 32, so each group's scale is spread over
-    its 16 bytes; the low and high values are interleaved back into K order with a join.
-    bf16 tiles on a GPU (``NATIVE``) are decoded by inline PTX, two weights per 32-bit
-    instruction; fp32 tiles, and every tile under the interpreter, with integer arithmetic.
-    """
-    scale = _ue8m0_to_fp32(raw)
-    native: tl.constexpr = NATIVE and tl.bfloat16 == DTYPE
-    if native:  # exact: a power of two in fp32's range is a bf16 value
-        scale = scale.to(tl.bfloat16)
-    scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // _GROUP, _GROUP // 2))
-    scale = tl.reshape(scale, (BLOCK_N, BLOCK_K // 2))
-    if native:
-        lo, hi = _nibbles_bf16(packed, scale)
-    else:
-        lo = _e2m1_times(packed & 0xF, scale).to(DTYPE)
-        hi = _e2m1_times(packed >> 4, scale).to(DTYPE)
-    return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
-
-
-@triton.jit
-def _fp4_step(  # noqa: PLR0917 (Triton helpers take positional arguments)
-    acc,
-    x,
-    w_rows,
-    s_rows,
-    k0,
-    k_dim,
-    col_ok,
-    IEEE: tl.constexpr,
-    WIDEN: tl.constexpr,
-    EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """acc + x @ W[:, k0:k0 + BLOCK_K].T for the FP4 rows W at w_rows (scales at s_rows)."""
-    packed, raw = _fp4_bytes(w_rows, s_rows, k0, k_dim, col_ok, EVEN, BLOCK_K)
-    w = _fp4_tile(packed, raw, x.dtype, not WIDEN, BLOCK_N, BLOCK_K)
-    return _mma(x, w, acc, IEEE, WIDEN)
 
 
 @triton.jit
@@ -260,20 +97,18 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
             x = _act_tile(x_ptr + token[:, None] * k_dim + kk[None, :], row_ok, k0, kk, k_dim, EVEN)
-            gate = _fp4_step(
+            gate = fp4_step(
                 gate, x, w_gate, s_gate, k0, k_dim, col_ok, IEEE, WIDEN, EVEN,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            up = _fp4_step(
-                up, x, w_up, s_up, k0, k_dim, col_ok, IEEE, WIDEN, EVEN, BLOCK_N, BLOCK_K
-            )
+            up = fp4_step(up, x, w_up, s_up, k0, k_dim, col_ok, IEEE, WIDEN, EVEN, BLOCK_N, BLOCK_K)
         if CLAMP:
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
         scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
         h = gate * tl.sigmoid(gate) * up * scale[:, None]
         if WIDEN and not IEEE:
-            h = _round_to_grid(h, 7, -119)  # bf16, rounded as the GPU's conversion rounds
+            h = round_to_grid(h, 7, -119)  # bf16, rounded as the GPU's conversion rounds
         tl.store(
             h_ptr + rows[:, None].to(tl.int64) * inter + cols[None, :],
             h.to(h_ptr.dtype.element_ty),
@@ -313,7 +148,7 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         for k0 in range(0, inter, BLOCK_K):
             h_rows = h_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :]
             h = _act_tile(h_rows, row_ok, k0, kk, inter, EVEN)
-            acc = _fp4_step(
+            acc = fp4_step(
                 acc, h, w_rows, s_rows, k0, inter, col_ok, IEEE, WIDEN, EVEN,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip

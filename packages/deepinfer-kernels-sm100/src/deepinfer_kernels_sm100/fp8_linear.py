@@ -6,8 +6,8 @@ bytes, 2**(b - 127) (the instruct releases). Dequantising them to bf16 at load d
 memory and the bytes each decode step streams. Here the weights stay e4m3 and meet e4m3
 activations in the tensor cores' fp8 dots, as DeepGEMM does on Hopper:
 
-* activations are quantised per token and per group of ``ACT_GROUP`` = 128 along K, with an fp32
-  scale amax / 448 each (1 for an all-zero group), so every value uses e4m3's full range;
+* activations are quantised per token and per group of ``ACT_GROUP`` = 128 along K
+  (:mod:`.fp8_quant`, which also holds the interpreter's rounding emulation);
 * K is walked in steps no wider than one activation group or one weight block, so each step's
   fp32 partial product has one activation scale per row and one weight scale per column; it
   is multiplied by their product and added to an fp32 accumulator. This also bounds what a
@@ -23,7 +23,7 @@ batches (prefill) run 64-row tiles that reuse each weight tile. Both read activa
 decode batch's tile in registers right before the dot (``FUSE_DECODE_QUANT``), saving a launch,
 but every column program then redoes the IEEE divisions, which on an H200 costs more than the
 launch (``benchmarks/results/low_precision_h200.json``). Both use the one quantiser body
-(:func:`_quantize_tile`), so they give the same bits.
+(:func:`quantize_tile`), so they give the same bits.
 
 :func:`fp8_block_grouped_linear` runs V4's grouped output projection (``wo_a``: each of 8 head
 groups against its own 1024 rows) as one launch: a column tile reads its group's slice of the
@@ -33,18 +33,11 @@ ue8m0 scales are decoded in the kernel from their bytes (exactly as
 :func:`deepinfer.models.quant.decode_ue8m0` does), so a call does no host-side work on them
 and stays capturable in a CUDA graph.
 
-Triton 3.7.1's interpreter (CI, no GPU) converts fp32 to e4m3 by dropping mantissa bits and
-adding the first dropped one without carrying into the exponent (7.8 becomes 4.0), and does not
-saturate; it converts fp32 to bf16 by truncation. Under it (``_EMULATE_CAST``) values are first
-rounded in fp32 onto the narrower format's grid (:func:`_round_to_grid`, ties to even, as the
-GPU's ``cvt.rn`` conversions round), so the conversions only see values they represent
-exactly. Its fp8 dots are exact products summed in fp32, so they need no such path.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -53,87 +46,23 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.models.quant import is_ue8m0_dtype
+from deepinfer_kernels_sm100.fp8_quant import (
+    ACT_GROUP,
+    EMULATE_CAST,
+    IN_DTYPES,
+    quantize_act_fp8,
+    quantize_tile,
+    round_to_grid,
+    ue8m0_to_fp32,
+)
 
-#: activation quantisation group along K (DeepGEMM's and the V4 checkpoints' recipe)
-ACT_GROUP = 128
 #: N and K must be multiples of this (the V4 weight blocks; no kernel masks along N or K)
 DIM_MULTIPLE = 128
-#: the most rows that take the fused decode kernel
+#: the most rows that take decode tiles (K split across programs)
 SMALL_M = 64
 #: narrowest K step of an fp8 tensor-core dot
 MIN_BLOCK_K = 32
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-#: the interpreter's fp32 -> e4m3 / bf16 conversions round wrongly: round in fp32 first (module doc)
-_EMULATE_CAST = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _round_to_grid(v, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """fp32 values rounded, ties to even, to a narrower float format's values, exactly in fp32
-    (range permitting: no saturation or overflow here).
-
-    A format with MANT mantissa bits spaces its values in the binade [2**e, 2**(e + 1)) by
-    2**(e - MANT), and by 2**(MIN_EXP - MANT) below its smallest normal 2**MIN_EXP. The spacing
-    is built from v's exponent bits (so it must be an fp32 normal: for bf16 MIN_EXP = -119,
-    which rounds values under 2**-119 more coarsely than bf16's subnormals would); v divided by
-    it is exact and under 2**(MANT + 1), and adding then subtracting 1.5 * 2**23 rounds it to
-    an integer with the fp32 adder's own ties-to-even.
-    """
-    biased = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    step = ((tl.maximum(biased, 127 + MIN_EXP) - MANT) << 23).to(tl.float32, bitcast=True)
-    return ((v / step + 12582912.0) - 12582912.0) * step
-
-
-@triton.jit
-def _quantize_tile(x, EMULATE: tl.constexpr):
-    """[R, G] fp32 -> (e4m3 [R, G], fp32 scale [R]): per row, scale = amax / 448 (1 when the
-    row is all zeros, so padding rows and zero groups stay finite) and x / scale rounded to
-    the nearest e4m3 value, saturating at +-448 (e4m3's largest finite value).
-
-    Both quotients are IEEE-rounded (``div_rn``): Triton's ``/`` is an approximate division on
-    NVIDIA GPUs, which would move scales and values by an ulp from what torch computes.
-    """
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
-    v = tl.math.div_rn(x, scale[:, None])
-    v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-    if EMULATE:
-        v = _round_to_grid(v, 3, -6)  # e4m3: 3 mantissa bits, smallest normal 2**-6
-    return v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), scale
-
-
-@triton.jit
-def _ue8m0_to_fp32(b):
-    """2**(b - 127) from exponent bytes, bit-built: b = 0 is the subnormal 2**-127 and b = 255
-    NaN, as :func:`deepinfer.models.quant.decode_ue8m0` decodes them."""
-    b = b.to(tl.int32)
-    bits = tl.where(b == 0, 0x00400000, b << 23)
-    bits = tl.where(b == 255, 0x7FC00000, bits)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit(do_not_specialize=["m"])
-def _quant_act_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    x_ptr,  # [M, K] bf16 / fp16 / fp32
-    q_ptr,  # [M, K] e4m3 out
-    s_ptr,  # [M, K / GROUP] fp32 out
-    m,
-    k,
-    EMULATE: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-):
-    """One program per (block of BLOCK_R rows, group of GROUP columns)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    group = tl.program_id(1)
-    row_ok = rows < m
-    offs = rows[:, None].to(tl.int64) * k + group * GROUP + tl.arange(0, GROUP)[None, :]
-    x = tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-    q, scale = _quantize_tile(x, EMULATE)
-    tl.store(q_ptr + offs, q, mask=row_ok[:, None])
-    tl.store(s_ptr + rows.to(tl.int64) * (k // GROUP) + group, scale, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["m"])
@@ -185,14 +114,14 @@ def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     for k0 in range(k_lo, k_hi, BLOCK_K):
         x = tl.load(a_tile + k0, mask=row_ok[:, None], other=0.0)
         if FUSED:
-            a, a_scale = _quantize_tile(x.to(tl.float32), EMULATE)
+            a, a_scale = quantize_tile(x.to(tl.float32), EMULATE)
         else:
             a = x
             a_scale = tl.load(a_scales + k0 // GROUP, mask=row_ok, other=0.0)
         w = tl.load(w_tile + k0)
         w_scale = tl.load(w_scales + k0 // W_BK)
         if SCALE_UE8M0:
-            w_scale = _ue8m0_to_fp32(w_scale)
+            w_scale = ue8m0_to_fp32(w_scale)
         part = tl.dot(a, tl.trans(w))
         acc += part * (a_scale[:, None] * w_scale[None, :])
     out = rows[:, None].to(tl.int64) * n + cols[None, :]
@@ -208,9 +137,9 @@ def _store_rounded(ptrs, acc, mask, EMULATE: tl.constexpr):
     """Store fp32 values rounded to the nearest value of the pointers' dtype."""
     out_ty: tl.constexpr = ptrs.dtype.element_ty
     if EMULATE and out_ty == tl.bfloat16:
-        acc = _round_to_grid(acc, 7, -119)
+        acc = round_to_grid(acc, 7, -119)
     if EMULATE and out_ty == tl.float16:
-        acc = _round_to_grid(acc, 10, -14)
+        acc = round_to_grid(acc, 10, -14)
     tl.store(ptrs, acc.to(out_ty), mask=mask)
 
 
@@ -298,34 +227,6 @@ FUSE_DECODE_QUANT = False
 def _check_multiple(name: str, value: int) -> None:
     if value <= 0 or value % DIM_MULTIPLE:
         raise ValueError(f"{name} must be a positive multiple of {DIM_MULTIPLE}, got {value}")
-
-
-def quantize_act_fp8(x: Tensor, group: int = ACT_GROUP) -> tuple[Tensor, Tensor]:
-    """Per-token, per-group e4m3 quantisation of activations: x [..., K] -> (e4m3 [..., K],
-    fp32 scales [..., K / group]) with x ~= q * scale broadcast over each group.
-
-    A scale is its group's amax / 448, rounded to fp32 (1 for an all-zero group); values are
-    x / scale rounded to the nearest e4m3 value, ties to even. fp32 scales rather than ue8m0
-    powers of two keep up to one more bit of each value; the GEMM multiplies them in fp32.
-    """
-    if x.dtype not in _IN_DTYPES:
-        raise ValueError(f"activations must be one of {_IN_DTYPES}, got {x.dtype}")
-    k = x.shape[-1]
-    if group < 16 or group & (group - 1):
-        raise ValueError(f"group must be a power of two of at least 16, got {group}")
-    if k == 0 or k % group:
-        raise ValueError(f"K = {k} is not a positive multiple of the group size {group}")
-    x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
-    if m:
-        block_r = 16
-        _quant_act_kernel[(triton.cdiv(m, block_r), k // group)](
-            x2, q, scale, m, k, EMULATE=_EMULATE_CAST, GROUP=group, BLOCK_R=block_r
-        )
-    lead = x.shape[:-1]
-    return q.view(*lead, k), scale.view(*lead, k // group)
 
 
 def _weight_operands(
@@ -429,8 +330,8 @@ def _gemm(
     j * N / groups ... of the weight: the launch behind both linears."""
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
-    if x2.dtype not in _IN_DTYPES:
-        raise ValueError(f"activations must be one of {_IN_DTYPES}, got {x2.dtype}")
+    if x2.dtype not in IN_DTYPES:
+        raise ValueError(f"activations must be one of {IN_DTYPES}, got {x2.dtype}")
     x2 = x2.contiguous()
     (n, k), m = w.shape, x2.shape[0]
     out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
@@ -456,7 +357,7 @@ def _gemm(
         n // groups,
         t.k_split,
         FUSED=t.fused,
-        EMULATE=_EMULATE_CAST,
+        EMULATE=EMULATE_CAST,
         SCALE_UE8M0=ue8m0,
         SPLIT_OUT=t.splits > 1,
         GROUP=ACT_GROUP,
@@ -471,7 +372,7 @@ def _gemm(
     if t.splits > 1:
         block_size = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block_size),)](
-            dest, out, m * n, SPLITS=t.splits, EMULATE=_EMULATE_CAST, BLOCK=block_size
+            dest, out, m * n, SPLITS=t.splits, EMULATE=EMULATE_CAST, BLOCK=block_size
         )
     return out
 
