@@ -32,12 +32,11 @@ sys.path.insert(0, str(ROOT / "tools"))
 def held_out_prompts(n: int, length: int) -> list[list[int]]:
     """``n`` prompts of ``length`` tokens spread over the validation plays."""
     from tiny.corpus import load_corpus
+    from tiny.data import spread_windows
 
     from deepinfer.assets import tiny_tokenizer
 
-    ids = tiny_tokenizer().encode(load_corpus().validation_text).ids
-    step = (len(ids) - length) // n
-    return [ids[i * step : i * step + length] for i in range(n)]
+    return spread_windows(tiny_tokenizer().encode(load_corpus().validation_text).ids, n, length)
 
 
 def run_arm(

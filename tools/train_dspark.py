@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from tiny.data import BatchSampler, TokenizedData, tokenize  # noqa: E402
+from tiny.data import BatchSampler, TokenizedData, spread_windows, tokenize  # noqa: E402
 
 from deepinfer.assets import tiny_model, tiny_tokenizer  # noqa: E402
 from deepinfer.models.causal_lm import DeepseekCausalLM  # noqa: E402
@@ -134,17 +134,10 @@ def train(tc: TrainConfig, device: torch.device) -> tuple[DSparkDrafter, TrainLo
     return drafter, log
 
 
-def held_out_prompts(data: TokenizedData, n: int, length: int = 32) -> list[list[int]]:
-    """``n`` prompts from the validation plays, evenly spread, each ``length`` tokens."""
-    ids = data.validation
-    step = (ids.numel() - length) // n
-    return [ids[i * step : i * step + length].tolist() for i in range(n)]
-
-
 def evaluate(drafter: DSparkDrafter, tc: TrainConfig) -> dict[str, Any]:
     """tau on held-out plays with the real decoding loop, greedy and at temperature 1."""
     model = tiny_model(torch.float32, drafter.fc.weight.device)
-    prompts = held_out_prompts(load_data(WORK, tc.seed), tc.eval_prompts)
+    prompts = spread_windows(load_data(WORK, tc.seed).validation.tolist(), tc.eval_prompts, 32)
     out: dict[str, Any] = {"prompts": len(prompts), "tokens_each": tc.eval_tokens}
     for name, temperature in (("greedy", 0.0), ("temperature_1", 1.0)):
         kept, rounds, per = 0, 0, [0] * drafter.c.block_size

@@ -16,6 +16,7 @@ Everything is derived from the corpus and a seed, so the data is reproducible.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,3 +183,10 @@ def validation_windows(data: TokenizedData, seq_len: int) -> Tensor:
     padded[: ids.numel()] = ids
     idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None, :]
     return padded[idx]
+
+
+def spread_windows(ids: Sequence[int], n: int, length: int) -> list[list[int]]:
+    """``n`` windows of ``length`` tokens spread evenly over ``ids`` (prompts from the
+    held-out plays for the speculative-decoding tool and benchmark)."""
+    step = (len(ids) - length) // n
+    return [list(ids[i * step : i * step + length]) for i in range(n)]

@@ -124,11 +124,10 @@ def test_context_absorbed_step_by_step_drafts_as_at_once(tiny: DeepseekCausalLM)
     torch.testing.assert_close(a.confidence, b.confidence, rtol=0, atol=1e-6)
 
 
-def test_a_drafter_for_another_target_is_refused(tmp_path: Path) -> None:
+def test_a_drafter_for_another_target_is_refused() -> None:
     model = random_tiny_model(torch.float32, seed=5)
     d = load_drafter(SHIPPED, tiny_model(torch.float32))
-    if d.c.hidden_size == model.cfg.hidden_size and d.c.vocab_size == model.cfg.vocab_size:
-        pytest.skip("the V4 test model has the tiny model's shapes")
+    assert d.c.hidden_size != model.cfg.hidden_size  # the V4 test model is narrower
     with pytest.raises(ValueError, match="DSpark drafter was built for"):
         dspark_generate(model, d, PROMPT, 4)
 
