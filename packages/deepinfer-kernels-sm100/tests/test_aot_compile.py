@@ -243,18 +243,20 @@ def _moe_specs() -> Iterator[AotSpec]:
 
 def _fp4_moe_specs() -> Iterator[AotSpec]:
     # The same pairs and row tiles as _moe_specs, on packed e2m1 weights with ue8m0 bytes.
-    # bf16 activations: K steps of 128 into the tensor cores, weights decoded by inline PTX,
-    # 32-column tiles at decode and 128 at prefill; fp32 activations: IEEE dots, K steps of one
-    # 32-wide scale group. EVEN (V4-Flash's shapes) loads without masks; d = 4096 with
-    # I = 1056 (not a multiple of the tiles) takes the masked loads.
+    # bf16 activations: K steps of 128 into the tensor cores (256 for gate/up with a handful
+    # of pairs), weights decoded by inline PTX, 64-column tiles at decode and 128 at prefill;
+    # fp32 activations: IEEE dots, K steps of one 32-wide scale group. EVEN (V4-Flash's
+    # shapes) loads without masks; d = 4096 with I = 1056 (not a multiple of the tiles) takes
+    # the masked loads.
     cases = (
-        ("bf16", 16, 32, 128, 2048, True),
+        ("bf16", 16, 64, 128, 2048, True),
+        ("bf16", 16, 64, 256, 2048, True),
         ("bf16", 64, 128, 128, 2048, True),
-        ("bf16", 16, 32, 128, 1056, False),
+        ("bf16", 16, 64, 128, 1056, False),
         ("fp32", 16, 64, 32, 2048, True),
     )
     for dt, block_m, block_n, block_k, inter, even in cases:
-        variant = f"{dt}-block-m{block_m}-i{inter}"
+        variant = f"{dt}-block-m{block_m}-k{block_k}-i{inter}"
         flags = {"IEEE": dt == "fp32", "WIDEN": False, "EVEN": even,
                  "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
         yield AotSpec(

@@ -44,6 +44,8 @@ from deepinfer_kernels_sm100.moe import _WIDEN, _expert_range, _tile, group_pair
 
 #: up to this many pairs per expert on average, row tiles of 16; past it 64 (as moe.py)
 SMALL_PAIRS_PER_EXPERT = 64
+#: up to this many (token, expert) pairs, gate/up takes 256-wide K steps, four in flight
+FEW_PAIRS = 8
 _ACT_DTYPES = (torch.bfloat16, torch.float32)
 _PACKED_DTYPES = tuple(
     dt for dt in (torch.uint8, torch.int8, getattr(torch, "float4_e2m1fn_x2", None)) if dt
@@ -255,11 +257,13 @@ def moe_experts_fp4(
         flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m}
         # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
         # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
-        # Decode (16-row tiles) streams each expert's weight through narrow column tiles, so
-        # more programs share the decoding; prefill reuses each decoded tile over 64 rows.
+        # Decode (16-row tiles) streams each expert's weight through 64-column tiles; prefill
+        # reuses each decoded tile over 64 rows. With a handful of pairs (one token's experts)
+        # few programs have work, so each takes longer K steps, more of them in flight.
         most_k = GROUP if ieee else 4 * GROUP
-        most_n = 64 if ieee else (32 if block_m == 16 else 128)
-        bn, bk = _tile(inter, most_n), _tile(d_in, most_k)
+        most_n = 64 if ieee or block_m == 16 else 128
+        few = not ieee and pairs <= FEW_PAIRS
+        bn, bk = _tile(inter, most_n), _tile(d_in, 2 * most_k if few else most_k)
         _fp4_gate_up_kernel[(num_experts, triton.cdiv(inter, bn))](
             x.contiguous(),
             rows,
@@ -275,6 +279,7 @@ def moe_experts_fp4(
             EVEN=d_in % bk == 0 and inter % bn == 0,
             BLOCK_N=bn,
             BLOCK_K=bk,
+            num_stages=4 if few else 3,
             **flags,
         )
         bn, bk = _tile(d_out, most_n), _tile(inter, most_k)
