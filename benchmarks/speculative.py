@@ -2,9 +2,11 @@
 
 Arms, each timed in this process on the same prompts (windows of the held-out plays, so the
 drafter has not seen them): no speculation; DSpark with every draft verified (k = 5); DSpark
-with the static confidence threshold (``--threshold``). The tiny model is V4.1, whose MTP
-drafting is not implemented, so MTP is not an arm here. For each batch size the engine
-generates ``--output-len`` greedy tokens per sequence (all submitted at once); output tok/s
+with the static confidence threshold (``--threshold``); DSpark with confidence-scheduled,
+load-aware verification (``scheduling: "adaptive"``: each step verifies the drafts worth their
+cost on the cost table the engine profiles at start, outside the timed run). The tiny model is
+V4.1, whose MTP drafting is not implemented, so MTP is not an arm here. For each batch size the
+engine generates ``--output-len`` greedy tokens per sequence (all submitted at once); output tok/s
 is ``batch * output_len / wall seconds`` (median of ``--repeats``), and tau is the mean
 acceptance length over the run: drafts kept per verification round, plus one.
 
@@ -68,6 +70,8 @@ def run_arm(
     }
     if engine.spec is not None:
         row["drafts_verified"] = engine.spec.num_drafts
+        if engine.spec.verifier is not None:  # drafts proposed, before the schedule's cut
+            row["drafts_offered"] = engine.spec.verifier.offered
         row["drafts_kept"] = engine.spec.num_accepted
         row["tau"] = round((kept + rounds) / max(rounds, 1), 3)
     return row
@@ -91,6 +95,8 @@ def main() -> int:
         "dspark_k5": {"method": "dspark", "num_speculative_tokens": 5},
         "dspark_threshold": {"method": "dspark", "num_speculative_tokens": 5,
                              "confidence_threshold": args.threshold},
+        "dspark_scheduled": {"method": "dspark", "num_speculative_tokens": 5,
+                             "scheduling": "adaptive"},
     }  # fmt: skip
     result: dict[str, Any] = {
         "benchmark": "speculative",

@@ -9,11 +9,13 @@
 * The shipped drafter accepts drafts on held-out text; a drafter built for another target is
   refused.
 * In the engine, DSpark keeps greedy outputs through chunked prefill, prefix-cache hits and
-  preemption.
+  preemption, with every draft verified, a confidence threshold, or the confidence schedule
+  (which verifies all, some or none of the drafts as the step's cost table makes them worth).
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,10 @@ from deepinfer.cache.pools import state_bytes
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.speculative import SpeculativeConfig
+from deepinfer.engine.verify_cost import profile_points
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.outputs import RequestOutput
 from deepinfer.paging import PAGE_TOKENS
 from deepinfer.sampling_params import SamplingParams
 from deepinfer_spec.dspark import DSparkConfig, DSparkDrafter, dspark_generate
@@ -132,15 +136,22 @@ def test_a_drafter_for_another_target_is_refused() -> None:
         dspark_generate(model, d, PROMPT, 4)
 
 
-def _engine_run(
+def _engine_outputs(
     model: DeepseekCausalLM, prompts: list[list[int]], spec: dict | None, **options: int
-) -> tuple[list[list[int]], LLMEngine]:
+) -> tuple[list[RequestOutput], LLMEngine]:
     config = EngineConfig(**{"max_num_batched_tokens": 96, **options}, speculative_config=spec)
     engine = LLMEngine(model, tiny_tokenizer(), config)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     done = engine.run()
-    return [done[i].outputs[0].token_ids for i in ids], engine
+    return [done[i] for i in ids], engine
+
+
+def _engine_run(
+    model: DeepseekCausalLM, prompts: list[list[int]], spec: dict | None, **options: int
+) -> tuple[list[list[int]], LLMEngine]:
+    outs, engine = _engine_outputs(model, prompts, spec, **options)
+    return [o.outputs[0].token_ids for o in outs], engine
 
 
 def _engine_prompts(n: int) -> list[list[int]]:
@@ -205,3 +216,42 @@ def test_engine_dspark_confidence_threshold(tiny: DeepseekCausalLM) -> None:
     with pytest.raises(InvalidRequestError, match="confidence_threshold"):
         SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 2,
                                  "confidence_threshold": 0.5})  # fmt: skip
+
+
+def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
+    """Confidence-scheduled verification keeps the greedy outputs whatever it verifies. With a
+    flat cost table (extra tokens are free) it verifies every draft, as verifying all k does;
+    when each token triples the step time no draft pays for itself (a draft adds at most one
+    expected token to the at least one a row emits, and triples the step), so it verifies
+    none; with a moderate slope, some. Without a table it profiles the model at start: the
+    powers of two and their midpoints up to the CPU's cap, never decreasing."""
+    prompts = _engine_prompts(2)
+    want, _ = _engine_run(tiny, prompts, None)
+    fixed = {"method": "dspark", "num_speculative_tokens": 5}
+    _, every = _engine_run(tiny, prompts, fixed)
+    assert every.spec is not None
+    tables = {
+        "flat": {1: 1.0, 4096: 1.0},
+        "moderate": {1: 1.0, 2: 1.2},
+        "tripling": {n: 3.0**n for n in range(1, 201)},  # a step here holds at most 116 tokens
+        "profiled": None,
+    }
+    drafts = {}
+    for name, table in tables.items():
+        spec = {**fixed, "scheduling": "adaptive"}
+        if table is not None:
+            spec["verify_cost"] = table
+        outs, engine = _engine_outputs(tiny, prompts, spec)
+        assert [o.outputs[0].token_ids for o in outs] == want, name
+        assert engine.spec is not None and engine.spec.verifier is not None
+        verifier, drafts[name] = engine.spec.verifier, engine.spec.num_drafts
+        metrics = [o.metrics for o in outs if o.metrics is not None]
+        assert verifier.offered == drafts[name] + sum(m.spec_trimmed_tokens for m in metrics)
+        assert verifier.planned == drafts[name] == sum(m.spec_draft_tokens for m in metrics)
+        assert verifier.mean_planned == drafts[name] / verifier.rows
+    assert drafts["flat"] == every.spec.num_drafts
+    assert 0 < drafts["moderate"] < every.spec.num_drafts
+    assert drafts["tripling"] == 0
+    cost = engine.spec.verifier.cost
+    assert cost.tokens == tuple(profile_points(128))
+    assert all(a <= b for a, b in itertools.pairwise(cost.seconds))

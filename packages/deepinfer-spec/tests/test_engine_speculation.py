@@ -149,10 +149,8 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(
 
 def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -> None:
     _, engine, _ = _run(model, [], GREEDY, spec=True)
-    with pytest.raises(InvalidRequestError, match="logprobs"):
-        engine.add_request([5, 6], SamplingParams(logprobs=2))
-    with pytest.raises(InvalidRequestError, match="n > 1"):
-        engine.add_request([5, 6], SamplingParams(n=2))
+    with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
+        engine.add_request([5, 6], SamplingParams(prompt_logprobs=2))
     bad = [{"method": "mtp"}, {"method": "mtp", "num_speculative_tokens": 0}, "mtp"]
     for config in bad:
         with pytest.raises(InvalidRequestError, match="speculative_config"):
@@ -160,6 +158,20 @@ def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -
     dspark = {"method": "dspark", "num_speculative_tokens": 5}
     with pytest.raises(InvalidRequestError, match="DSpark"):
         LLMEngine(model, tiny_tokenizer(), EngineConfig(speculative_config=dspark))
+
+
+def test_adaptive_scheduling_needs_a_drafter_with_confidences(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MTP has no confidence head, nor has a drafter that only drafts: adaptive scheduling is
+    refused by name before any profiling, in either spelling."""
+    for key, value in (("scheduling", "adaptive"), ("enable_adaptive_verification", True)):
+        config = EngineConfig(speculative_config={**SPEC, key: value})
+        with pytest.raises(InvalidRequestError, match="adaptive scheduling needs a drafter"):
+            LLMEngine(model, tiny_tokenizer(), config)
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: KnowingDrafter([]))
+    with pytest.raises(InvalidRequestError, match="KnowingDrafter gives none"):
+        LLMEngine(model, tiny_tokenizer(), config)
 
 
 def test_v41_says_mtp_drafting_is_not_implemented() -> None:
@@ -191,6 +203,31 @@ def test_bench_reports_the_acceptance(
     assert main([*common, "--model", "tiny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: speculative_config") and "V4.1" in err[0]
+
+
+def test_bench_selects_the_verification_schedule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--speculative-scheduling adaptive`` runs DSpark's confidence schedule (on the tiny
+    model, its cost profiled at start) and reports the drafts verified a round, at most k;
+    the schedule without a drafter, or with a threshold, fails with one line naming it."""
+    out = tmp_path / "bench.json"
+    common = ["bench", "--model", "tiny", "--device", "cpu", "--num-seqs", "2",
+              "--max-num-seqs", "2", "--max-input-len", "32", "--max-output-len", "16"]  # fmt: skip
+    spec = ["--speculative-method", "dspark", "--num-speculative-tokens", "5"]
+    adaptive = ["--speculative-scheduling", "adaptive"]
+    assert main([*common, *spec, *adaptive, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert 0 <= result["spec_verified_per_round"] <= 5
+    assert result["spec_acceptance_length"] >= 1
+    capsys.readouterr()
+    for argv, names in (
+        ([*common, *adaptive], "--speculative-scheduling"),
+        ([*common, *spec, *adaptive, "--confidence-threshold", "0.3"], "confidence_threshold"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and names in err[0]
 
 
 @pytest.mark.parametrize("drafter", ["mtp", "knowing"])

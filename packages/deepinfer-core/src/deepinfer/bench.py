@@ -28,6 +28,13 @@ def check_options(args: argparse.Namespace) -> None:
         low, high = getattr(args, f"min_{kind}_len"), getattr(args, f"max_{kind}_len")
         if low > high:
             raise UsageError(f"--min-{kind}-len", f"{low} is greater than --max-{kind}-len {high}")
+    if args.speculative_method is None:
+        for flag, value, default in (
+            ("--speculative-scheduling", args.speculative_scheduling, "fixed"),
+            ("--confidence-threshold", args.confidence_threshold, 0.0),
+        ):
+            if value != default:
+                raise UsageError(flag, "needs --speculative-method")
     if args.json:
         check_writable(Path(args.json))
 
@@ -123,15 +130,21 @@ def speculative_config(args: argparse.Namespace) -> dict[str, object] | None:
     """vLLM's ``speculative_config`` from ``--speculative-method`` (None: no speculation)."""
     if args.speculative_method is None:
         return None
-    return {
+    config: dict[str, object] = {
         "method": args.speculative_method,
         "num_speculative_tokens": args.num_speculative_tokens,
     }
+    if args.speculative_scheduling != "fixed":
+        config["scheduling"] = args.speculative_scheduling
+    if args.confidence_threshold:
+        config["confidence_threshold"] = args.confidence_threshold
+    return config
 
 
 def acceptance(outs: list[Any]) -> dict[str, object]:
     """Speculative decoding's acceptance over the run: tau (tokens a verification row
-    emitted, on average) and the share of rows that kept a draft at each position."""
+    emitted, on average), the drafts a row verified (fewer than drafted under a confidence
+    schedule) and the share of rows that kept a draft at each position."""
     metrics = [o.metrics for o in outs if o.metrics is not None and o.metrics.spec_rounds]
     if not metrics:
         return {}
@@ -144,5 +157,6 @@ def acceptance(outs: list[Any]) -> dict[str, object]:
             per[j] += count
     return {
         "spec_acceptance_length": round((kept + rounds) / rounds, 3),
+        "spec_verified_per_round": round(sum(m.spec_draft_tokens for m in metrics) / rounds, 3),
         "spec_acceptance_per_position": [round(c / rounds, 3) for c in per],
     }

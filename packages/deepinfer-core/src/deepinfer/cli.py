@@ -223,6 +223,25 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return run_chat(args, params)
 
 
+def _add_speculative_args(p: argparse.ArgumentParser) -> None:
+    """``bench``'s speculative decoding options (its ``speculative_config``)."""
+    p.add_argument(
+        "--speculative-method", choices=("mtp", "dspark"), help="speculative decoding's drafter"
+    )
+    p.add_argument(
+        "--num-speculative-tokens", type=_int_at_least(1), default=3, help="drafts a round"
+    )
+    p.add_argument(
+        "--speculative-scheduling",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="drafts verified a round: all, or planned from their confidences and the step's "
+        "profiled cost (DSpark)",
+    )
+    p.add_argument("--confidence-threshold", type=float, default=0.0,
+                   help="DSpark: verify up to the first draft below this confidence")  # fmt: skip
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from deepinfer.bench import run_bench  # light: it checks the options before torch loads
 
@@ -290,12 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read each step's tokens before queueing the next (GPU; vLLM's flag)",
     )
-    p_bench.add_argument(
-        "--speculative-method", choices=("mtp", "dspark"), help="speculative decoding's drafter"
-    )
-    p_bench.add_argument(
-        "--num-speculative-tokens", type=positive, default=3, help="drafts a round"
-    )
+    _add_speculative_args(p_bench)
     p_bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p_bench.set_defaults(func=_cmd_bench)
     return parser

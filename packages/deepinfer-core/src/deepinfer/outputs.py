@@ -23,6 +23,9 @@ class RequestMetrics:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
+    #: Drafts proposed that the confidence schedule left unverified (``scheduling:
+    #: "adaptive"``; 0 otherwise).
+    spec_trimmed_tokens: int = 0
 
     @property
     def spec_acceptance_length(self) -> float | None:
@@ -31,6 +34,14 @@ class RequestMetrics:
         if not self.spec_rounds:
             return None
         return (self.spec_accepted_tokens + self.spec_rounds) / self.spec_rounds
+
+    @property
+    def spec_verified_per_round(self) -> float | None:
+        """Mean drafts a verification row checked (what the schedule let through); None
+        without speculative rows."""
+        if not self.spec_rounds:
+            return None
+        return self.spec_draft_tokens / self.spec_rounds
 
 
 @dataclass

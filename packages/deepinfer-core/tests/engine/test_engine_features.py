@@ -178,6 +178,21 @@ def test_n_samples_share_the_prompts_full_entry_pages(model, tokenizer) -> None:
     assert table.num_free == table.max_pages
 
 
+def test_n_samples_extend_the_prompts_prefix_cache_chain(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Samples forked after a prompt of more than one block record the next block each
+    completes on the prompt's chain, and decode as they would alone."""
+    (prompt,) = random_prompts(1, 250, 250, seed=14)
+    params = SamplingParams(n=2, temperature=1.0, seed=15, max_tokens=10)
+    engine = engine_for(model, tokenizer)
+    (out,) = generate(engine, [prompt], params)
+    for i, sample in enumerate(out.outputs):
+        assert sample.finish_reason == "length"
+        single = SamplingParams(temperature=1.0, seed=sample_seed(15, i), max_tokens=10)
+        (alone,) = generate(engine_for(model, tokenizer), [prompt], single)
+        assert sample.token_ids == alone.outputs[0].token_ids
+    assert engine.prefix_cache.stats.inserted_blocks == 3  # the prompt's first, each one's second
+
+
 def test_stop_conditions(model, tokenizer) -> None:  # type: ignore[no-untyped-def]
     (prompt,) = random_prompts(1, 30, 30, seed=12)
     ref = greedy_reference(model, prompt, 10)

@@ -30,10 +30,11 @@ class DSparkSpeculator:
     Drafts are the drafter's greedy choices (deterministic drafts, which verification keeps
     lossless at any temperature). With ``confidence_threshold`` > 0 a row stops at the first
     draft whose confidence is below it (``dspark.md`` §7; -1 past it): the cut depends on the
-    drafter alone, so verification stays lossless. Each request's drafter context follows its
-    state and
-    starts again when the state does (a preemption, a prefix-cache hit). Requests are drafted
-    one after another: the drafter is small, and batching its rounds is the next step.
+    drafter alone, so verification stays lossless. With adaptive scheduling the engine takes
+    the confidences with the drafts (:meth:`draft_with_confidence`) and plans the cut itself.
+    Each request's drafter context follows its state and starts again when the state does (a
+    preemption, a prefix-cache hit). Requests are drafted one after another: the drafter is
+    small, and batching its rounds is the next step.
     """
 
     name = "dspark"
@@ -64,7 +65,6 @@ class DSparkSpeculator:
         #: no dict keys); the reference tells a reused id from the state it was taken for
         self.contexts: dict[int, tuple[weakref.ref[ModelState], DraftContext]] = {}
 
-    @torch.no_grad()
     def draft_batch(
         self,
         states: Sequence[ModelState],
@@ -73,9 +73,26 @@ class DSparkSpeculator:
         lengths: Sequence[int],
     ) -> Tensor:
         """[requests, k] drafts; ``streams`` are the feature rows of each request's newly
-        verified positions, ``next_ids`` the token after each (the last: the anchor)."""
+        verified positions, ``next_ids`` the token after each (the last: the anchor). With a
+        threshold, -1 from the first draft whose confidence is below it."""
+        tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
+        if self.threshold > 0:  # a non-anticipating cut: the drafter's own confidences only
+            low = (confidence < self.threshold).cumsum(dim=1) > 0
+            tokens = tokens.masked_fill(low, -1)
+        return tokens
+
+    @torch.no_grad()
+    def draft_with_confidence(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> tuple[Tensor, Tensor]:
+        """[requests, k] drafts (as :meth:`draft_batch`, none cut) and [requests, k] their
+        confidences: what adaptive verification plans with (``scheduling: "adaptive"``)."""
         self.contexts = {k: v for k, v in self.contexts.items() if v[0]() is not None}
-        out, end = [], 0
+        tokens, confidence, end = [], [], 0
         for state, n in zip(states, lengths, strict=True):
             features, end = streams[end : end + n], end + n
             first = state.pos - n
@@ -86,12 +103,9 @@ class DSparkSpeculator:
             ctx.absorb(self.drafter, features)
             anchor = int(next_ids[end - 1])
             prop = propose(self.drafter, ctx, anchor, self.model.embed, self.model.logits)
-            row = prop.tokens[: self.k].clone()
-            low = (prop.confidence[: self.k] < self.threshold).nonzero()
-            if low.numel():  # a non-anticipating cut: the drafter's own confidences only
-                row[int(low[0, 0]) :] = -1
-            out.append(row)
-        return torch.stack(out)
+            tokens.append(prop.tokens[: self.k])
+            confidence.append(prop.confidence[: self.k].float())
+        return torch.stack(tokens), torch.stack(confidence)
 
 
 class MTPSpeculator(MTPDrafter):

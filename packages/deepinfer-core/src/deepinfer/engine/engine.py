@@ -32,11 +32,12 @@ from deepinfer.cache.prefix import PrefixCache
 from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.detokenizer import Detokenizer
+from deepinfer.engine.forks import fork_due, fork_for_speculation
 from deepinfer.engine.graph_capture import capture_decode_graphs
 from deepinfer.engine.output_processor import check_stop, request_output
 from deepinfer.engine.processor import InputProcessor, fit_max_model_len
 from deepinfer.engine.request import Request, RequestStatus
-from deepinfer.engine.runner import Due, ModelRunner, PendingSample, SampledToken
+from deepinfer.engine.runner import ModelRunner, PendingSample, SampledToken
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine.speculative import speculation
 from deepinfer.errors import InvalidRequestError
@@ -257,12 +258,12 @@ class LLMEngine:
             self._fail(req, f"its state does not fit state_memory_bytes ({self.pool.budget_bytes})")
         try:
             if self.spec is not None:
-                self.spec.step(out, self.runner, self.scheduler, self._append, changed)
+                self.spec.step(out, self.runner, self.scheduler, self._take_speculated, changed)
                 launched = None
             else:
                 ran = self.runner.execute(out)
                 self.scheduler.update_from_output(ran.num_computed)
-                due = ran.due + self._fork(ran.due)
+                due = ran.due + fork_due(ran.due, self.scheduler, self.slots)
                 launched = self.runner.launch_sample(due)
         except BaseException as exc:
             if pending is not None:
@@ -320,23 +321,14 @@ class LLMEngine:
         self.scheduler.finish(req)
         logger.warning("request %s aborted: %s", req.request_id, req.error)
 
-    def _fork(self, due: Due) -> Due:
-        """Share a finished prompt prefill with the group's other samples (n > 1)."""
-        extra: Due = []
-        for batch, rows in due:
-            for i, req in enumerate(batch):
-                if req.output_token_ids or not req.fork_children:
-                    continue
-                for child in req.fork_children:
-                    if child.finished or child.status is not RequestStatus.WAITING:
-                        continue
-                    if self.scheduler.try_fork(req, child):
-                        assert req.state is not None
-                        child.state = self.slots.clone(req.state)
-                        child.metrics.first_scheduled_time = time.monotonic()
-                        extra.append(([child], rows[i : i + 1]))
-                req.fork_children = []
-        return extra
+    def _take_speculated(self, tok: SampledToken) -> None:
+        """Take in a token of a speculative step: before a request's first, its group's
+        other samples fork (:mod:`.forks`); its logprobs entry comes queued on it."""
+        req = tok.request
+        if not req.output_token_ids and req.fork_children:
+            fork_for_speculation(req, self.scheduler, self.slots, self.model)
+        tok.top = req.spec_logprobs.pop(0) if req.spec_logprobs else None
+        self._append(tok)
 
     def _needs_tokens(self, pending: PendingSample) -> bool:
         """Whether the next step needs ``pending``'s tokens on the host before it is built."""

@@ -56,6 +56,9 @@ class Request:
     num_faults: int = 0
     stop_reason: int | str | None = None
     logprobs: list[Logprobs] = field(default_factory=list)
+    #: The ``logprobs`` entries of the tokens a speculative step emitted, in order, until the
+    #: engine takes each in with its token (the step hands the tokens over one by one).
+    spec_logprobs: list[Logprobs] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     prompt_logprobs: list[Logprobs | None] | None = None
     #: Group members that will copy this request's state when its prefill completes.

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache, Snapshot
 from deepinfer.engine.request import Request
+from deepinfer.engine.sampling_rows import SamplingRow, sampling_tensors
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
@@ -278,7 +279,7 @@ class ModelRunner:
             target = start + row + 1
             if target >= len(prompt):
                 break
-            req.prompt_logprobs.append(_logprob_entry(logp[row], prompt[target], k))
+            req.prompt_logprobs.append(logprob_entry(logp[row], prompt[target], k))
 
     def launch_sample(self, due: Due) -> PendingSample | None:
         """Queue the draws for ``due`` and their copy to the host; returns without waiting.
@@ -314,77 +315,16 @@ class ModelRunner:
         return self.last_sample
 
     def _sampling_tensors(self, reqs: list[Request], device: torch.device) -> SamplingTensors:
-        def col(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
-            return to_device(torch.tensor(values, dtype=dtype), device)
-
-        ps = [r.params for r in reqs]
-        t = SamplingTensors(
-            temperature=col([p.temperature for p in ps], torch.float32),
-            top_k=col([p.top_k if p.top_k > 0 else 0 for p in ps], torch.int64),
-            top_p=col([p.top_p for p in ps], torch.float32),
-            min_p=col([p.min_p for p in ps], torch.float32),
-            seeds=col([r.seed for r in reqs], torch.int64),
-            positions=col([r.num_tokens for r in reqs], torch.int64),
-            sampled_rows=col([i for i, p in enumerate(ps) if p.temperature > 0], torch.int64),
-            any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
-        )
-        if any(p.penalized for p in ps):
-            counts = torch.zeros(len(reqs), self.vocab_size, dtype=torch.int64, device=device)
-            prompt = torch.zeros(len(reqs), self.vocab_size, dtype=torch.bool, device=device)
-            for i, r in enumerate(reqs):
-                if r.output_token_ids:
-                    counts[i] = torch.bincount(
-                        col(r.output_token_ids, torch.int64), minlength=self.vocab_size
-                    )
-                prompt[i, col(r.prompt_token_ids, torch.int64)] = True
-            t.output_counts, t.prompt_mask = counts, prompt
-            t.presence_penalty = col([p.presence_penalty for p in ps], torch.float32)
-            t.frequency_penalty = col([p.frequency_penalty for p in ps], torch.float32)
-            t.repetition_penalty = col([p.repetition_penalty for p in ps], torch.float32)
-        if any(p.logit_bias for p in ps):
-            bias = torch.zeros(len(reqs), self.vocab_size, dtype=torch.float32)
-            for i, p in enumerate(ps):
-                if p.logit_bias:
-                    bias[i, list(p.logit_bias)] = torch.tensor(
-                        list(p.logit_bias.values()), dtype=torch.float32
-                    )
-            t.logit_bias = to_device(bias, device)
-        banned = [self._banned(r) for r in reqs]
-        only = [p.allowed_token_ids for p in ps]
-        if any(banned) or any(only) or any(r.grammar is not None for r in reqs):
-            allowed = torch.ones(len(reqs), self.vocab_size, dtype=torch.bool, device=device)
-            for i, (req, ids) in enumerate(zip(reqs, banned, strict=True)):
-                if only[i]:
-                    allowed[i] = False
-                    allowed[i, col(only[i], torch.int64)] = True
-                # Bans (min_tokens' stop tokens, bad words) yield when nothing else is allowed.
-                if ids and not (only[i] and ids.issuperset(only[i])):
-                    allowed[i, col(sorted(ids), torch.int64)] = False
-                if req.grammar is not None:
-                    grammar = req.grammar.allowed().to(device)
-                    # The grammar wins when it allows nothing but a banned stop token.
-                    both = grammar & allowed[i]
-                    allowed[i] = both if bool(both.any()) else grammar
-            t.allowed = allowed
-        return t
-
-    def _banned(self, req: Request) -> set[int]:
-        """Stop tokens until ``min_tokens`` tokens have been generated, and the last token of
-        each bad word whose other tokens end the output so far."""
-        banned: set[int] = set()
-        if req.num_output_tokens < req.params.min_tokens:
-            banned |= set(req.params.stop_token_ids)
-            if not req.params.ignore_eos:
-                banned |= self.eos_token_ids
-        out = req.output_token_ids
-        for seq in req.bad_words:
-            *head, last = seq
-            if not head or (len(out) >= len(head) and out[len(out) - len(head) :] == head):
-                banned.add(last)
-        return {t for t in banned if t < self.vocab_size}
+        rows = [
+            SamplingRow.of(r, grammar=r.grammar.allowed() if r.grammar is not None else None)
+            for r in reqs
+        ]
+        return sampling_tensors(rows, self.vocab_size, self.eos_token_ids, device)
 
 
-def _logprob_entry(logp: Tensor, token: int, k: int) -> Logprobs:
+def logprob_entry(logp: Tensor, token: int, k: int) -> Logprobs:
+    """The logprob of ``token`` and of the ``k`` most likely tokens (ties: lower id first), in
+    the form requests report them: one entry of ``logprobs`` or ``prompt_logprobs``."""
     entry = {token: float(logp[token])}
     if k:
         top = torch.sort(-logp, stable=True).indices[:k]

@@ -10,9 +10,14 @@ verified positions. Randomness is keyed by position (acceptance on its own strea
 token on the sampler's Gumbel noise), so a seeded request draws the same tokens in any batch;
 they are not the tokens it draws without speculation (the residual draws differ).
 
-Scope: synchronous scheduling; sampling with temperature, top-k, top-p and min-p. Requests
-that need more (penalties, logit bias, bad words, allowed tokens, min_tokens, structured
-outputs, logprobs, prompt logprobs, n > 1) are refused with speculation on, by name.
+Every position of a row is processed as the sampler would process a draw there had the drafts
+before it been emitted (:mod:`.spec_sampling`): penalties, logit bias, bad words, allowed
+tokens, ``min_tokens`` and the grammar of structured outputs (drafts stop at the first one the
+grammar rejects; the matcher advances by the tokens the engine takes in), so every option of
+``SamplingParams`` applies losslessly. Logprobs are the raw model's, as without speculation;
+``n`` > 1 samples are forked after the prompt and speculate each on its own. Scope: synchronous
+scheduling. Prompt logprobs are refused with speculation on, by name: a speculative step's
+prefill chunks keep their last logit only.
 """
 
 from __future__ import annotations
@@ -29,33 +34,27 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, position_targets
+from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, parse_scheduling
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
-from deepinfer.sampling.rejection import draw, target_distribution, verify_sequence
+from deepinfer.sampling.rejection import draw, verify_sequence
 from deepinfer.sampling_params import SamplingParams
 
-#: Sampling options a speculative step does not apply yet (each needs per-position masks or
-#: counts over the drafts): refused by name rather than ignored.
-UNSUPPORTED = (
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "bad_words",
-    "allowed_token_ids",
-    "min_tokens",
-    "logprobs",
-    "prompt_logprobs",
-    "structured_outputs",
-)
+#: Sampling options a speculative step does not apply yet: refused by name rather than ignored
+#: (prompt logprobs need every logit of a prompt chunk, which its prefill keeps one of).
+UNSUPPORTED = ("prompt_logprobs",)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's ``speculative_config``: ``{"method": "mtp", "num_speculative_tokens": k}``."""
+    """vLLM's ``speculative_config``: ``{"method": "mtp", "num_speculative_tokens": k}``;
+    ``"scheduling": "adaptive"`` (vLLM: ``"enable_adaptive_verification": True``) plans each
+    step's verified drafts from their confidences and the step's cost (:mod:`.verify_schedule`;
+    ``"verify_cost": {tokens: seconds}`` gives the cost instead of profiling it)."""
 
     method: str
     num_speculative_tokens: int
@@ -64,6 +63,8 @@ class SpeculativeConfig:
     #: DSpark's static threshold (``dspark.md`` §7): verify drafts up to the first whose
     #: confidence is below it (0: every draft)
     confidence_threshold: float = 0.0
+    scheduling: str = "fixed"
+    verify_cost: tuple[tuple[int, float], ...] | None = None
 
     @classmethod
     def parse(cls, raw: object) -> SpeculativeConfig | None:
@@ -71,7 +72,9 @@ class SpeculativeConfig:
             return raw
         if not isinstance(raw, dict):
             raise InvalidRequestError("speculative_config", "must be a dict or None")
-        unknown = set(raw) - {"method", "num_speculative_tokens", "model", "confidence_threshold"}
+        known = {"method", "num_speculative_tokens", "model", "confidence_threshold"}
+        known |= {"scheduling", "enable_adaptive_verification", "verify_cost"}
+        unknown = set(raw) - known
         if unknown:
             raise InvalidRequestError("speculative_config", f"unknown keys {sorted(unknown)}")
         method, k = raw.get("method"), raw.get("num_speculative_tokens")
@@ -96,7 +99,7 @@ class SpeculativeConfig:
                 "speculative_config",
                 f"confidence_threshold is DSpark's, in [0, 1]; got {threshold!r} for {method!r}",
             )
-        return cls(method, k, model, float(threshold))
+        return cls(method, k, model, float(threshold), *parse_scheduling(raw, float(threshold)))
 
 
 def check_params(params: SamplingParams) -> None:
@@ -105,8 +108,6 @@ def check_params(params: SamplingParams) -> None:
     for name in UNSUPPORTED:
         if getattr(params, name, None) != getattr(defaults, name, None):
             raise InvalidRequestError(name, "not supported with speculative decoding yet")
-    if params.n != 1:
-        raise InvalidRequestError("n", "n > 1 is not supported with speculative decoding yet")
 
 
 class Drafter(Protocol):
@@ -116,7 +117,8 @@ class Drafter(Protocol):
     round (``lengths`` of them, in request order) and the token after each: the target's final
     streams [N, hc, d], or, where the drafter names ``feature_layers``, those layers' outputs
     concatenated per position [N, F] (DSpark). It returns [requests, k] drafts; a row may end
-    in -1s, drafts not worth verifying (DSpark's confidence threshold).
+    in -1s, drafts not worth verifying (DSpark's confidence threshold). Adaptive scheduling
+    also needs their confidences (:class:`.verify_schedule.ConfidentDrafter`).
     """
 
     k: int
@@ -150,7 +152,10 @@ def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRun
         drafter = load_drafter(spec, model)
     except (NotImplementedError, ValueError) as exc:  # none for this model or version (yet)
         raise InvalidRequestError("speculative_config", str(exc)) from exc
-    return SpeculativeRunner(model, drafter)
+    verifier = None
+    if spec.scheduling == "adaptive":
+        verifier = adaptive_verifier(drafter, model, config.max_num_seqs, spec.verify_cost)
+    return SpeculativeRunner(model, drafter, verifier)
 
 
 class Recorder(Protocol):
@@ -185,9 +190,13 @@ class _Pending:
 class SpeculativeRunner:
     """Runs speculative steps (see the module) for the engine's runner."""
 
-    def __init__(self, model: DeepseekCausalLM, drafter: Drafter) -> None:
+    def __init__(
+        self, model: DeepseekCausalLM, drafter: Drafter, verifier: AdaptiveVerifier | None = None
+    ) -> None:
         self.model = model
         self.drafter = drafter
+        #: Trims each step's drafts to a confidence schedule (None: verify what was drafted).
+        self.verifier = verifier
         self.k = drafter.k
         self.drafts: dict[Request, list[int]] = {}
         self.pending: dict[Request, _Pending] = {}
@@ -234,6 +243,8 @@ class SpeculativeRunner:
         result = SpecStep()
         if not out.scheduled:  # nothing to run this step (a preemption only)
             return result
+        if self.verifier is not None:
+            self.verifier.trim(out, self.drafts)
         reqs, chunks, keep, marks, rows = [], [], [], [], []
         for req, n in out.scheduled.items():
             start = req.num_computed_tokens
@@ -303,24 +314,25 @@ class SpeculativeRunner:
         result: SpecStep,
     ) -> None:
         """A verification row: keep the drafts that pass, draw the token after them, roll
-        the state back to what was kept."""
+        the state back to what was kept. Drafts after a stop token or one the grammar rejects
+        are not verified (:mod:`.spec_sampling`): they count as rejected."""
         start = span.start
         pending = self._pending(req)
-        drafts = ids[1:]
-        p = self._target(req, logits)
-        n_kept, dist = verify_sequence(p, None, drafts, req.seed, start)
+        offered = ids.numel() - 1
+        target = self._target(req, logits, ids[1:].tolist())
+        drafts = torch.tensor(target.drafts, dtype=torch.long)
+        n_kept, dist = verify_sequence(target.probs, None, drafts, req.seed, start)
         token = self._draw(req, dist, start + n_kept + 1)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        emitted = [*drafts[:n_kept].tolist(), token]
-        result.tokens[req] = [(t, float(logp[j, t])) for j, t in enumerate(emitted)]
-        self.num_drafts += drafts.numel()
+        emitted = [*target.drafts[:n_kept], token]
+        result.tokens[req] = target.emit(req, emitted)
+        self.num_drafts += offered
         self.num_accepted += n_kept
         metrics = req.metrics
         metrics.spec_rounds += 1
-        metrics.spec_draft_tokens += drafts.numel()
+        metrics.spec_draft_tokens += offered
         metrics.spec_accepted_tokens += n_kept
         per = metrics.spec_accepted_per_position
-        per += [0] * (drafts.numel() - len(per))
+        per += [0] * (offered - len(per))
         for j in range(n_kept):
             per[j] += 1
         assert req.state is not None
@@ -329,10 +341,12 @@ class SpeculativeRunner:
         pending.streams.append(streams[: n_kept + 1])
         pending.next_ids += emitted
 
-    def _target(self, req: Request, logits: Tensor) -> Tensor:
-        """[rows, V] the request's sampling distribution at each row."""
-        p = req.params
-        return target_distribution(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+    def _target(self, req: Request, logits: Tensor, offered: list[int]) -> PositionTargets:
+        """The request's sampling distributions at the positions of ``logits`` (row j: after
+        ``offered[:j]``), each processed as the sampler would process a draw there."""
+        cfg = self.model.cfg
+        eos = eos_ids(cfg.eos_token_id)
+        return position_targets(req, offered, logits, eos, cfg.image_token_id)
 
     def _draw(self, req: Request, dist: Tensor, position: int) -> int:
         """The token at ``position`` from ``dist`` [V], with the sampler's noise there."""
@@ -341,8 +355,8 @@ class SpeculativeRunner:
 
     def _sample(self, req: Request, logits: Tensor, position: int) -> tuple[int, float]:
         """The first token after the prompt, as the sampler would draw it."""
-        token = self._draw(req, self._target(req, logits[None])[0], position)
-        return token, float(torch.log_softmax(logits.float(), dim=-1)[token])
+        target = self._target(req, logits[None], [])
+        return target.emit(req, [self._draw(req, target.probs[0], position)])[0]
 
     def _draft(self, result: SpecStep) -> None:
         """Draft the next round for every request that emitted tokens this step, in one
@@ -355,7 +369,10 @@ class SpeculativeRunner:
         next_ids = torch.tensor([t for p in pieces for t in p.next_ids], device=streams.device)
         lengths = [len(p.next_ids) for p in pieces]
         states = [r.state for r in reqs]
-        drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
+        if self.verifier is not None:  # the drafts and, for the schedule, their confidences
+            drafts = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
+        else:
+            drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
         for req, row in zip(reqs, drafts, strict=True):
             room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
             kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying

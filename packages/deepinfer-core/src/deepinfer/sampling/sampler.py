@@ -76,6 +76,16 @@ def apply_penalties(logits: Tensor, t: SamplingTensors) -> Tensor:
     return logits
 
 
+def processed_logits(raw: Tensor, t: SamplingTensors) -> Tensor:
+    """The logits a row is drawn from, before temperature and filters: logit bias, then
+    penalties, then the allowed mask (banned tokens at -inf). One definition, so speculative
+    verification processes each drafted position exactly as a draw there would."""
+    x = apply_penalties(raw if t.logit_bias is None else raw + t.logit_bias, t)
+    if t.allowed is not None:
+        x = x.masked_fill(~t.allowed, float("-inf"))
+    return x
+
+
 def filter_mask(
     probs: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, sort: bool | None = None
 ) -> Tensor:
@@ -108,9 +118,7 @@ def sample(
     """Pick one token per row of ``logits`` ``[B, V]``; ``ops`` supplies the noise (a kernel
     backend's fused RNG), by default the reference's tensor ops, which give the same bits."""
     raw = logits.float()
-    x = apply_penalties(raw if t.logit_bias is None else raw + t.logit_bias, t)
-    if t.allowed is not None:
-        x = x.masked_fill(~t.allowed, float("-inf"))
+    x = processed_logits(raw, t)
     token_ids = torch.argmax(x, dim=-1)
     rows = t.sampled_rows
     if rows is None:

@@ -1,0 +1,162 @@
+"""Each row's sampling inputs: what the sampler needs to know of a request at one position.
+
+A row is a request as it stands (the runner's draws), or as it would stand had some drafted
+tokens been emitted (speculative verification, :mod:`.spec_sampling`): its output tokens with
+the drafts (penalties, bad words), their count (``min_tokens``), the position drawn at, and the
+grammar's mask there. Both build their :class:`~deepinfer.sampling.SamplingTensors` here, so a
+drafted position is processed by the very rules a draw at that position follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deepinfer.engine.request import Request
+from deepinfer.sampling import SamplingTensors
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.transfer import to_device
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One row of a draw: a request at one position."""
+
+    params: SamplingParams
+    seed: int
+    #: Absolute position of the token drawn.
+    position: int
+    prompt_token_ids: Sequence[int]
+    #: The generated tokens the host knows (a token in flight is not among them).
+    output_token_ids: Sequence[int]
+    #: Generated tokens so far, one in flight included (``min_tokens`` counts it).
+    num_output_tokens: int
+    bad_words: Sequence[Sequence[int]]
+    #: Bool [V]: the tokens the grammar accepts here; None without a grammar.
+    grammar: Tensor | None
+
+    @classmethod
+    def of(
+        cls, req: Request, drafts: Sequence[int] = (), grammar: Tensor | None = None
+    ) -> SamplingRow:
+        """``req``'s row as it stands, or as it would stand after ``drafts`` were emitted;
+        ``grammar``: the grammar's mask at that position (None: no grammar)."""
+        outputs = [*req.output_token_ids, *drafts] if drafts else req.output_token_ids
+        return cls(
+            req.params,
+            req.seed,
+            req.num_tokens + len(drafts),
+            req.prompt_token_ids,
+            outputs,
+            req.num_output_tokens + len(drafts),
+            req.bad_words,
+            grammar,
+        )
+
+
+def banned_tokens(row: SamplingRow, eos_token_ids: Collection[int], vocab_size: int) -> set[int]:
+    """Stop tokens until ``min_tokens`` tokens have been generated, and the last token of
+    each bad word whose other tokens end the output so far."""
+    banned: set[int] = set()
+    if row.num_output_tokens < row.params.min_tokens:
+        banned |= set(row.params.stop_token_ids)
+        if not row.params.ignore_eos:
+            banned |= set(eos_token_ids)
+    out = row.output_token_ids
+    for seq in row.bad_words:
+        *head, last = seq
+        if not head or (len(out) >= len(head) and list(out[len(out) - len(head) :]) == head):
+            banned.add(last)
+    return {t for t in banned if t < vocab_size}
+
+
+def processes_logits(row: SamplingRow) -> bool:
+    """Whether :func:`sampling_tensors` gives ``row`` anything that changes its logits before
+    temperature and the filters: a bias, a penalty, a ban, a grammar (conservative:
+    ``min_tokens`` counts while it lasts, whether or not it bans a token there)."""
+    p = row.params
+    return bool(
+        p.penalized
+        or p.logit_bias
+        or p.allowed_token_ids
+        or row.bad_words
+        or row.grammar is not None
+        or row.num_output_tokens < p.min_tokens
+    )
+
+
+def sampling_tensors(
+    rows: Sequence[SamplingRow],
+    vocab_size: int,
+    eos_token_ids: Collection[int],
+    device: torch.device,
+) -> SamplingTensors:
+    """The sampler's inputs for ``rows``, one tensor row each."""
+
+    def col(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
+        return to_device(torch.tensor(values, dtype=dtype), device)
+
+    ps = [r.params for r in rows]
+    t = SamplingTensors(
+        temperature=col([p.temperature for p in ps], torch.float32),
+        top_k=col([p.top_k if p.top_k > 0 else 0 for p in ps], torch.int64),
+        top_p=col([p.top_p for p in ps], torch.float32),
+        min_p=col([p.min_p for p in ps], torch.float32),
+        seeds=col([r.seed for r in rows], torch.int64),
+        positions=col([r.position for r in rows], torch.int64),
+        sampled_rows=col([i for i, p in enumerate(ps) if p.temperature > 0], torch.int64),
+        any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
+    )
+    if any(p.penalized for p in ps):
+        counts = torch.zeros(len(rows), vocab_size, dtype=torch.int64, device=device)
+        prompt = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=device)
+        for i, r in enumerate(rows):
+            if r.output_token_ids:
+                counts[i] = torch.bincount(
+                    col(list(r.output_token_ids), torch.int64), minlength=vocab_size
+                )
+            prompt[i, col(list(r.prompt_token_ids), torch.int64)] = True
+        t.output_counts, t.prompt_mask = counts, prompt
+        t.presence_penalty = col([p.presence_penalty for p in ps], torch.float32)
+        t.frequency_penalty = col([p.frequency_penalty for p in ps], torch.float32)
+        t.repetition_penalty = col([p.repetition_penalty for p in ps], torch.float32)
+    if any(p.logit_bias for p in ps):
+        bias = torch.zeros(len(rows), vocab_size, dtype=torch.float32)
+        for i, p in enumerate(ps):
+            if p.logit_bias:
+                bias[i, list(p.logit_bias)] = torch.tensor(
+                    list(p.logit_bias.values()), dtype=torch.float32
+                )
+        t.logit_bias = to_device(bias, device)
+    t.allowed = _allowed(rows, vocab_size, eos_token_ids, device)
+    return t
+
+
+def _allowed(
+    rows: Sequence[SamplingRow],
+    vocab_size: int,
+    eos_token_ids: Collection[int],
+    device: torch.device,
+) -> Tensor | None:
+    """[B, V] bool: the tokens each row may draw (None: every token, in every row)."""
+    banned = [banned_tokens(r, eos_token_ids, vocab_size) for r in rows]
+    only = [r.params.allowed_token_ids for r in rows]
+    if not (any(banned) or any(only) or any(r.grammar is not None for r in rows)):
+        return None
+    allowed = torch.ones(len(rows), vocab_size, dtype=torch.bool, device=device)
+    for i, (row, ids) in enumerate(zip(rows, banned, strict=True)):
+        if only[i]:
+            allowed[i] = False
+            allowed[i, to_device(torch.tensor(only[i], dtype=torch.int64), device)] = True
+        # Bans (min_tokens' stop tokens, bad words) yield when nothing else is allowed.
+        if ids and not (only[i] and ids.issuperset(only[i])):
+            allowed[i, to_device(torch.tensor(sorted(ids), dtype=torch.int64), device)] = False
+        if row.grammar is not None:
+            grammar = row.grammar.to(device)
+            # The grammar wins when it allows nothing but a banned stop token.
+            both = grammar & allowed[i]
+            allowed[i] = both if bool(both.any()) else grammar
+    return allowed

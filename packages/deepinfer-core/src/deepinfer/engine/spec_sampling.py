@@ -1,0 +1,105 @@
+"""A verification row's positions, each processed as the sampler would process a draw there.
+
+Row j of a verification holds the target's logits after the request's last token and
+``drafts[:j]``: the position the request would be at had ``drafts[:j]`` been emitted. Its
+sampling inputs are the request's as they would then stand (:class:`~.sampling_rows.SamplingRow`:
+penalties and bad words over the output with ``drafts[:j]``, ``min_tokens`` by that output's
+length, the grammar's mask after ``drafts[:j]``), turned into the sampler's tensors and
+processed by the sampler's own :func:`~deepinfer.sampling.sampler.processed_logits`; temperature
+and the filters follow (:func:`~deepinfer.sampling.rejection.target_distribution`). Rejection
+sampling on these distributions keeps every emitted token distributed as the sampler's draw at
+its position, and a greedy request's tokens equal to the engine's without speculation.
+
+Which drafts are verified: a prefix of those offered. A draft that ends the request (a stop
+token) and everything after it is left out: the token drawn after the kept drafts comes from
+the same distribution, so the tokens emitted are the same, and the grammar is never asked past
+its end. A structured request's drafts end before the first one its grammar rejects
+(``draft_masks``, which leaves the matcher where it was: the engine advances it by the tokens
+it takes in). Logprobs are the raw model's, as the sampler reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deepinfer.engine.request import Request
+from deepinfer.engine.runner import logprob_entry
+from deepinfer.engine.sampling_rows import SamplingRow, processes_logits, sampling_tensors
+from deepinfer.sampling.rejection import target_distribution
+from deepinfer.sampling.sampler import processed_logits
+
+
+@dataclass(frozen=True)
+class PositionTargets:
+    """What a request's verification row (or first token) is sampled from."""
+
+    #: The drafts verified: a prefix of those offered.
+    drafts: list[int]
+    #: [len(drafts) + 1, V] what the sampler would draw from at each position.
+    probs: Tensor
+    #: [len(drafts) + 1, V] the model's log-softmax there (the logprobs requests report).
+    logprobs: Tensor
+
+    def emit(self, req: Request, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """The tokens drawn at these positions with their logprobs, as a step hands them
+        over; a request that reports logprobs gets their entries (with the top alternatives)
+        queued for the engine to take in with each token (``Request.spec_logprobs``)."""
+        if req.params.logprobs is not None:
+            k = req.params.logprobs
+            entries = [logprob_entry(self.logprobs[j], t, k) for j, t in enumerate(tokens)]
+            req.spec_logprobs = entries
+        return [(t, float(self.logprobs[j, t])) for j, t in enumerate(tokens)]
+
+
+def eos_ids(eos: int | list[int] | None) -> set[int]:
+    """The end-of-sequence ids of a model config's ``eos_token_id`` (as the engine reads it)."""
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+def verified_drafts(
+    req: Request, offered: Sequence[int], eos_token_ids: Collection[int]
+) -> tuple[list[int], Tensor | None]:
+    """The drafts worth verifying (see the module) and, for a structured request, the
+    grammar's masks [len(drafts) + 1, V] at their positions."""
+    params = req.params
+    stops = set(params.stop_token_ids)
+    if not params.ignore_eos or req.grammar is not None:  # a grammar ends at its stop token
+        stops |= set(eos_token_ids)
+    drafts = list(offered)
+    cut = next((i for i, t in enumerate(drafts) if t in stops), len(drafts))
+    drafts = drafts[:cut]
+    if req.grammar is None:
+        return drafts, None
+    masks, accepted = req.grammar.draft_masks(drafts)
+    return drafts[:accepted], masks
+
+
+def position_targets(
+    req: Request,
+    offered: Sequence[int],
+    logits: Tensor,
+    eos_token_ids: Collection[int],
+    image_token_id: int | None = None,
+) -> PositionTargets:
+    """The distributions of ``req``'s positions after each prefix of the verified drafts,
+    from ``logits`` [len(offered) + 1, V] (row j: after ``offered[:j]``)."""
+    drafts, masks = verified_drafts(req, offered, eos_token_ids)
+    raw = logits[: len(drafts) + 1].float()
+    if image_token_id is not None and image_token_id < raw.shape[-1]:
+        # Never drawn, as in the runner: a generated image placeholder could not be fed back.
+        image = torch.tensor([image_token_id], device=raw.device)
+        raw = raw.index_fill(-1, image, float("-inf"))
+    rows = [
+        SamplingRow.of(req, drafts[:j], None if masks is None else masks[j])
+        for j in range(len(drafts) + 1)
+    ]
+    x = raw
+    if any(processes_logits(r) for r in rows):
+        x = processed_logits(raw, sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device))
+    p = req.params
+    probs = target_distribution(x, p.temperature, p.top_k, p.top_p, p.min_p)
+    return PositionTargets(drafts, probs, torch.log_softmax(raw, dim=-1))
