@@ -10,13 +10,16 @@ Three parts, each written to ``benchmarks/results/low_precision_<device>.json``:
   bandwidth.
 * ``experts``: the FP4 routed experts at decode (256 experts, top-6, batch 1 .. 256): bytes of
   the experts a step touches per second, as a fraction of the copy bandwidth.
+* ``floor``: what one kernel can do at the ``gemm`` part's weight sizes: an empty launch, and
+  a bare kernel that reads every weight byte once; the weight-bandwidth fraction of that read
+  bounds any one-kernel linear at decode (ours is two or three dependent kernels).
 * ``model``: a V4-Flash-width model (the published config cut to ``--layers`` layers, dummy
   weights): prefill of one ``--prefill-len`` prompt and decode steps at each batch, held as
   stored (``quantization="auto"``) and dequantised to bf16; on a GPU also the deepest prefix of
   the full config whose stored-format weights fit it (``deepinfer info``'s arithmetic), timed
   the same way, with its memory: weights held, peak, and the predicted bytes by tensor kind.
 
-    python benchmarks/low_precision.py --device cuda [--parts gemm experts model]
+    python benchmarks/low_precision.py --device cuda [--parts gemm experts floor model]
     python benchmarks/low_precision.py --device cpu --small   # a check of the code paths
 
 On the GPU the kernels are timed in CUDA graphs (:func:`graph_s`: no host launch overhead, as
@@ -179,6 +182,47 @@ def gemm(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
     return rows
 
 
+def floor(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+    """The one-kernel floor at each FP8 weight size (module doc)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def empty(p):  # type: ignore[no-untyped-def]
+        pass
+
+    @triton.jit
+    def read(p, out, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + tl.program_id(0), tl.sum(tl.load(p + offs, mask=offs < n, other=0), 0))
+
+    device, cuda = args.device, args.device.startswith("cuda")
+    timed = partial(graph_s, repeats=args.repeats) if cuda else None
+    buf = torch.zeros(1, device=device)
+    result: dict[str, Any] = {}
+    for programs in (1, 1024):
+        fn = partial(empty[(programs,)], buf)
+        seconds = timed([fn]) if timed else median_s(fn, device, args.repeats)
+        result[f"empty_kernel_{programs}_programs_us"] = round(seconds * 1e6, 2)
+    block = 4096
+    for name, n, k in SMALL_SHAPES if args.small else FLASH_SHAPES:
+        words = n * k // 4
+        copies = [
+            torch.randint(0, 100, (words,), dtype=torch.int32, device=device)
+            for _ in range(copies_for(n * k) if cuda else 1)
+        ]
+        out = torch.empty(-(-words // block), dtype=torch.int32, device=device)
+        fns = [partial(read[(out.numel(),)], c, out, words, BLOCK=block) for c in copies]
+        seconds = timed(fns) if timed else median_s(fns[0], device, args.repeats)
+        result[name] = {
+            "read_us": round(seconds * 1e6, 2),
+            "bytes_at_copy_bandwidth_us": round(n * k / bandwidth * 1e6, 2),
+            "best_weight_bw_fraction": round(n * k / bandwidth / seconds, 3),
+        }
+        print(name, json.dumps(result[name]), file=sys.stderr)
+    return result
+
+
 def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
     """FP4 routed experts at decode: the bytes of the experts a step touches per second."""
     ops, device = kernel_ops(args.device), args.device
@@ -308,7 +352,7 @@ def model(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--parts", nargs="+", default=["gemm", "experts", "model"])
+    ap.add_argument("--parts", nargs="+", default=["gemm", "experts", "floor", "model"])
     ap.add_argument("--small", action="store_true", help="tiny shapes: a CPU check")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 256, 4096])
@@ -346,6 +390,8 @@ def main() -> int:
         result["gemm"] = gemm(args, bandwidth)
     if "experts" in args.parts:
         result["experts"] = experts(args, bandwidth)
+    if "floor" in args.parts:
+        result["floor"] = floor(args, bandwidth)
     if "model" in args.parts:
         result["model"] = model(args)
     name = f"low_precision_{args.device.split(':')[0]}" + ("_small" if args.small else "")

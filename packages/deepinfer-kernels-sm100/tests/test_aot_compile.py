@@ -433,15 +433,18 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
         ("prefill-v41-block32", 4096, 5120, 5120, True, 32, 64, 128, 32, 4, "bf16", False),
     )
     for variant, m, n, k, ue8m0, wb, block_m, block_n, block_k, warps, out, fused in cases:
-        split = m <= 64  # decode tiles write fp32 partial sums over a split K
+        split = m <= 64  # decode tiles split K: fp32 partial sums (REDUCE: by the last program)
         yield AotSpec(
             "fp8_linear._fp8_gemm_kernel",
             variant,
             {"a_ptr": "*bf16" if fused else "*fp8e4nv", "as_ptr": "*fp8e4nv" if fused else "*fp32",
              "w_ptr": "*fp8e4nv", "ws_ptr": "*u8" if ue8m0 else "*fp32",
-             "out_ptr": "*fp32" if split else f"*{out}", "m": m, "n": n, "k": k, "lda": k,
-             "group_n": n, "k_split": 512 if split else k, "FUSED": fused, "EMULATE": False,
-             "SCALE_UE8M0": ue8m0, "SPLIT_OUT": split, "GROUP": 128, "W_BN": wb, "W_BK": wb,
+             "out_ptr": f"*{out}", "part_ptr": "*fp32" if split else f"*{out}",
+             "count_ptr": "*i32", "m": m, "n": n, "k": k, "lda": k, "group_n": n,
+             "k_split": 512 if split else k, "splits": k // 512 if split else 1,
+             "FUSED": fused, "EMULATE": False, "SCALE_UE8M0": ue8m0, "SPLIT": split,
+             "REDUCE": split and block_m <= 16,
+             "GROUP": 128, "W_BN": wb, "W_BK": wb,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k},
             num_warps=warps,
         )  # fmt: skip
@@ -450,9 +453,11 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
         "fp8_linear._fp8_gemm_kernel",
         "prefill-wo_a-grouped",
         {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8",
-         "out_ptr": "*bf16", "m": 4096, "n": 8192, "k": 4096, "lda": 8 * 4096, "group_n": 1024,
-         "k_split": 4096, "FUSED": False, "EMULATE": False, "SCALE_UE8M0": True,
-         "SPLIT_OUT": False, "GROUP": 128, "W_BN": 128, "W_BK": 128,
+         "out_ptr": "*bf16", "part_ptr": "*bf16", "count_ptr": "*i32", "m": 4096, "n": 8192,
+         "k": 4096, "lda": 8 * 4096, "group_n": 1024, "k_split": 4096, "splits": 1,
+         "FUSED": False, "EMULATE": False, "SCALE_UE8M0": True, "SPLIT": False,
+         "REDUCE": False, "GROUP": 128,
+         "W_BN": 128, "W_BK": 128,
          "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128},
         num_warps=4,
     )  # fmt: skip

@@ -240,8 +240,9 @@ def test_split_and_whole_k_are_within_the_bound(
     m: int, programs: int, fused: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decode batches split K across programs when the output has few column tiles; summed
-    in order by a second kernel, the result keeps the whole-K bound (more programs: the most
-    splits). Decode activations are quantised ahead of the GEMM or, fused, inside it."""
+    in order by each tile's last program, the result keeps the whole-K bound (more programs:
+    the most splits). Decode activations are quantised ahead of the GEMM or, fused, inside
+    it."""
     monkeypatch.setattr(fp8_linear, "_programs", lambda device: programs)
     monkeypatch.setattr(fp8_linear, "FUSE_DECODE_QUANT", fused)
     tiles = fp8_linear._tiles(m, N, K, 128, programs, fused=fused)
@@ -251,6 +252,19 @@ def test_split_and_whole_k_are_within_the_bound(
     _, wq, ws = _weight(N, K, "ue8m0", seed=60 + m)
     for out_dtype in (torch.bfloat16, torch.float32):
         _check_against_float64(x, wq, ws, (128, 128), out_dtype)
+
+
+def test_split_launches_repeat_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whichever split program finishes last, it adds the partial sums in split order: many
+    launches give the same bits, and each leaves the tile counters at zero for the next."""
+    monkeypatch.setattr(fp8_linear, "_programs", lambda device: 4096)
+    x = _activations(3, K, seed=80)
+    _, wq, ws = _weight(N, K, "ue8m0", seed=80)
+    x, wq, ws = (t.to(DEVICE) for t in (x, wq, ws))
+    first = fp8_block_linear(x, wq, ws, out_dtype=torch.float32)
+    for _ in range(20):
+        assert torch.equal(fp8_block_linear(x, wq, ws, out_dtype=torch.float32), first)
+    assert not fp8_linear._split_counters(first.device).any()
 
 
 @pytest.mark.parametrize("m", [2, 300])

@@ -16,8 +16,10 @@ activations in the tensor cores' fp8 dots, as DeepGEMM does on Hopper:
 
 Two launch shapes (:func:`_tiles`). Up to ``SMALL_M`` rows (decode), row tiles just cover the
 batch; a projection with few outputs (V4-Flash's wkv has 512) would give only a few programs the
-whole weight to stream, so K is split across programs and their fp32 partial sums are added in
-split order by :func:`_split_sum_kernel` (no atomics: every run adds them alike). Larger
+whole weight to stream, so K is split across programs; each writes its fp32 partial sums, and
+they are added in split order, so every run adds them alike: for row tiles of up to 16 by the
+last of a tile's programs to finish (:func:`_split_reduce`, saving a launch), for taller ones
+by :func:`_split_sum_kernel`, which spreads the additions over many programs. Larger
 batches (prefill) run 64-row tiles that reuse each weight tile. Both read activations that
 :func:`quantize_act_fp8` quantised once ahead of the GEMM. The kernel can also quantise a
 decode batch's tile in registers right before the dot (``FUSE_DECODE_QUANT``), saving a launch,
@@ -71,17 +73,21 @@ def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     as_ptr,  # [M, lda / GROUP] fp32 activation scales (read unless FUSED)
     w_ptr,  # [N, K] e4m3 weight
     ws_ptr,  # [ceil(N / W_BN), ceil(K / W_BK)] weight scales: fp32, or ue8m0 bytes
-    out_ptr,  # [M, N] out, or [splits, M, N] fp32 partial sums (SPLIT_OUT)
+    out_ptr,  # [M, N] out
+    part_ptr,  # [splits, M, N] fp32 partial sums (SPLIT)
+    count_ptr,  # int32 per output tile: its split programs done so far (SPLIT; left zero)
     m,
     n,
     k,
     lda,  # elements between rows of A: K, or groups * K for a grouped linear
     group_n,  # output columns per group: column c reads A's columns from (c // group_n) * K
     k_split,  # K columns per program along grid axis 2 (a multiple of BLOCK_K)
+    splits,  # programs along grid axis 2
     FUSED: tl.constexpr,  # quantise the activation tiles here
     EMULATE: tl.constexpr,
     SCALE_UE8M0: tl.constexpr,
-    SPLIT_OUT: tl.constexpr,  # write this K range's fp32 partial sums, summed later in order
+    SPLIT: tl.constexpr,  # K split across programs: each writes its fp32 partial sums
+    REDUCE: tl.constexpr,  # ... and the tile's last program adds them (else a second kernel)
     GROUP: tl.constexpr,
     W_BN: tl.constexpr,
     W_BK: tl.constexpr,
@@ -125,11 +131,37 @@ def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         part = tl.dot(a, tl.trans(w))
         acc += part * (a_scale[:, None] * w_scale[None, :])
     out = rows[:, None].to(tl.int64) * n + cols[None, :]
-    if SPLIT_OUT:
-        out += tl.program_id(2).to(tl.int64) * m * n
-        tl.store(out_ptr + out, acc, mask=row_ok[:, None])
+    if REDUCE:
+        _split_reduce(out_ptr, part_ptr, count_ptr, out, acc, row_ok, m, n, splits, EMULATE)
+    elif SPLIT:
+        tl.store(part_ptr + tl.program_id(2).to(tl.int64) * m * n + out, acc, mask=row_ok[:, None])
     else:
         _store_rounded(out_ptr + out, acc, row_ok[:, None], EMULATE)
+
+
+@triton.jit
+def _split_reduce(  # noqa: PLR0917 (Triton helpers take positional arguments)
+    out_ptr, part_ptr, count_ptr, out, acc, row_ok, m, n, splits, EMULATE: tl.constexpr
+):
+    """Store this program's partial sums; the tile's last program to finish adds all of them
+    in split order (the same order whichever finishes last) and stores the result.
+
+    The partials go out before the tile's counter is raised (a block barrier, then a release
+    at GPU scope), and the last program acquires the counter before it reads them from L2
+    (``.cg``: not from its own L1, which other SMs' stores do not reach). It leaves the
+    counter at zero for the next launch.
+    """
+    mask = row_ok[:, None]
+    size = m.to(tl.int64) * n
+    tl.store(part_ptr + tl.program_id(2).to(tl.int64) * size + out, acc, mask=mask)
+    tl.debug_barrier()
+    tile = count_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        total = tl.load(part_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, splits):
+            total += tl.load(part_ptr + s * size + out, mask=mask, other=0.0, cache_modifier=".cg")
+        _store_rounded(out_ptr + out, total, mask, EMULATE)
+        tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -175,10 +207,15 @@ class _Tiles:
     #: programs along K, each summing ``k_split`` columns (1: no split)
     splits: int = 1
     k_split: int = 0
+    #: the tile's last split program adds the partial sums (rather than a second kernel)
+    reduce_in_kernel: bool = False
 
 
 #: fewest K steps a split program takes (fewer and its setup outweighs its streaming)
 MIN_SPLIT_STEPS = 2
+#: row tiles up to this tall add their split partial sums in the GEMM's last program; taller
+#: ones leave them to a second kernel, as one program adding all of them would take longer
+MAX_REDUCE_ROWS = 16
 
 
 def _tiles(m: int, n: int, k: int, block_k_weight: int, programs: int, *, fused: bool) -> _Tiles:
@@ -188,11 +225,11 @@ def _tiles(m: int, n: int, k: int, block_k_weight: int, programs: int, *, fused:
     64, the narrowest an MMA takes is 16) and 64-column programs stream the weight. A
     projection of 512 or 1024 outputs has only 8 or 16 such programs, far fewer than the SMs
     that must share its bytes, so K is split until about ``programs`` run; the fp32 partial
-    sums are added in a fixed order by a second kernel. Prefill batches reuse each weight
-    tile over 64 rows, in 64 x 128 tiles on one warpgroup (64 x 64 below 1024 rows, for more
-    programs), several programs to an SM. The K step is one activation group, or one weight
-    block where blocks are narrower (V4.1's 32); only whole-group steps can quantise their
-    activations in the GEMM (``fused``).
+    sums are added in a fixed order (by the tile's last program for short row tiles).
+    Prefill batches reuse each weight tile over 64 rows, in 64 x 128 tiles on one warpgroup
+    (64 x 64 below 1024 rows, for more programs), several programs to an SM. The K step is
+    one activation group, or one weight block where blocks are narrower (V4.1's 32); only
+    whole-group steps can quantise their activations in the GEMM (``fused``).
     """
     block_k = min(ACT_GROUP, block_k_weight)
     steps = k // block_k
@@ -201,12 +238,13 @@ def _tiles(m: int, n: int, k: int, block_k_weight: int, programs: int, *, fused:
         return _Tiles(64, block_n, block_k, 4, 4, fused=False, k_split=k)
     block_m = max(16, triton.next_power_of_2(m))
     tiles = n // 64 * triton.cdiv(m, block_m)
-    most = max(1, steps // MIN_SPLIT_STEPS)
+    most = max(1, steps // MIN_SPLIT_STEPS) if tiles <= MAX_SPLIT_TILES else 1
     splits = min(most, triton.next_power_of_2(triton.cdiv(programs, tiles)))
     k_split = triton.cdiv(steps, splits) * block_k
     splits = triton.cdiv(k, k_split)
     fused = fused and block_k == ACT_GROUP
-    return _Tiles(block_m, 64, block_k, 4, 3, fused, splits, k_split)
+    reduce_in_kernel = splits > 1 and block_m <= MAX_REDUCE_ROWS
+    return _Tiles(block_m, 64, block_k, 4, 3, fused, splits, k_split, reduce_in_kernel)
 
 
 @functools.cache
@@ -217,6 +255,21 @@ def _programs(device: torch.device) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     return 4 * sms
+
+
+#: output tiles a split launch may have (one counter each)
+MAX_SPLIT_TILES = 1 << 16
+
+
+@functools.cache
+def _split_counters(device: torch.device) -> Tensor:
+    """The split launches' per-tile counters on ``device``, zero between launches.
+
+    One buffer serves every launch: launches on a device run one after another on the
+    engine's stream (and in its CUDA graphs, which must not allocate it), and each leaves the
+    counters it used at zero.
+    """
+    return torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
 
 
 #: quantise decode activations inside the GEMM (each column program redoes it) rather than
@@ -341,25 +394,29 @@ def _gemm(
     # Fused, the kernel reads x itself and no activation scales: the weight stands in for
     # them, so the pointer types, and the compiled kernel, are the same on every call.
     a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
-    dest = out
+    part = out
     if t.splits > 1:
-        dest = torch.empty(t.splits, m, n, dtype=torch.float32, device=x2.device)
+        part = torch.empty(t.splits, m, n, dtype=torch.float32, device=x2.device)
     _fp8_gemm_kernel[(n // t.block_n, triton.cdiv(m, t.block_m), t.splits)](
         a,
         a_scale,
         w,
         ws,
-        dest,
+        out,
+        part,
+        _split_counters(x2.device),
         m,
         n,
         k,
         groups * k,
         n // groups,
         t.k_split,
+        t.splits,
         FUSED=t.fused,
         EMULATE=EMULATE_CAST,
         SCALE_UE8M0=ue8m0,
-        SPLIT_OUT=t.splits > 1,
+        SPLIT=t.splits > 1,
+        REDUCE=t.reduce_in_kernel,
         GROUP=ACT_GROUP,
         W_BN=block[0],
         W_BK=block[1],
@@ -369,10 +426,10 @@ def _gemm(
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
-    if t.splits > 1:
+    if t.splits > 1 and not t.reduce_in_kernel:
         block_size = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block_size),)](
-            dest, out, m * n, SPLITS=t.splits, EMULATE=EMULATE_CAST, BLOCK=block_size
+            part, out, m * n, SPLITS=t.splits, EMULATE=EMULATE_CAST, BLOCK=block_size
         )
     return out
 
