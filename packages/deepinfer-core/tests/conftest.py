@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-HELPER_FOLDERS = ("engine", "models", "models_v41")
+HELPER_FOLDERS = ("engine", "models", "models_v41", "parallel")
 sys.path[:0] = [str(Path(__file__).parent / folder) for folder in HELPER_FOLDERS]
 
 FakeDist = Callable[..., Path]

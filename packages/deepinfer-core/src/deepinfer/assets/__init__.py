@@ -22,6 +22,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer.models.dummy_weights import SMALL_STD, init_kind
+from deepinfer.parallel import ExpertParallel
 
 ASSETS = Path(__file__).resolve().parent
 TINY_DIR = ASSETS / "tiny"
@@ -133,21 +134,35 @@ def load_checkpoint(
     dummy: bool = False,
     tokenizer_path: Path | None = None,
     quantization: str | None = "auto",
+    expert_parallel: ExpertParallel | None = None,
 ) -> DeepseekCausalLM:
     """``load_model`` plus what V4.1 needs beside the weights: Engram's token map, which is a
     function of the tokenizer (``tokenizer_path``, default ``path/tokenizer.json``) and
     therefore not stored in the checkpoint. ``backend``: the op table (default: the torch
     reference on ``device``); ``dummy``: seeded weights from config.json alone, no files read
     (:mod:`deepinfer.models.dummy_weights`); ``quantization``: see
-    :func:`~deepinfer.models.load_model`."""
+    :func:`~deepinfer.models.load_model`; ``expert_parallel``: hold (read or draw) only
+    this rank's shard of the routed experts."""
     from deepinfer.models import load_model
     from deepinfer.models.dummy_weights import dummy_model
 
     if dummy:
-        model = dummy_model(path, dtype, device, backend, quantization=quantization)
+        model = dummy_model(
+            path,
+            dtype,
+            device,
+            backend,
+            quantization=quantization,
+            expert_parallel=expert_parallel,
+        )
     else:
         model = load_model(
-            path, dtype=dtype, device=device, backend=backend, quantization=quantization
+            path,
+            dtype=dtype,
+            device=device,
+            backend=backend,
+            quantization=quantization,
+            expert_parallel=expert_parallel,
         )
     if isinstance(model, DeepseekV41ForCausalLM) and model.cfg.engram_layer_ids:
         from deepinfer.models.layers.engram_hash import build_compressed_token_map

@@ -303,7 +303,7 @@ class Backend(ABC):
 
         ``w13`` [E, 2I, d] stacks each expert's gate (w1) over its up projection (w3); ``w2``
         is [E, d, I]. ``weights``/``indices`` [N, k] come from :meth:`moe_route`; an index < 0
-        means "no expert" (expert-parallel ranks mask the experts they do not own).
+        means "no expert" and contributes zero.
         """
 
     @abstractmethod

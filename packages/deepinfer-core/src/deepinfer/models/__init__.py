@@ -13,6 +13,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer.models.state import ModelState
+from deepinfer.parallel import ExpertParallel
 
 #: model_type in config.json -> model class (also registered under ``deepinfer.models``).
 MODEL_CLASSES: dict[str, type[DeepseekCausalLM]] = {
@@ -38,6 +39,8 @@ def load_model(
     device: str | torch.device = "cpu",
     backend: Backend | None = None,
     quantization: str | None = "auto",
+    *,
+    expert_parallel: ExpertParallel | None = None,
 ) -> DeepseekV4ForCausalLM:
     """Build the model described by ``path/config.json`` and fill it from the checkpoint.
 
@@ -51,15 +54,26 @@ def load_model(
     for norms, mHC, sinks, position biases, the router bias and the head. Reading in fp32 keeps
     the checkpoint's fp32 tensors exact; the fp32 copy lives for one tensor at a time.
     A checkpoint without MTP weights loads without MTP layers (see ``model_config``).
+
+    ``expert_parallel``: hold and read only this rank's shard of the routed experts
+    (:mod:`deepinfer.models.expert_shard`); the MoE layers then exchange tokens in its group.
     """
     from deepinfer.models.checkpoint_config import model_config
+    from deepinfer.models.expert_shard import allocate, planned_model, shard_layout
     from deepinfer.models.loader import iter_checkpoint_tensors, resolve_layout
 
     layout = resolve_layout(path)  # every shard header read and checked, once
     cfg = model_config(layout)
     cls = model_class(cfg.model_type)
-    model = cls(cfg, dtype=dtype, device=device, backend=backend)
-    fp8, as_bytes = keep_stored_formats(model, layout.config or {}, quantization)
+    if expert_parallel is None:
+        model = cls(cfg, dtype=dtype, device=device, backend=backend)
+        fp8, as_bytes = keep_stored_formats(model, layout.config or {}, quantization)
+    else:
+        device = torch.device(device)
+        model = planned_model(cls, cfg, dtype, device, backend, ep=expert_parallel)
+        fp8, as_bytes = keep_stored_formats(model, layout.config or {}, quantization)
+        allocate(model, device)
+        layout = shard_layout(layout, expert_parallel.shard(cfg.n_routed_experts))
     tensors = iter_checkpoint_tensors(
         layout, torch.float32, device, keep_fp8=fp8, keep_bytes=as_bytes
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,7 @@ from deepinfer.models.checkpoint_config import read_config
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.layers.moe import RoutedExperts
 from deepinfer.models.layers.norm import Embedding, Linear
+from deepinfer.parallel import ExpertParallel
 
 #: How a parameter is drawn: expert ids per token (hash routing's ``tid2eid``), ones (norm
 #: weights), unit normal (the embedding), normal / sqrt(fan-in) in the model's dtype
@@ -60,20 +62,19 @@ def fill_dummy_weights(model: DeepseekCausalLM, seed: int = 0) -> None:
     device = model.device
     g = torch.Generator(device=device).manual_seed(seed)
     n_experts = model.cfg.n_routed_experts
-    stored: set[str] = set()  # names of tensors filled in a stored format
+    filled: set[str] = set()  # names of tensors filled apart (stored formats, experts)
     for prefix, module in model.named_modules():
         if isinstance(module, Linear) and module.scale is not None:
             _fill_fp8(module, g)
-            stored |= {f"{prefix}.weight", f"{prefix}.scale"}
+            filled |= {f"{prefix}.weight", f"{prefix}.scale"}
         elif isinstance(module, Embedding) and module.scale is not None:
             _fill_fp8_rows(module, g)
-            stored |= {f"{prefix}.weight", f"{prefix}.scale"}
-        elif isinstance(module, RoutedExperts) and module.w13_scale is not None:
-            _fill_fp4(module, g)
-            for e in range(module.w13.shape[0]):
-                stored |= {f"{prefix}.{e}.{name}" for name in module.views(e)}
+            filled |= {f"{prefix}.weight", f"{prefix}.scale"}
+        elif isinstance(module, RoutedExperts):
+            _fill_experts(module, prefix, seed)
+            filled |= {f"{prefix}.{name}" for name, _ in module.named_views()}
     for name, t in model.state_dict(keep_vars=True).items():
-        if name in stored:
+        if name in filled:
             continue
         kind = init_kind(name, t)
         if kind == "expert_ids":  # distinct experts per token
@@ -121,16 +122,25 @@ def _fill_fp8_rows(table: Embedding, g: torch.Generator) -> None:
     table.weight.copy_(codes.view(torch.uint8).view(rows, -1)[:, :dim])
 
 
-def _fill_fp4(experts: RoutedExperts, g: torch.Generator) -> None:
-    """Packed e2m1 codes drawn uniformly, with one power-of-two scale per stack: the one that
-    brings the values' spread nearest 1 / sqrt(fan-in), as for the float projections."""
-    assert experts.w13_scale is not None and experts.w2_scale is not None
+def _fill_experts(experts: RoutedExperts, prefix: str, seed: int) -> None:
+    """Each routed expert drawn from a generator of its own, seeded by ``seed`` and its global
+    name, so an expert-parallel rank holding a shard draws exactly the whole model's values
+    for it. Float stacks: normal / sqrt(fan-in), as any projection; FP4 stacks: packed e2m1
+    codes drawn uniformly, with one power-of-two scale per stack, the one that brings the
+    values' spread nearest 1 / sqrt(fan-in)."""
+    device = experts.w13.device
     rms = math.sqrt(sum(v * v for v in E2M1_VALUES) / len(E2M1_VALUES))  # of a uniform code
-    for packed, scale in ((experts.w13, experts.w13_scale), (experts.w2, experts.w2_scale)):
-        fan_in = 2 * packed.shape[-1]
-        packed.random_(0, 256, generator=g)
-        exponent = round(math.log2(1 / (math.sqrt(fan_in) * rms)))
-        scale.fill_(127 + exponent)
+    stacks = ((experts.w13, experts.w13_scale), (experts.w2, experts.w2_scale))
+    for e in range(experts.w13.shape[0]):
+        name = f"{prefix}.{experts.first + e}".encode()
+        g = torch.Generator(device=device).manual_seed((seed << 32) ^ zlib.crc32(name))
+        for stack, scale in stacks:
+            if scale is None:
+                stack[e].normal_(0.0, 1.0 / math.sqrt(stack.shape[-1]), generator=g)
+            else:
+                stack[e].random_(0, 256, generator=g)
+                exponent = round(math.log2(1 / (math.sqrt(2 * stack.shape[-1]) * rms)))
+                scale[e].fill_(127 + exponent)
 
 
 def dummy_model(
@@ -141,6 +151,7 @@ def dummy_model(
     *,
     seed: int = 0,
     quantization: str | None = "auto",
+    expert_parallel: ExpertParallel | None = None,
 ) -> DeepseekCausalLM:
     """The model ``path/config.json`` describes (or the file itself), with dummy weights,
     FP8 where a checkpoint stores them so and ``quantization`` keeps them
@@ -149,17 +160,17 @@ def dummy_model(
     The model is planned on the meta device, given its stored formats there and only then
     allocated on ``device``: built there directly it would first hold every weight in
     ``dtype``, about four times the bytes of FP4 experts, so a model that fits as stored
-    could not be built.
+    could not be built. ``expert_parallel``: hold and draw only this rank's routed experts,
+    with the values the whole model draws for them.
     """
-    from deepinfer.backends.torch_ref import TorchBackend
     from deepinfer.models import keep_stored_formats, model_class
+    from deepinfer.models.expert_shard import allocate, planned_model
 
     raw = read_config(path)
     cfg = ModelConfig.from_dict(raw)
     device = torch.device(device)
-    if backend is None:  # the op table a model built on ``device`` would take
-        backend = TorchBackend(device)
-    model = model_class(cfg.model_type)(cfg, dtype=dtype, device="meta", backend=backend)
+    cls = model_class(cfg.model_type)
+    model = planned_model(cls, cfg, dtype, device, backend, ep=expert_parallel)
     keep_stored_formats(model, raw, quantization)
     needed = weight_bytes(model)
     free = free_bytes(device)
@@ -170,11 +181,7 @@ def dummy_model(
             f"stored FP8/FP4) and {device} has {free / gib:.1f} GiB free (`deepinfer info "
             f"--model {path}` plans the GPUs a model needs)"
         )
-    model.to_empty(device=device)
-    for module in model.modules():  # constants derived at build time, lost on the meta device
-        rebuild = getattr(module, "rebuild_derived_buffers", None)
-        if rebuild is not None:
-            rebuild()
+    allocate(model, device)
     fill_dummy_weights(model, seed)
     return model.eval()
 

@@ -133,6 +133,5 @@ def hold_fp4(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
         if d % FP4_GROUP or module.inter % FP4_GROUP:
             continue
         module.hold_fp4(FP4_GROUP)
-        for e in range(module.w13.shape[0]):
-            kept += [f"{prefix}.{e}.w{j}.weight" for j in (1, 2, 3)]
+        kept += [f"{prefix}.{n}" for n, _ in module.named_views() if n.endswith(".weight")]
     return frozenset(kept)

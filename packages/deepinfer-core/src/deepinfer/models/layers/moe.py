@@ -12,7 +12,9 @@ the checkpoint's per-expert names map onto views of the stacks.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, fp32_param
+from deepinfer.parallel import ExpertParallel, dispatch_experts
 
 
 class Gate(nn.Module):
@@ -65,9 +68,14 @@ class RoutedExperts(nn.Module):
     the per-expert ``.scale`` names view the ue8m0 stacks beside them.
     """
 
-    def __init__(self, experts: int, hidden: int, inter: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, experts: int, hidden: int, inter: int, dtype: torch.dtype, first: int = 0
+    ) -> None:
         super().__init__()
         self.inter = inter
+        #: Global id of the first expert held: an expert-parallel rank holds ``experts`` of
+        #: the layer's from ``first`` on, named by their global ids as the checkpoint is.
+        self.first = first
         self.w13 = nn.Parameter(
             torch.empty(experts, 2 * inter, hidden, dtype=dtype), requires_grad=False
         )
@@ -93,7 +101,8 @@ class RoutedExperts(nn.Module):
         self.w2, self.w2_scale = stack(e, d, i // 2), stack(e, d, i // group)
 
     def views(self, e: int) -> dict[str, Tensor]:
-        """Expert ``e``'s weights (and scales) under their checkpoint names (views, not copies)."""
+        """Held expert ``e``'s (a local index) weights (and scales) under their checkpoint
+        names (views, not copies)."""
         i = self.inter
         out = {
             "w1.weight": self.w13[e, :i],
@@ -108,6 +117,12 @@ class RoutedExperts(nn.Module):
             }
         return out
 
+    def named_views(self) -> Iterator[tuple[str, Tensor]]:
+        """(``{global id}.{name}``, view) of every expert held, in expert order."""
+        for e in range(self.w13.shape[0]):
+            for name, view in self.views(e).items():
+                yield f"{self.first + e}.{name}", view
+
     @staticmethod
     def _official_names(
         module: RoutedExperts, state: OrderedDict[str, Any], prefix: str, _meta: Any
@@ -115,9 +130,8 @@ class RoutedExperts(nn.Module):
         keep_vars = state.pop(prefix + "w13") is module.w13
         for name in ("w2", "w13_scale", "w2_scale"):
             state.pop(prefix + name, None)
-        for e in range(module.w13.shape[0]):
-            for name, view in module.views(e).items():
-                state[f"{prefix}{e}.{name}"] = view if keep_vars else view.detach()
+        for name, view in module.named_views():
+            state[prefix + name] = view if keep_vars else view.detach()
 
 
 class MoE(nn.Module):
@@ -131,6 +145,9 @@ class MoE(nn.Module):
         self.shared_experts = Expert(
             cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, dtype
         )
+        #: Set by :func:`~deepinfer.models.expert_shard.shard_routed_experts`: the ranks that
+        #: share this layer's routed experts (None: this process holds them all).
+        self.expert_parallel: ExpertParallel | None = None
 
     def forward(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
         cfg = self.cfg
@@ -150,11 +167,27 @@ class MoE(nn.Module):
         return self.combine(ops, flat, weights, indices).to(x.dtype).view(shape)
 
     def combine(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
-        """Routed experts weighted by the router, plus the shared expert (fp32 sum)."""
+        """Routed experts weighted by the router, plus the shared expert (fp32 sum). Under
+        expert parallelism the routed pairs travel to the ranks owning their experts and back
+        (:func:`~deepinfer.parallel.dispatch_experts`); the shared expert runs here."""
+        ep = self.expert_parallel
+        if ep is not None and ep.enabled:
+            shard = ep.shard(self.cfg.n_routed_experts)
+            local = functools.partial(self.local_experts, ops)
+            routed = dispatch_experts(
+                ep, shard, flat, weights=weights, indices=indices, local_experts=local
+            )
+        else:
+            routed = self.local_experts(ops, flat, weights, indices)
+        return routed + self.shared_experts(ops, flat, self.cfg.swiglu_limit)
+
+    def local_experts(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """The held routed experts on ``flat`` [N, d], ``indices`` [N, k] local to the stacks;
+        the fp32 weighted sum [N, d]."""
         limit = self.cfg.swiglu_limit
         experts = self.experts
         if experts.w13_scale is not None and experts.w2_scale is not None:
-            routed = ops.moe_experts_fp4(
+            return ops.moe_experts_fp4(
                 flat,
                 weights,
                 indices,
@@ -164,8 +197,6 @@ class MoE(nn.Module):
                 w2_scale=experts.w2_scale,
                 swiglu_limit=limit,
             )
-        else:
-            routed = ops.moe_experts(
-                flat, weights, indices, w13=experts.w13, w2=experts.w2, swiglu_limit=limit
-            )
-        return routed + self.shared_experts(ops, flat, limit)
+        return ops.moe_experts(
+            flat, weights, indices, w13=experts.w13, w2=experts.w2, swiglu_limit=limit
+        )

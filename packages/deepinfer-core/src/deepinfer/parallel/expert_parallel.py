@@ -1,0 +1,103 @@
+"""Which routed experts a rank owns under MoE expert parallelism (EP), and the group it talks in.
+
+Every rank runs attention for its own tokens (attention data parallelism) and holds one equal,
+contiguous shard of each MoE layer's routed experts: rank ``r`` of ``W`` owns experts
+``[r * E / W, (r + 1) * E / W)``. Contiguous shards make the owner of expert ``e`` a single
+division (``e // (E / W)``) and let a rank's checkpoint tensors be picked by name alone.
+
+World size 1 is the single-process model: no process group exists or is needed, the shard is
+every expert and the MoE layer takes its ordinary path, so EP costs nothing there.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ExpertShard:
+    """The routed experts one rank owns: ``count`` of them from global id ``first``."""
+
+    first: int
+    count: int
+    total: int
+
+    @property
+    def stop(self) -> int:
+        return self.first + self.count
+
+    def owns(self, expert: int) -> bool:
+        return self.first <= expert < self.stop
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """This rank's place in the expert-parallel group.
+
+    ``group`` is the ``torch.distributed`` group the MoE layers exchange tokens in; None means
+    the default (world) group. A description with ``world_size > 1`` and no initialised
+    process group still plans shapes and loading (what a rank reads) but cannot run a forward.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"expert-parallel world size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside a world of {self.world_size} ranks")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether tokens travel between ranks (world size above 1)."""
+        return self.world_size > 1
+
+    def shard(self, num_experts: int) -> ExpertShard:
+        """This rank's shard of ``num_experts`` routed experts; refuses an uneven split, which
+        would leave ranks with different expert counts and the owner no longer a division."""
+        if num_experts % self.world_size:
+            raise ValueError(
+                f"{num_experts} routed experts cannot be split evenly over {self.world_size} "
+                "expert-parallel ranks: the world size must divide the expert count"
+            )
+        count = num_experts // self.world_size
+        return ExpertShard(first=self.rank * count, count=count, total=num_experts)
+
+    @classmethod
+    def from_torch(cls, group: dist.ProcessGroup | None = None) -> ExpertParallel:
+        """This process's place in ``group`` (default: world), or world size 1 where no
+        process group is initialised."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls()
+        return cls(dist.get_rank(group), dist.get_world_size(group), group)
+
+
+def init_expert_parallel(
+    device: torch.device,
+    *,
+    rank: int,
+    world_size: int,
+    init_method: str = "env://",
+    timeout_s: float = 300.0,
+) -> ExpertParallel:
+    """Join the default process group (NCCL on CUDA devices, gloo elsewhere) and describe this
+    rank; world size 1 creates no group at all. ``timeout_s`` bounds every collective, so a
+    rank that dies or hangs fails its peers instead of blocking them forever."""
+    if world_size == 1:
+        return ExpertParallel()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return ExpertParallel.from_torch()
