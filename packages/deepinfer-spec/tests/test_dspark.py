@@ -222,9 +222,11 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
     """Confidence-scheduled verification keeps the greedy outputs whatever it verifies. With a
     flat cost table (extra tokens are free) it verifies every draft, as verifying all k does;
     when each token triples the step time no draft pays for itself (a draft adds at most one
-    expected token to the at least one a row emits, and triples the step), so it verifies
-    none; with a moderate slope, some. Without a table it profiles the model at start: the
-    powers of two and their midpoints up to the CPU's cap, never decreasing."""
+    expected token to the at least one a row emits, and triples the step), so it does not
+    draft at all after the prompt (plain steps); with a moderate slope, some. A drafting cost
+    far above a step's turns drafting off too, even with free verification. Without tables it
+    profiles the model and the drafter at start: the powers of two and their midpoints up to
+    the CPU's caps, never decreasing."""
     prompts = _engine_prompts(2)
     want, _ = _engine_run(tiny, prompts, None)
     fixed = {"method": "dspark", "num_speculative_tokens": 5}
@@ -234,13 +236,16 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
         "flat": {1: 1.0, 4096: 1.0},
         "moderate": {1: 1.0, 2: 1.2},
         "tripling": {n: 3.0**n for n in range(1, 201)},  # a step here holds at most 116 tokens
+        "costly drafting": {1: 1.0, 4096: 1.0},
         "profiled": None,
     }
-    drafts = {}
+    drafts, skipped = {}, {}
     for name, table in tables.items():
         spec = {**fixed, "scheduling": "adaptive"}
         if table is not None:
             spec["verify_cost"] = table
+        if name == "costly drafting":
+            spec["draft_cost"] = {"1": 100.0}
         outs, engine = _engine_outputs(tiny, prompts, spec)
         assert [o.outputs[0].token_ids for o in outs] == want, name
         assert engine.spec is not None and engine.spec.verifier is not None
@@ -248,10 +253,12 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
         metrics = [o.metrics for o in outs if o.metrics is not None]
         assert verifier.offered == drafts[name] + sum(m.spec_trimmed_tokens for m in metrics)
         assert verifier.planned == drafts[name] == sum(m.spec_draft_tokens for m in metrics)
-        assert verifier.mean_planned == drafts[name] / verifier.rows
+        assert verifier.mean_planned == (drafts[name] / verifier.rows if verifier.rows else 0)
+        skipped[name] = verifier.skipped
     assert drafts["flat"] == every.spec.num_drafts
     assert 0 < drafts["moderate"] < every.spec.num_drafts
-    assert drafts["tripling"] == 0
-    cost = engine.spec.verifier.cost
-    assert cost.tokens == tuple(profile_points(128))
-    assert all(a <= b for a, b in itertools.pairwise(cost.seconds))
+    assert drafts["tripling"] == drafts["costly drafting"] == 0
+    assert skipped["flat"] == 0 and skipped["tripling"] > 0 and skipped["costly drafting"] > 0
+    for cost, top in ((engine.spec.verifier.cost, 128), (engine.spec.verifier.draft_cost, 64)):
+        assert cost is not None and cost.tokens == tuple(profile_points(top))
+        assert all(a <= b for a, b in itertools.pairwise(cost.seconds))

@@ -1,5 +1,6 @@
 """The verify cost table: the running max, the lookup against hand-computed values, the
-profiling ladder, and the ``speculative_config`` options that select and price the schedule."""
+profiling ladder, and the ``speculative_config`` options that select and price the schedule
+(the verify and the draft cost tables)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def test_the_schedule_options() -> None:
     both = _parse(scheduling="adaptive", enable_adaptive_verification=True)
     assert both.scheduling == "adaptive" and both.verify_cost is None
     priced = _parse(scheduling="adaptive", verify_cost={"4": 2.0, 1: 1})  # JSON keys are strings
-    assert priced.verify_cost == ((1, 1.0), (4, 2.0))
+    assert priced.verify_cost == ((1, 1.0), (4, 2.0)) and priced.draft_cost is None
+    drafted = _parse(scheduling="adaptive", draft_cost={"8": 0.5, 1: 0.1})
+    assert drafted.draft_cost == ((1, 0.1), (8, 0.5)) and drafted.verify_cost is None
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,9 @@ def test_the_schedule_options() -> None:
         ({"scheduling": "adaptive", "verify_cost": {0: 1.0}}, "verify_cost"),
         ({"scheduling": "adaptive", "verify_cost": {1: -1.0}}, "verify_cost"),
         ({"scheduling": "adaptive", "verify_cost": [1.0]}, "verify_cost"),
+        ({"draft_cost": {1: 1.0}}, "draft_cost"),
+        ({"scheduling": "adaptive", "draft_cost": {0: 1.0}}, "draft_cost maps requests"),
+        ({"scheduling": "adaptive", "draft_cost": {}}, "draft_cost"),
         ({"scheduling": "greedy"}, "scheduling"),
         ({"enable_adaptive_verification": "yes"}, "enable_adaptive_verification"),
     ],

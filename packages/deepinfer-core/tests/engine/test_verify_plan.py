@@ -1,7 +1,8 @@
 """The verify planner (``dspark.md`` §6.2-§6.3), against exhaustive search and exact sums.
 
-* On small random cases (ties, zero survivals, staircase costs, prefill tokens in the step) the
-  budget's objective equals the best of every allocation of draft lengths, enumerated; the
+* On small random cases (ties, zero survivals, staircase costs, prefill tokens in the step, a
+  drafting cost from none to several steps' worth) the budget's objective equals the best of
+  every allocation of draft lengths, enumerated, the drafting priced in; the
   lengths it admits reach it, form a top-B set, and for every fixed B the top-B allocation has
   the most expected tokens of all allocations of B drafts.
 * For a given budget, whether a draft is admitted does not depend on the survivals after it
@@ -20,7 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deepinfer.engine.verify_cost import VerifyCost
-from deepinfer.engine.verify_plan import StepLoad, allocate, best_budget, plan, survival
+from deepinfer.engine.verify_plan import (
+    StepLoad,
+    allocate,
+    best_budget,
+    drafting_pays,
+    plan,
+    survival,
+)
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 
@@ -43,6 +51,8 @@ steps = st.builds(
     lambda inc: [0.5, *itertools.accumulate(inc, initial=0.5)]
 )
 loads = st.builds(StepLoad, tokens=st.integers(1, 5), samples=st.integers(0, 5))
+#: Seconds of drafting a round: none (the planner without a draft cost), small, large.
+drafts = st.sampled_from([0.0, 0.0, 0.1, 3.0]) | st.floats(0.0, 5.0)
 
 
 def _survivals(rows: list[list[float]]) -> list[list[float]]:
@@ -51,27 +61,34 @@ def _survivals(rows: list[list[float]]) -> list[list[float]]:
 
 
 def _theta(
-    a: list[list[float]], lengths: tuple[int, ...], load: StepLoad, sec: list[float]
+    a: list[list[float]],
+    lengths: tuple[int, ...],
+    load: StepLoad,
+    sec: list[float],
+    draft: float = 0.0,
 ) -> float:
     tau = load.samples + sum(sum(a[r][:n]) for r, n in enumerate(lengths))
-    return tau / sec[load.tokens + sum(lengths)]
+    return tau / (draft + sec[load.tokens + sum(lengths)])
 
 
 @SETTINGS
-@given(confidences, loads, steps)
+@given(confidences, loads, steps, drafts)
 def test_the_budget_is_the_best_of_every_allocation(
-    rows: list[list[float]], load: StepLoad, seconds: list[float]
+    rows: list[list[float]], load: StepLoad, seconds: list[float], draft: float
 ) -> None:
     a = _survivals(rows)
     assert survival(rows) == a
     step = seconds.__getitem__
     every = list(itertools.product(*(range(len(row) + 1) for row in a)))
-    best = max(_theta(a, x, load, seconds) for x in every)
-    budget, theta = best_budget(a, load, step)
+    best = max(_theta(a, x, load, seconds, draft) for x in every)
+    budget, theta = best_budget(a, load, step, draft)
     assert math.isclose(theta, best, rel_tol=1e-9)
     lengths = allocate(a, budget)
     assert sum(lengths) == budget
-    assert math.isclose(_theta(a, tuple(lengths), load, seconds), best, rel_tol=1e-9)
+    assert math.isclose(_theta(a, tuple(lengths), load, seconds, draft), best, rel_tol=1e-9)
+    plain = load.samples / seconds[load.tokens]
+    if not math.isclose(best, plain, rel_tol=1e-9):  # drafting pays iff some allocation wins
+        assert drafting_pays(a, load, step, draft) == (best > plain)
     admitted = [a[r][j] for r, n in enumerate(lengths) for j in range(n)]
     left = [a[r][j] for r, n in enumerate(lengths) for j in range(n, len(a[r]))]
     assert min(admitted, default=1.0) >= max(left, default=0.0)
@@ -83,7 +100,7 @@ def test_the_budget_is_the_best_of_every_allocation(
         assert sum(top) == b
         assert math.isclose(sum(sum(a[r][:n]) for r, n in enumerate(top)), tau, rel_tol=1e-9)
     # with the budget taken on the same survivals, the plan is that best allocation
-    assert plan(a, a, load, step).lengths == lengths
+    assert plan(a, a, load, step, draft).lengths == lengths
 
 
 @SETTINGS
@@ -149,9 +166,10 @@ def test_appendix_a_budget_from_the_drafts_is_biased_the_plan_is_not() -> None:
     assert math.isclose(biased[0], 0.85) and math.isclose(biased[1], 0.15)
 
     seen = set()
-    for before in ([0.8, 0.72], [0.8, 0.0], [1.0, 1.0], [0.3, 0.1], [0.0, 0.0]):
-        lengths = {x: plan(survival([_conf(x)]), [before], LOAD, COST.step_seconds).lengths[0]
-                   for x in (0, 1)}  # fmt: skip
+    cases = ([0.8, 0.72], [0.8, 0.0], [1.0, 1.0], [0.3, 0.1], [0.0, 0.0])
+    for before, draft in itertools.product(cases, (0.0, 0.5)):  # a drafting cost changes B only
+        lengths = {x: plan(survival([_conf(x)]), [before], LOAD, COST.step_seconds,
+                           draft).lengths[0] for x in (0, 1)}  # fmt: skip
         seen.update(lengths.values())
         exact = _first_token(lengths)
         assert math.isclose(exact[0], 0.7) and math.isclose(exact[1], 0.3)

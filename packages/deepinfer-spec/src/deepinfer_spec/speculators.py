@@ -9,6 +9,7 @@ outputs: the one shipped for the embedded tiny model, or the directory given as
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,9 +20,13 @@ from torch import Tensor
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
 from deepinfer.plugins import Availability
-from deepinfer_spec.dspark.draft import DraftContext, propose
+from deepinfer_spec.dspark.batch import absorb_all, propose_batch
+from deepinfer_spec.dspark.draft import DraftContext
 from deepinfer_spec.dspark.weights import SHIPPED, load_drafter
 from deepinfer_spec.mtp import MTPDrafter
+
+#: Context positions of each made-up request of :meth:`DSparkSpeculator.dummy_draft`.
+DUMMY_CONTEXT = 128
 
 
 class DSparkSpeculator:
@@ -33,8 +38,9 @@ class DSparkSpeculator:
     drafter alone, so verification stays lossless. With adaptive scheduling the engine takes
     the confidences with the drafts (:meth:`draft_with_confidence`) and plans the cut itself.
     Each request's drafter context follows its state and starts again when the state does (a
-    preemption, a prefix-cache hit). Requests are drafted one after another: the drafter is
-    small, and batching its rounds is the next step.
+    preemption, a prefix-cache hit). All requests of a round are drafted in one pass of the
+    drafter (:mod:`~deepinfer_spec.dspark.batch`), so a round's drafting cost grows far slower
+    than its number of requests, which the verify planner weighs (:meth:`dummy_draft`).
     """
 
     name = "dspark"
@@ -92,20 +98,41 @@ class DSparkSpeculator:
         """[requests, k] drafts (as :meth:`draft_batch`, none cut) and [requests, k] their
         confidences: what adaptive verification plans with (``scheduling: "adaptive"``)."""
         self.contexts = {k: v for k, v in self.contexts.items() if v[0]() is not None}
-        tokens, confidence, end = [], [], 0
-        for state, n in zip(states, lengths, strict=True):
-            features, end = streams[end : end + n], end + n
-            first = state.pos - n
-            ref, ctx = self.contexts.get(id(state), (None, None))
-            if ctx is None or ref is None or ref() is not state or ctx.end != first:
-                ctx = DraftContext(first=first)
-                self.contexts[id(state)] = (weakref.ref(state), ctx)
-            ctx.absorb(self.drafter, features)
-            anchor = int(next_ids[end - 1])
-            prop = propose(self.drafter, ctx, anchor, self.model.embed, self.model.logits)
-            tokens.append(prop.tokens[: self.k])
-            confidence.append(prop.confidence[: self.k].float())
-        return torch.stack(tokens), torch.stack(confidence)
+        contexts = [self._context(s, n) for s, n in zip(states, lengths, strict=True)]
+        absorb_all(self.drafter, contexts, streams, lengths)
+        anchors = next_ids[torch.tensor(list(itertools.accumulate(lengths))) - 1]
+        tokens, confidence = propose_batch(
+            self.drafter, contexts, anchors, self.model.embed, self.model.logits
+        )
+        return tokens[:, : self.k], confidence[:, : self.k].float()
+
+    def _context(self, state: ModelState, n: int) -> DraftContext:
+        """``state``'s drafter context, started again unless it ends where the ``n`` newly
+        verified positions begin (a new state, a preemption, a prefix-cache hit)."""
+        first = state.pos - n
+        ref, ctx = self.contexts.get(id(state), (None, None))
+        if ctx is None or ref is None or ref() is not state or ctx.end != first:
+            ctx = DraftContext(first=first)
+            self.contexts[id(state)] = (weakref.ref(state), ctx)
+        return ctx
+
+    @torch.no_grad()
+    def dummy_draft(self, num_requests: int) -> None:
+        """One drafting round over ``num_requests`` made-up requests, as the engine runs it:
+        each absorbs ``k + 1`` newly verified positions after :data:`DUMMY_CONTEXT` context
+        positions (random keys and values, made before the round) and drafts a block."""
+        c, device = self.drafter.c, self.drafter.fc.weight.device
+        dtype = self.drafter.fc.weight.dtype
+        gen = torch.Generator().manual_seed(0)
+        shape = (1, DUMMY_CONTEXT, c.num_heads, c.head_dim)
+        kv = [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+              for _ in range(c.num_layers)]  # fmt: skip
+        kv = [(k.to(device, dtype), v.to(device, dtype)) for k, v in kv]
+        contexts = [DraftContext(kv=list(kv)) for _ in range(num_requests)]
+        new = torch.randn(num_requests * (self.k + 1), c.feature_size, generator=gen)
+        anchors = torch.randint(3, c.vocab_size, (num_requests,), generator=gen)
+        absorb_all(self.drafter, contexts, new.to(device, dtype), [self.k + 1] * num_requests)
+        propose_batch(self.drafter, contexts, anchors, self.model.embed, self.model.logits)
 
 
 class MTPSpeculator(MTPDrafter):

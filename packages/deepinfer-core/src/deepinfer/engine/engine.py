@@ -257,7 +257,7 @@ class LLMEngine:
             # Cannot happen while max_model_len fits the budget; never cut a request silently.
             self._fail(req, f"its state does not fit state_memory_bytes ({self.pool.budget_bytes})")
         try:
-            if self.spec is not None:
+            if self.spec is not None and self.spec.runs(out):  # else a step not worth drafting
                 self.spec.step(out, self.runner, self.scheduler, self._take_speculated, changed)
                 launched = None
             else:

@@ -19,7 +19,7 @@ from deepinfer.checks import is_int
 from deepinfer.config import ModelConfig
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.request import Request
-from deepinfer.engine.speculative import check_params
+from deepinfer.engine.spec_config import check_params
 from deepinfer.errors import InvalidRequestError
 from deepinfer.outputs import RequestMetrics
 from deepinfer.sampling_params import SamplingParams

@@ -34,80 +34,16 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, position_targets
-from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, parse_scheduling
+from deepinfer.engine.verify_plan import StepLoad
+from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
 from deepinfer.sampling.rejection import draw, verify_sequence
-from deepinfer.sampling_params import SamplingParams
-
-#: Sampling options a speculative step does not apply yet: refused by name rather than ignored
-#: (prompt logprobs need every logit of a prompt chunk, which its prefill keeps one of).
-UNSUPPORTED = ("prompt_logprobs",)
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """vLLM's ``speculative_config``: ``{"method": "mtp", "num_speculative_tokens": k}``;
-    ``"scheduling": "adaptive"`` (vLLM: ``"enable_adaptive_verification": True``) plans each
-    step's verified drafts from their confidences and the step's cost (:mod:`.verify_schedule`;
-    ``"verify_cost": {tokens: seconds}`` gives the cost instead of profiling it)."""
-
-    method: str
-    num_speculative_tokens: int
-    #: the drafter's directory (DSpark; None: the one shipped for the model, if any)
-    model: str | None = None
-    #: DSpark's static threshold (``dspark.md`` §7): verify drafts up to the first whose
-    #: confidence is below it (0: every draft)
-    confidence_threshold: float = 0.0
-    scheduling: str = "fixed"
-    verify_cost: tuple[tuple[int, float], ...] | None = None
-
-    @classmethod
-    def parse(cls, raw: object) -> SpeculativeConfig | None:
-        if raw is None or isinstance(raw, SpeculativeConfig):
-            return raw
-        if not isinstance(raw, dict):
-            raise InvalidRequestError("speculative_config", "must be a dict or None")
-        known = {"method", "num_speculative_tokens", "model", "confidence_threshold"}
-        known |= {"scheduling", "enable_adaptive_verification", "verify_cost"}
-        unknown = set(raw) - known
-        if unknown:
-            raise InvalidRequestError("speculative_config", f"unknown keys {sorted(unknown)}")
-        method, k = raw.get("method"), raw.get("num_speculative_tokens")
-        if not isinstance(method, str):
-            raise InvalidRequestError("speculative_config", "needs 'method' ('mtp' or 'dspark')")
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
-            raise InvalidRequestError(
-                "speculative_config", f"num_speculative_tokens must be 1..16, got {k!r}"
-            )
-        model = raw.get("model")
-        if model is not None and (method != "dspark" or not isinstance(model, str)):
-            raise InvalidRequestError(
-                "speculative_config",
-                "'model' names a DSpark drafter directory (MTP drafts with the checkpoint's "
-                "own layers)",
-            )
-        threshold = raw.get("confidence_threshold", 0.0)
-        if not isinstance(threshold, int | float) or isinstance(threshold, bool):
-            raise InvalidRequestError("speculative_config", "confidence_threshold must be a number")
-        if (threshold and method != "dspark") or not 0.0 <= threshold <= 1.0:
-            raise InvalidRequestError(
-                "speculative_config",
-                f"confidence_threshold is DSpark's, in [0, 1]; got {threshold!r} for {method!r}",
-            )
-        return cls(method, k, model, float(threshold), *parse_scheduling(raw, float(threshold)))
-
-
-def check_params(params: SamplingParams) -> None:
-    """Refuse the sampling options a speculative step does not apply (see the module)."""
-    defaults = SamplingParams()
-    for name in UNSUPPORTED:
-        if getattr(params, name, None) != getattr(defaults, name, None):
-            raise InvalidRequestError(name, "not supported with speculative decoding yet")
 
 
 class Drafter(Protocol):
@@ -154,7 +90,9 @@ def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRun
         raise InvalidRequestError("speculative_config", str(exc)) from exc
     verifier = None
     if spec.scheduling == "adaptive":
-        verifier = adaptive_verifier(drafter, model, config.max_num_seqs, spec.verify_cost)
+        verifier = adaptive_verifier(
+            drafter, model, config.max_num_seqs, spec.verify_cost, spec.draft_cost
+        )
     return SpeculativeRunner(model, drafter, verifier)
 
 
@@ -224,6 +162,24 @@ class SpeculativeRunner:
             changed[req.group_id] = None
         for req in [r for r in {**self.drafts, **self.pending} if r.finished or r.state is None]:
             self.forget(req)
+
+    def runs(self, out: SchedulerOutput) -> bool:
+        """Whether ``out`` needs a speculative step. Under adaptive scheduling, a step of
+        decoding rows none of which has drafts, whose requests drafting would not pay for
+        (:meth:`.verify_schedule.AdaptiveVerifier.drafting_pays`, on past survivals only),
+        runs as a plain step instead: it skips what only speculation needs (every logit, the
+        drafter's features, row-by-row verification). Its requests' drafter contexts then
+        start again after it (their features of the plain step's positions were never taken)."""
+        if self.verifier is None or not out.scheduled:
+            return True
+        rows = list(out.scheduled)
+        if any(not is_decoding(r, n) or self.drafts.get(r) for r, n in out.scheduled.items()):
+            return True
+        if self.verifier.drafting_pays(rows, StepLoad(len(rows), len(rows)), self.k):
+            return True
+        for req in rows:
+            self.forget(req)
+        return False
 
     def _pending(self, req: Request) -> _Pending:
         found = self.pending.get(req)
@@ -327,6 +283,8 @@ class SpeculativeRunner:
         result.tokens[req] = target.emit(req, emitted)
         self.num_drafts += offered
         self.num_accepted += n_kept
+        if self.verifier is not None:
+            self.verifier.accepted += n_kept
         metrics = req.metrics
         metrics.spec_rounds += 1
         metrics.spec_draft_tokens += offered
@@ -360,10 +318,14 @@ class SpeculativeRunner:
 
     def _draft(self, result: SpecStep) -> None:
         """Draft the next round for every request that emitted tokens this step, in one
-        batched pass of the speculator; at most what the request may still generate."""
+        batched pass of the speculator; at most what the request may still generate. Under
+        adaptive scheduling, none when drafting the round would not pay (see :meth:`runs`)."""
         reqs = [r for r in result.tokens if r.state is not None]
         if not reqs:
             return
+        load = StepLoad(len(reqs), len(reqs))  # the next step, as far as it is known now
+        if self.verifier is not None and not self.verifier.drafting_pays(reqs, load, self.k):
+            return  # their positions stay pending, for a round that pays
         pieces = [self.pending.pop(r) for r in reqs]
         streams = torch.cat([s for p in pieces for s in p.streams])
         next_ids = torch.tensor([t for p in pieces for t in p.next_ids], device=streams.device)

@@ -74,7 +74,8 @@ class VerifyCost:
             return ys[-1] + slope * (num_tokens - xs[-1])
         hi = next(i for i, x in enumerate(xs) if x >= num_tokens)
         x0, x1, y0, y1 = xs[hi - 1], xs[hi], ys[hi - 1], ys[hi]
-        return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
+        # capped at y1: rounding must not lift a point above the next, flat, segment
+        return min(y1, y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0))
 
     def steps_per_second(self, num_tokens: int) -> float:
         """``SPS(B)``: the planner's throughput factor."""

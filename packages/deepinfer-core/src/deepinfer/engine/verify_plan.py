@@ -4,7 +4,13 @@ Each request's drafts come with confidences ``c_j`` (the chance that draft j sur
 drafts before it did), so ``a_j = c_1 ... c_j`` is the chance that draft j is accepted, the
 expected tokens a row of ``l`` drafts emits are ``1 + a_1 + ... + a_l``, and a step is worth
 
-    Θ = τ · SPS(B),    τ = Σ_r (1 + Σ_{j <= l_r} a_{r,j}),    B = the step's tokens.
+    Θ = τ / (D(R) + V(B)),    τ = Σ_r (1 + Σ_{j <= l_r} a_{r,j}),    B = the step's tokens,
+
+with ``V(B)`` the seconds of a target step of ``B`` tokens and ``D(R)`` those of drafting the
+round's ``R`` requests (vLLM's draft-cost table): a round is a drafting pass and a verifying step,
+so the drafting is priced in the rate every draft must beat. A round need not draft at all:
+:func:`drafting_pays` compares the best Θ with drafting against a plain step's
+``samples / V(tokens)``, from survivals that exist before the round's drafts do.
 
 For a fixed number of verified drafts the best allocation admits the slots of highest survival
 (the gain of each admitted slot is its own ``a``); because ``a`` never grows along a row, that
@@ -65,15 +71,19 @@ def ranked_slots(survivals: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
 
 
 def best_budget(
-    survivals: Sequence[Sequence[float]], load: StepLoad, step_seconds: StepSeconds
+    survivals: Sequence[Sequence[float]],
+    load: StepLoad,
+    step_seconds: StepSeconds,
+    draft_seconds: float = 0.0,
 ) -> tuple[int, float]:
     """The number of drafts ``B`` whose top-``B`` allocation maximises Θ, over every ``B``
-    from none to all positive slots (the smallest on a tie), and that Θ."""
+    from none to all positive slots (the smallest on a tie), and that Θ, for a round whose
+    drafting took ``draft_seconds``."""
     tau = float(load.samples)
-    best, theta = 0, tau / step_seconds(load.tokens)
+    best, theta = 0, tau / (draft_seconds + step_seconds(load.tokens))
     for b, (r, j) in enumerate(ranked_slots(survivals), start=1):
         tau += survivals[r][j]
-        value = tau / step_seconds(load.tokens + b)
+        value = tau / (draft_seconds + step_seconds(load.tokens + b))
         if value > theta:
             best, theta = b, value
     return best, theta
@@ -93,9 +103,23 @@ def plan(
     budget_from: Sequence[Sequence[float]],
     load: StepLoad,
     step_seconds: StepSeconds,
+    draft_seconds: float = 0.0,
 ) -> Plan:
     """Lengths for this step: the budget chosen on ``budget_from`` (survivals that do not
     involve this step's drafts, one row per request, no longer than its ``current`` row),
     then admitted by ``current`` survival."""
-    budget, theta = best_budget(budget_from, load, step_seconds)
+    budget, theta = best_budget(budget_from, load, step_seconds, draft_seconds)
     return Plan(allocate(current, budget), budget, theta)
+
+
+def drafting_pays(
+    survivals: Sequence[Sequence[float]],
+    load: StepLoad,
+    step_seconds: StepSeconds,
+    draft_seconds: float,
+) -> bool:
+    """Whether drafting a round is worth its cost: the best Θ of a round that drafts (its
+    ``draft_seconds`` spent, the budget chosen on ``survivals``, which must not involve the
+    drafts the round would verify) beats a plain step's, ``samples / V(tokens)``."""
+    plain = load.samples / step_seconds(load.tokens)
+    return best_budget(survivals, load, step_seconds, draft_seconds)[1] > plain
