@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from deepinfer import info
 from deepinfer.__about__ import __version__
+from deepinfer.dp.options import add_parallel_args, parallel_options
 from deepinfer.errors import DeepInferError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="auto: compute on FP8 weights as stored where the backend has kernels; none: "
         "dequantise every weight at load",
     )
+    add_parallel_args(p)
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,6 +176,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "load_format": args.load_format,
         "quantization": None if args.quantization == "none" else "auto",
+        **parallel_options(args),
     }
 
 

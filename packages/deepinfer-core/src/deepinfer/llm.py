@@ -16,6 +16,9 @@ from deepinfer.backends.base import Backend
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter
 from deepinfer.checks import is_int
 from deepinfer.device import select_backend
+from deepinfer.dp.frontend import front_end
+from deepinfer.dp.group import start_ranks
+from deepinfer.dp.options import pop_options
 from deepinfer.engine.config import engine_config, state_budget
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
@@ -42,6 +45,12 @@ class LLM:
     ``structured_outputs_backend``) are those of :class:`EngineConfig`; vLLM's
     ``tensor_parallel_size`` (1), ``gpu_memory_utilization`` and ``trust_remote_code`` are
     accepted too (``deepinfer.engine.config.VLLM_OPTIONS``).
+
+    ``data_parallel_size=D`` (vLLM's name) runs D ranks, one process each: this process is
+    rank 0 and the front end, the others are spawned (or started by ``torchrun``); with
+    ``enable_expert_parallel=True`` they split the routed experts. ``dp_timeout_s`` bounds every
+    collective, ``dp_affinity_margin_tokens`` the balancer's prefix affinity
+    (:mod:`deepinfer.dp`).
 
     ``load_format="dummy"`` (vLLM's name) starts a model from its config.json alone, with
     seeded random weights drawn on the device: for benchmarks and memory planning of models
@@ -80,26 +89,33 @@ class LLM:
             )
         if num_threads is not None and (not is_int(num_threads) or num_threads < 1):
             raise InvalidRequestError("num_threads", "must be a positive integer or None")
-        config, utilization = engine_config(dict(engine_options))
+        options = dict(engine_options)
+        parallel = pop_options(options)
+        config, utilization = engine_config(options)
+        parallel.check(config)
         choice = select_backend(device)
         if num_threads is None and model == "tiny" and choice.device == "cpu":
             # The tiny model's ops are so small that thread hand-off dominates: one is fastest.
             num_threads = 1
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self.device = choice.device
+        launch = dict(model=model, dtype=dtype, device=device, load_format=load_format)
+        launch.update(quantization=quantization, num_threads=num_threads, **engine_options)
+        group = start_ranks(parallel, choice.device, launch)  # None: one process
+        self.device = group.device(choice.device) if group is not None else choice.device
         #: The op table the model runs on (``deepinfer info`` explains the choice).
-        self.backend: Backend = plugins.backends.load(choice.backend)(choice.device)
+        self.backend: Backend = plugins.backends.load(choice.backend)(self.device)
         net, self.tokenizer_path = load(
             model,
             dtype,
-            choice.device,
+            self.device,
             self.backend,
             load_format=load_format,
             quantization=quantization,
+            expert_parallel=group.expert_parallel if group is not None else None,
         )
-        if utilization is not None and choice.device.startswith("cuda"):
-            config.state_memory_bytes = state_budget(choice.device, utilization)
+        if utilization is not None and self.device.startswith("cuda"):
+            config.state_memory_bytes = state_budget(self.device, utilization)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         if tokenizer.get_vocab_size() > net.cfg.vocab_size:
             raise DeepInferError(
@@ -107,7 +123,9 @@ class LLM:
                 f"than the model's vocab_size ({net.cfg.vocab_size})"
             )
         self._chat: ChatFormatter | None = None
-        self.engine = LLMEngine(net, tokenizer, config)
+        engine = LLMEngine(net, tokenizer, config)
+        #: Rank 0's front end over every rank's engine when ``data_parallel_size`` > 1.
+        self.engine = front_end(engine, group) if group is not None else engine
         #: Requests of the calls in progress, their latest outputs, and those streamed.
         self._owned: set[str] = set()
         self._latest: dict[str, RequestOutput] = {}

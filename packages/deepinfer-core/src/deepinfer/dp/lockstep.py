@@ -1,0 +1,107 @@
+"""One rank's part of a global step: exactly one model forward, whatever its requests.
+
+Every MoE layer under expert parallelism is a collective, so the ranks' forwards must pair up
+one for one. A rank runs its engine's step when it has work and checks that the step ran the
+model exactly once; a rank with no work, or whose step ran nothing (only preemptions, say),
+runs a dummy forward of one token on a scratch state instead, as vLLM's idle ranks do. The
+model's forward is wrapped to count calls and to catch its failures: the engine recovers from a
+failed step on its own, but under data parallelism a forward that failed may have left the
+other ranks inside a collective, so the failure ends the run instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deepinfer.cache.prefix import BLOCK_SIZE
+from deepinfer.dp.protocol import RankMetrics, StepCommand, StepReply
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.errors import DeepInferError
+from deepinfer.models.batch import ForwardBatch
+from deepinfer.models.state import ModelState
+
+
+class LockstepError(DeepInferError):
+    """A rank's step broke the one-forward-per-step rule or its forward failed."""
+
+
+class RankStepper:
+    """Runs ``engine``'s steps for rank ``rank`` in lockstep with the other ranks."""
+
+    def __init__(self, engine: LLMEngine, rank: int) -> None:
+        self.engine = engine
+        self.rank = rank
+        self.forwards = 0
+        self.error: BaseException | None = None
+        self.steps = 0
+        self.dummy_steps = 0
+        self._scratch: ModelState | None = None
+        model = engine.model
+        inner: Callable[..., Any] = model.forward
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.forwards += 1
+            try:
+                return inner(*args, **kwargs)
+            except BaseException as exc:
+                self.error = exc
+                raise
+
+        model.forward = counted  # type: ignore[method-assign]
+
+    @torch.inference_mode()
+    def dummy_forward(self) -> None:
+        """One token through the model on a scratch state (renewed every block, so it stays
+        small); its logits are dropped, its MoE layers meet the other ranks'."""
+        model = self.engine.model
+        if self._scratch is None or self._scratch.pos >= BLOCK_SIZE:
+            self._scratch = model.new_state(1)
+        model(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
+        self.dummy_steps += 1
+
+    def run(self, command: StepCommand) -> StepReply:
+        """Apply the command's requests, run one step (or the dummy forward), report."""
+        engine = self.engine
+        reply = StepReply()
+        if command.reset_prefix_cache:
+            engine.reset_prefix_cache()
+        for request_id in command.abort:
+            out = engine.abort_request(request_id)
+            if out is not None:
+                reply.outputs.append(out)
+        if command.new:
+            built = [
+                engine.make_request(
+                    s.prompt_token_ids, s.params, s.request_id, prompt=s.prompt, priority=s.priority
+                )
+                for s in command.new
+            ]
+            engine.submit(built)
+        before = self.forwards
+        if engine.has_unfinished_requests():
+            reply.outputs += engine.step(final_only=command.final_only, watch=command.watch)
+        if self.error is not None:
+            raise LockstepError(f"rank {self.rank}: the model's forward failed") from self.error
+        ran = self.forwards - before
+        if ran == 0:
+            self.dummy_forward()
+        elif ran > 1:
+            raise LockstepError(f"rank {self.rank} ran {ran} forwards in one step (1 expected)")
+        self.steps += 1
+        reply.metrics = self.metrics()
+        return reply
+
+    def metrics(self) -> RankMetrics:
+        engine = self.engine
+        cache = engine.prefix_cache
+        return RankMetrics(
+            rank=self.rank,
+            waiting=len(engine.scheduler.waiting),
+            running=len(engine.scheduler.running),
+            prefix_cache_hit_rate=cache.stats.hit_rate if cache is not None else 0.0,
+            dummy_steps=self.dummy_steps,
+            steps=self.steps,
+        )

@@ -1,0 +1,112 @@
+"""The data-parallel options of ``LLM(...)``, with vLLM's names, and what they rule out.
+
+``data_parallel_size`` ranks each run attention for their own requests; with
+``enable_expert_parallel`` the routed experts are split across them too (MoE EP). They are taken
+out of the ``LLM`` options before :func:`~deepinfer.engine.config.engine_config` reads the rest,
+so :class:`~deepinfer.engine.config.EngineConfig` stays the options of one rank's engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from deepinfer.checks import is_int, is_number
+from deepinfer.engine.config import EngineConfig
+from deepinfer.errors import InvalidRequestError
+
+#: Bound on every collective, model load excepted: past it a rank counts as dead or hung.
+DEFAULT_TIMEOUT_S = 300.0
+#: How many more outstanding tokens than the least-loaded rank a rank may hold and still get
+#: the requests whose prefix it caches (below it, a cache hit beats spreading the load).
+DEFAULT_AFFINITY_MARGIN_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class DataParallelOptions:
+    """``data_parallel_size``: ranks, one process each; ``enable_expert_parallel``: shard the
+    routed experts over them (vLLM's names); ``dp_timeout_s``: the collective timeout that
+    detects a dead or hung rank; ``dp_affinity_margin_tokens``: the balancer's overload
+    margin (:mod:`.balancer`)."""
+
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    dp_timeout_s: float = DEFAULT_TIMEOUT_S
+    dp_affinity_margin_tokens: int = DEFAULT_AFFINITY_MARGIN_TOKENS
+
+    def __post_init__(self) -> None:
+        size = self.data_parallel_size
+        if not is_int(size) or size < 1:
+            raise InvalidRequestError(
+                "data_parallel_size", f"must be a positive integer, got {size!r:.40}"
+            )
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise InvalidRequestError("enable_expert_parallel", "must be a boolean")
+        if not is_number(self.dp_timeout_s) or not 0 < self.dp_timeout_s < math.inf:
+            raise InvalidRequestError(
+                "dp_timeout_s", f"must be a positive number, got {self.dp_timeout_s!r:.40}"
+            )
+        margin = self.dp_affinity_margin_tokens
+        if not is_int(margin) or margin < 0:
+            raise InvalidRequestError(
+                "dp_affinity_margin_tokens", f"must be an integer >= 0, got {margin!r:.40}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether several rank processes run (world size above 1)."""
+        return self.data_parallel_size > 1
+
+    def check(self, config: EngineConfig) -> None:
+        """Refuse what cannot run in lockstep yet, and turn off what would break it silently.
+
+        Every rank runs exactly one model forward per global step (each MoE layer is a
+        collective), so step paths with several forwards are refused: speculative decoding
+        (draft + verify) and batch-invariant mode (one forward per token). Asynchronous
+        scheduling is refused when asked for and off otherwise, and decode steps run eagerly:
+        the all-to-all reads its counts on the host, which a captured CUDA graph cannot hold."""
+        if not self.enabled:
+            return
+        for name, on in (
+            ("speculative_config", config.speculative_config is not None),
+            ("batch_invariant", config.batch_invariant),
+            ("async_scheduling", config.async_scheduling is True),
+        ):
+            if on:
+                raise InvalidRequestError(
+                    name,
+                    "cannot be combined with data_parallel_size > 1 yet (every rank must run "
+                    "exactly one model forward per step)",
+                )
+        config.async_scheduling = False
+        config.enforce_eager = True
+
+
+def pop_options(options: dict[str, object]) -> DataParallelOptions:
+    """Take the data-parallel options out of ``LLM``'s keyword options (validated)."""
+    names = [n for n in DataParallelOptions.__dataclass_fields__ if n in options]
+    return DataParallelOptions(**{n: options.pop(n) for n in names})  # type: ignore[arg-type]
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    """The command line's data-parallel flags (vLLM's)."""
+    p.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="ranks, one process each, every one running attention for its own requests",
+    )
+    p.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="split the routed experts over the data-parallel ranks (MoE expert parallelism)",
+    )
+
+
+def parallel_options(args: argparse.Namespace) -> dict[str, object]:
+    """``LLM`` keyword arguments from the flags :func:`add_parallel_args` adds."""
+    return {
+        "data_parallel_size": args.data_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel,
+    }

@@ -1,0 +1,148 @@
+"""Attention data parallelism + MoE expert parallelism through ``LLM``: 2 ranks on the CPU (gloo).
+
+One two-rank ``LLM`` (rank 0 in the test process, rank 1 spawned) serves every parity test and
+is compared with the single-process engine: greedy and seeded outputs token for token, with
+chunked prefill, prefix-cache hits and requests arriving while others decode. The fault tests
+start their own runs and kill or freeze a rank mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.cache.prefix import BLOCK_SIZE
+from deepinfer.dp.frontend import DataParallelEngine, DataParallelError
+
+#: Small enough that prompts above it are prefilled in several chunks.
+CHUNK = 64
+OPTIONS = {"max_num_batched_tokens": CHUNK, "seed": 3}
+SHARED = [5 + (i * 37) % 900 for i in range(2 * BLOCK_SIZE)]
+PROMPTS = [
+    [11, 12, 13],
+    [20 + i for i in range(40)],
+    [*SHARED, 7, 8],
+    [300 + (i * 13) % 500 for i in range(150)],
+    [*SHARED, 9],
+    [42] * 9,
+    [*SHARED, 10, 11, 12],
+]
+GREEDY = SamplingParams(max_tokens=10, temperature=0)
+
+
+def _tokens(outs: list) -> list[list[int]]:
+    return [c.token_ids for o in outs for c in o.outputs]
+
+
+@pytest.fixture(scope="module")
+def dp_llm() -> Iterator[LLM]:
+    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=60, **OPTIONS)
+    yield llm
+    assert isinstance(llm.engine, DataParallelEngine)
+    llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def single() -> LLM:
+    return LLM("tiny", **OPTIONS)
+
+
+def test_ranks_hold_half_the_routed_experts(dp_llm: LLM, single: LLM) -> None:
+    held = dp_llm.engine.model.layers[0].ffn.experts.w13.shape[0]
+    assert 2 * held == single.engine.model.layers[0].ffn.experts.w13.shape[0]
+
+
+def test_greedy_outputs_equal_one_process(dp_llm: LLM, single: LLM) -> None:
+    want = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
+    assert _tokens(dp_llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
+    metrics = dp_llm.engine.metrics()
+    assert [m.rank for m in metrics] == [0, 1]
+    assert max(m.prefix_cache_hit_rate for m in metrics) > 0  # the shared prefix was restored
+    assert all(m.running == 0 and m.waiting == 0 and m.outstanding_tokens == 0 for m in metrics)
+
+
+def test_requests_arriving_while_others_decode(dp_llm: LLM, single: LLM) -> None:
+    want = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
+    stream = dp_llm.stream(PROMPTS[3], GREEDY)
+    for _ in range(4):  # the stream's request prefills, then decodes a few tokens
+        first = next(stream)
+    assert not first.finished
+    late = dp_llm.generate(PROMPTS[:3] + PROMPTS[4:], GREEDY, use_tqdm=False)
+    last = list(stream)[-1] if not first.finished else first
+    got = _tokens(late)
+    assert [*got[:3], last.outputs[0].token_ids, *got[3:]] == want
+
+
+def test_seeded_sampling_matches_one_process(dp_llm: LLM, single: LLM) -> None:
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.9, seed=7),
+        SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9),  # seeded by the engine
+        SamplingParams(max_tokens=8, temperature=0.7, n=2, seed=11),
+    ]
+    prompts = PROMPTS[:3]
+    want = _tokens(single.generate(prompts, params, use_tqdm=False))
+    assert _tokens(dp_llm.generate(prompts, params, use_tqdm=False)) == want
+
+
+def test_balancer_keeps_shared_prefixes_together(dp_llm: LLM) -> None:
+    engine = dp_llm.engine
+    assert isinstance(engine, DataParallelEngine)
+    assert dp_llm.reset_prefix_cache()
+    shared = [engine.add_request([*SHARED, 900 + i], GREEDY) for i in range(3)]
+    unrelated = [engine.add_request([700 + i] * (5 + i), GREEDY) for i in range(2)]
+    ranks = dict(engine.groups)
+    assert len({ranks[r] for r in shared}) == 1
+    assert {ranks[r] for r in unrelated} == {1 - ranks[shared[0]]}
+    while engine.has_unfinished_requests():
+        engine.step(final_only=True)
+
+
+def _assert_gone(llm: LLM, started: float, limit_s: float) -> None:
+    engine = llm.engine
+    assert isinstance(engine, DataParallelEngine)
+    assert time.monotonic() - started < limit_s
+    workers = engine.group.workers
+    assert workers is not None
+    assert all(not p.is_alive() for p in workers.processes)
+    assert not dist.is_initialized()
+    with pytest.raises(DataParallelError):  # the run is over: later calls fail at once
+        llm.generate([[1, 2, 3]], use_tqdm=False)
+
+
+@pytest.mark.parametrize("how", ["kill", "freeze"])
+def test_a_lost_rank_ends_the_run(dp_llm: LLM, how: str) -> None:
+    dp_llm.engine.shutdown()  # one process group at a time
+    timeout_s = 4.0
+    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=timeout_s)
+    engine = llm.engine
+    assert isinstance(engine, DataParallelEngine) and engine.group.workers is not None
+    for i in range(4):
+        engine.add_request([30 + i] * 20, SamplingParams(max_tokens=200, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    worker = engine.group.workers.processes[0]
+    os.kill(worker.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(DataParallelError, match="unfinished requests failed"):
+        while engine.has_unfinished_requests():
+            engine.step()
+    _assert_gone(llm, started, limit_s=3 * timeout_s)
+
+
+def test_four_ranks_equal_one_process(dp_llm: LLM, single: LLM) -> None:
+    dp_llm.engine.shutdown()  # one process group at a time
+    want = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
+    llm = LLM("tiny", data_parallel_size=4, enable_expert_parallel=True, **OPTIONS)
+    try:
+        assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
+        assert sum(m.steps > 0 for m in llm.engine.metrics()) == 4
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
