@@ -137,11 +137,15 @@ def test_a_drafter_for_another_target_is_refused() -> None:
 
 
 def _engine_outputs(
-    model: DeepseekCausalLM, prompts: list[list[int]], spec: dict | None, **options: int
+    model: DeepseekCausalLM,
+    prompts: list[list[int]],
+    spec: dict | None,
+    params: SamplingParams | None = None,
+    **options: int,
 ) -> tuple[list[RequestOutput], LLMEngine]:
     config = EngineConfig(**{"max_num_batched_tokens": 96, **options}, speculative_config=spec)
     engine = LLMEngine(model, tiny_tokenizer(), config)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = params or SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     done = engine.run()
     return [done[i] for i in ids], engine
@@ -216,6 +220,25 @@ def test_engine_dspark_confidence_threshold(tiny: DeepseekCausalLM) -> None:
     with pytest.raises(InvalidRequestError, match="confidence_threshold"):
         SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 2,
                                  "confidence_threshold": 0.5})  # fmt: skip
+
+
+def test_engine_dspark_seeded_sampling_equals_no_speculation(tiny: DeepseekCausalLM) -> None:
+    """Seeded sampling at temperature 1 with top-p: every schedule (all drafts, the threshold,
+    an adaptive plan that verifies some) emits the tokens the engine draws without speculation,
+    since a draft is kept iff it equals the sampler's draw at its position."""
+    prompts = _engine_prompts(3)
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True)
+    want, _ = _engine_outputs(tiny, prompts, None, params)
+    fixed = {"method": "dspark", "num_speculative_tokens": 5}
+    schedules = {
+        "fixed": fixed,
+        "threshold": {**fixed, "confidence_threshold": 0.3},
+        "adaptive": {**fixed, "scheduling": "adaptive", "verify_cost": {1: 1.0, 2: 1.2}},
+    }
+    for name, spec in schedules.items():
+        outs, engine = _engine_outputs(tiny, prompts, spec, params)
+        assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in want]
+        assert engine.spec is not None and engine.spec.num_accepted > 0, name
 
 
 def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:

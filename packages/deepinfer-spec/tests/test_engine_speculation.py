@@ -5,8 +5,8 @@ Two drafters: the tiny model's own MTP layer (random weights: it proposes, the t
 so this checks the flow end to end), and a drafter that knows the greedy continuations and
 proposes them with every third round's second draft corrupted, so rows keep all, some or none
 of their drafts. Either way every emitted token must be the target's own greedy choice, through
-chunked prefill, prefix-cache hits and rollbacks. Seeded sampling gives a request the same
-tokens alone and in a batch.
+chunked prefill, prefix-cache hits and rollbacks. Seeded sampling gives a request the tokens
+the engine draws without speculation, alone and in a batch.
 """
 
 from __future__ import annotations
@@ -135,16 +135,22 @@ def test_accepted_drafts_keep_greedy_outputs(
         assert m.spec_acceptance_length == (m.spec_accepted_tokens + m.spec_rounds) / m.spec_rounds
 
 
-def test_seeded_sampling_is_the_same_alone_and_in_a_batch(
+def test_seeded_sampling_equals_the_engine_without_speculation(
     model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A draft is kept iff it equals the sampler's draw at its position, so a seeded request
+    emits the tokens the engine without speculation draws, alone and in a batch, whichever
+    drafts were kept (the drafter knows the seeded continuations, one draft in three rounds
+    corrupted)."""
     prompts = _prompts(4, 2)
-    drafter = KnowingDrafter([])
-    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
-    batched, _, _ = _run(model, prompts, params, spec=True)
+    plain, _, _ = _run(model, prompts, params, spec=False)
+    drafter = KnowingDrafter([p + o for p, o in zip(prompts, plain, strict=True)])
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    batched, engine, _ = _run(model, prompts, params, spec=True)
     alone, _, _ = _run(model, prompts[1:2], params, spec=True)
-    assert alone[0] == batched[1]
+    assert batched == plain and alone[0] == plain[1]
+    assert engine.spec is not None and 0 < engine.spec.num_accepted < engine.spec.num_drafts
 
 
 def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -> None:

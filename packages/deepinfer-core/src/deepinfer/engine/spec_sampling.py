@@ -1,14 +1,18 @@
-"""A verification row's positions, each processed as the sampler would process a draw there.
+"""A verification row's positions, each drawn as the sampler would draw there.
 
 Row j of a verification holds the target's logits after the request's last token and
 ``drafts[:j]``: the position the request would be at had ``drafts[:j]`` been emitted. Its
 sampling inputs are the request's as they would then stand (:class:`~.sampling_rows.SamplingRow`:
 penalties and bad words over the output with ``drafts[:j]``, ``min_tokens`` by that output's
-length, the grammar's mask after ``drafts[:j]``), turned into the sampler's tensors and
-processed by the sampler's own :func:`~deepinfer.sampling.sampler.processed_logits`; temperature
-and the filters follow (:func:`~deepinfer.sampling.rejection.target_distribution`). Rejection
-sampling on these distributions keeps every emitted token distributed as the sampler's draw at
-its position, and a greedy request's tokens equal to the engine's without speculation.
+length, the grammar's mask after ``drafts[:j]``, the seed and the position), and the sampler
+itself (:func:`~deepinfer.sampling.sampler.sample`, the same noise at the same position) draws
+the token at every row. Drafts are deterministic (the drafters' argmax), so verification is
+exact matching: a draft is kept while it equals the sampler's draw at its position, and the
+first draw that differs (or the one after the last draft) is the next token. Each emitted token
+is thus the very token the sampler draws at its position without speculation, given the same
+logits: lossless (a draft is kept with the probability the sampler gives it, and on a mismatch
+the draw is distributed as the target's residual), and a seeded request emits the same tokens
+with or without speculation, in any batch and whatever number of drafts a schedule verifies.
 
 Which drafts are verified: a prefix of those offered. A draft that ends the request (a stop
 token) and everything after it is left out: the token drawn after the kept drafts comes from
@@ -26,11 +30,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from deepinfer.backends.base import Backend
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import logprob_entry
-from deepinfer.engine.sampling_rows import SamplingRow, processes_logits, sampling_tensors
-from deepinfer.sampling.rejection import target_distribution
-from deepinfer.sampling.sampler import processed_logits
+from deepinfer.engine.sampling_rows import SamplingRow, sampling_tensors
+from deepinfer.sampling.sampler import sample
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,14 @@ class PositionTargets:
 
     #: The drafts verified: a prefix of those offered.
     drafts: list[int]
-    #: [len(drafts) + 1, V] what the sampler would draw from at each position.
-    probs: Tensor
+    #: [len(drafts) + 1] the sampler's draw at each position.
+    tokens: list[int]
     #: [len(drafts) + 1, V] the model's log-softmax there (the logprobs requests report).
     logprobs: Tensor
+
+    def kept(self) -> int:
+        """How many drafts pass: those before the first that differs from the draw there."""
+        return next((j for j, d in enumerate(self.drafts) if d != self.tokens[j]), len(self.drafts))
 
     def emit(self, req: Request, tokens: Sequence[int]) -> list[tuple[int, float]]:
         """The tokens drawn at these positions with their logprobs, as a step hands them
@@ -78,15 +86,17 @@ def verified_drafts(
     return drafts[:accepted], masks
 
 
-def position_targets(
+def position_targets(  # noqa: PLR0917
     req: Request,
     offered: Sequence[int],
     logits: Tensor,
     eos_token_ids: Collection[int],
     image_token_id: int | None = None,
+    ops: Backend | None = None,
 ) -> PositionTargets:
-    """The distributions of ``req``'s positions after each prefix of the verified drafts,
-    from ``logits`` [len(offered) + 1, V] (row j: after ``offered[:j]``)."""
+    """The sampler's draws at ``req``'s positions after each prefix of the verified drafts,
+    from ``logits`` [len(offered) + 1, V] (row j: after ``offered[:j]``); ``ops``: the backend
+    whose noise the engine's sampler uses."""
     drafts, masks = verified_drafts(req, offered, eos_token_ids)
     raw = logits[: len(drafts) + 1].float()
     if image_token_id is not None and image_token_id < raw.shape[-1]:
@@ -97,9 +107,6 @@ def position_targets(
         SamplingRow.of(req, drafts[:j], None if masks is None else masks[j])
         for j in range(len(drafts) + 1)
     ]
-    x = raw
-    if any(processes_logits(r) for r in rows):
-        x = processed_logits(raw, sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device))
-    p = req.params
-    probs = target_distribution(x, p.temperature, p.top_k, p.top_p, p.min_p)
-    return PositionTargets(drafts, probs, torch.log_softmax(raw, dim=-1))
+    tensors = sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device)
+    drawn = sample(raw, tensors, ops=ops).token_ids.tolist()
+    return PositionTargets(drafts, drawn, torch.log_softmax(raw, dim=-1))

@@ -2,13 +2,13 @@
 
 Each step feeds every decoding request its last token and the drafts proposed for it after the
 previous step, as one span that keeps every logit (prefill chunks ride in the same ragged pass).
-Verification (:mod:`deepinfer.sampling.rejection`) keeps a prefix of the drafts and draws the
-token after them, so a step emits one to k + 1 tokens per request, distributed as the target's
-own (greedy requests get exactly the target's greedy tokens). The state is rolled back to the
-accepted tokens, and the speculator drafts the next round from the target's streams at the
-verified positions. Randomness is keyed by position (acceptance on its own stream, the emitted
-token on the sampler's Gumbel noise), so a seeded request draws the same tokens in any batch;
-they are not the tokens it draws without speculation (the residual draws differ).
+Verification (:mod:`.spec_sampling`) draws the token at every position of the row as the sampler
+would, with the noise of that position, keeps the drafts that equal those draws and emits the
+first draw that differs (or the one after the last draft): one to k + 1 tokens per request, each
+the token the engine draws there without speculation. So outputs are the target's own (greedy
+and seeded alike), in any batch and however many drafts a step verifies. The state is rolled
+back to the accepted tokens, and the speculator drafts the next round from the target's streams
+at the verified positions.
 
 Every position of a row is processed as the sampler would process a draw there had the drafts
 before it been emitted (:mod:`.spec_sampling`): penalties, logit bias, bad words, allowed
@@ -43,7 +43,6 @@ from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
-from deepinfer.sampling.rejection import draw, verify_sequence
 
 
 class Drafter(Protocol):
@@ -256,7 +255,7 @@ class SpeculativeRunner:
         if start + n < req.num_tokens:
             pending.next_ids += after
             return
-        token, logprob = self._sample(req, logits[-1], start + n)
+        token, logprob = self._sample(req, logits[-1])
         pending.next_ids += [*after, token]
         result.tokens[req] = [(token, logprob)]
 
@@ -276,10 +275,8 @@ class SpeculativeRunner:
         pending = self._pending(req)
         offered = ids.numel() - 1
         target = self._target(req, logits, ids[1:].tolist())
-        drafts = torch.tensor(target.drafts, dtype=torch.long)
-        n_kept, dist = verify_sequence(target.probs, None, drafts, req.seed, start)
-        token = self._draw(req, dist, start + n_kept + 1)
-        emitted = [*target.drafts[:n_kept], token]
+        n_kept = target.kept()
+        emitted = target.tokens[: n_kept + 1]
         result.tokens[req] = target.emit(req, emitted)
         self.num_drafts += offered
         self.num_accepted += n_kept
@@ -304,17 +301,12 @@ class SpeculativeRunner:
         ``offered[:j]``), each processed as the sampler would process a draw there."""
         cfg = self.model.cfg
         eos = eos_ids(cfg.eos_token_id)
-        return position_targets(req, offered, logits, eos, cfg.image_token_id)
+        return position_targets(req, offered, logits, eos, cfg.image_token_id, self.model.ops)
 
-    def _draw(self, req: Request, dist: Tensor, position: int) -> int:
-        """The token at ``position`` from ``dist`` [V], with the sampler's noise there."""
-        uniform = self.model.ops.sampling_uniform
-        return draw(dist, req.params.temperature, req.seed, position, uniform)
-
-    def _sample(self, req: Request, logits: Tensor, position: int) -> tuple[int, float]:
-        """The first token after the prompt, as the sampler would draw it."""
+    def _sample(self, req: Request, logits: Tensor) -> tuple[int, float]:
+        """The first token after the prompt, as the sampler draws it."""
         target = self._target(req, logits[None], [])
-        return target.emit(req, [self._draw(req, target.probs[0], position)])[0]
+        return target.emit(req, target.tokens)[0]
 
     def _draft(self, result: SpecStep) -> None:
         """Draft the next round for every request that emitted tokens this step, in one
