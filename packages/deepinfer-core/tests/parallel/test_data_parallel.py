@@ -1,24 +1,33 @@
 """Attention data parallelism + MoE expert parallelism through ``LLM``: 2 ranks on the CPU (gloo).
 
-One two-rank ``LLM`` (rank 0 in the test process, rank 1 spawned) serves every parity test and
+One two-rank ``LLM`` (rank 0 in the test process, rank 1 spawned) serves most parity tests and
 is compared with the single-process engine: greedy and seeded outputs token for token, with
-chunked prefill, prefix-cache hits and requests arriving while others decode. The fault tests
-start their own runs and kill or freeze a rank mid-run.
+chunked prefill, prefix-cache hits and requests arriving while others decode, and the per-expert
+load the ranks count against a recount of the single process's router outputs. The fault,
+preemption and V4 tests start their own runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import Tensor
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.assets import TINY_TOKENIZER, random_tiny_model, tiny_config
 from deepinfer.cache.prefix import BLOCK_SIZE
 from deepinfer.dp.frontend import DataParallelEngine, DataParallelError
+from deepinfer.models.layers.moe import MoE
 
 #: Small enough that prompts above it are prefilled in several chunks.
 CHUNK = 64
@@ -104,6 +113,61 @@ def test_balancer_keeps_shared_prefixes_together(dp_llm: LLM) -> None:
         engine.step(final_only=True)
 
 
+def _summed_load(llm: LLM) -> dict[str, Tensor]:
+    """Every rank's expert load, summed over the ranks."""
+    metrics = llm.engine.metrics()
+    return {
+        name: sum(torch.tensor(m.expert_load[name]) for m in metrics)  # type: ignore[misc]
+        for name in metrics[0].expert_load
+    }
+
+
+def _counting(inner: Callable[..., Tensor], seen: Tensor) -> Callable[..., Tensor]:
+    """``MoE.combine`` that first adds its router indices to ``seen``."""
+
+    def combine(ops: object, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        seen.add_(torch.bincount(indices[indices >= 0], minlength=seen.numel()))
+        return inner(ops, flat, weights, indices)
+
+    return combine
+
+
+def _recount(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Count the router's (token, slot) pairs per global expert in every MoE layer of a
+    single-process model, from the indices its ``combine`` receives (patched per instance)."""
+    counts: dict[str, Tensor] = {}
+    for name, layer in model.named_modules():
+        if isinstance(layer, MoE):
+            seen = counts[name] = torch.zeros(layer.cfg.n_routed_experts, dtype=torch.long)
+            layer.combine = _counting(layer.combine, seen)  # type: ignore[method-assign]
+    return counts
+
+
+def test_expert_load_equals_a_single_process_recount(dp_llm: LLM, single: LLM) -> None:
+    prompts = [
+        [101, 102, 103],
+        [400 + i for i in range(70)],
+        [60 + (i * 7) % 300 for i in range(33)],
+    ]
+    assert dp_llm.reset_prefix_cache() and single.reset_prefix_cache()  # every token computed
+    before = _summed_load(dp_llm)
+    model = single.engine.model
+    counts = _recount(model)
+    try:
+        want = _tokens(single.generate(prompts, GREEDY, use_tqdm=False))
+    finally:
+        for layer in model.modules():
+            layer.__dict__.pop("combine", None)
+    assert _tokens(dp_llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    after = _summed_load(dp_llm)
+    assert set(after) == set(counts) and len(counts) >= 2
+    assert all(seen.sum() > 0 for name, seen in counts.items() if name.startswith("layers."))
+    for name, seen in counts.items():  # the MTP layer's too (it never runs here)
+        assert torch.equal(after[name] - before[name], seen), name
+    ranks = dp_llm.engine.metrics()
+    assert all(sum(sum(c) for c in m.expert_load.values()) > 0 for m in ranks)  # both routed
+
+
 def _assert_gone(llm: LLM, started: float, limit_s: float) -> None:
     engine = llm.engine
     assert isinstance(engine, DataParallelEngine)
@@ -143,6 +207,59 @@ def test_four_ranks_equal_one_process(dp_llm: LLM, single: LLM) -> None:
     try:
         assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
         assert sum(m.steps > 0 for m in llm.engine.metrics()) == 4
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
+def test_preemption_on_a_rank_keeps_outputs(dp_llm: LLM, single: LLM) -> None:
+    """Each rank's pool holds three sequences of one page; four requests per rank growing
+    past a page make its scheduler preempt and recompute (a step of only preemptions runs
+    the dummy forward), and greedy outputs do not change."""
+    from deepinfer.cache.pools import state_bytes
+    from deepinfer.paging import PAGE_TOKENS
+
+    dp_llm.engine.shutdown()  # one process group at a time
+    model = single.engine.model
+    budget = 3 * state_bytes(model.cfg, model.dtype, PAGE_TOKENS)
+    prompts = [[200 + (i * 31 + j * 17) % 700 for j in range(112 + i)] for i in range(8)]
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    want = _tokens(single.generate(prompts, params, use_tqdm=False))
+    llm = LLM(
+        "tiny",
+        data_parallel_size=2,
+        enable_expert_parallel=True,
+        state_memory_bytes=budget,
+        max_num_seqs=8,
+        **OPTIONS,
+    )
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert _tokens(outs) == want
+        assert sum(o.metrics.num_preemptions for o in outs) > 0
+        assert all(m.steps > 0 for m in llm.engine.metrics())
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
+def test_v4_checkpoint_equals_one_process(dp_llm: LLM, tmp_path: Path) -> None:
+    """A random tiny V4 (not V4.1) model written as a checkpoint: two ranks, each reading
+    only its experts, generate what one process does."""
+    dp_llm.engine.shutdown()  # one process group at a time
+    model = random_tiny_model(torch.float32, seed=0)
+    tensors = {k: v.contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config().to_dict()))
+    shutil.copy(TINY_TOKENIZER, tmp_path / "tokenizer.json")
+    options = {"dtype": "float32", **OPTIONS}
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[5]]
+    params = SamplingParams(max_tokens=6, temperature=0)
+    want = _tokens(LLM(str(tmp_path), **options).generate(prompts, params, use_tqdm=False))
+    llm = LLM(str(tmp_path), data_parallel_size=2, enable_expert_parallel=True, **options)
+    try:
+        assert not llm.engine.model.cfg.is_v41
+        assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == want
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()

@@ -18,6 +18,7 @@ import copy
 import random
 import weakref
 from collections.abc import Container
+from typing import NoReturn
 
 from tokenizers import Tokenizer
 
@@ -165,7 +166,12 @@ class DataParallelEngine:
         return bool(self.groups)
 
     def metrics(self) -> list[RankMetrics]:
-        """Each rank's metrics after the latest step, with its outstanding tokens."""
+        """Each rank's metrics after the latest step, with its outstanding tokens and expert
+        load. The ranks report in a round of their own (no step, no forward), so the device
+        counters are read only here, not every step; after a fault, the last step's."""
+        if self.failure is None:
+            report = StepCommand(report_only=True)
+            self.rank_metrics = [r.metrics for r in self._exchange([report] * self.world_size)]
         for m, load in zip(self.rank_metrics, self.balancer.loads, strict=True):
             m.outstanding_tokens = load
         return self.rank_metrics
@@ -176,9 +182,6 @@ class DataParallelEngine:
         """One global step on every rank; the outputs of the requests that changed (as
         :meth:`LLMEngine.step`: with ``final_only``, only finished or watched ones)."""
         self._check_alive()
-        dead = self.group.dead_worker()
-        if dead is not None:
-            self._fault(dead, None)
         watched = [
             frozenset(g for g, r in self.groups.items() if r == rank and g in watch)
             for rank in range(self.world_size)
@@ -190,16 +193,24 @@ class DataParallelEngine:
         self._new = [[] for _ in range(self.world_size)]
         self._abort = [[] for _ in range(self.world_size)]
         self._reset = False
+        replies = self._exchange(commands)
+        self.num_steps += 1
+        return self._collect(replies)
+
+    def _exchange(self, commands: list[StepCommand]) -> list[StepReply]:
+        """Scatter the commands, run rank 0's, gather every rank's reply; a failure ends the
+        run (naming the rank that died, when one did)."""
+        dead = self.group.dead_worker()
+        if dead is not None:
+            self._fault(dead, None)
         try:
-            replies = gather_replies(self.stepper.run(send_commands(commands)))
+            return gather_replies(self.stepper.run(send_commands(commands)))
         except BaseException as exc:
             reason = self.group.dead_worker(wait_s=DEATH_WAIT_S) or (
                 "a data-parallel step failed (a rank failed, or hung past dp_timeout_s="
                 f"{self.group.options.dp_timeout_s}s): {exc!r}"
             )
             self._fault(reason, exc)
-        self.num_steps += 1
-        return self._collect(replies)
 
     def _collect(self, replies: list[StepReply]) -> list[RequestOutput]:
         outs = []
@@ -214,7 +225,7 @@ class DataParallelEngine:
                 outs.append(out)
         return outs
 
-    def _fault(self, reason: str, cause: BaseException | None) -> None:
+    def _fault(self, reason: str, cause: BaseException | None) -> NoReturn:
         """End the run: stop every rank, fail the unfinished requests, raise."""
         lost = sorted(self.groups)
         shown = ", ".join(lost[:8]) + (", ..." if len(lost) > 8 else "")

@@ -21,6 +21,7 @@ from deepinfer.dp.protocol import RankMetrics, StepCommand, StepReply
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.errors import DeepInferError
 from deepinfer.models.batch import ForwardBatch
+from deepinfer.models.expert_load import ExpertLoadTracker
 from deepinfer.models.state import ModelState
 
 
@@ -40,6 +41,7 @@ class RankStepper:
         self.dummy_steps = 0
         self._scratch: ModelState | None = None
         model = engine.model
+        self.expert_load = ExpertLoadTracker(model)
         inner: Callable[..., Any] = model.forward
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -59,12 +61,15 @@ class RankStepper:
         model = self.engine.model
         if self._scratch is None or self._scratch.pos >= BLOCK_SIZE:
             self._scratch = model.new_state(1)
-        model(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
+        with self.expert_load.paused():
+            model(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
         self.dummy_steps += 1
 
     def run(self, command: StepCommand) -> StepReply:
         """Apply the command's requests, run one step (or the dummy forward), report."""
         engine = self.engine
+        if command.report_only:
+            return StepReply(metrics=self.metrics(expert_load=True))
         reply = StepReply()
         if command.reset_prefix_cache:
             engine.reset_prefix_cache()
@@ -94,7 +99,8 @@ class RankStepper:
         reply.metrics = self.metrics()
         return reply
 
-    def metrics(self) -> RankMetrics:
+    def metrics(self, expert_load: bool = False) -> RankMetrics:
+        """This rank's metrics; the expert load (a device sync) only when asked for."""
         engine = self.engine
         cache = engine.prefix_cache
         return RankMetrics(
@@ -104,4 +110,5 @@ class RankStepper:
             prefix_cache_hit_rate=cache.stats.hit_rate if cache is not None else 0.0,
             dummy_steps=self.dummy_steps,
             steps=self.steps,
+            expert_load=self.expert_load.read() if expert_load else {},
         )

@@ -37,6 +37,9 @@ class StepCommand:
     #: Only finished (and watched) requests' outputs come back (what ``generate`` needs).
     final_only: bool = True
     reset_prefix_cache: bool = False
+    #: Run no step, only report metrics with the expert load (every rank gets it, so no
+    #: rank enters a forward's collectives alone).
+    report_only: bool = False
     #: Leave the loop and the process group: the run is over.
     stop: bool = False
 
@@ -54,6 +57,9 @@ class RankMetrics:
     steps: int = 0
     #: Tokens its requests may still compute, as the front end's balancer counts them.
     outstanding_tokens: int = 0
+    #: MoE layer name -> (token, slot) pairs this rank's tokens routed to each global expert,
+    #: since the run started (dummy forwards not counted); filled by ``metrics()`` only.
+    expert_load: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

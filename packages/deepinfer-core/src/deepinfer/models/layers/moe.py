@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
+from deepinfer.models.layers.expert_count import ExpertLoad
 from deepinfer.models.layers.norm import Linear, fp32_param
 from deepinfer.parallel import ExpertParallel, dispatch_experts
 
@@ -148,6 +149,9 @@ class MoE(nn.Module):
         #: Set by :func:`~deepinfer.models.expert_shard.shard_routed_experts`: the ranks that
         #: share this layer's routed experts (None: this process holds them all).
         self.expert_parallel: ExpertParallel | None = None
+        #: Set by :class:`~deepinfer.models.expert_load.ExpertLoadTracker`: counts the pairs
+        #: routed to each global expert (None: nothing counts).
+        self.expert_load: ExpertLoad | None = None
 
     def forward(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
         cfg = self.cfg
@@ -170,6 +174,8 @@ class MoE(nn.Module):
         """Routed experts weighted by the router, plus the shared expert (fp32 sum). Under
         expert parallelism the routed pairs travel to the ranks owning their experts and back
         (:func:`~deepinfer.parallel.dispatch_experts`); the shared expert runs here."""
+        if self.expert_load is not None:
+            self.expert_load.add(indices)
         ep = self.expert_parallel
         if ep is not None and ep.enabled:
             shard = ep.shard(self.cfg.n_routed_experts)
