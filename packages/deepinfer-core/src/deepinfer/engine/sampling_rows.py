@@ -135,6 +135,34 @@ def sampling_tensors(
     return t
 
 
+def position_tensors(
+    reqs: Sequence[Request], counts: Sequence[int], device: torch.device
+) -> SamplingTensors:
+    """The sampler's inputs for ``counts[i]`` consecutive positions of each request (a
+    verification row's: from the request's next position on), built column by column
+    without a :class:`SamplingRow` per position. Only for requests none of whose rows
+    :func:`processes_logits`: they need nothing but temperature, the filters and the noise."""
+    n = torch.tensor(counts, dtype=torch.int64)
+    ps = [r.params for r in reqs]
+
+    def col(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
+        return torch.tensor(values, dtype=dtype).repeat_interleave(n)
+
+    temperature = col([p.temperature for p in ps], torch.float32)
+    first = torch.cumsum(n, 0) - n  # each request's first row
+    offsets = torch.arange(int(n.sum())) - first.repeat_interleave(n)
+    return SamplingTensors(
+        temperature=to_device(temperature, device),
+        top_k=to_device(col([max(p.top_k, 0) for p in ps], torch.int64), device),
+        top_p=to_device(col([p.top_p for p in ps], torch.float32), device),
+        min_p=to_device(col([p.min_p for p in ps], torch.float32), device),
+        seeds=to_device(col([r.seed for r in reqs], torch.int64), device),
+        positions=to_device(col([r.num_tokens for r in reqs], torch.int64) + offsets, device),
+        sampled_rows=to_device(torch.nonzero(temperature > 0).squeeze(-1), device),
+        any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
+    )
+
+
 def _allowed(
     rows: Sequence[SamplingRow],
     vocab_size: int,

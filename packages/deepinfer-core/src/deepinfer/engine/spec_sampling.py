@@ -33,7 +33,12 @@ from torch import Tensor
 from deepinfer.backends.base import Backend
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import logprob_entry
-from deepinfer.engine.sampling_rows import SamplingRow, sampling_tensors
+from deepinfer.engine.sampling_rows import (
+    SamplingRow,
+    position_tensors,
+    processes_logits,
+    sampling_tensors,
+)
 from deepinfer.sampling.sampler import sample
 
 
@@ -45,22 +50,26 @@ class PositionTargets:
     drafts: list[int]
     #: [len(drafts) + 1] the sampler's draw at each position.
     tokens: list[int]
-    #: [len(drafts) + 1, V] the model's log-softmax there (the logprobs requests report).
-    logprobs: Tensor
+    #: [len(drafts) + 1] each draw's logprob under the raw model (as the sampler reports it).
+    token_logprobs: list[float]
+    #: [len(drafts) + 1, V] the logits drawn from, before processing; their log-softmax is
+    #: the raw model's distribution, read only for a request that reports top logprobs.
+    raw: Tensor
 
     def kept(self) -> int:
         """How many drafts pass: those before the first that differs from the draw there."""
         return next((j for j, d in enumerate(self.drafts) if d != self.tokens[j]), len(self.drafts))
 
-    def emit(self, req: Request, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """The tokens drawn at these positions with their logprobs, as a step hands them
-        over; a request that reports logprobs gets their entries (with the top alternatives)
-        queued for the engine to take in with each token (``Request.spec_logprobs``)."""
+    def emit(self, req: Request, n: int) -> list[tuple[int, float]]:
+        """The first ``n`` draws with their logprobs, as a step hands them over; a request
+        that reports logprobs gets their entries (with the top alternatives) queued for the
+        engine to take in with each token (``Request.spec_logprobs``)."""
+        tokens = self.tokens[:n]
         if req.params.logprobs is not None:
             k = req.params.logprobs
-            entries = [logprob_entry(self.logprobs[j], t, k) for j, t in enumerate(tokens)]
-            req.spec_logprobs = entries
-        return [(t, float(self.logprobs[j, t])) for j, t in enumerate(tokens)]
+            logp = torch.log_softmax(self.raw[:n], dim=-1)
+            req.spec_logprobs = [logprob_entry(logp[j], t, k) for j, t in enumerate(tokens)]
+        return list(zip(tokens, self.token_logprobs[:n], strict=True))
 
 
 def eos_ids(eos: int | list[int] | None) -> set[int]:
@@ -86,27 +95,78 @@ def verified_drafts(
     return drafts[:accepted], masks
 
 
-def position_targets(  # noqa: PLR0917
-    req: Request,
-    offered: Sequence[int],
-    logits: Tensor,
+#: On a CPU, the sampler's calls of a step take at most this many bytes of logits each: its
+#: passes over [rows, V] then stay in cache, and no large buffer is allocated per pass.
+CPU_BLOCK_BYTES = 2 << 20
+
+
+def step_targets(  # noqa: PLR0917
+    reqs: Sequence[Request],
+    offered: Sequence[Sequence[int]],
+    logits: Sequence[Tensor],
     eos_token_ids: Collection[int],
     image_token_id: int | None = None,
     ops: Backend | None = None,
-) -> PositionTargets:
-    """The sampler's draws at ``req``'s positions after each prefix of the verified drafts,
-    from ``logits`` [len(offered) + 1, V] (row j: after ``offered[:j]``); ``ops``: the backend
-    whose noise the engine's sampler uses."""
-    drafts, masks = verified_drafts(req, offered, eos_token_ids)
-    raw = logits[: len(drafts) + 1].float()
+) -> list[PositionTargets]:
+    """The sampler's draws at every position of a step's rows: for request i, from
+    ``logits[i]`` [len(offered[i]) + 1, V] (row j: after ``offered[i][:j]``); ``ops``: the
+    backend whose noise the engine's sampler uses. One call of the sampler for the whole step
+    on an accelerator (on a CPU, one per block of requests of at most
+    :data:`CPU_BLOCK_BYTES` of logits). The sampler is row-wise, so each draw is the one the
+    request alone would get, however the rows are grouped."""
+    verified = [verified_drafts(r, o, eos_token_ids) for r, o in zip(reqs, offered, strict=True)]
+    targets: list[PositionTargets] = []
+    lo = 0
+    while lo < len(reqs):
+        hi = _block_end(verified, logits, lo)
+        block = zip(reqs[lo:hi], verified[lo:hi], logits[lo:hi], strict=True)
+        targets += _draw(list(block), eos_token_ids, image_token_id, ops)
+        lo = hi
+    return targets
+
+
+def _block_end(
+    verified: Sequence[tuple[list[int], Tensor | None]], logits: Sequence[Tensor], lo: int
+) -> int:
+    """Where the block of requests that starts at ``lo`` ends (see :data:`CPU_BLOCK_BYTES`)."""
+    if logits[lo].device.type != "cpu":
+        return len(logits)
+    budget = max(1, CPU_BLOCK_BYTES // (4 * logits[lo].shape[-1]))  # rows, as float32
+    hi, rows = lo, 0
+    while hi < len(logits) and (hi == lo or rows + len(verified[hi][0]) + 1 <= budget):
+        rows += len(verified[hi][0]) + 1
+        hi += 1
+    return hi
+
+
+def _draw(
+    block: Sequence[tuple[Request, tuple[list[int], Tensor | None], Tensor]],
+    eos_token_ids: Collection[int],
+    image_token_id: int | None,
+    ops: Backend | None,
+) -> list[PositionTargets]:
+    """One call of the sampler for a block of (request, (drafts, grammar masks), logits)."""
+    reqs = [req for req, _, _ in block]
+    counts = [len(drafts) + 1 for _, (drafts, _), _ in block]
+    raw = torch.cat([x[:c] for (_, _, x), c in zip(block, counts, strict=True)]).float()
     if image_token_id is not None and image_token_id < raw.shape[-1]:
         # Never drawn, as in the runner: a generated image placeholder could not be fed back.
         image = torch.tensor([image_token_id], device=raw.device)
         raw = raw.index_fill(-1, image, float("-inf"))
-    rows = [
-        SamplingRow.of(req, drafts[:j], None if masks is None else masks[j])
-        for j in range(len(drafts) + 1)
-    ]
-    tensors = sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device)
-    drawn = sample(raw, tensors, ops=ops).token_ids.tolist()
-    return PositionTargets(drafts, drawn, torch.log_softmax(raw, dim=-1))
+    if any(processes_logits(SamplingRow.of(r)) or r.grammar is not None for r in reqs):
+        rows = [
+            SamplingRow.of(req, drafts[:j], None if masks is None else masks[j])
+            for req, (drafts, masks), _ in block
+            for j in range(len(drafts) + 1)
+        ]
+        tensors = sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device)
+    else:  # the common case: nothing but temperature and filters, built without rows
+        tensors = position_tensors(reqs, counts, raw.device)
+    out = sample(raw, tensors, ops=ops)
+    tokens, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
+    targets, at = [], 0
+    for (_, (drafts, _), _), n in zip(block, counts, strict=True):
+        end = at + n
+        targets.append(PositionTargets(drafts, tokens[at:end], logprobs[at:end], raw[at:end]))
+        at = end
+    return targets

@@ -35,11 +35,11 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.spec_config import SpeculativeConfig
-from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, position_targets
+from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
 from deepinfer.engine.verify_plan import StepLoad
 from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
 from deepinfer.errors import InvalidRequestError
-from deepinfer.models.batch import ForwardBatch, SequenceSpan
+from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
@@ -167,7 +167,7 @@ class SpeculativeRunner:
         decoding rows none of which has drafts, whose requests drafting would not pay for
         (:meth:`.verify_schedule.AdaptiveVerifier.drafting_pays`, on past survivals only),
         runs as a plain step instead: it skips what only speculation needs (every logit, the
-        drafter's features, row-by-row verification). Its requests' drafter contexts then
+        drafter's features, verification at every position). Its requests' drafter contexts then
         start again after it (their features of the plain step's positions were never taken)."""
         if self.verifier is None or not out.scheduled:
             return True
@@ -194,90 +194,111 @@ class SpeculativeRunner:
     @torch.no_grad()
     def execute(self, out: SchedulerOutput, runner: Recorder) -> SpecStep:
         """Run ``out``'s spans; ``runner`` records the prefix cache's blocks that prefill
-        chunks complete (verification rows record none: their states hold drafts)."""
+        chunks complete (verification rows record none: their states hold drafts). Every
+        draw of the step (each verification row's positions, each prefill chunk that ends its
+        sequence) comes from one call of the sampler (:func:`.spec_sampling.step_targets`)."""
         result = SpecStep()
         if not out.scheduled:  # nothing to run this step (a preemption only)
             return result
         if self.verifier is not None:
             self.verifier.trim(out, self.drafts)
-        reqs, chunks, keep, marks, rows = [], [], [], [], []
+        reqs, ids, keep, marks, rows = [], [], [], [], []
         for req, n in out.scheduled.items():
             start = req.num_computed_tokens
             verifying = n == 1 and start >= req.num_prompt_tokens and start + 1 == req.num_tokens
-            ids = req.all_token_ids[start : start + n]
+            chunk = req.all_token_ids[start : start + n]
             state = req.state
             assert state is not None
             if verifying:
-                ids = ids + self.drafts.get(req, [])
+                chunk = chunk + self.drafts.get(req, [])
             elif self._pending(req).next_ids == [] and state.mtp_pos < start:  # a cache hit
                 state.mtp_pos = start  # its MTP layer starts here, without the window before
                 for layer in state.mtp:
                     layer.swa.length = start
             reqs.append(req)
             rows.append(verifying)
-            chunks.append(torch.tensor(ids, dtype=torch.long))
-            keep.append(len(ids) if verifying else 1)
+            ids.append(chunk)
+            keep.append(len(chunk) if verifying else 1)
             marks.append(() if verifying else tuple(runner.boundaries(req, start + n)))
+        chunks = [torch.tensor(c, dtype=torch.long) for c in ids]
         states = [r.state for r in reqs]
         batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=True)  # type: ignore[arg-type]
-        layers = getattr(self.drafter, "feature_layers", None)
-        if layers:  # the drafter reads intermediate layers' outputs (DSpark)
-            with captured_layers(self.model, layers) as seen:
-                output = self.model(batch)
-            per_token = features_of(seen, layers)
-        else:
-            output = self.model(batch)
-            assert output.streams is not None
-            per_token = output.streams
+        output, per_token = self._forward(batch)
         logits = output.split(batch)
+        ends = [s.start + s.num_tokens for s in batch.spans]
+        draws = [i for i, req in enumerate(reqs) if rows[i] or ends[i] == req.num_tokens]
+        cfg = self.model.cfg
+        found = step_targets(
+            [reqs[i] for i in draws],
+            [ids[i][1:] if rows[i] else [] for i in draws],
+            [logits[i] if rows[i] else logits[i][-1:] for i in draws],
+            eos_ids(cfg.eos_token_id),
+            cfg.image_token_id,
+            self.model.ops,
+        )
+        targets = dict(zip(draws, found, strict=True))
         for i, req in enumerate(reqs):
-            span, streams = batch.spans[i], per_token[batch.offsets[i] :][: len(chunks[i])]
+            span, streams = batch.spans[i], per_token[batch.offsets[i] :][: len(ids[i])]
             if rows[i]:
-                self._verify(req, span, chunks[i], logits[i], streams, result)
+                self._verify(req, span, len(ids[i]) - 1, targets[i], streams, result)
                 continue
             for view in output.states_at[i]:
                 runner.record_block(req, view)
-            self._prefill(req, span, logits[i], streams, result)
+            self._prefill(req, span, targets.get(i), streams, result)
             runner.maybe_record(req)
         self._draft(result)
         return result
 
+    def _forward(self, batch: ForwardBatch) -> tuple[ForwardOutput, Tensor]:
+        """Run ``batch``; with every position's final streams, or, where the drafter reads
+        intermediate layers (DSpark), those layers' outputs captured as it runs."""
+        layers = getattr(self.drafter, "feature_layers", None)
+        if layers:
+            with captured_layers(self.model, layers) as seen:
+                output = self.model(batch)
+            return output, features_of(seen, layers)
+        output = self.model(batch)
+        assert output.streams is not None
+        return output, output.streams
+
     def _prefill(
-        self, req: Request, span: SequenceSpan, logits: Tensor, streams: Tensor, result: SpecStep
+        self,
+        req: Request,
+        span: SequenceSpan,
+        target: PositionTargets | None,
+        streams: Tensor,
+        result: SpecStep,
     ) -> None:
         """A chunk of the prompt (or of tokens recomputed after a preemption): its positions
-        wait for the drafter; the last one of the sequence draws the next token."""
+        wait for the drafter; the last one of the sequence draws the next token (``target``)."""
         start, n = span.start, span.num_tokens
         pending = self._pending(req)
         result.num_computed[req] = start + n
         pending.streams.append(streams)
         after = req.all_token_ids[start + 1 : start + n + 1]
-        if start + n < req.num_tokens:
+        if target is None:
             pending.next_ids += after
             return
-        token, logprob = self._sample(req, logits[-1])
-        pending.next_ids += [*after, token]
-        result.tokens[req] = [(token, logprob)]
+        emitted = result.tokens[req] = target.emit(req, 1)
+        pending.next_ids += [*after, emitted[0][0]]
 
     def _verify(  # noqa: PLR0917
         self,
         req: Request,
         span: SequenceSpan,
-        ids: Tensor,
-        logits: Tensor,
+        offered: int,
+        target: PositionTargets,
         streams: Tensor,
         result: SpecStep,
     ) -> None:
-        """A verification row: keep the drafts that pass, draw the token after them, roll
-        the state back to what was kept. Drafts after a stop token or one the grammar rejects
-        are not verified (:mod:`.spec_sampling`): they count as rejected."""
+        """A verification row of ``offered`` drafts: keep the drafts that pass, take the
+        token after them, roll the state back to what was kept. Drafts after a stop token or
+        one the grammar rejects are not verified (:mod:`.spec_sampling`): they count as
+        rejected."""
         start = span.start
-        pending = self._pending(req)
-        offered = ids.numel() - 1
-        target = self._target(req, logits, ids[1:].tolist())
         n_kept = target.kept()
         emitted = target.tokens[: n_kept + 1]
-        result.tokens[req] = target.emit(req, emitted)
+        result.tokens[req] = target.emit(req, n_kept + 1)
         self.num_drafts += offered
         self.num_accepted += n_kept
         if self.verifier is not None:
@@ -291,22 +312,12 @@ class SpeculativeRunner:
         for j in range(n_kept):
             per[j] += 1
         assert req.state is not None
-        self.model.rollback(req.state, start + n_kept + 1, req.all_token_ids + emitted[:-1])
+        if n_kept < offered:  # else the state holds just what was kept (no token list to build)
+            self.model.rollback(req.state, start + n_kept + 1, req.all_token_ids + emitted[:-1])
         result.num_computed[req] = start + n_kept + 1
+        pending = self._pending(req)
         pending.streams.append(streams[: n_kept + 1])
         pending.next_ids += emitted
-
-    def _target(self, req: Request, logits: Tensor, offered: list[int]) -> PositionTargets:
-        """The request's sampling distributions at the positions of ``logits`` (row j: after
-        ``offered[:j]``), each processed as the sampler would process a draw there."""
-        cfg = self.model.cfg
-        eos = eos_ids(cfg.eos_token_id)
-        return position_targets(req, offered, logits, eos, cfg.image_token_id, self.model.ops)
-
-    def _sample(self, req: Request, logits: Tensor) -> tuple[int, float]:
-        """The first token after the prompt, as the sampler draws it."""
-        target = self._target(req, logits[None], [])
-        return target.emit(req, target.tokens)[0]
 
     def _draft(self, result: SpecStep) -> None:
         """Draft the next round for every request that emitted tokens this step, in one
