@@ -21,6 +21,7 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from _spec_drafters import KnowingDrafter
 from tokenizers import Tokenizer
 from torch import Tensor
 
@@ -32,7 +33,6 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
 from deepinfer.models.causal_lm import DeepseekCausalLM
-from deepinfer.models.state import ModelState
 from deepinfer.outputs import CompletionOutput
 from deepinfer.sampling_params import SamplingParams
 
@@ -74,39 +74,6 @@ def v41() -> DeepseekCausalLM:
     return tiny_model(torch.float32)
 
 
-class ContinuationDrafter:
-    """Proposes the continuation of whichever known sequence has the last verified token at
-    that position (a later sequence wins a shared key), corrupting the second draft of every
-    third round; follows the verified positions as the MTP drafter does."""
-
-    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
-        self.k = K
-        self.next: dict[tuple[int, int], list[int]] = {}
-        for seq in sequences:
-            for t in range(len(seq) - 1):
-                self.next[t, seq[t]] = list(seq[t + 1 : t + 1 + K])
-        self.rounds = 0
-
-    def draft_batch(
-        self,
-        states: Sequence[ModelState],
-        streams: Tensor,
-        next_ids: Tensor,
-        lengths: Sequence[int],
-    ) -> Tensor:
-        out, end = [], 0
-        for state, n in zip(states, lengths, strict=True):
-            end += n
-            state.mtp_pos += n
-            row = self.next.get((state.mtp_pos, int(next_ids[end - 1])), [])
-            row = row + [7] * (K - len(row))
-            self.rounds += 1
-            if self.rounds % 3 == 0:
-                row[1] = (row[1] + 1) % 8000
-            out.append(row)
-        return torch.tensor(out)
-
-
 def _prompts(n: int, seed: int, longest: int = 40) -> list[list[int]]:
     rnd = random.Random(seed)
     return [[rnd.randrange(3, 8000) for _ in range(rnd.randint(5, longest))] for _ in range(n)]
@@ -117,7 +84,7 @@ def _generate(
     prompts: Sequence[list[int]],
     params: Sequence[SamplingParams],
     spec: dict[str, object] | None,
-    drafter: ContinuationDrafter | None = None,
+    drafter: KnowingDrafter | None = None,
 ) -> tuple[list[list[CompletionOutput]], LLMEngine]:
     """Every sample of each request, from an engine with ``spec`` (``drafter`` replacing the
     registered speculator); the memory is ample, so nothing is preempted."""
@@ -180,7 +147,7 @@ def option_runs(
     drafter = None
     if request.param == "continuations":
         known = [p + o[0].token_ids for p, o in zip(prompts * 2, want + raw, strict=True)]
-        drafter = ContinuationDrafter(known)
+        drafter = KnowingDrafter(known)
     spec = DSPARK if request.param == "dspark" else MTP
     got, engine = _generate(model, prompts, params, spec, drafter)
     yield want, got, engine
@@ -228,7 +195,7 @@ def test_structured_outputs_validate_and_keep_greedy_outputs(
         free = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
         raw, _ = _generate(model, prompts[:3], [free] * 3, None)
         known = [p + o[0].token_ids for p, o in zip(prompts, want + raw, strict=True)]
-        drafts = ContinuationDrafter(known)
+        drafts = KnowingDrafter(known)
     spec = DSPARK if drafter == "dspark" else MTP
     cut = []
     verified = spec_sampling.verified_drafts
@@ -272,7 +239,7 @@ def test_n_samples_fork_and_speculate_each_on_its_own(
         fork(parent, *args)
 
     spec = DSPARK if drafter == "dspark" else MTP
-    drafts = ContinuationDrafter(known) if drafter == "continuations" else None
+    drafts = KnowingDrafter(known) if drafter == "continuations" else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine_module, "fork_for_speculation", counted)
         got, engine = _generate(
@@ -342,7 +309,7 @@ def test_sampling_with_bias_and_penalty_keeps_the_processed_distribution(
                        logit_bias=bias, presence_penalty=PRESENCE)
         for seed in range(n)
     ]  # fmt: skip
-    outs, engine = _generate(v4, [prompt] * n, params, MTP, ContinuationDrafter(sequences))
+    outs, engine = _generate(v4, [prompt] * n, params, MTP, KnowingDrafter(sequences))
     drawn = torch.tensor([o[0].token_ids for o in outs])
     assert engine.spec is not None and 0 < engine.spec.num_accepted < engine.spec.num_drafts
     vocab, moved = v4.cfg.vocab_size, []

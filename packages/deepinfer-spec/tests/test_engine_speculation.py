@@ -15,11 +15,11 @@ import dataclasses
 import itertools
 import json
 import random
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from _spec_drafters import KnowingDrafter
 from torch import Tensor
 
 from deepinfer.assets import random_tiny_model, tiny_tokenizer
@@ -30,7 +30,6 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
-from deepinfer.models.state import ModelState
 from deepinfer.outputs import RequestOutput
 from deepinfer.paging import PAGE_TOKENS
 from deepinfer.sampling_params import SamplingParams
@@ -61,38 +60,6 @@ def _run(
     ids = [engine.add_request(p, params) for p in prompts]
     out = engine.run()
     return [out[i].outputs[0].token_ids for i in ids], engine, [out[i] for i in ids]
-
-
-class KnowingDrafter:
-    """Proposes the known continuation of the sequence it sees, corrupting the second draft of
-    every third round; follows the verified positions as the MTP drafter does."""
-
-    def __init__(self, sequences: list[list[int]]) -> None:
-        self.k = K
-        self.next: dict[tuple[int, int], list[int]] = {}
-        for seq in sequences:
-            for t in range(len(seq) - 1):
-                self.next[t, seq[t]] = seq[t + 1 : t + 1 + K]
-        self.rounds = 0
-
-    def draft_batch(
-        self,
-        states: Sequence[ModelState],
-        streams: Tensor,
-        next_ids: Tensor,
-        lengths: Sequence[int],
-    ) -> Tensor:
-        out, end = [], 0
-        for state, n in zip(states, lengths, strict=True):
-            end += n
-            state.mtp_pos += n
-            row = list(self.next.get((state.mtp_pos, int(next_ids[end - 1])), []))
-            row += [7] * (K - len(row))
-            self.rounds += 1
-            if self.rounds % 3 == 0:
-                row[1] = (row[1] + 1) % 8000
-            out.append(row)
-        return torch.tensor(out)
 
 
 def test_mtp_speculation_keeps_greedy_outputs(model: DeepseekCausalLM) -> None:
