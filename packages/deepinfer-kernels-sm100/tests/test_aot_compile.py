@@ -464,7 +464,7 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
     # the split partial sums, added in order and rounded to the output's dtype
     for out in ("bf16", "fp32"):
         yield AotSpec(
-            "fp8_linear._split_sum_kernel",
+            "fp8_split.split_sum_kernel",
             f"{out}-8-splits",
             {"part_ptr": "*fp32", "out_ptr": f"*{out}", "size": 32 * 1024, "SPLITS": 8,
              "EMULATE": False, "BLOCK": 1024},

@@ -17,9 +17,9 @@ activations in the tensor cores' fp8 dots, as DeepGEMM does on Hopper:
 Two launch shapes (:func:`_tiles`). Up to ``SMALL_M`` rows (decode), row tiles just cover the
 batch; a projection with few outputs (V4-Flash's wkv has 512) would give only a few programs the
 whole weight to stream, so K is split across programs; each writes its fp32 partial sums, and
-they are added in split order, so every run adds them alike: for row tiles of up to 16 by the
-last of a tile's programs to finish (:func:`_split_reduce`, saving a launch), for taller ones
-by :func:`_split_sum_kernel`, which spreads the additions over many programs. Larger
+they are added in split order, so every run adds them alike (:mod:`.fp8_split`): for row tiles
+of up to 16 by the last of a tile's programs to finish (saving a launch), for taller ones by a
+second kernel, which spreads the additions over many programs. Larger
 batches (prefill) run 64-row tiles that reuse each weight tile. Both read activations that
 :func:`quantize_act_fp8` quantised once ahead of the GEMM. The kernel can also quantise a
 decode batch's tile in registers right before the dot (``FUSE_DECODE_QUANT``), saving a launch,
@@ -54,8 +54,14 @@ from deepinfer_kernels_sm100.fp8_quant import (
     IN_DTYPES,
     quantize_act_fp8,
     quantize_tile,
-    round_to_grid,
     ue8m0_to_fp32,
+)
+from deepinfer_kernels_sm100.fp8_split import (
+    MAX_SPLIT_TILES,
+    split_counters,
+    split_reduce,
+    split_sum_kernel,
+    store_rounded,
 )
 
 #: N and K must be multiples of this (the V4 weight blocks; no kernel masks along N or K)
@@ -132,66 +138,11 @@ def _fp8_gemm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         acc += part * (a_scale[:, None] * w_scale[None, :])
     out = rows[:, None].to(tl.int64) * n + cols[None, :]
     if REDUCE:
-        _split_reduce(out_ptr, part_ptr, count_ptr, out, acc, row_ok, m, n, splits, EMULATE)
+        split_reduce(out_ptr, part_ptr, count_ptr, out, acc, row_ok, m, n, splits, EMULATE)
     elif SPLIT:
         tl.store(part_ptr + tl.program_id(2).to(tl.int64) * m * n + out, acc, mask=row_ok[:, None])
     else:
-        _store_rounded(out_ptr + out, acc, row_ok[:, None], EMULATE)
-
-
-@triton.jit
-def _split_reduce(  # noqa: PLR0917 (Triton helpers take positional arguments)
-    out_ptr, part_ptr, count_ptr, out, acc, row_ok, m, n, splits, EMULATE: tl.constexpr
-):
-    """Store this program's partial sums; the tile's last program to finish adds all of them
-    in split order (the same order whichever finishes last) and stores the result.
-
-    The partials go out before the tile's counter is raised (a block barrier, then a release
-    at GPU scope), and the last program acquires the counter before it reads them from L2
-    (``.cg``: not from its own L1, which other SMs' stores do not reach). It leaves the
-    counter at zero for the next launch.
-    """
-    mask = row_ok[:, None]
-    size = m.to(tl.int64) * n
-    tl.store(part_ptr + tl.program_id(2).to(tl.int64) * size + out, acc, mask=mask)
-    tl.debug_barrier()
-    tile = count_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
-        total = tl.load(part_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
-        for s in range(1, splits):
-            total += tl.load(part_ptr + s * size + out, mask=mask, other=0.0, cache_modifier=".cg")
-        _store_rounded(out_ptr + out, total, mask, EMULATE)
-        tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _store_rounded(ptrs, acc, mask, EMULATE: tl.constexpr):
-    """Store fp32 values rounded to the nearest value of the pointers' dtype."""
-    out_ty: tl.constexpr = ptrs.dtype.element_ty
-    if EMULATE and out_ty == tl.bfloat16:
-        acc = round_to_grid(acc, 7, -119)
-    if EMULATE and out_ty == tl.float16:
-        acc = round_to_grid(acc, 10, -14)
-    tl.store(ptrs, acc.to(out_ty), mask=mask)
-
-
-@triton.jit(do_not_specialize=["size"])
-def _split_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    part_ptr,  # [splits, size] fp32 partial sums
-    out_ptr,  # [size]
-    size,
-    SPLITS: tl.constexpr,
-    EMULATE: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """out = the partial sums added in split order (so every run adds them alike), rounded
-    once to out's dtype."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < size
-    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLITS):
-        acc += tl.load(part_ptr + s * size + offs, mask=ok, other=0.0)
-    _store_rounded(out_ptr + offs, acc, ok, EMULATE)
+        store_rounded(out_ptr + out, acc, row_ok[:, None], EMULATE)
 
 
 @dataclass(frozen=True)
@@ -255,21 +206,6 @@ def _programs(device: torch.device) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     return 4 * sms
-
-
-#: output tiles a split launch may have (one counter each)
-MAX_SPLIT_TILES = 1 << 16
-
-
-@functools.cache
-def _split_counters(device: torch.device) -> Tensor:
-    """The split launches' per-tile counters on ``device``, zero between launches.
-
-    One buffer serves every launch: launches on a device run one after another on the
-    engine's stream (and in its CUDA graphs, which must not allocate it), and each leaves the
-    counters it used at zero.
-    """
-    return torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
 
 
 #: quantise decode activations inside the GEMM (each column program redoes it) rather than
@@ -404,7 +340,7 @@ def _gemm(
         ws,
         out,
         part,
-        _split_counters(x2.device),
+        split_counters(x2.device),
         m,
         n,
         k,
@@ -428,7 +364,7 @@ def _gemm(
     )
     if t.splits > 1 and not t.reduce_in_kernel:
         block_size = 1024
-        _split_sum_kernel[(triton.cdiv(m * n, block_size),)](
+        split_sum_kernel[(triton.cdiv(m * n, block_size),)](
             part, out, m * n, SPLITS=t.splits, EMULATE=EMULATE_CAST, BLOCK=block_size
         )
     return out
