@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -16,10 +17,10 @@ from deepinfer.backends.base import Backend
 from deepinfer.chat import DEFAULT_CHAT_MODEL, ChatFormatter
 from deepinfer.checks import is_int
 from deepinfer.device import select_backend
-from deepinfer.dp.frontend import front_end
-from deepinfer.dp.group import start_ranks
+from deepinfer.dp.group import start_ranks, threads_per_rank
 from deepinfer.dp.options import pop_options
-from deepinfer.engine.config import engine_config, state_budget
+from deepinfer.dp.startup import start_engine
+from deepinfer.engine.config import EngineConfig, engine_config, state_budget
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
 from deepinfer.errors import DeepInferError, InvalidRequestError
@@ -47,7 +48,8 @@ class LLM:
     accepted too (``deepinfer.engine.config.VLLM_OPTIONS``).
 
     ``data_parallel_size=D`` (vLLM's name) runs D ranks, one process each: this process is
-    rank 0 and the front end, the others are spawned (or started by ``torchrun``); with
+    rank 0 and the front end, the others are spawned (or started by ``torchrun``, where only
+    rank 0's ``LLM(...)`` returns: the others serve, then exit); with
     ``enable_expert_parallel=True`` they split the routed experts. ``dp_timeout_s`` bounds every
     collective, ``dp_affinity_margin_tokens`` the balancer's prefix affinity
     (:mod:`deepinfer.dp`).
@@ -97,23 +99,41 @@ class LLM:
         if num_threads is None and model == "tiny" and choice.device == "cpu":
             # The tiny model's ops are so small that thread hand-off dominates: one is fastest.
             num_threads = 1
+        num_threads = threads_per_rank(parallel, num_threads)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         launch = dict(model=model, dtype=dtype, device=device, load_format=load_format)
         launch.update(quantization=quantization, num_threads=num_threads, **engine_options)
         group = start_ranks(parallel, choice.device, launch)  # None: one process
         self.device = group.device(choice.device) if group is not None else choice.device
-        #: The op table the model runs on (``deepinfer info`` explains the choice).
-        self.backend: Backend = plugins.backends.load(choice.backend)(self.device)
-        net, self.tokenizer_path = load(
-            model,
-            dtype,
-            self.device,
-            self.backend,
-            load_format=load_format,
-            quantization=quantization,
-            expert_parallel=group.expert_parallel if group is not None else None,
+        self._chat: ChatFormatter | None = None
+        loading: dict[str, Any] = {"dtype": dtype, "load_format": load_format}
+        loading["quantization"] = quantization
+        loading["expert_parallel"] = group.expert_parallel if group is not None else None
+        build = functools.partial(
+            self._build_engine, model, choice.backend, config, utilization, loading
         )
+        #: Rank 0's front end over every rank's engine when ``data_parallel_size`` > 1.
+        self.engine = build() if group is None else start_engine(group, build)
+        #: Requests of the calls in progress, their latest outputs, and those streamed.
+        self._owned: set[str] = set()
+        self._latest: dict[str, RequestOutput] = {}
+        self._streaming: set[str] = set()
+
+    def _build_engine(
+        self,
+        model: str,
+        backend: str,
+        config: EngineConfig,
+        utilization: float | None,
+        loading: dict[str, Any],
+    ) -> LLMEngine:
+        """This process's engine: the backend, the model (``loading``: :func:`load`'s options,
+        the rank's expert shard among them) and the tokenizer. Under data parallelism every
+        rank runs it, and :func:`~deepinfer.dp.startup.start_engine` settles the outcome."""
+        #: The op table the model runs on (``deepinfer info`` explains the choice).
+        self.backend: Backend = plugins.backends.load(backend)(self.device)
+        net, self.tokenizer_path = load(model, device=self.device, backend=self.backend, **loading)
         if utilization is not None and self.device.startswith("cuda"):
             config.state_memory_bytes = state_budget(self.device, utilization)
         self.tokenizer = tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
@@ -122,14 +142,7 @@ class LLM:
                 f"model {model!r}: its tokenizer has {tokenizer.get_vocab_size()} ids, more "
                 f"than the model's vocab_size ({net.cfg.vocab_size})"
             )
-        self._chat: ChatFormatter | None = None
-        engine = LLMEngine(net, tokenizer, config)
-        #: Rank 0's front end over every rank's engine when ``data_parallel_size`` > 1.
-        self.engine = front_end(engine, group) if group is not None else engine
-        #: Requests of the calls in progress, their latest outputs, and those streamed.
-        self._owned: set[str] = set()
-        self._latest: dict[str, RequestOutput] = {}
-        self._streaming: set[str] = set()
+        return LLMEngine(net, tokenizer, config)
 
     def get_tokenizer(self) -> Tokenizer:
         """The tokenizer prompts are encoded with (a ``tokenizers.Tokenizer``)."""

@@ -23,23 +23,19 @@ from typing import NoReturn
 from tokenizers import Tokenizer
 
 from deepinfer.dp.balancer import Balancer
-from deepinfer.dp.group import RankGroup, gather_replies, send_commands, serve
+from deepinfer.dp.group import DataParallelError, RankGroup, gather_replies, send_commands, serve
 from deepinfer.dp.lockstep import RankStepper
 from deepinfer.dp.protocol import RankMetrics, RequestSpec, StepCommand, StepReply
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import ModelRunner
-from deepinfer.errors import DeepInferError, InvalidRequestError
+from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.outputs import RequestOutput
 
 #: Seconds a failed step waits for a worker's exit to name the rank that died.
 DEATH_WAIT_S = 1.0
-
-
-class DataParallelError(DeepInferError):
-    """A rank died, hung past the timeout or failed: the data-parallel run is over."""
 
 
 class DataParallelEngine:

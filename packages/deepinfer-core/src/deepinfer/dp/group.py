@@ -7,16 +7,21 @@ joins the default process group through a file store in a temporary directory. S
 joins through ``env://``, rank 0 returns the front end, and every other rank's ``LLM(...)``
 serves steps until rank 0 ends the run, then exits the process.
 
-The group's timeout bounds every collective, so a rank that dies or hangs is found within it;
-the front end also checks its spawned workers' exit codes before every step.
+Each rank keeps the rendezvous store for the start-up's own keys (:mod:`.startup`): waits on
+it are polled, so a process that ends during start-up is seen at once, never after the
+timeout. The group's timeout bounds every collective, so a rank that dies or hangs is found
+within it; the front end also checks its spawned workers' exit codes before every step.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
+import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +40,17 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a worker gets to leave after the stop command before it is killed.
 STOP_GRACE_S = 10.0
+#: Seconds between two looks at the start-up store.
+POLL_S = 0.05
+#: The start-up store's key a rank sets just before it joins the process group.
+JOINING_KEY = "deepinfer/joining/{}"
+#: The value of a start-up key that reports success.
+OK = "ok"
+
+
+class DataParallelError(DeepInferError):
+    """A rank died, hung past the timeout or failed: the data-parallel run is over (or never
+    started)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,8 @@ class RankGroup:
     workers: mp.ProcessContext | None = None
     store_dir: tempfile.TemporaryDirectory[str] | None = None
     torchrun: bool = False
+    #: The rendezvous store, kept for the start-up's keys (set when the rank joins).
+    store: dist.Store | None = None
     closed: bool = field(default=False)
 
     @property
@@ -85,6 +103,44 @@ class RankGroup:
             if process.exitcode is not None:
                 return f"data-parallel rank {i + 1} exited with code {process.exitcode}"
         return None
+
+    def lost_peer(self) -> str | None:
+        """A line naming the process this one can no longer start with, or None: for rank 0 a
+        spawned worker that exited, for a spawned worker rank 0 (its parent). Under torchrun
+        the launcher ends every process once one fails, so nothing is watched here."""
+        if self.workers is not None:
+            return self.dead_worker()
+        parent = multiprocessing.parent_process()
+        if _SPAWNED and parent is not None and not parent.is_alive():
+            return "data-parallel rank 0 exited"
+        return None
+
+    def wait_keys(
+        self, keys: dict[int, str], settled: Callable[[dict[int, str]], bool] | None = None
+    ) -> dict[int, str]:
+        """The values of the start-up store's ``keys`` (rank -> key) once every one is set,
+        or once ``settled`` says the ones set so far decide the matter.
+
+        The store is looked at, not waited on, between checks of the peer processes, so a
+        peer that has ended is seen at once. The ranks start together, so one that has set
+        nothing ``dp_timeout_s`` after this rank began to wait counts as hung. Either raises
+        :class:`DataParallelError`."""
+        assert self.store is not None, "the rank has not joined yet"
+        timeout = self.options.dp_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            lost = self.lost_peer()  # before the look: what a peer set before it ended counts
+            seen = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
+            if len(seen) == len(keys) or (settled is not None and settled(seen)):
+                return seen
+            if lost is not None:
+                raise DataParallelError(f"{lost} during start-up")
+            if time.monotonic() > deadline:
+                missing = ", ".join(str(r) for r in keys if r not in seen)
+                raise DataParallelError(
+                    f"data-parallel rank {missing} still starting after dp_timeout_s={timeout}s"
+                )
+            time.sleep(POLL_S)
 
     def close(self, graceful: bool) -> None:
         """End the run: stop the workers (by the stop command when ``graceful``, else kill
@@ -131,6 +187,17 @@ def torchrun_place() -> tuple[int, int, int] | None:
     return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
 
 
+def threads_per_rank(options: DataParallelOptions, num_threads: int | None) -> int | None:
+    """The CPU threads of each rank of a run spawned on one node: ``num_threads`` when given,
+    else this process's count shared among the ranks, which all compute at once on the same
+    cores (each with every core's thread would oversubscribe them many times over). Under
+    ``torchrun`` each process's own count stands: torchrun sets ``OMP_NUM_THREADS`` per
+    process."""
+    if num_threads is not None or not options.enabled or torchrun_place() is not None:
+        return num_threads
+    return max(1, torch.get_num_threads() // options.data_parallel_size)
+
+
 def start_ranks(
     options: DataParallelOptions, device: str, llm_args: dict[str, Any]
 ) -> RankGroup | None:
@@ -140,23 +207,11 @@ def start_ranks(
     spawned worker builds its own ``LLM`` from. None for one rank: no process, no group."""
     if not options.enabled:
         return None
-    size, timeout = options.data_parallel_size, options.dp_timeout_s
-    dev = torch.device("cuda" if device.startswith("cuda") else "cpu")
-
-    def join(rank: int, local: int, init: str) -> ExpertParallel:
-        if dev.type == "cuda":
-            dev_here = torch.device(f"cuda:{local}")
-            torch.cuda.set_device(dev_here)
-        else:
-            dev_here = dev
-        return init_expert_parallel(
-            dev_here, rank=rank, world_size=size, init_method=init, timeout_s=timeout
-        )
-
+    size = options.data_parallel_size
+    cuda = device.startswith("cuda")
     if _SPAWNED:
         place = _SPAWNED[0]
-        ep = join(place.rank, place.rank, place.init_method)
-        return RankGroup(options, place.rank, place.rank, ep)
+        return join(RankGroup(options, place.rank, place.rank, ExpertParallel()), place, cuda)
     launched = torchrun_place()
     if launched is not None:
         rank, world, local = launched
@@ -164,7 +219,13 @@ def start_ranks(
             raise DeepInferError(
                 f"data_parallel_size={size} but torchrun started {world} processes"
             )
-        return RankGroup(options, rank, local, join(rank, local, "env://"), torchrun=True)
+        group = RankGroup(options, rank, local, ExpertParallel(), torchrun=True)
+        return join(group, RankPlace(rank, world, "env://"), cuda)
+    if cuda and torch.cuda.device_count() < size:
+        raise DeepInferError(
+            f"data_parallel_size={size} needs {size} GPUs on this node, found "
+            f"{torch.cuda.device_count()} (several nodes: start every rank with torchrun)"
+        )
     store_dir = tempfile.TemporaryDirectory(prefix="deepinfer-dp-")
     init = f"file://{store_dir.name}/store"
     workers = mp.start_processes(
@@ -177,10 +238,38 @@ def start_ranks(
     )
     group = RankGroup(options, 0, 0, ExpertParallel(), workers, store_dir)
     try:
-        group.ep = join(0, 0, init)
+        return join(group, RankPlace(0, size, init), cuda)
     except BaseException:
         group.close(graceful=False)
         raise
+
+
+def join(group: RankGroup, place: RankPlace, cuda: bool) -> RankGroup:
+    """Join the process group through the rendezvous of ``place.init_method``, whose store
+    the rank keeps for the start-up. Every rank says so in the store first, and rank 0 waits
+    for all of them before it joins: a worker that ended on its way here is then seen at once
+    (the join itself would wait for it until the timeout)."""
+    if cuda:
+        dev = torch.device(f"cuda:{group.local_rank}")
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    timeout = group.options.dp_timeout_s
+    span = datetime.timedelta(seconds=timeout)
+    found = dist.rendezvous(place.init_method, place.rank, place.world_size, timeout=span)
+    store, _, _ = next(found)
+    store.set_timeout(span)
+    group.store = store
+    store.set(JOINING_KEY.format(group.rank), OK)
+    if group.rank == 0:
+        group.wait_keys({r: JOINING_KEY.format(r) for r in range(1, place.world_size)})
+    group.ep = init_expert_parallel(
+        dev,
+        rank=place.rank,
+        world_size=place.world_size,
+        timeout_s=timeout,
+        store=dist.PrefixStore("default_pg", store),
+    )
     return group
 
 

@@ -85,16 +85,20 @@ def init_expert_parallel(
     world_size: int,
     init_method: str = "env://",
     timeout_s: float = 300.0,
+    store: dist.Store | None = None,
 ) -> ExpertParallel:
     """Join the default process group (NCCL on CUDA devices, gloo elsewhere) and describe this
     rank; world size 1 creates no group at all. ``timeout_s`` bounds every collective, so a
-    rank that dies or hangs fails its peers instead of blocking them forever."""
+    rank that dies or hangs fails its peers instead of blocking them forever. ``store``, when
+    given, is the rendezvous in place of ``init_method`` (a caller that also uses the store
+    for its own keys builds it first)."""
     if world_size == 1:
         return ExpertParallel()
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
-        init_method=init_method,
+        init_method=None if store is not None else init_method,
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
