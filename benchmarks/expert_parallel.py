@@ -104,7 +104,9 @@ def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict
     try:
         first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
         full = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
-        timed_run(llm, prompts[:2], first, timer)  # warm-up (and every rank started)
+        # Warm-up over the same prompts and lengths, so that no timed run compiles a kernel
+        # or captures a graph for a shape it meets first (and every rank has started).
+        timed_run(llm, prompts, full, timer)
         prefill = timed_run(llm, prompts, first, timer)
         whole = timed_run(llm, prompts, full, timer)
     finally:
@@ -113,12 +115,13 @@ def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict
         dist.all_to_all_single = timer.inner  # type: ignore[assignment]
     prompt_tokens = sum(map(len, prompts))
     decode_tokens = len(prompts) * (args.output_len - 1)
-    decode_s = max(whole["seconds"] - prefill["seconds"], 1e-9)
+    decode_s = whole["seconds"] - prefill["seconds"]
     steps = max(whole["steps"], 1)
     return {
         "data_parallel_size": dp,
         "prefill_tok_s": prompt_tokens / prefill["seconds"],
-        "decode_tok_s": decode_tokens / decode_s,
+        # None where the decode steps took no measurable time over the prefill run's
+        "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
         "prefill": prefill,
         "full": whole,
         "all_to_all_bytes_per_step": whole["all_to_all_bytes"] / steps,
@@ -146,7 +149,7 @@ def main() -> None:
     for row in rows:
         print(
             f"D={row['data_parallel_size']}: prefill {row['prefill_tok_s']:.0f} tok/s, "
-            f"decode {row['decode_tok_s']:.0f} tok/s, all-to-all "
+            f"decode {row['decode_tok_s'] or float('nan'):.0f} tok/s, all-to-all "
             f"{row['all_to_all_bytes_per_step']:.0f} B and "
             f"{1e3 * row['all_to_all_seconds_per_step']:.2f} ms per step (rank 0)"
         )

@@ -217,60 +217,65 @@ def _moe_specs() -> Iterator[AotSpec]:
             "moe._group_kernel",
             variant,
             {"idx_ptr": "*i64", "weight_ptr": "*fp32", "token_ptr": "*i32", "order_ptr": "*i32",
-             "scale_ptr": "*fp32", "ends_ptr": "*i32", "pairs": pairs, "k": 6,
-             "num_experts": 256, "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": 256},
+             "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32", "pairs": pairs,
+             "k": 6, "num_experts": 256, "slots": min(256, pairs),
+             "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": 256},
             num_warps=warps,
         )  # fmt: skip
-    # BLOCK_M 16 up to 64 pairs per expert on average, 64 past it; fp32 weights: IEEE dots
+    # BLOCK_M 16 up to 64 pairs per expert on average, 64 past it; fp32 weights: IEEE dots;
+    # decode's few experts read from the slot list (LISTED), a prefill's from the slot index
     for dt, block_m in (("bf16", 16), ("bf16", 64), ("fp32", 16)):
         ieee = dt == "fp32"
         yield AotSpec(
             "moe._gate_up_kernel",
             f"{dt}-block-m{block_m}",
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": f"*{dt}", "scale_ptr": "*fp32",
-             "ends_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048, "k_dim": 4096, "limit": 10.0,
-             "CLAMP": True, "IEEE": ieee, "WIDEN": False,
+             "ends_ptr": "*i32", "experts_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048,
+             "k_dim": 4096, "limit": 10.0, "CLAMP": True, "IEEE": ieee, "WIDEN": False,
+             "LISTED": block_m == 16,
              "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64},
         )  # fmt: skip
         yield AotSpec(
             "moe._down_kernel",
             f"{dt}-block-m{block_m}",
-            {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "ends_ptr": "*i32", "order_ptr": "*i32",
-             "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, "IEEE": ieee, "WIDEN": False,
-             "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64},
+            {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "ends_ptr": "*i32", "experts_ptr": "*i32",
+             "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, "IEEE": ieee,
+             "WIDEN": False, "LISTED": block_m == 16, "BLOCK_M": block_m, "BLOCK_N": 64,
+             "BLOCK_K": 64},
         )  # fmt: skip
 
 
 def _fp4_moe_specs() -> Iterator[AotSpec]:
     # The same pairs and row tiles as _moe_specs, on packed e2m1 weights with ue8m0 bytes.
-    # bf16 activations: K steps of 128 into the tensor cores (256 for gate/up with a handful
-    # of pairs), weights decoded by inline PTX, 64-column tiles at decode and 128 at prefill;
+    # bf16 activations: K steps of 128 into the tensor cores, weights decoded by inline PTX,
+    # 64-column tiles at decode (32 for gate/up with a handful of pairs) and 128 at prefill;
     # fp32 activations: IEEE dots, K steps of one 32-wide scale group. EVEN (V4-Flash's
     # shapes) loads without masks; d = 4096 with I = 1056 (not a multiple of the tiles) takes
     # the masked loads.
     cases = (
         ("bf16", 16, 64, 128, 2048, True),
-        ("bf16", 16, 64, 256, 2048, True),
+        ("bf16", 16, 32, 128, 2048, True),
         ("bf16", 64, 128, 128, 2048, True),
         ("bf16", 16, 64, 128, 1056, False),
         ("fp32", 16, 64, 32, 2048, True),
     )
     for dt, block_m, block_n, block_k, inter, even in cases:
-        variant = f"{dt}-block-m{block_m}-k{block_k}-i{inter}"
-        flags = {"IEEE": dt == "fp32", "WIDEN": False, "EVEN": even,
+        variant = f"{dt}-block-m{block_m}-n{block_n}-k{block_k}-i{inter}"
+        flags = {"IEEE": dt == "fp32", "WIDEN": False, "EVEN": even, "LISTED": block_m == 16,
                  "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_gate_up_kernel",
             variant,
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
-             "scale_ptr": "*fp32", "ends_ptr": "*i32", "h_ptr": f"*{dt}", "inter": inter,
-             "k_dim": 4096, "limit": 10.0, "CLAMP": True, **flags},
+             "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32", "h_ptr": f"*{dt}",
+             "inter": inter, "k_dim": 4096, "limit": 10.0, "CLAMP": True, **flags},
         )  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_down_kernel",
             variant,
             {"h_ptr": f"*{dt}", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
-             "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": inter, **flags},
+             "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096,
+             "inter": inter, **flags},
         )  # fmt: skip
 
 

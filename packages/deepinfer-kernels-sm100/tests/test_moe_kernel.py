@@ -78,7 +78,9 @@ def test_grouping_equals_the_reference_sort(
     indices[0, -1] = -1
     indices[n // 2, 0] = -1
     weights = torch.rand(n, k, generator=g).bfloat16()
-    rows, order, scale, ends = moe.group_pairs(weights.to(DEVICE), indices.to(DEVICE), experts)
+    rows, order, scale, ends, busy = moe.group_pairs(
+        weights.to(DEVICE), indices.to(DEVICE), experts
+    )
     want_rows, want_order, want_ends, want_scale, live = moe.group_by_expert(
         weights, indices, experts
     )
@@ -87,8 +89,12 @@ def test_grouping_equals_the_reference_sort(
     assert torch.equal(rows.cpu().long(), want_rows)
     assert torch.equal(order.cpu().long(), want_order)
     assert torch.equal(scale.cpu(), want_scale.reshape(-1))
-    # independent of the reference: each expert's pairs in (token, slot) order
+    # independent of the reference: each expert's pairs in (token, slot) order, and the
+    # experts that have any in order, padded with -1 to min(E, pairs) kernel slots
     flat = indices.flatten()
+    want_busy = sorted({int(e) for e in flat if e >= 0})
+    slots = min(experts, n * k)
+    assert busy.cpu().tolist() == want_busy + [-1] * (slots - len(want_busy))
     for e in range(experts):
         start = int(want_ends[e - 1]) if e else 0
         mine = order.cpu().long()[start : int(want_ends[e])]

@@ -40,11 +40,11 @@ from torch import Tensor
 from deepinfer.models.quant import is_ue8m0_dtype
 from deepinfer_kernels_sm100.fp4_decode import _GROUP, GROUP, fp4_step
 from deepinfer_kernels_sm100.fp8_quant import round_to_grid
-from deepinfer_kernels_sm100.moe import _WIDEN, _expert_range, _tile, group_pairs
+from deepinfer_kernels_sm100.moe import _WIDEN, _slot_range, _tile, group_pairs
 
 #: up to this many pairs per expert on average, row tiles of 16; past it 64 (as moe.py)
 SMALL_PAIRS_PER_EXPERT = 64
-#: up to this many (token, expert) pairs, gate/up takes 256-wide K steps, four in flight
+#: up to this many (token, expert) pairs, gate/up takes 32-column tiles, four K steps in flight
 FEW_PAIRS = 8
 _ACT_DTYPES = (torch.bfloat16, torch.float32)
 _PACKED_DTYPES = tuple(
@@ -68,6 +68,7 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
     ws_ptr,  # [E, 2I, K / GROUP] ue8m0 bytes
     scale_ptr,  # [P] router weights (fp32)
     ends_ptr,  # [E] int32
+    experts_ptr,  # [slots] int32
     h_ptr,  # [P, I] out, in x's dtype
     inter,
     k_dim,
@@ -75,16 +76,17 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
     CLAMP: tl.constexpr,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
+    LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
     EVEN: tl.constexpr,  # K a multiple of BLOCK_K and I of BLOCK_N: no masks along them
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """h = silu(min(gate, l)) * clamp(up, -l, l) * router weight for one (expert, column tile)."""
-    e = tl.program_id(0).to(tl.int64)  # E * 2I * K / 2 bytes pass 2**31 at V4-Flash's shapes
+    """h = silu(min(gate, l)) * clamp(up, -l, l) * router weight for one (slot, column tile)."""
+    # e is int64: E * 2I * K / 2 bytes pass 2**31 at V4-Flash's shapes
+    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
-    start, end = _expert_range(ends_ptr, e)
     gate_rows = e * 2 * inter + cols
     w_gate = w_ptr + gate_rows[:, None] * (k_dim // 2)
     w_up = w_gate + inter * (k_dim // 2)
@@ -124,22 +126,23 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     w_ptr,  # [E, D, I / 2] packed e2m1
     ws_ptr,  # [E, D, I / GROUP] ue8m0 bytes
     ends_ptr,  # [E] int32
+    experts_ptr,  # [slots] int32
     order_ptr,  # [P] (token, slot) pair of each sorted pair
     y_ptr,  # [P, D] fp32 out, by (token, slot) pair
     d_out,
     inter,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
+    LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
     EVEN: tl.constexpr,  # I a multiple of BLOCK_K and D of BLOCK_N: no masks along them
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """y = h @ w2.T for one (expert, output column tile), written at each pair's own row."""
-    e = tl.program_id(0).to(tl.int64)
+    """y = h @ w2.T for one (slot, output column tile), written at each pair's own row."""
+    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < d_out
-    start, end = _expert_range(ends_ptr, e)
     w_rows = w_ptr + (e * d_out + cols)[:, None] * (inter // 2)
     s_rows = ws_ptr + (e * d_out + cols)[:, None] * (inter // _GROUP)
     kk = tl.arange(0, BLOCK_K)
@@ -246,31 +249,32 @@ def moe_experts_fp4(
     w13, w13_s, w2, w2_s = _operands(x, w13_packed, w13_scale, w2_packed, w2_scale)
     num_experts, d_in = w13.shape[0], x.shape[1]
     inter, d_out = w13.shape[1] // 2, d_in
-    rows, order, scale, ends = group_pairs(weights, indices, num_experts)
-    pairs = rows.shape[0]
+    groups = group_pairs(weights, indices, num_experts)
+    pairs, slots = groups.rows.shape[0], groups.experts.shape[0]
     ieee = x.dtype == torch.float32
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     # Pairs without an expert are never computed: their rows stay zero.
     y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         block_m = 16 if pairs <= SMALL_PAIRS_PER_EXPERT * num_experts else 64
-        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m}
+        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m, "LISTED": slots < num_experts}
         # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
         # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
         # Decode (16-row tiles) streams each expert's weight through 64-column tiles; prefill
         # reuses each decoded tile over 64 rows. With a handful of pairs (one token's experts)
-        # few programs have work, so each takes longer K steps, more of them in flight.
+        # few programs have work, so gate/up splits its columns finer, four K steps in flight.
         most_k = GROUP if ieee else 4 * GROUP
         most_n = 64 if ieee or block_m == 16 else 128
         few = not ieee and pairs <= FEW_PAIRS
-        bn, bk = _tile(inter, most_n), _tile(d_in, 2 * most_k if few else most_k)
-        _fp4_gate_up_kernel[(num_experts, triton.cdiv(inter, bn))](
+        bn, bk = _tile(inter, most_n // 2 if few else most_n), _tile(d_in, most_k)
+        _fp4_gate_up_kernel[(slots, triton.cdiv(inter, bn))](
             x.contiguous(),
-            rows,
+            groups.rows,
             w13,
             w13_s,
-            scale,
-            ends,
+            groups.scale,
+            groups.ends,
+            groups.experts,
             h,
             inter,
             d_in,
@@ -284,8 +288,20 @@ def moe_experts_fp4(
         )
         bn, bk = _tile(d_out, most_n), _tile(inter, most_k)
         even = inter % bk == 0 and d_out % bn == 0
-        _fp4_down_kernel[(num_experts, triton.cdiv(d_out, bn))](
-            h, w2, w2_s, ends, order, y, d_out, inter, EVEN=even, BLOCK_N=bn, BLOCK_K=bk, **flags
+        _fp4_down_kernel[(slots, triton.cdiv(d_out, bn))](
+            h,
+            w2,
+            w2_s,
+            groups.ends,
+            groups.experts,
+            groups.order,
+            y,
+            d_out,
+            inter,
+            EVEN=even,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            **flags,
         )
     # Each token's k slots summed in slot order, as the reference's combine does.
     return y.view(-1, indices.shape[-1], d_out).sum(dim=1)

@@ -5,11 +5,13 @@ expert's rows are one contiguous range of the sorted pairs, ending at ``ends[e]`
 batch (up to ``GROUP_MAX_PAIRS`` pairs) one program sorts them, where the reference takes ~14
 torch ops, a multi-launch radix sort among them. The kernels read each sorted pair's token row
 of ``x`` in place and write each pair's output at its (token, slot) row, so neither the gathered
-inputs nor the un-sorting copy exist. One program per
-(expert, column tile) walks its expert's rows in tiles of ``BLOCK_M``: the first kernel
-computes the gate and up projections of a tile together and applies the clamped SwiGLU and the
-router weight in its epilogue (the reference's ``silu(min(gate, l)) * clamp(up, -l, l) *
-weight``), the second multiplies by ``w2``. Row ranges are read on the device, so nothing waits
+inputs nor the un-sorting copy exist. One program per (expert with pairs, column tile) walks
+its expert's rows in tiles of ``BLOCK_M``; the grid's first axis has ``min(E, pairs)`` slots,
+which the experts that have pairs fill in order (:class:`PairGroups`), so a decode step of a
+few tokens starts programs for its few experts only, not for all E. The first kernel computes
+the gate and up projections of a tile together and applies the clamped SwiGLU and the router
+weight in its epilogue (the reference's ``silu(min(gate, l)) * clamp(up, -l, l) * weight``),
+the second multiplies by ``w2``. Row ranges are read on the device, so nothing waits
 on the host: where torch's grouped matmul lacks a kernel (fp32 on Hopper), the reference loops
 over experts with one host sync per layer and two launches per expert; here the matmuls of
 all experts are two launches. fp32 operands multiply in IEEE fp32 (no TF32), as torch's
@@ -19,6 +21,7 @@ matmul does by default.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -45,10 +48,35 @@ def _mma(a, b, acc, IEEE: tl.constexpr, WIDEN: tl.constexpr):
     return tl.dot(a, tl.trans(b), acc)
 
 
+class PairGroups(NamedTuple):
+    """A step's (token, slot) pairs sorted stably by expert (:func:`group_pairs`)."""
+
+    rows: Tensor  # [P] int32: token row of each sorted pair
+    order: Tensor  # [P] int32: (token, slot) pair of each sorted pair
+    scale: Tensor  # [P] fp32: router weight of each sorted pair
+    ends: Tensor  # [E] int32: end of each expert's sorted pairs
+    experts: Tensor  # [min(E, P)] int32: the experts with pairs in order, then -1
+
+
 @triton.jit
 def _expert_range(ends_ptr, e):
     start = tl.load(ends_ptr + e - 1, mask=e > 0, other=0)
     return start, tl.load(ends_ptr + e)
+
+
+@triton.jit
+def _slot_range(experts_ptr, ends_ptr, LISTED: tl.constexpr):
+    """(expert, start, end) of this program's slot: its expert (int64) and sorted-pair range,
+    empty for a slot past the experts that have pairs (expert -1, read as 0). Without
+    ``LISTED`` (a slot per expert) slot e is expert e, read without the list's load."""
+    if not LISTED:
+        expert = tl.program_id(0).to(tl.int64)
+        start, end = _expert_range(ends_ptr, expert)
+        return expert, start, end
+    e = tl.load(experts_ptr + tl.program_id(0))
+    expert = tl.maximum(e, 0).to(tl.int64)
+    start, end = _expert_range(ends_ptr, expert)
+    return expert, start, tl.where(e >= 0, end, start)
 
 
 @triton.jit(do_not_specialize=["pairs", "k", "num_experts"])
@@ -59,9 +87,11 @@ def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     order_ptr,  # [P] out: (token, slot) pair of each sorted pair
     scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
     ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
+    experts_ptr,  # [slots] out: the experts with pairs in order, then -1 (int32)
     pairs,
     k,
     num_experts,
+    slots,
     P_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
 ):
@@ -81,6 +111,10 @@ def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     counts = tl.histogram(tl.where(has, e, 0).to(tl.int32), E_PAD, mask=has)
     bins = tl.arange(0, E_PAD)
     tl.store(ends_ptr + bins, tl.cumsum(counts, 0), mask=bins < num_experts)
+    # Experts with pairs fill slots 0 .. n - 1 in order and -1 the rest: disjoint stores.
+    busy = (counts > 0) & (bins < num_experts)
+    tl.store(experts_ptr + tl.cumsum(busy.to(tl.int32), 0) - 1, bins, mask=busy)
+    tl.store(experts_ptr + bins, -1, mask=(bins >= tl.sum(busy.to(tl.int32), 0)) & (bins < slots))
 
 
 @triton.jit
@@ -90,6 +124,7 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     w_ptr,  # [E, 2I, K] gate rows over up rows
     scale_ptr,  # [P] router weights (fp32)
     ends_ptr,  # [E] int32
+    experts_ptr,  # [slots] int32
     h_ptr,  # [P, I] out
     inter,
     k_dim,
@@ -97,15 +132,15 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     CLAMP: tl.constexpr,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
+    LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    e = tl.program_id(0)
+    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    start, end = _expert_range(ends_ptr, e)
     # An expert's offset passes 2**31 elements at V4-Flash shapes (256 x 4096 x 4096): int64.
-    w_gate = w_ptr + e.to(tl.int64) * 2 * inter * k_dim + cols[:, None] * k_dim
+    w_gate = w_ptr + e * 2 * inter * k_dim + cols[:, None] * k_dim
     w_up = w_gate + inter * k_dim
     kk = tl.arange(0, BLOCK_K)
     for m0 in range(start, end, BLOCK_M):
@@ -143,20 +178,21 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     h_ptr,  # [P, I]
     w_ptr,  # [E, D, I]
     ends_ptr,
+    experts_ptr,  # [slots] int32
     order_ptr,  # [P] (token, slot) pair of each sorted pair
     y_ptr,  # [P, D] fp32 out, by (token, slot) pair
     d_out,
     inter,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
+    LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    e = tl.program_id(0)
+    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    start, end = _expert_range(ends_ptr, e)
-    w = w_ptr + e.to(tl.int64) * d_out * inter + cols[:, None] * inter
+    w = w_ptr + e * d_out * inter + cols[:, None] * inter
     kk = tl.arange(0, BLOCK_K)
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -183,20 +219,20 @@ def _tile(n: int, most: int) -> int:
     return max(16, min(most, triton.next_power_of_2(n)))
 
 
-def group_pairs(
-    weights: Tensor, indices: Tensor, num_experts: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(token row, (token, slot) pair, router weight fp32) of each pair sorted stably by
-    expert, and each expert's end offset [E] int32: :func:`group_by_expert`'s order."""
+def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> PairGroups:
+    """The pairs sorted stably by expert, in :func:`group_by_expert`'s order, and the experts
+    that have pairs (the grouped kernels' slots)."""
     pairs = indices.numel()
+    slots = min(num_experts, pairs)
     if pairs > GROUP_MAX_PAIRS:
         rows, order, ends, scale, _ = group_by_expert(weights, indices, num_experts)
-        return rows, order, scale.reshape(-1), ends
+        return PairGroups(rows, order, scale.reshape(-1), ends, _busy_experts(ends, slots))
     dev = indices.device
     rows = torch.empty(pairs, dtype=torch.int32, device=dev)
     order = torch.empty(pairs, dtype=torch.int32, device=dev)
     scale = torch.empty(pairs, dtype=torch.float32, device=dev)
     ends = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    experts = torch.empty(slots, dtype=torch.int32, device=dev)
     if pairs:
         _group_kernel[(1,)](
             indices.reshape(-1).contiguous(),
@@ -205,16 +241,28 @@ def group_pairs(
             order,
             scale,
             ends,
+            experts,
             pairs,
             indices.shape[-1],
             num_experts,
+            slots,
             P_PAD=max(16, triton.next_power_of_2(pairs)),
             E_PAD=max(16, triton.next_power_of_2(num_experts)),
             num_warps=4 if pairs <= 1024 else 8,
         )
     else:
         ends.zero_()
-    return rows, order, scale, ends
+    return PairGroups(rows, order, scale, ends, experts)
+
+
+def _busy_experts(ends: Tensor, slots: int) -> Tensor:
+    """[slots] int32: the experts with pairs (by their ``ends``) in order, then -1; device ops
+    only (a scatter, no host sync)."""
+    busy = torch.diff(ends, prepend=ends.new_zeros(1)) > 0
+    target = torch.where(busy, torch.cumsum(busy, 0) - 1, slots)  # idle experts: a spare slot
+    out = torch.full((slots + 1,), -1, dtype=torch.int32, device=ends.device)
+    experts = torch.arange(ends.numel(), dtype=torch.int32, device=ends.device)
+    return out.scatter_(0, target, experts)[:slots]
 
 
 def moe_experts(
@@ -223,8 +271,8 @@ def moe_experts(
     """The backend's ``moe_experts``: fp32 [N, d] weighted sum of each token's experts."""
     num_experts, two_inter, d_in = w13.shape
     inter, d_out = two_inter // 2, w2.shape[1]
-    rows, order, scale, ends = group_pairs(weights, indices, num_experts)
-    pairs = rows.shape[0]
+    groups = group_pairs(weights, indices, num_experts)
+    pairs, slots = groups.rows.shape[0], groups.experts.shape[0]
     ieee = w13.dtype == torch.float32
     # The hidden activation is rounded to the weights' dtype before w2, as in the reference.
     h = torch.empty(pairs, inter, dtype=w2.dtype, device=x.device)
@@ -233,12 +281,13 @@ def moe_experts(
     if pairs:
         block_m = 16 if pairs <= 64 * num_experts else 64
         bn, bk = _tile(inter, 64), _tile(d_in, 64)
-        _gate_up_kernel[(num_experts, triton.cdiv(inter, bn))](
+        _gate_up_kernel[(slots, triton.cdiv(inter, bn))](
             x.contiguous(),
-            rows,
+            groups.rows,
             w13.contiguous(),
-            scale,
-            ends,
+            groups.scale,
+            groups.ends,
+            groups.experts,
             h,
             inter,
             d_in,
@@ -246,21 +295,24 @@ def moe_experts(
             CLAMP=swiglu_limit > 0,
             IEEE=ieee,
             WIDEN=_WIDEN,
+            LISTED=slots < num_experts,
             BLOCK_M=block_m,
             BLOCK_N=bn,
             BLOCK_K=bk,
         )
         bn, bk = _tile(d_out, 64), _tile(inter, 64)
-        _down_kernel[(num_experts, triton.cdiv(d_out, bn))](
+        _down_kernel[(slots, triton.cdiv(d_out, bn))](
             h,
             w2.contiguous(),
-            ends,
-            order,
+            groups.ends,
+            groups.experts,
+            groups.order,
             y,
             d_out,
             inter,
             IEEE=ieee,
             WIDEN=_WIDEN,
+            LISTED=slots < num_experts,
             BLOCK_M=block_m,
             BLOCK_N=bn,
             BLOCK_K=bk,
