@@ -180,6 +180,22 @@ def _assert_gone(llm: LLM, started: float, limit_s: float) -> None:
         llm.generate([[1, 2, 3]], use_tqdm=False)
 
 
+def test_an_idle_run_outlives_the_timeout(dp_llm: LLM, single: LLM) -> None:
+    """No step for twice ``dp_timeout_s``: the keep-alive holds the waiting rank, and the run
+    then serves requests as one process does."""
+    dp_llm.engine.shutdown()  # one process group at a time
+    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=2.0)
+    prompts = PROMPTS[:3]
+    first = llm.generate(prompts, GREEDY, use_tqdm=False)
+    time.sleep(5.0)
+    second = llm.generate(prompts, GREEDY, use_tqdm=False)
+    want = _tokens(single.generate(prompts, GREEDY, use_tqdm=False))
+    assert _tokens(first) == want and _tokens(second) == want
+    assert isinstance(llm.engine, DataParallelEngine) and llm.engine.failure is None
+    llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize("how", ["kill", "freeze"])
 def test_a_lost_rank_ends_the_run(dp_llm: LLM, how: str) -> None:
     dp_llm.engine.shutdown()  # one process group at a time

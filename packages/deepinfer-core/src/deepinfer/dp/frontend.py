@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
+import time
 import weakref
 from collections.abc import Container
 from typing import NoReturn
@@ -24,6 +26,7 @@ from tokenizers import Tokenizer
 
 from deepinfer.dp.balancer import Balancer
 from deepinfer.dp.group import DataParallelError, RankGroup, gather_replies, send_commands, serve
+from deepinfer.dp.keepalive import KeepAlive
 from deepinfer.dp.lockstep import RankStepper
 from deepinfer.dp.protocol import RankMetrics, RequestSpec, StepCommand, StepReply
 from deepinfer.engine.config import EngineConfig
@@ -56,7 +59,14 @@ class DataParallelEngine:
         self.rank_metrics = [RankMetrics(rank=r) for r in range(size)]
         self.num_steps = 0
         self.failure: DataParallelError | None = None
-        self._finalizer = weakref.finalize(self, group.close, True)
+        #: Held by every exchange with the ranks; :class:`KeepAlive` pings between steps.
+        self.lock = threading.RLock()
+        self.last_exchange = time.monotonic()
+        cuda = local.model.device.type == "cuda"
+        self.keepalive = KeepAlive(
+            self, group.options.dp_timeout_s, group.local_rank if cuda else None
+        )
+        self._finalizer = weakref.finalize(self, _end_run, self.keepalive, group)
 
     # -- what callers read of an engine: rank 0's ----------------------------------------------
 
@@ -193,20 +203,32 @@ class DataParallelEngine:
         self.num_steps += 1
         return self._collect(replies)
 
+    def ping(self) -> None:
+        """A round in which no rank steps (the keep-alive's: an idle run's ranks would
+        otherwise wait for a command past the timeout)."""
+        self._exchange([StepCommand(keepalive=True)] * self.world_size)
+
+    def is_over(self) -> bool:
+        return self.failure is not None
+
     def _exchange(self, commands: list[StepCommand]) -> list[StepReply]:
         """Scatter the commands, run rank 0's, gather every rank's reply; a failure ends the
         run (naming the rank that died, when one did)."""
-        dead = self.group.dead_worker()
-        if dead is not None:
-            self._fault(dead, None)
-        try:
-            return gather_replies(self.stepper.run(send_commands(commands)))
-        except BaseException as exc:
-            reason = self.group.dead_worker(wait_s=DEATH_WAIT_S) or (
-                "a data-parallel step failed (a rank failed, or hung past dp_timeout_s="
-                f"{self.group.options.dp_timeout_s}s): {exc!r}"
-            )
-            self._fault(reason, exc)
+        with self.lock:
+            self._check_alive()  # a keep-alive may have ended the run meanwhile
+            dead = self.group.dead_worker()
+            if dead is not None:
+                self._fault(dead, None)
+            try:
+                return gather_replies(self.stepper.run(send_commands(commands)))
+            except BaseException as exc:
+                reason = self.group.dead_worker(wait_s=DEATH_WAIT_S) or (
+                    "a data-parallel step failed (a rank failed, or hung past dp_timeout_s="
+                    f"{self.group.options.dp_timeout_s}s): {exc!r}"
+                )
+                self._fault(reason, exc)
+            finally:
+                self.last_exchange = time.monotonic()
 
     def _collect(self, replies: list[StepReply]) -> list[RequestOutput]:
         outs = []
@@ -231,6 +253,7 @@ class DataParallelEngine:
         )
         self.groups.clear()
         self._finalizer.detach()
+        self.keepalive.stop()
         self.group.close(graceful=False)
         if cause is not None and not isinstance(cause, Exception):
             raise cause  # Ctrl-C: the run is over, the caller decides the rest
@@ -243,9 +266,16 @@ class DataParallelEngine:
     def shutdown(self) -> None:
         """Stop every rank and leave the process group (also done when garbage-collected or
         at exit)."""
-        self._finalizer()
+        with self.lock:  # not while a keep-alive exchanges
+            self._finalizer()
         if self.failure is None:
             self.failure = DataParallelError("the data-parallel run was shut down")
+
+
+def _end_run(keepalive: KeepAlive, group: RankGroup) -> None:
+    """Stop the keep-alive, then the ranks (the front end's finalizer)."""
+    keepalive.stop()
+    group.close(True)
 
 
 def front_end(engine: LLMEngine, group: RankGroup) -> DataParallelEngine:

@@ -68,6 +68,8 @@ class RankStepper:
     def run(self, command: StepCommand) -> StepReply:
         """Apply the command's requests, run one step (or the dummy forward), report."""
         engine = self.engine
+        if command.keepalive:
+            return StepReply(metrics=self.metrics())
         if command.report_only:
             return StepReply(metrics=self.metrics(expert_load=True))
         reply = StepReply()

@@ -40,6 +40,8 @@ class StepCommand:
     #: Run no step, only report metrics with the expert load (every rank gets it, so no
     #: rank enters a forward's collectives alone).
     report_only: bool = False
+    #: Run no step and report nothing: rank 0 keeps an idle run's waiting ranks alive.
+    keepalive: bool = False
     #: Leave the loop and the process group: the run is over.
     stop: bool = False
 
