@@ -49,7 +49,12 @@ def run_arm(
     from deepinfer.engine.engine import LLMEngine
     from deepinfer.sampling_params import SamplingParams
 
-    model = tiny_model(torch.float32, args.device)
+    from deepinfer import plugins
+    from deepinfer.device import select_backend
+
+    choice = select_backend(args.device)  # as LLM picks it: sm100 on an NVIDIA GPU
+    backend = plugins.backends.load(choice.backend)(choice.device)
+    model = tiny_model(torch.float32, choice.device, backend)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     times, rounds, kept = [], 0, 0
     for _ in range(args.repeats):
