@@ -42,3 +42,25 @@ class KnowingDrafter:
                 row[1] = (row[1] + 1) % 8000
             out.append(row)
         return torch.tensor(out)
+
+
+class ConfidentDrafter(KnowingDrafter):
+    """A :class:`KnowingDrafter` that gives every draft the same ``confidence`` (adaptive
+    scheduling's input) and reads one feature layer as DSpark does, so a step without drafts
+    takes the plain decode pass."""
+
+    feature_layers = (0,)
+
+    def __init__(self, sequences: Sequence[Sequence[int]], confidence: float, k: int = 3) -> None:
+        super().__init__(sequences, k)
+        self.confidence = confidence
+
+    def draft_with_confidence(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> tuple[Tensor, Tensor]:
+        drafts = self.draft_batch(states, streams, next_ids, lengths)
+        return drafts, torch.full(drafts.shape, self.confidence)

@@ -26,7 +26,8 @@ from deepinfer.cache.pools import state_bytes
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.speculative import SpeculativeConfig
-from deepinfer.engine.verify_cost import profile_points
+from deepinfer.engine.verify_cost import power_points, profile_points
+from deepinfer.engine.verify_profile import draft_counts
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.outputs import RequestOutput
@@ -246,10 +247,12 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
     flat cost table (extra tokens are free) it verifies every draft, as verifying all k does;
     when each token triples the step time no draft pays for itself (a draft adds at most one
     expected token to the at least one a row emits, and triples the step), so it does not
-    draft at all after the prompt (plain steps); with a moderate slope, some. A drafting cost
-    far above a step's turns drafting off too, even with free verification. Without tables it
-    profiles the model and the drafter at start: the powers of two and their midpoints up to
-    the CPU's caps, never decreasing."""
+    draft at all after the prompt (plain steps); nor when a step of any verification row costs
+    ten plain steps (a row emits at most six tokens); with a moderate slope, some. A drafting
+    cost far above a step's turns drafting off too, even with free verification. Without
+    tables it profiles the model and the drafter at start: plain and verification steps at the
+    powers of two up to the CPU's cap of rows (the drafter at every midpoint too), never
+    decreasing, no verification step below the plain step of its rows."""
     prompts = _engine_prompts(2)
     want, _ = _engine_run(tiny, prompts, None)
     fixed = {"method": "dspark", "num_speculative_tokens": 5}
@@ -259,6 +262,7 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
         "flat": {1: 1.0, 4096: 1.0},
         "moderate": {1: 1.0, 2: 1.2},
         "tripling": {n: 3.0**n for n in range(1, 201)},  # a step here holds at most 116 tokens
+        "priced plain step": {1: 1.0, 4096: 1.0},
         "costly drafting": {1: 1.0, 4096: 1.0},
         "profiled": None,
     }
@@ -267,6 +271,8 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
         spec = {**fixed, "scheduling": "adaptive"}
         if table is not None:
             spec["verify_cost"] = table
+        if name == "priced plain step":
+            spec["plain_cost"] = {1: 0.1}
         if name == "costly drafting":
             spec["draft_cost"] = {"1": 100.0}
         outs, engine = _engine_outputs(tiny, prompts, spec)
@@ -280,8 +286,16 @@ def test_engine_dspark_adaptive_scheduling(tiny: DeepseekCausalLM) -> None:
         skipped[name] = verifier.skipped
     assert drafts["flat"] == every.spec.num_drafts
     assert 0 < drafts["moderate"] < every.spec.num_drafts
-    assert drafts["tripling"] == drafts["costly drafting"] == 0
+    assert drafts["tripling"] == drafts["costly drafting"] == drafts["priced plain step"] == 0
     assert skipped["flat"] == 0 and skipped["tripling"] > 0 and skipped["costly drafting"] > 0
-    for cost, top in ((engine.spec.verifier.cost, 128), (engine.spec.verifier.draft_cost, 64)):
-        assert cost is not None and cost.tokens == tuple(profile_points(top))
-        assert all(a <= b for a, b in itertools.pairwise(cost.seconds))
+    verifier = engine.spec.verifier
+    rows = tuple(power_points(64))
+    assert verifier.cost.rows == rows == verifier.cost.plain.tokens
+    assert all(a <= b for a, b in itertools.pairwise(verifier.cost.plain.seconds))
+    for r, curve in zip(rows, verifier.cost.verify, strict=True):
+        assert curve.tokens == tuple(r + d for d in draft_counts(r, 5))
+        assert all(a <= b for a, b in itertools.pairwise(curve.seconds))
+        assert curve.seconds[0] >= verifier.cost.plain_seconds(r)
+    assert verifier.draft_cost is not None
+    assert verifier.draft_cost.tokens == tuple(profile_points(64))
+    assert all(a <= b for a, b in itertools.pairwise(verifier.draft_cost.seconds))

@@ -1,24 +1,24 @@
 """The drafter's time per round against the requests it drafts, for the verify planner.
 
-A round of speculation is a drafting pass and a verifying step, so the planner
-(:mod:`.verify_plan`) divides the tokens a round is expected to emit by both times, as vLLM
-does with its draft-cost table by request count. Like the verify cost (:mod:`.verify_cost`),
-the curve is measured, not modelled: dummy drafting rounds of the speculator itself
-(``dummy_draft``: made-up requests with a context each, as many as the point says) at the
-same ladder of counts, each the median of a few runs, forced non-decreasing with a running max,
-and looked up the same way. A table can be given instead (``"draft_cost": {requests:
-seconds}``).
+A round of speculation is a drafting pass and a verifying step, so whether to draft a round
+at all (:func:`.verify_plan.drafting_pays`) divides the tokens the round is expected to emit by
+both times, as vLLM does with its draft-cost table by request count. Like the step cost
+(:mod:`.verify_cost`), the curve is measured, not modelled: dummy drafting rounds of the
+speculator itself (``dummy_draft``: made-up requests with a context each, as many as the point
+says) at a ladder of counts, each the fastest of a few runs (other work on the machine only
+adds time), forced non-decreasing with a running max, and looked up the same way. A table can
+be given instead (``"draft_cost": {requests: seconds}``).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from deepinfer.engine.verify_cost import PROFILE_REPEATS, VerifyCost, profile_points
+from deepinfer.engine.verify_cost import VerifyCost, profile_points
+from deepinfer.engine.verify_profile import PROFILE_REPEATS
 
 #: Most requests a profiled round drafts; past it the last slope is extrapolated.
 PROFILE_MAX_REQUESTS = 256
@@ -42,7 +42,7 @@ def profile_draft_cost(
     """Seconds of a drafting round of ``drafter`` against its requests (as a
     :class:`.verify_cost.VerifyCost`, requests in place of tokens), at each of
     :func:`.verify_cost.profile_points` up to ``max_num_seqs`` (capped, see the constants);
-    the runs of a point are taken in separate passes over all points, and the median kept."""
+    the runs of a point are taken in separate passes over all points, and the fastest kept."""
     cap = PROFILE_MAX_REQUESTS_CPU if device.type == "cpu" else PROFILE_MAX_REQUESTS
     points = profile_points(max(1, min(max_num_seqs, cap)))
     runs: dict[int, list[float]] = {n: [] for n in points}
@@ -56,4 +56,4 @@ def profile_draft_cost(
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             runs[n].append(time.perf_counter() - begin)
-    return VerifyCost.from_table({n: statistics.median(r) for n, r in runs.items()})
+    return VerifyCost.from_table({n: min(r) for n, r in runs.items()})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer.engine.verify_schedule import parse_scheduling
+from deepinfer.engine.verify_schedule import TABLES, parse_scheduling
 from deepinfer.errors import InvalidRequestError
 from deepinfer.sampling_params import SamplingParams
 
@@ -19,8 +19,8 @@ class SpeculativeConfig:
     """vLLM's ``speculative_config``: ``{"method": "mtp", "num_speculative_tokens": k}``;
     ``"scheduling": "adaptive"`` (vLLM: ``"enable_adaptive_verification": True``) plans each
     step's verified drafts from their confidences and the step's cost (:mod:`.verify_schedule`;
-    ``"verify_cost": {tokens: seconds}`` and ``"draft_cost": {requests: seconds}`` give the
-    costs instead of profiling them)."""
+    ``"verify_cost": {tokens: seconds}``, ``"plain_cost": {rows: seconds}`` and
+    ``"draft_cost": {requests: seconds}`` give the costs instead of profiling them)."""
 
     method: str
     num_speculative_tokens: int
@@ -32,6 +32,7 @@ class SpeculativeConfig:
     scheduling: str = "fixed"
     verify_cost: tuple[tuple[int, float], ...] | None = None
     draft_cost: tuple[tuple[int, float], ...] | None = None
+    plain_cost: tuple[tuple[int, float], ...] | None = None
 
     @classmethod
     def parse(cls, raw: object) -> SpeculativeConfig | None:
@@ -40,7 +41,7 @@ class SpeculativeConfig:
         if not isinstance(raw, dict):
             raise InvalidRequestError("speculative_config", "must be a dict or None")
         known = {"method", "num_speculative_tokens", "model", "confidence_threshold"}
-        known |= {"scheduling", "enable_adaptive_verification", "verify_cost", "draft_cost"}
+        known |= {"scheduling", "enable_adaptive_verification", *TABLES}
         unknown = set(raw) - known
         if unknown:
             raise InvalidRequestError("speculative_config", f"unknown keys {sorted(unknown)}")

@@ -14,7 +14,10 @@ Every position of a row is processed as the sampler would process a draw there h
 before it been emitted (:mod:`.spec_sampling`): penalties, logit bias, bad words, allowed
 tokens, ``min_tokens`` and the grammar of structured outputs (drafts stop at the first one the
 grammar rejects; the matcher advances by the tokens the engine takes in), so every option of
-``SamplingParams`` applies losslessly. Logprobs are the raw model's, as without speculation;
+``SamplingParams`` applies losslessly. A step in which no row verifies a draft and no prefill
+chunk runs is a plain decode step: the decode pass, one logit per row (the drafter's feature
+layers still captured, so its contexts go on), as the confidence schedule wants whenever drafts
+do not pay (:mod:`.verify_schedule`). Logprobs are the raw model's, as without speculation;
 ``n`` > 1 samples are forked after the prompt and speculate each on its own. Scope: synchronous
 scheduling. Prompt logprobs are refused with speculation on, by name: a speculative step's
 prefill chunks keep their last logit only.
@@ -36,7 +39,6 @@ from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
-from deepinfer.engine.verify_plan import StepLoad
 from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
@@ -90,7 +92,7 @@ def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRun
     verifier = None
     if spec.scheduling == "adaptive":
         verifier = adaptive_verifier(
-            drafter, model, config.max_num_seqs, spec.verify_cost, spec.draft_cost
+            drafter, model, config.max_num_seqs, spec.verify_cost, spec.draft_cost, spec.plain_cost
         )
     return SpeculativeRunner(model, drafter, verifier)
 
@@ -112,6 +114,8 @@ class SpecStep:
     num_computed: dict[Request, int] = field(default_factory=dict)
     #: Per request, the tokens it emits this step with their logprobs, in order.
     tokens: dict[Request, list[tuple[int, float]]] = field(default_factory=dict)
+    #: Whether the step ran as a plain decode step (single-token rows only: no verification).
+    plain: bool = False
 
 
 @dataclass
@@ -140,6 +144,8 @@ class SpeculativeRunner:
         #: Drafts proposed and kept, over the engine's life (acceptance statistics).
         self.num_drafts = 0
         self.num_accepted = 0
+        #: Steps that ran as plain decode steps, here or as the engine's (:meth:`runs`).
+        self.plain_steps = 0
 
     def step(
         self,
@@ -165,19 +171,22 @@ class SpeculativeRunner:
     def runs(self, out: SchedulerOutput) -> bool:
         """Whether ``out`` needs a speculative step. Under adaptive scheduling, a step of
         decoding rows none of which has drafts, whose requests drafting would not pay for
-        (:meth:`.verify_schedule.AdaptiveVerifier.drafting_pays`, on past survivals only),
-        runs as a plain step instead: it skips what only speculation needs (every logit, the
-        drafter's features, verification at every position). Its requests' drafter contexts then
-        start again after it (their features of the plain step's positions were never taken)."""
+        (:meth:`.verify_schedule.AdaptiveVerifier.drafting_pays`, on the survivals expected of
+        a round: the drafts do not exist yet), runs as the engine's plain step instead: nothing
+        of speculation, not even the drafter's features, which no round would read. Its
+        requests' drafter contexts then start again after it (their features of the plain
+        step's positions were never taken). A step whose drafts the plan drops runs as a plain
+        decode step here, features captured, since drafting the next round may pay."""
         if self.verifier is None or not out.scheduled:
             return True
         rows = list(out.scheduled)
         if any(not is_decoding(r, n) or self.drafts.get(r) for r, n in out.scheduled.items()):
             return True
-        if self.verifier.drafting_pays(rows, StepLoad(len(rows), len(rows)), self.k):
+        if self.verifier.drafting_pays(rows, self.k):
             return True
         for req in rows:
             self.forget(req)
+        self.plain_steps += 1
         return False
 
     def _pending(self, req: Request) -> _Pending:
@@ -196,7 +205,9 @@ class SpeculativeRunner:
         """Run ``out``'s spans; ``runner`` records the prefix cache's blocks that prefill
         chunks complete (verification rows record none: their states hold drafts). Every
         draw of the step (each verification row's positions, each prefill chunk that ends its
-        sequence) comes from one call of the sampler (:func:`.spec_sampling.step_targets`)."""
+        sequence) comes from one call of the sampler (:func:`.spec_sampling.step_targets`). A
+        step of single-token rows only (no drafts left to verify, no prefill chunk) takes the
+        decode pass, as a plain step does."""
         result = SpecStep()
         if not out.scheduled:  # nothing to run this step (a preemption only)
             return result
@@ -210,7 +221,8 @@ class SpeculativeRunner:
             state = req.state
             assert state is not None
             if verifying:
-                chunk = chunk + self.drafts.get(req, [])
+                # spent here: a round that is not drafted must not find them again
+                chunk = chunk + self.drafts.pop(req, [])
             elif self._pending(req).next_ids == [] and state.mtp_pos < start:  # a cache hit
                 state.mtp_pos = start  # its MTP layer starts here, without the window before
                 for layer in state.mtp:
@@ -222,7 +234,11 @@ class SpeculativeRunner:
             marks.append(() if verifying else tuple(runner.boundaries(req, start + n)))
         chunks = [torch.tensor(c, dtype=torch.long) for c in ids]
         states = [r.state for r in reqs]
-        batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=True)  # type: ignore[arg-type]
+        # Final streams only for a drafter that reads them: they would force the ragged pass.
+        streams = not getattr(self.drafter, "feature_layers", None)
+        batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=streams)  # type: ignore[arg-type]
+        result.plain = len(batch.decode_rows) == len(batch.spans)
+        self.plain_steps += result.plain
         output, per_token = self._forward(batch)
         logits = output.split(batch)
         ends = [s.start + s.num_tokens for s in batch.spans]
@@ -302,9 +318,9 @@ class SpeculativeRunner:
         self.num_drafts += offered
         self.num_accepted += n_kept
         if self.verifier is not None:
-            self.verifier.accepted += n_kept
+            self.verifier.verified(req, n_kept)
         metrics = req.metrics
-        metrics.spec_rounds += 1
+        metrics.spec_rounds += not result.plain  # a plain step's rows verify nothing
         metrics.spec_draft_tokens += offered
         metrics.spec_accepted_tokens += n_kept
         per = metrics.spec_accepted_per_position
@@ -326,8 +342,8 @@ class SpeculativeRunner:
         reqs = [r for r in result.tokens if r.state is not None]
         if not reqs:
             return
-        load = StepLoad(len(reqs), len(reqs))  # the next step, as far as it is known now
-        if self.verifier is not None and not self.verifier.drafting_pays(reqs, load, self.k):
+        # the next step, as far as it is known now: a decoding row each
+        if self.verifier is not None and not self.verifier.drafting_pays(reqs, self.k):
             return  # their positions stay pending, for a round that pays
         pieces = [self.pending.pop(r) for r in reqs]
         streams = torch.cat([s for p in pieces for s in p.streams])

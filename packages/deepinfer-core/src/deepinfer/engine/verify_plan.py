@@ -1,30 +1,33 @@
-"""How many drafts of each request one verification step checks (``dspark.md`` §6.1-§6.4).
+"""How many drafts of each request one verification step checks (``dspark.md`` §6.1-§6.2).
 
 Each request's drafts come with confidences ``c_j`` (the chance that draft j survives when the
 drafts before it did), so ``a_j = c_1 ... c_j`` is the chance that draft j is accepted, the
 expected tokens a row of ``l`` drafts emits are ``1 + a_1 + ... + a_l``, and a step is worth
 
-    Θ = τ / (D(R) + V(B)),    τ = Σ_r (1 + Σ_{j <= l_r} a_{r,j}),    B = the step's tokens,
+    Θ = τ / (D + V(B)),    τ = Σ_r (1 + Σ_{j <= l_r} a_{r,j}),    B = the step's tokens,
 
-with ``V(B)`` the seconds of a target step of ``B`` tokens and ``D(R)`` those of drafting the
-round's ``R`` requests (vLLM's draft-cost table): a round is a drafting pass and a verifying step,
-so the drafting is priced in the rate every draft must beat. A round need not draft at all:
-:func:`drafting_pays` compares the best Θ with drafting against a plain step's
-``samples / V(tokens)``, from survivals that exist before the round's drafts do.
+with ``V(B)`` the seconds of a target step of ``B`` tokens (for its rows: a step of no drafts
+is the plain step, priced apart, :mod:`.verify_cost`) and ``D`` those of drafting, where the
+drafting is still to be paid for. Verifying no draft at all is one of the choices, so a step
+verifies drafts only where their expected tokens beat the plain step's rate. Whether to draft a
+round at all, :func:`drafting_pays`, compares the best Θ with the round's drafting priced in
+against the plain step's ``samples / V(tokens)``, on survivals that exist before the round's
+drafts do.
 
 For a fixed number of verified drafts the best allocation admits the slots of highest survival
 (the gain of each admitted slot is its own ``a``); because ``a`` never grows along a row, that
 set is a prefix of every row. The budget is the argmax of Θ over every count, not the end of a
-greedy walk: the measured ``SPS`` is a staircase, so Θ has several local maxima.
+greedy walk: the measured ``V`` is a staircase, so Θ has several local maxima.
 
-Losslessness: whether draft j of a request is verified must not depend on draft j itself, and
-``a_{j+1}`` is computed from it (the confidence head reads the previous draft). The top-B
-admission is safe for a given budget, since a slot never outranks the slots before it in its
-row and ties are broken by (request, position), never by value; the budget itself must then come
-from information that does not involve the drafts being verified, so :func:`plan` takes it
-from a separate survival snapshot (the engine passes each request's previous round, as DeepSeek
-and vLLM size their capacity from stale confidences). Choosing the budget from the current
-survivals (:func:`best_budget` on them) is the biased look-ahead of the paper's Appendix A.
+Why the budget may look at the drafts being verified: the engine keeps a draft iff it equals the
+sampler's own draw at its position (:mod:`.spec_sampling`), so every emitted token is the
+engine's draw whichever drafts are verified, and no rule for choosing them can bias the output.
+The paper's non-anticipation rule (§6.3, Appendix A) protects rejection sampling of drafts drawn
+from the drafter's own distribution, where admitting draft j on the strength of ``a_{j+1}``
+(computed from draft j) skews the output; that is not how the engine verifies, so
+:func:`plan` takes the budget from the very survivals it admits by, which are the best
+information there is on this step's drafts. Ranking still breaks ties by (request, position),
+never by value, so a plan is a function of the survivals alone.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-#: Seconds of a step of that many tokens (:meth:`.verify_cost.VerifyCost.step_seconds`).
-StepSeconds = Callable[[int], float]
+#: Seconds of a step of that many tokens, that many of its positions drawn with noise (at a
+#: temperature above 0), its rows given (:meth:`.verify_cost.StepCost.seconds`).
+StepSeconds = Callable[[int, int], float]
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,15 @@ class StepLoad:
     """What a step runs and emits besides the drafts: ``tokens`` counts every verifying row's
     own token and every prefill chunk's tokens; ``samples`` counts the requests that draw a
     token this step (verifying rows, and chunks that end their prompt; a chunk in the middle
-    of a prompt draws nothing but still costs its tokens)."""
+    of a prompt draws nothing but still costs its tokens). ``noisy`` counts those draws that
+    are made with noise, and ``noisy_rows`` says, per request of the survivals, whether its
+    drafts' positions are (each then costs a draw with noise: a sampled request's drafts cost
+    more to verify than a greedy one's)."""
 
     tokens: int
     samples: int
+    noisy: int = 0
+    noisy_rows: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,11 +88,12 @@ def best_budget(
     """The number of drafts ``B`` whose top-``B`` allocation maximises Θ, over every ``B``
     from none to all positive slots (the smallest on a tie), and that Θ, for a round whose
     drafting took ``draft_seconds``."""
-    tau = float(load.samples)
-    best, theta = 0, tau / (draft_seconds + step_seconds(load.tokens))
+    tau, noisy, rows = float(load.samples), load.noisy, load.noisy_rows
+    best, theta = 0, tau / (draft_seconds + step_seconds(load.tokens, noisy))
     for b, (r, j) in enumerate(ranked_slots(survivals), start=1):
         tau += survivals[r][j]
-        value = tau / (draft_seconds + step_seconds(load.tokens + b))
+        noisy += r < len(rows) and rows[r]
+        value = tau / (draft_seconds + step_seconds(load.tokens + b, noisy))
         if value > theta:
             best, theta = b, value
     return best, theta
@@ -99,17 +109,41 @@ def allocate(survivals: Sequence[Sequence[float]], budget: int) -> list[int]:
 
 
 def plan(
-    current: Sequence[Sequence[float]],
-    budget_from: Sequence[Sequence[float]],
+    survivals: Sequence[Sequence[float]],
     load: StepLoad,
     step_seconds: StepSeconds,
     draft_seconds: float = 0.0,
+    margin: float = 0.0,
 ) -> Plan:
-    """Lengths for this step: the budget chosen on ``budget_from`` (survivals that do not
-    involve this step's drafts, one row per request, no longer than its ``current`` row),
-    then admitted by ``current`` survival."""
-    budget, theta = best_budget(budget_from, load, step_seconds, draft_seconds)
-    return Plan(allocate(current, budget), budget, theta)
+    """Lengths for this step: the budget that maximises Θ on ``survivals`` (one row per
+    request that verifies), admitted by the same survivals; none at all unless some count of
+    drafts beats the step without them by ``margin`` (a fraction of its Θ)."""
+    budget, theta = best_budget(survivals, load, step_seconds, draft_seconds)
+    plain = load.samples / (draft_seconds + step_seconds(load.tokens, load.noisy))
+    if theta <= plain * (1 + margin):
+        budget, theta = 0, plain
+    return Plan(allocate(survivals, budget), budget, theta)
+
+
+def drafting_budget(
+    survivals: Sequence[Sequence[float]],
+    load: StepLoad,
+    step_seconds: StepSeconds,
+    draft_seconds: float,
+    margin: float = 0.0,
+) -> int | None:
+    """The drafts a round would verify if drafting it is worth its cost, None if it is not:
+    the best Θ of a round that drafts (its ``draft_seconds`` spent, the budget chosen on
+    ``survivals``, an estimate made before the round's drafts exist) must beat a plain
+    step's, ``samples / V(tokens)``, by ``margin`` (a fraction of it)."""
+    plain = load.samples / step_seconds(load.tokens, load.noisy)
+    # No round can do better than every survival for the cheapest verification step: when
+    # even that loses, the search over budgets is not needed.
+    most = load.samples + sum(map(sum, survivals))
+    if most / (draft_seconds + step_seconds(load.tokens + 1, load.noisy)) <= plain * (1 + margin):
+        return None
+    budget, theta = best_budget(survivals, load, step_seconds, draft_seconds)
+    return budget if theta > plain * (1 + margin) else None
 
 
 def drafting_pays(
@@ -118,8 +152,5 @@ def drafting_pays(
     step_seconds: StepSeconds,
     draft_seconds: float,
 ) -> bool:
-    """Whether drafting a round is worth its cost: the best Θ of a round that drafts (its
-    ``draft_seconds`` spent, the budget chosen on ``survivals``, which must not involve the
-    drafts the round would verify) beats a plain step's, ``samples / V(tokens)``."""
-    plain = load.samples / step_seconds(load.tokens)
-    return best_budget(survivals, load, step_seconds, draft_seconds)[1] > plain
+    """Whether drafting a round is worth its cost (:func:`drafting_budget`)."""
+    return drafting_budget(survivals, load, step_seconds, draft_seconds) is not None

@@ -3,23 +3,34 @@
 The speculator drafts ``k`` tokens per request with a confidence each; before a step runs,
 :class:`AdaptiveVerifier` trims every verifying request's drafts to the lengths
 :func:`.verify_plan.plan` picks for that step, which weighs their survival against the step's
-cost (:class:`.verify_cost.VerifyCost`, profiled at engine start or given as a table) with the
-step's prefill chunks counted in its tokens, plus the cost of drafting its requests
-(:mod:`.draft_cost`, profiled or given the same way). Before a round is drafted,
-:meth:`AdaptiveVerifier.drafting_pays` asks whether drafting it is worth its cost at all; when
-it is not, the round is not drafted and its requests run plain decode steps. The budget comes
-from each request's survivals of the latest round it verified, which are independent of the
-drafts being verified (a request's first round counts every draft as sure to pass), and the
-current survivals choose which drafts fill it, so verification stays lossless (see
-:mod:`.verify_plan`); whether to draft is decided from the same past survivals, before the
-drafts exist. The other schedules are ``"fixed"`` (every draft) and DSpark's
+cost (:class:`.verify_cost.StepCost`, profiled at engine start by :mod:`.verify_profile` or
+given as tables), the step's rows and prefill chunks counted. The survivals are this step's
+own, the drafter's confidences in the drafts about to be verified, scaled by how the drafter's
+predictions have fared so far (:attr:`AdaptiveVerifier.calibration`): the best estimate there is,
+and safe to use since the engine keeps a draft iff it equals the sampler's own draw, so no
+choice of drafts can bias the output (see :mod:`.verify_plan`). One of the plans is to verify
+nothing: the step's drafts are then dropped, and a step of decoding rows runs as a plain decode
+step (:mod:`.speculative`). So a step verifies drafts only when their expected tokens pay for
+what the verification rows cost over the plain step of the same rows.
+
+Drafting costs time before any of that is known (:mod:`.draft_cost`), so before a round is
+drafted :meth:`AdaptiveVerifier.drafting_pays` asks whether it is worth it at all. The round's
+drafts do not exist yet, and a request's own last round says next to nothing of its next one
+(their survivals hardly correlate, while a round's survivals do predict what it keeps), so the
+estimate is the mean survival per position over the rounds drafted lately, all requests
+together (:data:`PRIOR_SURVIVAL`'s before any), calibrated by what the rounds drafted on it
+then had accepted. When drafting does not pay, the round is not drafted, its requests run plain
+decode steps, and what was learnt ages back towards the prior (:data:`AGING`), so that drafting
+is tried again once in a while. The other schedules are ``"fixed"`` (every draft) and DSpark's
 ``confidence_threshold``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -28,8 +39,9 @@ from deepinfer.checks import is_int, is_number
 from deepinfer.engine.draft_cost import ProfiledDrafter, profile_draft_cost
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
-from deepinfer.engine.verify_cost import VerifyCost, profile_verify_cost
-from deepinfer.engine.verify_plan import StepLoad, drafting_pays, plan, survival
+from deepinfer.engine.verify_cost import StepCost, VerifyCost
+from deepinfer.engine.verify_plan import StepLoad, allocate, drafting_budget, plan, survival
+from deepinfer.engine.verify_profile import profile_step_cost
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
@@ -37,17 +49,34 @@ from deepinfer.models.state import ModelState
 SCHEDULES = ("fixed", "adaptive")
 #: Pseudo-drafts, accepted as predicted, that calibration starts from.
 CALIBRATION_PRIOR = 8.0
+#: Survivals before any round has been drafted: each draft half as likely as the one before
+#: to be accepted (a guess under which a round of one request pays on a fast drafter and a
+#: large batch's does not: the first rounds are no free trial).
+PRIOR_SURVIVAL = 0.5
+#: The weight of each drafted row in the mean survival per position that drafting is decided on.
+MEAN_WEIGHT = 1 / 32
+#: The share by which each round not drafted moves what was learnt (the mean survivals, the
+#: calibrations' counts) back towards the prior: what came of drafting a while ago says less
+#: of the text now, and an engine that never drafts again would never learn so.
+AGING = 1 / 128
+#: How much better than a plain step (a fraction of its tokens a second) verifying or
+#: drafting must look to be chosen (TRT-LLM's ``confidence_min_predicted_gain``): the host work
+#: of a speculative step beyond its pass and draws is not in the step cost.
+MIN_PREDICTED_GAIN = 0.04
 #: A cost table as ``SpeculativeConfig`` holds it: (tokens, seconds) pairs.
 CostTable = tuple[tuple[int, float], ...]
+#: The tables ``speculative_config`` may give, in the order :func:`parse_scheduling` returns.
+TABLES = ("verify_cost", "draft_cost", "plain_cost")
 
 
 def parse_scheduling(
     raw: Mapping[str, object], threshold: float
-) -> tuple[str, CostTable | None, CostTable | None]:
+) -> tuple[str, CostTable | None, CostTable | None, CostTable | None]:
     """``speculative_config``'s schedule: ``"scheduling"`` (or vLLM's
     ``"enable_adaptive_verification"``), ``"verify_cost"`` (``{tokens: seconds}``, JSON's
-    string keys accepted) and ``"draft_cost"`` (``{requests: seconds}``); combinations that
-    contradict each other are refused by name."""
+    string keys accepted), ``"draft_cost"`` (``{requests: seconds}``) and ``"plain_cost"``
+    (``{rows: seconds}``, a plain step's); combinations that contradict each other are refused
+    by name."""
     scheduling, enable = raw.get("scheduling"), raw.get("enable_adaptive_verification")
     if scheduling is not None and scheduling not in SCHEDULES:
         raise InvalidRequestError(
@@ -70,21 +99,21 @@ def parse_scheduling(
             "decides how many drafts to verify)",
         )
     tables = []
-    for name in ("verify_cost", "draft_cost"):
+    for name in TABLES:
         table = raw.get(name)
         if table is not None and mode != "adaptive":
             raise InvalidRequestError(
                 "speculative_config", f"{name} prices adaptive scheduling; scheduling is 'fixed'"
             )
         tables.append(None if table is None else _cost_table(name, table))
-    return mode, tables[0], tables[1]
+    return mode, tables[0], tables[1], tables[2]
 
 
 def _cost_table(name: str, table: object) -> CostTable:
     """``{count: seconds}`` as sorted pairs, each checked (count >= 1, seconds > 0)."""
     if not isinstance(table, Mapping) or not table:
         raise InvalidRequestError("speculative_config", f"{name} must be a non-empty dict")
-    unit = "tokens" if name == "verify_cost" else "requests"
+    unit = {"verify_cost": "tokens", "draft_cost": "requests", "plain_cost": "rows"}[name]
     pairs = []
     for n, s in table.items():
         tokens = int(n) if isinstance(n, str) and n.isdigit() else n
@@ -114,26 +143,32 @@ class ConfidentDrafter(Protocol):
     ) -> tuple[Tensor, Tensor]: ...
 
 
-def adaptive_verifier(
+def adaptive_verifier(  # noqa: PLR0917
     drafter: object,
     model: DeepseekCausalLM,
     max_num_seqs: int,
     table: CostTable | None,
     draft_table: CostTable | None = None,
+    plain_table: CostTable | None = None,
 ) -> AdaptiveVerifier:
-    """The verifier for ``drafter`` on ``model``: ``table``'s verify cost and
-    ``draft_table``'s drafting cost, or those profiled now (a drafter that cannot run a
-    made-up round is priced as drafting for free)."""
+    """The verifier for ``drafter`` on ``model``: the step cost of ``table`` (by tokens) and
+    ``plain_table`` (a plain step's, by rows), or what of it is not given profiled now, and
+    ``draft_table``'s drafting cost, or that profiled now (a drafter that cannot run a made-up
+    round is priced as drafting for free)."""
     if not isinstance(drafter, ConfidentDrafter):
         raise InvalidRequestError(
             "speculative_config",
             f"adaptive scheduling needs a drafter with confidences; "
             f"{type(drafter).__name__} gives none",
         )
+    plain = None if plain_table is None else VerifyCost.from_table(dict(plain_table))
     if table is not None:
-        cost = VerifyCost.from_table(dict(table))
+        cost = StepCost.by_tokens(VerifyCost.from_table(dict(table)), plain)
     else:
-        cost = profile_verify_cost(model, drafter.k, max_num_seqs)
+        layers = tuple(getattr(drafter, "feature_layers", None) or ())
+        cost = profile_step_cost(model, drafter.k, max_num_seqs, layers)
+        if plain is not None:
+            cost = dataclasses.replace(cost, plain=plain)
     if draft_table is not None:
         return AdaptiveVerifier(cost, VerifyCost.from_table(dict(draft_table)))
     if isinstance(drafter, ProfiledDrafter):
@@ -142,27 +177,41 @@ def adaptive_verifier(
 
 
 class AdaptiveVerifier:
-    """Holds the cost tables, each request's confidences for its pending drafts and its
-    survivals of the latest round it verified (the budget's information), and what it planned."""
+    """Holds the cost tables, each request's confidences for its pending drafts, the mean
+    survivals of the rows drafted lately (what drafting is decided on), and what it planned
+    and what came of it (its calibrations)."""
 
-    def __init__(self, cost: VerifyCost, draft_cost: VerifyCost | None = None) -> None:
+    def __init__(self, cost: StepCost, draft_cost: VerifyCost | None = None) -> None:
         self.cost = cost
         #: Seconds of drafting a round against its requests (None: drafting is free).
         self.draft_cost = draft_cost
         self.confidence: dict[Request, list[float]] = {}
-        self.previous: dict[Request, list[float]] = {}
+        #: Mean survival per draft position over the rows drafted lately (see the module).
+        self.mean_survival: list[float] = []
         #: Drafts verified per request in the latest planned step, by request id.
         self.last: dict[str, int] = {}
         #: Over the engine's life: verification rows planned, drafts they were offered, and
-        #: drafts the plans kept; and rounds not drafted because drafting did not pay.
+        #: drafts the plans kept; rounds not drafted because drafting did not pay; and steps
+        #: whose plan verified none of the drafts offered (dropped: the step is a plain one
+        #: unless a prefill chunk rides in it).
         self.rows = 0
         self.offered = 0
         self.planned = 0
         self.skipped = 0
+        self.dropped = 0
         #: Survival the plans admitted, and drafts verification then accepted (the runner
-        #: adds them): their ratio calibrates the past survivals the budget is taken on.
+        #: reports them, :meth:`verified`): their ratio calibrates the confidences.
         self.expected = 0.0
-        self.accepted = 0
+        self.accepted = 0.0
+        #: Survival that drafting decisions counted on (past survivals, over the drafts they
+        #: expected to verify), and drafts those rounds then had accepted: their ratio
+        #: calibrates the decision to draft (see :attr:`draft_calibration`).
+        self.foreseen = 0.0
+        self.realized = 0.0
+        #: What the latest decision to draft counted on, per request (kept once drafted),
+        #: and what the rounds drafted so and not verified yet count on.
+        self._decided: dict[Request, float] = {}
+        self._foreseen: dict[Request, float] = {}
 
     @property
     def mean_planned(self) -> float:
@@ -178,7 +227,12 @@ class AdaptiveVerifier:
         next_ids: Tensor,
         lengths: Sequence[int],
     ) -> list[list[int]]:
-        """Draft for ``reqs`` (as ``Drafter.draft_batch``), keeping each row's confidences."""
+        """Draft for ``reqs`` (as ``Drafter.draft_batch``), keeping each row's confidences and
+        what the decision to draft it counted on."""
+        for req in reqs:
+            if req in self._decided:
+                self._foreseen[req] = self._decided[req]
+        self._decided = {}
         tokens, confidence = drafter.draft_with_confidence(states, streams, next_ids, lengths)
         for req, row in zip(reqs, confidence.tolist(), strict=True):
             self.confidence[req] = row
@@ -188,46 +242,94 @@ class AdaptiveVerifier:
         """Seconds of drafting a round of ``num_requests`` requests."""
         return self.draft_cost.step_seconds(num_requests) if self.draft_cost else 0.0
 
-    def _before(self, req: Request, n: int) -> list[float]:
-        """The request's survivals of the latest round it verified, ``n`` long; none yet:
-        every draft sure to pass (a longer row than that round's, which a shrinking length
-        limit never gives, repeats its last survival)."""
-        before = [a * self.calibration for a in self.previous.get(req, [])[:n]]
-        return before + [before[-1] if before else 1.0] * (n - len(before))
+    def _expected(self, n: int) -> list[float]:
+        """The survivals a round of ``n`` drafts is expected to have: the mean over the rows
+        drafted lately, :data:`PRIOR_SURVIVAL`'s where there is none."""
+        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(n)]
+        return self.mean_survival[:n] + prior[len(self.mean_survival) :]
+
+    def _learn(self, row: Sequence[float]) -> None:
+        """Take a drafted row's survivals into the mean (:data:`MEAN_WEIGHT`)."""
+        mean = self._expected(max(len(row), len(self.mean_survival)))
+        for j, a in enumerate(row):
+            mean[j] += (a - mean[j]) * MEAN_WEIGHT
+        self.mean_survival = mean
+
+    def _age(self, k: int) -> None:
+        """Move what was learnt towards the prior by :data:`AGING` (see there)."""
+        keep = 1 - AGING
+        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(k)]
+        mean = self._expected(k)
+        self.mean_survival = [p + (a - p) * keep for a, p in zip(mean, prior, strict=True)]
+        self.expected, self.accepted = self.expected * keep, self.accepted * keep
+        self.foreseen, self.realized = self.foreseen * keep, self.realized * keep
 
     @property
     def calibration(self) -> float:
         """Accepted drafts per unit of admitted survival so far, at most 1, with a prior of
         :data:`CALIBRATION_PRIOR` drafts as predicted: an over-confident head would otherwise
-        buy drafts that do not pay. It depends on verified rounds only, so the budget and the
-        decision to draft still never see the drafts being verified."""
+        buy drafts that do not pay (an under-confident one only leaves some unbought)."""
         prior = CALIBRATION_PRIOR
         return min(1.0, (self.accepted + prior) / (self.expected + prior))
 
-    def drafting_pays(self, reqs: Sequence[Request], load: StepLoad, k: int) -> bool:
-        """Whether drafting ``k`` tokens for each of ``reqs`` before a step of ``load`` is
-        worth its cost (:func:`.verify_plan.drafting_pays` on their past survivals, known
-        before the drafts are); counts the rounds it turns down."""
-        past = [self._before(req, k) for req in reqs]
-        pays = drafting_pays(past, load, self.cost.step_seconds, self.draft_seconds(len(reqs)))
-        self.skipped += not pays
-        return pays
+    @property
+    def draft_calibration(self) -> float:
+        """Drafts accepted per unit of survival the decisions to draft counted on, at most 1,
+        with the same prior: those decisions count on mean survivals, which the rounds they
+        draft then meet with their own (a round's plan verifies the drafts it finds worth it,
+        not the mean), so they are checked against what those rounds kept."""
+        prior = CALIBRATION_PRIOR
+        return min(1.0, (self.realized + prior) / (self.foreseen + prior))
+
+    def drafting_pays(self, reqs: Sequence[Request], k: int) -> bool:
+        """Whether drafting ``k`` tokens for each of ``reqs`` before a step of their decoding
+        rows is worth its cost (:func:`.verify_plan.drafting_budget` on the survivals expected
+        of a round, both calibrations applied, see the module); counts the rounds it turns
+        down (and ages what was learnt, :data:`AGING`), and remembers what the others count
+        on."""
+        expected = self._expected(k)
+        scale = min(self.calibration, self.draft_calibration)
+        past = [[a * scale for a in expected]] * len(reqs)
+        noisy = tuple(req.params.temperature > 0 for req in reqs)
+        load = StepLoad(len(reqs), len(reqs), sum(noisy), noisy)
+        seconds = partial(self.cost.seconds, len(reqs))
+        drafting = self.draft_seconds(len(reqs))
+        budget = drafting_budget(past, load, seconds, drafting, MIN_PREDICTED_GAIN)
+        if budget is None:
+            self.skipped += 1
+            self._age(k)
+            return False
+        lengths = allocate(past, budget)
+        self._decided = {req: sum(expected[:n]) for req, n in zip(reqs, lengths, strict=True)}
+        return True
+
+    def verified(self, req: Request, kept: int) -> None:
+        """Take in that ``req``'s verification row kept ``kept`` drafts (none: a row whose
+        drafts the plan dropped, or a plain step's)."""
+        self.accepted += kept
+        foreseen = self._foreseen.pop(req, None)
+        if foreseen is not None:
+            self.foreseen += foreseen
+            self.realized += kept
 
     def trim(self, out: SchedulerOutput, drafts: dict[Request, list[int]]) -> None:
-        """Cut ``drafts`` of the requests that verify in ``out`` to this step's plan."""
+        """Cut ``drafts`` of the requests that verify in ``out`` to this step's plan, made on
+        their calibrated survivals with the step's rows and tokens priced (the drafting is
+        done: only verifying is weighed against the plain step)."""
         verifying, load = step_load(out, drafts)
-        current = []
+        predicted = []
         for req in verifying:
             n = len(drafts[req])
-            current.append(survival([(self.confidence.pop(req, None) or [1.0] * n)[:n]])[0])
-        previous = [self._before(req, len(drafts[req])) for req in verifying]
-        drafting = self.draft_seconds(len(verifying))
-        chosen = plan(current, previous, load, self.cost.step_seconds, drafting)
+            predicted.append(survival([(self.confidence.pop(req, None) or [1.0] * n)[:n]])[0])
+        scale = self.calibration
+        current = [[a * scale for a in row] for row in predicted]
+        seconds = partial(self.cost.seconds, len(out.scheduled))
+        chosen = plan(current, load, seconds, margin=MIN_PREDICTED_GAIN)
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
-        self.previous = {r: a for r, a in self.previous.items() if not r.finished}
+        self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
         self.last = {}
-        for req, row, length in zip(verifying, current, chosen.lengths, strict=True):
-            self.previous[req] = row
+        for req, row, length in zip(verifying, predicted, chosen.lengths, strict=True):
+            self._learn(row)
             self.last[req.request_id] = length
             req.metrics.spec_trimmed_tokens += len(drafts[req]) - length
             self.offered += len(drafts[req])
@@ -235,6 +337,7 @@ class AdaptiveVerifier:
             drafts[req] = drafts[req][:length]
         self.rows += len(verifying)
         self.planned += sum(chosen.lengths)
+        self.dropped += bool(verifying) and not chosen.budget
 
 
 def step_load(
@@ -242,18 +345,23 @@ def step_load(
 ) -> tuple[list[Request], StepLoad]:
     """The requests of ``out`` that verify drafts, and what the step holds besides them: a
     decoding row's own token (it draws one), a prefill chunk's tokens (it draws one only where
-    it ends the sequence). Decoding rows are told apart as the speculative step does."""
+    it ends the sequence), which of those draws are made with noise, and which verifying
+    request's drafts would be. Decoding rows are told apart as the speculative step does."""
     verifying: list[Request] = []
-    tokens = samples = 0
+    tokens = samples = noisy = 0
     for req, n in out.scheduled.items():
         start = req.num_computed_tokens
+        sampled = req.params.temperature > 0
         if is_decoding(req, n):
-            tokens, samples = tokens + 1, samples + 1
+            tokens, samples, noisy = tokens + 1, samples + 1, noisy + sampled
             if drafts.get(req):
                 verifying.append(req)
+        elif start + n >= req.num_tokens:
+            tokens, samples, noisy = tokens + n, samples + 1, noisy + sampled
         else:
-            tokens, samples = tokens + n, samples + int(start + n >= req.num_tokens)
-    return verifying, StepLoad(tokens, samples)
+            tokens += n
+    rows = tuple(req.params.temperature > 0 for req in verifying)
+    return verifying, StepLoad(tokens, samples, noisy, rows)
 
 
 def is_decoding(req: Request, n: int) -> bool:

@@ -1,0 +1,109 @@
+"""The adaptive verifier's calibrations, against sums worked by hand.
+
+* The confidences' calibration: drafts accepted per unit of admitted survival, with a prior of
+  8 drafts as predicted, never above 1.
+* The mean survival per position that drafting is decided on: the prior 0.5, 0.25, 0.125
+  before any row, then each row drafted moves it 1/32 of the way to the row's survivals.
+* The decision to draft: what it counted on (the mean survivals of the drafts it expected to
+  verify) is set against what the round then had accepted, once the round is drafted; a
+  decision that is not followed by drafting (a step that goes on without) is no prediction to
+  check.
+* Each decision is priced on the step's rows: a plain step's rate, beaten by 4%.
+* A round not drafted moves what was learnt 1/128 of the way back to the prior.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from deepinfer.engine.request import Request
+from deepinfer.engine.verify_cost import StepCost, VerifyCost
+from deepinfer.engine.verify_schedule import AdaptiveVerifier
+from deepinfer.outputs import RequestMetrics
+from deepinfer.sampling_params import SamplingParams
+
+
+def _request(name: str) -> Request:
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    return Request(name, name, 0, [5, 6, 7], params, 0, RequestMetrics(0.0), 11)
+
+
+class _Drafter:
+    """Three drafts a request, every one with confidence 0.5."""
+
+    k = 3
+
+    def draft_with_confidence(
+        self, states: object, streams: Tensor, next_ids: Tensor, lengths: list[int]
+    ) -> tuple[Tensor, Tensor]:
+        n = len(lengths)
+        return torch.full((n, 3), 9), torch.full((n, 3), 0.5)
+
+
+def _draft(verifier: AdaptiveVerifier, reqs: list[Request]) -> None:
+    verifier.draft(_Drafter(), reqs, [], torch.zeros(0), torch.zeros(0), [1] * len(reqs))
+
+
+def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None:
+    free = StepCost.by_tokens(VerifyCost.from_table({1: 1.0}))  # verifying costs nothing
+    verifier = AdaptiveVerifier(free)
+    a, b = _request("a"), _request("b")
+    assert verifier.calibration == verifier.draft_calibration == 1.0
+    assert verifier.drafting_pays([a, b], 3)  # first rounds, on the prior: 0.875 each
+    _draft(verifier, [a, b])
+    verifier.verified(a, 2)
+    verifier.verified(b, 0)
+    assert (verifier.foreseen, verifier.realized, verifier.accepted) == (1.75, 2, 2)
+
+    assert verifier.drafting_pays([a, b], 3)  # every slot, at no cost
+    verifier.verified(a, 1)  # a row of a round drafted before this decision
+    assert verifier.foreseen == 1.75
+    assert verifier.drafting_pays([a], 3)  # decided again, for a alone, and then drafted
+    _draft(verifier, [a])
+    verifier.verified(a, 0)
+    verifier.verified(b, 3)  # b's round was never drafted on the decision that counted it
+    assert math.isclose(verifier.foreseen, 2.625) and verifier.realized == 2
+    assert math.isclose(verifier.draft_calibration, (2 + 8) / (2.625 + 8))
+
+    verifier.expected = 10.0  # survival admitted by plans so far; 2 + 1 + 0 + 3 accepted
+    assert verifier.accepted == 6
+    assert math.isclose(verifier.calibration, (6 + 8) / (10 + 8))
+    verifier.expected = 1.0
+    assert verifier.calibration == 1.0  # never above 1
+
+
+def test_a_round_not_drafted_ages_what_was_learnt() -> None:
+    """A plain step costs nothing next to any verification step: no round is drafted. Each
+    decision moves the mean survivals and the counts 1/128 of the way to the prior."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 100.0}), VerifyCost.from_table({1: 1.0}))
+    verifier = AdaptiveVerifier(cost)
+    verifier._learn([0.9, 0.1, 0.0])  # the prior moved 1/32 of the way to this row
+    learnt = [0.5 + 0.4 / 32, 0.25 - 0.15 / 32, 0.125 - 0.125 / 32]
+    assert all(map(math.isclose, verifier.mean_survival, learnt))
+    verifier.expected, verifier.accepted, verifier.foreseen, verifier.realized = 32, 16, 8, 0
+    assert not verifier.drafting_pays([_request("a")], 3)
+    aged = [
+        0.5 + 0.4 / 32 * 127 / 128,
+        0.25 - 0.15 / 32 * 127 / 128,
+        0.125 - 0.125 / 32 * 127 / 128,
+    ]
+    assert all(map(math.isclose, verifier.mean_survival, aged))
+    assert (verifier.expected, verifier.accepted) == (31.75, 15.875)
+    assert (verifier.foreseen, verifier.realized) == (7.9375, 0.0)
+    assert verifier.skipped == 1
+
+
+def test_drafting_pays_against_the_plain_step_of_its_rows() -> None:
+    """Two rows; a plain step 1 s, a step with verification rows 1.5 s, drafting 0.2 s. With
+    mean survivals (0.5, 0.25, 0.125), scaled by 1: the best round verifies every draft,
+    (2 + 2 * 0.875) / 1.7 = 2.21 a second against 2 * 1.04; with (0.2, 0.04, 0.008):
+    (2 + 2 * 0.248) / 1.7 = 1.47, and no fewer drafts do better, so it is not drafted."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
+    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}))
+    a, b = _request("a"), _request("b")
+    assert verifier.drafting_pays([a, b], 3) and verifier.skipped == 0  # the prior
+    verifier.mean_survival = [0.2, 0.04, 0.008]
+    assert not verifier.drafting_pays([a, b], 3) and verifier.skipped == 1
