@@ -44,13 +44,12 @@ def held_out_prompts(n: int, length: int) -> list[list[int]]:
 def run_arm(
     args: argparse.Namespace, prompts: list[list[int]], spec: dict[str, Any] | None
 ) -> dict[str, Any]:
+    from deepinfer import plugins
     from deepinfer.assets import tiny_model, tiny_tokenizer
+    from deepinfer.device import select_backend
     from deepinfer.engine.config import EngineConfig
     from deepinfer.engine.engine import LLMEngine
     from deepinfer.sampling_params import SamplingParams
-
-    from deepinfer import plugins
-    from deepinfer.device import select_backend
 
     choice = select_backend(args.device)  # as LLM picks it: sm100 on an NVIDIA GPU
     backend = plugins.backends.load(choice.backend)(choice.device)
