@@ -161,12 +161,12 @@ def profile_points(limit: int) -> list[int]:
     return sorted(points)
 
 
-def power_points(limit: int) -> list[int]:
-    """The powers of two below ``limit``, and ``limit`` itself (1, 2, 4, ..., limit)."""
+def power_points(limit: int, base: int = 2) -> list[int]:
+    """The powers of ``base`` below ``limit``, and ``limit`` itself (1, 2, 4, ..., limit)."""
     points, p = {limit}, 1
     while p < limit:
         points.add(p)
-        p *= 2
+        p *= base
     return sorted(points)
 
 

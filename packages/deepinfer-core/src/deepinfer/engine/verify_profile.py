@@ -53,16 +53,6 @@ PROFILE_CONTEXT = 1024
 PROFILE_CONTEXT_CPU = 128
 
 
-def draw_points(limit: int) -> list[int]:
-    """Positions at which the draws with noise are timed: 1, 8, 64, ... below ``limit``, and
-    ``limit`` (their cost is close to linear in positions)."""
-    points, p = {limit}, 1
-    while p < limit:
-        points.add(p)
-        p *= 8
-    return sorted(points)
-
-
 def draft_counts(rows: int, k: int) -> list[int]:
     """The drafts in all of the verification steps profiled at ``rows`` rows: one, and one,
     two and ``k`` a row."""
@@ -86,7 +76,8 @@ def profile_step_cost(
     )
     shapes = {r: [(r, d) for d in (0, *draft_counts(r, k))] for r in levels}
     steps = _DummySteps(model, levels[-1], k, feature_layers)
-    positions = draw_points(min(levels[-1] * (k + 1), PROFILE_MAX_DRAWS))
+    # draws with noise cost close to linearly in positions: 1, 8, 64, ... suffice
+    positions = power_points(min(levels[-1] * (k + 1), PROFILE_MAX_DRAWS), base=8)
     runs: dict[tuple[int, int], list[float]] = {s: [] for r in levels for s in shapes[r]}
     noisy: dict[int, list[tuple[float, float]]] = {n: [] for n in positions}
     try:
