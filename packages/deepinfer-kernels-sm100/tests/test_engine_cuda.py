@@ -42,6 +42,46 @@ def test_cuda_graphs_change_no_token() -> None:
     assert graphs.num_captured == 3 * len(graphs.buckets)  # none captured during the run
 
 
+def _greedy(llm: LLM, prompts: list[str]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_speculative_plain_steps_replay_the_decode_graphs() -> None:
+    """With speculation on, the decode graphs are still captured, and the steps the adaptive
+    schedule runs plain replay them between eager verification steps (these made-up cost
+    tables give both kinds: 0.2 s to draft a round, 1 s a plain step, 1.4 s a verification
+    step of 16 tokens); the greedy tokens are the engine's without speculation."""
+    spec = {
+        "method": "dspark",
+        "num_speculative_tokens": 3,
+        "scheduling": "adaptive",
+        "plain_cost": {1: 1.0, 16: 1.0},
+        "verify_cost": {1: 1.0, 16: 1.4},
+        "draft_cost": {1: 0.2, 16: 0.2},
+    }
+    plain = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=16)
+    llm = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=16, speculative_config=spec)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.num_captured == 3 * len(graphs.buckets)
+    assert _greedy(llm, PROMPTS) == _greedy(plain, PROMPTS)
+    runner = llm.engine.spec
+    assert runner is not None and runner.plain_steps > 0 and runner.num_drafts > 0
+    assert graphs.num_captured == 3 * len(graphs.buckets)  # the plain steps used them
+
+
+def test_adaptive_profile_prices_graphed_plain_steps() -> None:
+    """The schedule's start-up profile times plain steps from CUDA graphs of its own slots
+    (kept apart from the engine's, which hold just their start-up captures) when the engine
+    has graphs; the engine then decodes as without speculation."""
+    spec = {"method": "dspark", "num_speculative_tokens": 3, "scheduling": "adaptive"}
+    llm = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=8, speculative_config=spec)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.num_captured == 3 * len(graphs.buckets)
+    want = _greedy(LLM("tiny", device="cuda", dtype="float32", max_num_seqs=8), PROMPTS)
+    assert _greedy(llm, PROMPTS) == want
+
+
 def test_async_scheduling_changes_no_token() -> None:
     """On a GPU the engine queues step n+1 before reading step n's tokens (the default); the
     outputs are the synchronous engine's, greedy, seeded and with stops seen a step late."""

@@ -77,13 +77,13 @@ class LLMEngine:
         self.prefix_cache = (
             PrefixCache(config.prefix_cache_bytes) if config.enable_prefix_caching else None
         )
-        #: Drafts tokens and verifies them (``speculative_config``); None: one token a step.
-        self.spec = speculation(config, model)
-        slack = self.spec.k if self.spec is not None else 0
-        graphs = None  # a speculative step feeds rows of several tokens: nothing to capture
-        eager = config.enforce_eager or self.spec is not None
-        if not eager and model.ops.supports_cuda_graphs(model.dtype):
+        graphs = None
+        if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
             graphs = DecodeGraphs(config.max_num_seqs)
+        #: Drafts tokens and verifies them (``speculative_config``); None: one token a step.
+        #: Its plain steps replay the decode graphs; its verification steps run eagerly.
+        self.spec = speculation(config, model, cuda_graphs=graphs is not None)
+        slack = self.spec.k if self.spec is not None else 0
         # Captured decode steps bake in the slot and page tensors' addresses, which move when
         # they grow: with graphs, all are allocated up front (as vLLM sizes its KV cache).
         max_pages = self.pool.max_pages(config.max_num_seqs, self.max_model_len)

@@ -76,8 +76,12 @@ def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
     return factory(model, config.num_speculative_tokens, **{k: v for k, v in options.items() if v})
 
 
-def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRunner | None:
-    """The engine's speculative runner for ``config.speculative_config`` (None: off)."""
+def speculation(
+    config: EngineConfig, model: DeepseekCausalLM, *, cuda_graphs: bool = False
+) -> SpeculativeRunner | None:
+    """The engine's speculative runner for ``config.speculative_config`` (None: off);
+    ``cuda_graphs``: the engine replays its plain decode steps from CUDA graphs, so the
+    adaptive schedule must price a plain step as one."""
     spec = SpeculativeConfig.parse(config.speculative_config)
     if spec is None:
         return None
@@ -92,7 +96,13 @@ def speculation(config: EngineConfig, model: DeepseekCausalLM) -> SpeculativeRun
     verifier = None
     if spec.scheduling == "adaptive":
         verifier = adaptive_verifier(
-            drafter, model, config.max_num_seqs, spec.verify_cost, spec.draft_cost, spec.plain_cost
+            drafter,
+            model,
+            config.max_num_seqs,
+            spec.verify_cost,
+            spec.draft_cost,
+            spec.plain_cost,
+            cuda_graphs=cuda_graphs,
         )
     return SpeculativeRunner(model, drafter, verifier)
 

@@ -3,7 +3,10 @@
 Each point is a dummy step timed as the engine runs it, from the batch handed to the model to
 the draws read back on the host (:mod:`.verify_cost` says why both kinds are needed):
 
-* a plain step of ``R`` single-token rows: the decode pass, one logit per row, one draw each;
+* a plain step of ``R`` single-token rows: the decode pass, one logit per row, one draw each,
+  replayed from a CUDA graph where the engine replays its plain steps (``cuda_graphs``: a
+  graph of the profile's own slots per row count, captured by the untimed step before the
+  count's points and dropped with them);
 * a verification step of ``R`` rows holding ``D`` drafts in all (spread evenly): the ragged
   pass keeping every logit, with the drafter's feature layers captured (or the final streams
   returned, for a drafter that reads those), a draw at every position, and every row rolled
@@ -35,6 +38,7 @@ from deepinfer.cache.slots import StateSlots
 from deepinfer.engine.verify_cost import StepCost, VerifyCost, power_points, spread
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
 from deepinfer.sampling import SamplingTensors
@@ -66,16 +70,20 @@ def profile_step_cost(
     max_num_seqs: int,
     feature_layers: Sequence[int] = (),
     repeats: int = PROFILE_REPEATS,
+    *,
+    cuda_graphs: bool = False,
 ) -> StepCost:
     """Time plain and verification steps of ``model`` (see the module) for up to
-    ``max_num_seqs`` rows of up to ``num_speculative_tokens`` drafts each."""
+    ``max_num_seqs`` rows of up to ``num_speculative_tokens`` drafts each; plain steps from
+    CUDA graphs with ``cuda_graphs``."""
     k = num_speculative_tokens
     cpu = model.device.type == "cpu"
     levels = power_points(
         max(1, min(max_num_seqs, PROFILE_MAX_ROWS_CPU if cpu else PROFILE_MAX_ROWS))
     )
     shapes = {r: [(r, d) for d in (0, *draft_counts(r, k))] for r in levels}
-    steps = _DummySteps(model, levels[-1], k, feature_layers)
+    graphs = DecodeGraphs(levels[-1]) if cuda_graphs else None
+    steps = _DummySteps(model, levels[-1], k, feature_layers, graphs)
     # draws with noise cost close to linearly in positions: 1, 8, 64, ... suffice
     positions = power_points(min(levels[-1] * (k + 1), PROFILE_MAX_DRAWS), base=8)
     runs: dict[tuple[int, int], list[float]] = {s: [] for r in levels for s in shapes[r]}
@@ -122,10 +130,16 @@ class _DummySteps:
     """Slot states that continue one context, and timed steps over them."""
 
     def __init__(
-        self, model: DeepseekCausalLM, rows: int, k: int, feature_layers: Sequence[int]
+        self,
+        model: DeepseekCausalLM,
+        rows: int,
+        k: int,
+        feature_layers: Sequence[int],
+        graphs: DecodeGraphs | None,
     ) -> None:
         self.model = model
         self.layers = tuple(feature_layers)
+        self.graphs = graphs  # plain steps replay these (None: eager)
         cfg = model.cfg
         wanted = PROFILE_CONTEXT_CPU if model.device.type == "cpu" else PROFILE_CONTEXT
         self.context = max(0, min(wanted, cfg.max_position_embeddings - k - 2))
@@ -160,7 +174,7 @@ class _DummySteps:
         )
         begin = time.perf_counter()
         with captured_layers(self.model, self.layers if drafts else ()) as seen:
-            out = self.model(batch)
+            out = self.model(batch, None if drafts else self.graphs)
         if drafts and self.layers:
             features_of(seen, self.layers)
         logits = out.logits.float()

@@ -150,9 +150,12 @@ def adaptive_verifier(  # noqa: PLR0917
     table: CostTable | None,
     draft_table: CostTable | None = None,
     plain_table: CostTable | None = None,
+    *,
+    cuda_graphs: bool = False,
 ) -> AdaptiveVerifier:
     """The verifier for ``drafter`` on ``model``: the step cost of ``table`` (by tokens) and
-    ``plain_table`` (a plain step's, by rows), or what of it is not given profiled now, and
+    ``plain_table`` (a plain step's, by rows), or what of it is not given profiled now (plain
+    steps replayed from CUDA graphs with ``cuda_graphs``, as the engine runs them), and
     ``draft_table``'s drafting cost, or that profiled now (a drafter that cannot run a made-up
     round is priced as drafting for free)."""
     if not isinstance(drafter, ConfidentDrafter):
@@ -166,7 +169,7 @@ def adaptive_verifier(  # noqa: PLR0917
         cost = StepCost.by_tokens(VerifyCost.from_table(dict(table)), plain)
     else:
         layers = tuple(getattr(drafter, "feature_layers", None) or ())
-        cost = profile_step_cost(model, drafter.k, max_num_seqs, layers)
+        cost = profile_step_cost(model, drafter.k, max_num_seqs, layers, cuda_graphs=cuda_graphs)
         if plain is not None:
             cost = dataclasses.replace(cost, plain=plain)
     if draft_table is not None:
