@@ -22,6 +22,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.expert_shard import shard_routed_experts
 from deepinfer.models.layers.moe import MoE
 from deepinfer.parallel import ExpertParallel, init_expert_parallel
+from deepinfer.parallel.expert_parallel import GATHER_MAX_TOKENS
 
 #: MoE layers of the layer test: learned routing, hash routing (by token id), FP4 experts.
 LAYER_KINDS = ("learned", "hashed", "fp4")
@@ -92,8 +93,17 @@ def rank_outputs(ep: ExpertParallel) -> dict[str, Any]:
     for kind in LAYER_KINDS:
         moe = moe_layer(kind)
         shard_routed_experts(moe, ep)
-        out[f"layer.{kind}"] = moe(ops, x, ids)
+        out[f"layer.{kind}"] = moe(ops, x, ids)  # the all-to-all
+        ep.step.rows = max(LAYER_TOKENS[ep.world_size])  # the fixed-shape exchange
+        out[f"layer.{kind}.fixed"] = moe(ops, x, ids)
+        ep.step.rows = None
         out[f"shape.{kind}"] = tuple(moe.experts.w13.shape)
+    agreed = []
+    for tokens in (ep.rank + 1, GATHER_MAX_TOKENS + ep.rank):  # the most over the ranks
+        ep.agree(tokens)
+        agreed.append(ep.step.rows)
+    out["agreed"] = agreed
+    ep.step.rows = None
     v4 = random_tiny_model(torch.float32, seed=0)
     shard_routed_experts(v4, ep)
     out["v4"] = v4.forward_logits(prompt(ep.rank, v4.cfg))

@@ -120,16 +120,19 @@ def _layer64(moe: MoE, x: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     return total, err + _gamma(k + 1) * magnitude + U32 * total.abs()
 
 
+@pytest.mark.parametrize("exchange", ["", ".fixed"], ids=["all_to_all", "fixed_shape"])
 @pytest.mark.parametrize("kind", LAYER_KINDS)
-def test_moe_layer_matches_single_process(ranks: Any, kind: str) -> None:
-    """Every rank's layer output equals the single-process layer's on its tokens: both lie
-    within the derived fp32 error bound of the fp64 layer (same routing), so the world size
-    changes the result by reassociation at most (on this CPU it is bit for bit)."""
+def test_moe_layer_matches_single_process(ranks: Any, kind: str, exchange: str) -> None:
+    """Every rank's layer output, through either exchange (the all-to-all, or the fixed-shape
+    one with every rank's tokens padded to the most any rank has), equals the single-process
+    layer's on its tokens: both lie within the derived fp32 error bound of the fp64 layer
+    (same routing), so the world size changes the result by reassociation at most (on this CPU
+    it is bit for bit)."""
     world, outputs = ranks
     moe = moe_layer(kind)
     for rank, out in enumerate(outputs):
         x, ids = layer_tokens(rank, world)
-        got = out[f"layer.{kind}"]
+        got = out[f"layer.{kind}{exchange}"]
         with torch.no_grad():
             single = moe(OPS, x, ids)
         assert got.shape == single.shape == x.shape
@@ -138,6 +141,14 @@ def test_moe_layer_matches_single_process(ranks: Any, kind: str) -> None:
         ref, bound = _layer64(moe, x, ids)
         assert ((got.double() - ref).abs() <= bound).all(), (rank, kind)
         assert ((single.double() - ref).abs() <= bound).all(), (rank, kind)
+
+
+def test_ranks_agree_on_the_most_tokens(ranks: Any) -> None:
+    """Before a forward the ranks learn the most tokens any of them feeds it: the fixed-shape
+    exchange's rows up to GATHER_MAX_TOKENS, the all-to-all (None) past it."""
+    world, outputs = ranks
+    for out in outputs:
+        assert out["agreed"] == [world, None]
 
 
 @pytest.mark.parametrize("name", ["v4", "v41"])

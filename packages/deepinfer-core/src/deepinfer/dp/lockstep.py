@@ -6,7 +6,9 @@ model exactly once; a rank with no work, or whose step ran nothing (only preempt
 runs a dummy forward of one token on a scratch state instead, as vLLM's idle ranks do. The
 model's forward is wrapped to count calls and to catch its failures: the engine recovers from a
 failed step on its own, but under data parallelism a forward that failed may have left the
-other ranks inside a collective, so the failure ends the run instead.
+other ranks inside a collective, so the failure ends the run instead. The wrapper also has the
+ranks agree, before each forward, on the most tokens any of them feeds it, which picks the MoE
+layers' exchange for that forward (:meth:`~deepinfer.parallel.ExpertParallel.agree`).
 """
 
 from __future__ import annotations
@@ -43,14 +45,24 @@ class RankStepper:
         model = engine.model
         self.expert_load = ExpertLoadTracker(model)
         inner: Callable[..., Any] = model.forward
+        ep = next(
+            (ep for m in model.modules() if (ep := getattr(m, "expert_parallel", None))), None
+        )
+        agree = ep is not None and ep.enabled
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.forwards += 1
             try:
+                if agree:
+                    batch: ForwardBatch = args[0] if args else kwargs["batch"]
+                    ep.agree(batch.num_tokens)
                 return inner(*args, **kwargs)
             except BaseException as exc:
                 self.error = exc
                 raise
+            finally:
+                if agree:
+                    ep.step.rows = None
 
         model.forward = counted  # type: ignore[method-assign]
 

@@ -12,7 +12,7 @@ every expert and the MoE layer takes its ordinary path, so EP costs nothing ther
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -34,18 +34,38 @@ class ExpertShard:
         return self.first <= expert < self.stop
 
 
+#: Most tokens a forward may feed every rank's MoE layers for them to take the fixed-shape
+#: exchange (:func:`~deepinfer.parallel.expert_dispatch.dispatch_experts`): its outputs travel
+#: per (token, slot) pair from every rank, ``k * world`` times the all-to-all's, which only
+#: small (decode) steps afford.
+GATHER_MAX_TOKENS = 256
+
+
+@dataclass
+class StepTokens:
+    """What the ranks agreed on for the forward under way: the most tokens any of them feeds
+    its MoE layers, where that allows the fixed-shape exchange (None: the all-to-all)."""
+
+    rows: int | None = None
+
+
 @dataclass(frozen=True)
 class ExpertParallel:
     """This rank's place in the expert-parallel group.
 
     ``group`` is the ``torch.distributed`` group the MoE layers exchange tokens in; None means
-    the default (world) group. A description with ``world_size > 1`` and no initialised
-    process group still plans shapes and loading (what a rank reads) but cannot run a forward.
+    the default (world) group. ``cpu_group`` is a gloo group over the same ranks for the few
+    host-side agreements a step needs when ``group`` is NCCL (None: ``group`` itself). A
+    description with ``world_size > 1`` and no initialised process group still plans shapes
+    and loading (what a rank reads) but cannot run a forward.
     """
 
     rank: int = 0
     world_size: int = 1
     group: dist.ProcessGroup | None = None
+    cpu_group: dist.ProcessGroup | None = None
+    #: The forward under way (:meth:`agree`); every MoE layer of the rank reads it.
+    step: StepTokens = field(default_factory=StepTokens, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -69,13 +89,26 @@ class ExpertParallel:
         count = num_experts // self.world_size
         return ExpertShard(first=self.rank * count, count=count, total=num_experts)
 
+    def agree(self, tokens: int) -> None:
+        """Before a forward that feeds ``tokens`` tokens to this rank's MoE layers: learn the
+        most any rank feeds (one host-side all-reduce; every rank calls this for the same
+        forward) and, up to :data:`GATHER_MAX_TOKENS`, let the layers take the fixed-shape
+        exchange at that many rows, which reads nothing on the host (:attr:`step`)."""
+        most = torch.tensor([tokens], dtype=torch.int64)
+        group = self.cpu_group if self.cpu_group is not None else self.group
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        rows = int(most[0])
+        self.step.rows = rows if rows <= GATHER_MAX_TOKENS else None
+
     @classmethod
-    def from_torch(cls, group: dist.ProcessGroup | None = None) -> ExpertParallel:
+    def from_torch(
+        cls, group: dist.ProcessGroup | None = None, cpu_group: dist.ProcessGroup | None = None
+    ) -> ExpertParallel:
         """This process's place in ``group`` (default: world), or world size 1 where no
         process group is initialised."""
         if not (dist.is_available() and dist.is_initialized()):
             return cls()
-        return cls(dist.get_rank(group), dist.get_world_size(group), group)
+        return cls(dist.get_rank(group), dist.get_world_size(group), group, cpu_group)
 
 
 def init_expert_parallel(
@@ -104,4 +137,7 @@ def init_expert_parallel(
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    return ExpertParallel.from_torch()
+    cpu_group = None
+    if backend == "nccl":  # host-side agreements go through gloo, not a device sync
+        cpu_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return ExpertParallel.from_torch(cpu_group=cpu_group)
