@@ -179,14 +179,17 @@ def _mhc_specs() -> Iterator[AotSpec]:
          "post_ptr": "*fp32", "comb_ptr": "*fp32", "rows": 32, "iters": 20, "hc_eps": 1e-6,
          "N": 4, "NP": 4, "BLOCK": 16},
     )  # fmt: skip
-    for dt in ("bf16", "fp32"):
-        # streams [32, 4, 4096] flattened: 16384 columns in splits of 128, (2 + 4) * 4 outputs
+    # streams [32, 4, 4096] flattened: 16384 columns in splits of 128, (2 + 4) * 4 outputs; bf16
+    # streams meet fn as bf16 parts on tensor cores, fp32 streams keep IEEE fp32 dots
+    for dt, parts, block_r, warps in (("bf16", True, 128, 8), ("fp32", False, 16, 4)):
         yield AotSpec(
             "mhc._hc_mix_kernel",
             f"{dt}-hc4",
             {"x_ptr": f"*{dt}", "fn_ptr": "*fp32", "out_ptr": "*fp32", "squares_ptr": "*fp32",
              "rows": 32, "k_dim": 16384, "width": 24, "norm_eps": 1e-6,
-             "SPLIT": 128, "BLOCK_R": 16, "BLOCK_W": 32, "BLOCK_K": 64},
+             "SPLIT": 128, "BLOCK_R": block_r, "BLOCK_W": 32, "BLOCK_K": 64,
+             "BF16_PARTS": parts, "NATIVE": True},
+            num_warps=warps,
         )  # fmt: skip
     yield AotSpec(
         "mhc._hc_mix_finish_kernel",

@@ -71,6 +71,90 @@ def test_hc_mix_matches_float64(rows: int, d: int) -> None:
     torch.testing.assert_close(got, ref.hc_mix(x, fn, 1e-6), atol=1e-5, rtol=1e-5)
 
 
+def _hc_mix_float64(x: torch.Tensor, fn: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """(the mixer logits, ``scale * sum_k |x_k| |fn_jk|``, and the logits had fn been rounded
+    to one bf16 part), in float64, of streams ``x`` [rows, n, d]."""
+    flat = x.reshape(x.shape[0], -1).double()
+    scale = torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+    exact = (flat @ fn.double().T) * scale
+    magnitude = (flat.abs() @ fn.double().abs().T) * scale
+    one_part = (flat @ fn.to(torch.bfloat16).double().T) * scale
+    return exact, magnitude, one_part
+
+
+def _hc_mix_bound(k_dim: int, magnitude: torch.Tensor) -> torch.Tensor:
+    """How far hc_mix's fp32 logits may be from the float64 ones (first order, u = 2**-24).
+
+    The products x_k * fn_jk are exact (bf16 times a bf16 part of fn, or fp32 products in the
+    IEEE dots), so only sums round. A program's accumulator takes its split's S columns as
+    three part products each: at most 3S roundings, each at most 2u of the running sum (2u, not
+    u, to cover tensor-core adders that truncate), and the finishing sum of the P splits' partials
+    P more: (3S + P) * 2u * sum_k |x_k fn_jk| at most. The sum of squares (S + P roundings of
+    non-negative terms) moves the scale by at most half its (S + P) * u relative error; the mean,
+    the rsqrt (a few ulps on a GPU) and the last product add a few u more. With S and P at most
+    K this is below (4S + 2P + 16) * 2u relative to the magnitude: for V4-Flash's K = 16384 in
+    splits of 128, about 2**-13.4, where one bf16 part of fn errs by up to 2**-9 of it.
+    """
+    split = min(mhc.HC_MIX_SPLIT, k_dim)
+    splits = -(-k_dim // mhc.HC_MIX_SPLIT)
+    return (4 * split + 2 * splits + 16) * 2.0**-23 * magnitude
+
+
+@pytest.mark.parametrize("rows", [1, 17, 64])
+@pytest.mark.parametrize("d", [64, 300], ids=["two-splits", "ten-splits-partial"])
+@pytest.mark.parametrize("signs", ["random", "one-signed"])
+def test_hc_mix_bf16_streams_match_float64(rows: int, d: int, signs: str) -> None:
+    """bf16 streams meet fn as bf16 parts on tensor cores: the logits must keep an fp32 dot's
+    accuracy, within a bound that fn rounded to a single bf16 part would break."""
+    hc = 4
+    x = _rand(rows, hc, d, seed=30 + rows, dtype=torch.bfloat16) * 2
+    fn = _rand((2 + hc) * hc, hc * d, seed=31) * 0.1
+    if signs == "one-signed":
+        # Positive streams and weights 1.5 * 2**-10 above a bf16 value: the weights' low bits
+        # all push one way, so a dot of fn rounded to bf16 errs by about 2**-9.4 of the
+        # magnitude, whereas random signs would let its errors cancel under the bound.
+        x = x.abs()
+        fn = fn.abs().to(torch.bfloat16).float() * (1 + 3 * 2.0**-11)
+    got = mhc.hc_mix(x.to(DEVICE), fn.to(DEVICE), 1e-6).cpu()
+    assert got.dtype == torch.float32 and got.shape == (rows, fn.shape[0])
+    exact, magnitude, one_part = _hc_mix_float64(x, fn, 1e-6)
+    bound = _hc_mix_bound(hc * d, magnitude)
+    err = (got.double() - exact).abs()
+    assert (err <= bound).all(), f"worst error {(err / magnitude).max():.3g} of the magnitude"
+    if signs == "one-signed":  # the bound tells the parts from a single bf16 part
+        assert ((one_part - exact).abs() > bound).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hc_mix_row_does_not_depend_on_the_batch(dtype: torch.dtype) -> None:
+    """A row's logits are the same bits alone, in a smaller batch and in a batch of 64 (the
+    engine's outputs must not depend on what else is batched): the tiles and splits are fixed.
+
+    Off the GPU the interpreter's dots are numpy's matmul, whose CPU kernels round a row
+    differently by its place in a block of rows, so there each row keeps its place in its
+    program's tile; on the GPU rows are also moved to other places."""
+    hc, d = 4, 300
+    x = _rand(64, hc, d, seed=32, dtype=dtype).to(DEVICE)
+    fn = (_rand((2 + hc) * hc, hc * d, seed=33) * 0.1).to(DEVICE)
+    batch = mhc.hc_mix(x, fn, 1e-6)
+    assert torch.equal(mhc.hc_mix(x[:1], fn, 1e-6), batch[:1])
+    assert torch.equal(mhc.hc_mix(x[:17], fn, 1e-6), batch[:17])
+    if DEVICE == "cuda":
+        for row in (17, 63):
+            assert torch.equal(mhc.hc_mix(x[row : row + 1], fn, 1e-6)[0], batch[row]), row
+        assert torch.equal(mhc.hc_mix(x[40:57], fn, 1e-6), batch[40:57])
+
+
+def test_three_bf16_parts_carry_an_fp32() -> None:
+    """fp32 values are the exact sums of the three bf16 parts hc_mix cuts fn into."""
+    f = _rand(4096, seed=34) * torch.logspace(-30, 30, 4096)
+    f1 = f.to(torch.bfloat16)
+    rest = f - f1.float()
+    f2 = rest.to(torch.bfloat16)
+    f3 = (rest - f2.float()).to(torch.bfloat16)
+    assert torch.equal(f1.double() + f2.double() + f3.double(), f.double())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mhc_post(dtype: torch.dtype) -> None:
     hc, d = 4, 300  # two D blocks, the last partial

@@ -9,6 +9,8 @@ column, then ``iters - 1`` times row and column, each divided by sum + eps).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -103,6 +105,18 @@ def mhc_weights_from_mix(
     return pre.view(*lead, hc), post.view(*lead, hc), comb.view(*lead, hc, hc)
 
 
+@triton.jit
+def _dot_bf16_part(x, part, acc, NATIVE: tl.constexpr):
+    """``acc + x @ part`` for bf16 ``x`` and a bf16 ``part`` of fn: a tensor-core dot, whose
+    products are exact and whose sums are fp32, or (``NATIVE`` off) the same exact products in
+    an IEEE fp32 dot."""
+    if NATIVE:
+        out = tl.dot(x, part, acc)
+    else:
+        out = tl.dot(x.to(tl.float32), part.to(tl.float32), acc, input_precision="ieee")
+    return out
+
+
 @triton.jit(do_not_specialize=["rows"])
 def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
@@ -117,6 +131,8 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BF16_PARTS: tl.constexpr,  # bf16 x: fn as three bf16 parts in 16-bit dots (else IEEE fp32)
+    NATIVE: tl.constexpr,  # the parts' dots in bf16 (off: upcast, for the interpreter)
 ):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     split = tl.program_id(1)
@@ -129,14 +145,30 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
             x_ptr + r[:, None] * k_dim + k[None, :],
             mask=(r[:, None] < rows) & (k[None, :] < k_dim),
             other=0.0,
-        ).to(tl.float32)
+        )
         f = tl.load(
             fn_ptr + w[None, :] * k_dim + k[:, None],
             mask=(w[None, :] < width) & (k[:, None] < k_dim),
             other=0.0,
         )
-        squares += tl.sum(x * x, axis=1)
-        acc += tl.dot(x, f, input_precision="ieee")
+        xf = x.to(tl.float32)
+        squares += tl.sum(xf * xf, axis=1)
+        if BF16_PARTS:
+            # f = f1 + f2 + f3 exactly: each part takes the next 8 significant bits of what
+            # the parts before it leave, and three carry all 24 of an fp32. A bf16 x times a
+            # bf16 part is exact, so only the fp32 sums round, as in an IEEE fp32 dot.
+            f1 = f.to(tl.bfloat16)
+            rest = f - f1.to(tl.float32)
+            f2 = rest.to(tl.bfloat16)
+            f3 = (rest - f2.to(tl.float32)).to(tl.bfloat16)
+            # Tensor cores' fp32 additions truncate: an accumulator passed through every dot
+            # of the split would gather that bias toward zero, so the block's dots start from
+            # zero, smallest part first, and the block joins acc in one round-to-nearest add.
+            block = _dot_bf16_part(x, f3, tl.zeros((BLOCK_R, BLOCK_W), tl.float32), NATIVE)
+            block = _dot_bf16_part(x, f2, block, NATIVE)
+            acc += _dot_bf16_part(x, f1, block, NATIVE)
+        else:
+            acc += tl.dot(xf, f, input_precision="ieee")
     base = split * rows
     tl.store(
         out_ptr + (base + r[:, None]) * width + w[None, :],
@@ -179,10 +211,24 @@ def _hc_mix_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argu
 
 #: Columns of the flattened streams one program reduces: a decode batch has a few rows, so the
 #: n x hidden columns (16k for V4-Flash) are split over programs, whose partial sums are then
-#: added in a fixed order (the result does not depend on the batch). Each program's loads wait
-#: on memory one after another, so short ranges win: in CUDA graphs on an H200, 4k columns x
-#: 32 rows took 30 us at 512 columns a program, 19 at 128; a 4096-row prefill 3% longer.
+#: added in a fixed order. Each program's loads wait on memory one after another, so short
+#: ranges serve a few rows best; longer ones would write fewer partials in a long prefill.
 HC_MIX_SPLIT = 128
+#: bf16 streams meet fn cut into three bf16 parts on tensor cores (exact products, fp32 sums,
+#: as in the IEEE fp32 dots on CUDA cores that fp16 and fp32 streams keep). A program takes
+#: HC_MIX_BLOCK_R rows, so that many rows share its work of cutting fn, and HC_MIX_BLOCK_K
+#: columns a step (at most HC_MIX_SPLIT), with HC_MIX_WARPS warps. The tiles, like the split,
+#: are fixed rather than chosen by the row count: the dots a row's sums go through, and so its
+#: logits, do not depend on the batch. Large tiles serve long prefills; a decode step's few
+#: rows wait on memory latency, which the tile size changes little.
+HC_MIX_BLOCK_R = 128
+HC_MIX_BLOCK_K = 64
+HC_MIX_WARPS = 8
+#: (rows, columns a step, warps) of the IEEE fp32 dots of fp16 and fp32 streams.
+HC_MIX_IEEE_TILES = (16, 64, 4)
+#: Triton's CPU interpreter (3.7) multiplies bf16 tensors as their raw 16-bit integers: there
+#: the parts are upcast to fp32 for an IEEE dot, the same exact products.
+HC_MIX_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
@@ -196,8 +242,13 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
     squares = torch.empty(splits, rows, dtype=torch.float32, device=x.device)
     mix = torch.empty(rows, width, dtype=torch.float32, device=x.device)
     block_w = max(16, triton.next_power_of_2(width))
+    parts = flat.dtype == torch.bfloat16
+    if parts:
+        block_r, block_k, warps = HC_MIX_BLOCK_R, HC_MIX_BLOCK_K, HC_MIX_WARPS
+    else:
+        block_r, block_k, warps = HC_MIX_IEEE_TILES
     if rows:
-        _hc_mix_kernel[(triton.cdiv(rows, 16), splits)](
+        _hc_mix_kernel[(triton.cdiv(rows, block_r), splits)](
             flat,
             fn.float().contiguous(),
             out,
@@ -207,9 +258,12 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
             width,
             norm_eps,
             SPLIT=HC_MIX_SPLIT,
-            BLOCK_R=16,
+            BLOCK_R=block_r,
             BLOCK_W=block_w,
-            BLOCK_K=64,
+            BLOCK_K=min(block_k, HC_MIX_SPLIT),
+            BF16_PARTS=parts,
+            NATIVE=HC_MIX_NATIVE,
+            num_warps=warps,
         )
         _hc_mix_finish_kernel[(rows,)](
             out,
