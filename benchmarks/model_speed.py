@@ -774,6 +774,21 @@ def hf_peer(
 # -- the two models -------------------------------------------------------------------------------
 
 
+@torch.no_grad()
+def hold_as_checkpoint(model: torch.nn.Module) -> None:
+    """The projections computed in fp32 (head, router gates, compressors) rounded to bf16, as
+    a checkpoint stores them, then held as the engine holds such a checkpoint's
+    (:func:`~deepinfer.models.hold_computed_formats`): random fp32 draws would keep them fp32."""
+    from deepinfer.models import hold_computed_formats
+    from deepinfer.models.layers.moe import Gate
+    from deepinfer.models.layers.norm import Linear
+
+    for module in model.modules():
+        if (isinstance(module, Linear) and module.computes_fp32) or isinstance(module, Gate):
+            module.weight.copy_(module.weight.to(torch.bfloat16))
+    hold_computed_formats(model, "auto")  # type: ignore[arg-type]
+
+
 def run_config_a(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, Any]:
     """Config A (``small_config`` with ``--small``), built and drawn as ``step_ab.py`` does,
     then transformers on its weights."""
@@ -785,6 +800,7 @@ def run_config_a(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, An
     ops = plugins.backends.load(run.backend)(run.device)
     model = DeepseekV4ForCausalLM(cfg, dtype=torch.bfloat16, device=run.device, backend=ops)
     init_random_weights(model, seed=0)  # drawn on the CPU: the same weights on every device
+    hold_as_checkpoint(model)
     model.eval()
     run.top = min(cfg.vocab_size, cfg.image_token_id or cfg.vocab_size)
     print("config_a", file=sys.stderr)

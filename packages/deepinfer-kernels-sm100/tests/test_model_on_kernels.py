@@ -25,7 +25,9 @@ from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
-from deepinfer.models.stored_formats import hold_fp4, hold_fp8
+from deepinfer.models.layers.moe import Gate
+from deepinfer.models.layers.norm import Linear
+from deepinfer.models.stored_formats import hold_bf16_projections, hold_fp4, hold_fp8
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -129,3 +131,37 @@ def test_stored_format_ops_match_the_reference_inside_the_model() -> None:
     _run(model)
     assert set(ops.worst) == {"fp8_linear", "swiglu", "moe_experts_fp4"}
     assert all(v <= 1.0 for v in ops.worst.values()), ops.worst
+
+
+def _round_fp32_projections(model: DeepseekV4ForCausalLM) -> None:
+    """Round the weights of the projections computed in fp32 to bf16 values, as a DeepSeek
+    checkpoint stores them (still held in fp32)."""
+    for module in model.modules():
+        if (isinstance(module, Linear) and module.computes_fp32) or isinstance(module, Gate):
+            module.weight.data.copy_(module.weight.to(torch.bfloat16))
+
+
+def test_bf16_held_projections_give_the_fp32_logits() -> None:
+    """Held in bf16, the head, router gates and compressors give the reference's fp32-held
+    logits: exactly on the reference (it widens them back), to fp32 summation order on the
+    kernels (bf16 products on tensor cores, the head's fp32 input split in three parts)."""
+    model = random_tiny_model(device=DEVICE, seed=3)
+    _round_fp32_projections(model)
+    want = _run(model)
+    kept = hold_bf16_projections(model)
+    assert "head.weight" in kept and any(n.endswith("gate.weight") for n in kept)
+    assert any(n.endswith("compressor.wkv.weight") for n in kept)
+    assert model.head.weight.dtype == torch.bfloat16
+    for a, b in zip(_run(model), want, strict=True):
+        assert torch.equal(a, b)
+    model.ops = _kernel_ops()
+    for a, b in zip(_run(model), want, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
+
+
+def test_projections_not_exact_in_bf16_stay_fp32() -> None:
+    """The embedded model's head was trained and stored in fp32: holding it in bf16 would
+    round it, so it stays."""
+    model = tiny_model(device=DEVICE)
+    kept = hold_bf16_projections(model)
+    assert "head.weight" not in kept and model.head.weight.dtype == torch.float32

@@ -105,13 +105,13 @@ def tensor_kind(name: str) -> str:
 class _StoredFormatKernels(TorchBackend):
     """The formats the ``sm100`` kernels compute on, to build the held model on ``meta``."""
 
-    native_formats = frozenset({"fp8", "fp4_experts"})
+    native_formats = frozenset({"fp8", "fp4_experts", "bf16_projections"})
 
 
 def weight_sizes(cfg: ModelConfig, raw: dict[str, Any]) -> dict[str, KindSize]:
     """Per-kind sizes of every parameter of the model built on the meta device: as stored,
     as bf16, and as DeepInfer holds it with the stored-format kernels."""
-    from deepinfer.models import keep_stored_formats, model_class
+    from deepinfer.models import hold_computed_formats, keep_stored_formats, model_class
 
     quant = quant_settings(raw)
     model = model_class(cfg.model_type)(cfg, dtype=torch.bfloat16, device="meta")
@@ -129,6 +129,7 @@ def weight_sizes(cfg: ModelConfig, raw: dict[str, Any]) -> dict[str, KindSize]:
         cfg, dtype=torch.bfloat16, device="meta", backend=_StoredFormatKernels("cpu")
     )
     keep_stored_formats(held, raw, "auto")
+    hold_computed_formats(held, "auto")
     for name, param in held.named_parameters():
         nbytes = param.numel() * param.element_size()
         size = kinds.setdefault(tensor_kind(name), KindSize())

@@ -29,7 +29,7 @@ class Sm100Backend(TorchBackend):
 
     name: ClassVar[str] = "sm100"
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
-    native_formats: ClassVar[frozenset[str]] = frozenset({"fp8", "fp4_experts"})
+    native_formats: ClassVar[frozenset[str]] = frozenset({"fp8", "fp4_experts", "bf16_projections"})
 
     @classmethod
     def availability(cls) -> Availability:
@@ -52,6 +52,11 @@ class Sm100Backend(TorchBackend):
 
     def supports_cuda_graphs(self, dtype: Any) -> bool:
         return True  # every token-wise op is a kernel or a sync-free torch op
+
+    def linear_fp32(self, x: Tensor, weight: Tensor) -> Tensor:
+        from deepinfer_kernels_sm100.split_linear import linear_fp32
+
+        return linear_fp32(x, weight)
 
     def fp8_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
@@ -215,8 +220,8 @@ class Sm100Backend(TorchBackend):
         }
         if not fits(gate_weight.shape[0], topk, scoring_func):
             return super().moe_route(x, gate_weight, bias, **kw)
-        # the gate's matmul as the reference computes it; everything after it in one kernel
-        return route(F.linear(x.float(), gate_weight.float()), bias, **kw)
+        # the gate's fp32 matmul (on tensor cores where held in bf16); the rest in one kernel
+        return route(self.linear_fp32(x, gate_weight), bias, **kw)
 
     def swiglu_mlp(
         self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float

@@ -67,8 +67,10 @@ class Backend(ABC):
 
     #: The stored weight formats this backend computes on with kernels, so a model under
     #: ``quantization="auto"`` keeps them as stored (otherwise it dequantises them at load):
-    #: ``"fp8"`` (:meth:`fp8_linear`) and ``"fp4_experts"`` (:meth:`moe_experts_fp4`). The
-    #: torch reference's versions of those ops are the numeric reference, not fast paths.
+    #: ``"fp8"`` (:meth:`fp8_linear`), ``"fp4_experts"`` (:meth:`moe_experts_fp4`) and
+    #: ``"bf16_projections"`` (:meth:`linear_fp32` on bf16 weights: the head, router gate and
+    #: compressor projections, stored bf16 and computed in fp32). The torch reference's
+    #: versions of those ops are the numeric reference, not fast paths.
     native_formats: ClassVar[frozenset[str]] = frozenset()
 
     # -- the op table ------------------------------------------------------------------------
@@ -79,6 +81,14 @@ class Backend(ABC):
     @abstractmethod
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """``x @ weight.T`` in the weight's dtype (FP8/FP4 backends dequantise or run natively)."""
+
+    @abstractmethod
+    def linear_fp32(self, x: Tensor, weight: Tensor) -> Tensor:
+        """``x @ weight.T`` as the reference computes the head, router gate and compressor
+        projections: ``x`` and ``weight`` widened to fp32, an fp32 result. ``weight`` is held
+        in fp32 or, where its values are exact there (a checkpoint stores these in bf16), in
+        bf16; a kernel backend may then use bf16 tensor cores as long as the result is the fp32
+        product up to summation order."""
 
     @abstractmethod
     def fp8_linear(

@@ -71,6 +71,9 @@ class TorchBackend(Backend):
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.linear(x.to(weight.dtype), weight)
 
+    def linear_fp32(self, x: Tensor, weight: Tensor) -> Tensor:
+        return F.linear(x.float(), weight.float())
+
     def fp8_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
     ) -> Tensor:
@@ -311,7 +314,7 @@ class TorchBackend(Backend):
         norm_topk_prob: bool,
         fixed_indices: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        logits = F.linear(x.float(), gate_weight.float())
+        logits = self.linear_fp32(x, gate_weight)
         if scoring_func == "sqrtsoftplus":
             scores = F.softplus(logits).sqrt()
         elif scoring_func == "sigmoid":

@@ -78,6 +78,7 @@ def load_model(
         layout, torch.float32, device, keep_fp8=fp8, keep_bytes=as_bytes
     )
     model.load_state(tensors)
+    hold_computed_formats(model, quantization)
     return model.eval()
 
 
@@ -105,6 +106,17 @@ def keep_stored_formats(
     if "fp4_experts" in native:
         as_bytes |= hold_fp4(model, quant)
     return fp8, as_bytes
+
+
+def hold_computed_formats(model: DeepseekCausalLM, quantization: str | None) -> None:
+    """Once the weights are in, under ``quantization="auto"``: hold in bf16 the projections
+    computed in fp32 whose values allow it, where the backend computes on those
+    (``"bf16_projections"``: :func:`~deepinfer.models.stored_formats.hold_bf16_projections`).
+    Unlike :func:`keep_stored_formats` this needs the values, so it runs after loading."""
+    from deepinfer.models.stored_formats import hold_bf16_projections
+
+    if quantization == "auto" and "bf16_projections" in model.ops.native_formats:
+        hold_bf16_projections(model)
 
 
 __all__ = [

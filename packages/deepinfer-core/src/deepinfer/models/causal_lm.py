@@ -72,8 +72,9 @@ class DeepseekCausalLM(nn.Module):
             self.norm = RMSNorm(d, cfg.rms_norm_eps)
             if self.uses_hc_head(cfg):
                 add_hc_params(self, "hc_head", cfg, head=True)
-            # Logits are computed in fp32, so the head is kept in fp32.
-            self.head = Linear(d, cfg.vocab_size, torch.float32)
+            # Logits are computed in fp32 (held in bf16 where the checkpoint's values allow it:
+            # :func:`~deepinfer.models.stored_formats.hold_bf16_projections`).
+            self.head = Linear(d, cfg.vocab_size, torch.float32, computes_fp32=True)
             self.mtp = nn.ModuleList(
                 MTPBlock(cfg, cfg.num_hidden_layers + i, dtype)
                 for i in range(cfg.num_nextn_predict_layers)
@@ -247,7 +248,7 @@ class DeepseekCausalLM(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """fp32 logits of the collapsed final hidden states ``h`` [..., d]."""
         h = self.norm(self.ops, h.float())
-        return self.ops.linear(h, self.head.weight)
+        return self.head(self.ops, h)
 
     # -- conveniences over the step ---------------------------------------------------------------
 
@@ -331,7 +332,7 @@ class DeepseekCausalLM(nn.Module):
         )
         if depth == len(self.mtp) - 1:
             state.mtp_pos += next_ids.shape[1]
-        return self.ops.linear(hidden, self.head.weight), out_streams
+        return self.head(self.ops, hidden), out_streams
 
     # -- weights ----------------------------------------------------------------------------------
 

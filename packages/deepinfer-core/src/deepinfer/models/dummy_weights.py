@@ -163,7 +163,7 @@ def dummy_model(
     could not be built. ``expert_parallel``: hold and draw only this rank's routed experts,
     with the values the whole model draws for them.
     """
-    from deepinfer.models import keep_stored_formats, model_class
+    from deepinfer.models import hold_computed_formats, keep_stored_formats, model_class
     from deepinfer.models.expert_shard import allocate, planned_model
 
     raw = read_config(path)
@@ -172,6 +172,7 @@ def dummy_model(
     cls = model_class(cfg.model_type)
     model = planned_model(cls, cfg, dtype, device, backend, ep=expert_parallel)
     keep_stored_formats(model, raw, quantization)
+    hold_computed_formats(model, quantization)  # on meta: drawn in bf16, as stored
     needed = weight_bytes(model)
     free = free_bytes(device)
     if free is not None and needed > free:

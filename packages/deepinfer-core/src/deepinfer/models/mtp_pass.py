@@ -55,7 +55,7 @@ def mtp_forward_ragged(
     rows = RaggedRows(pool, meta)
     hidden, out = model.mtp[depth].predict(streams[None], model.embed(ids), ctx, rows)
     last = torch.tensor(meta.offsets) + torch.tensor(list(lengths)) - 1
-    logits = model.ops.linear(hidden[0, last.to(hidden.device)], model.head.weight)
+    logits = model.head(model.ops, hidden[0, last.to(hidden.device)])
     for ring, state, start, n in zip(rings, states, starts, lengths, strict=True):
         ring.length = start + n
         if depth == len(state.mtp) - 1:

@@ -5,9 +5,11 @@ FP8 e4m3 with block scales, routed experts as FP4 e2m1 (V4-Flash) or FP8, and no
 and biases in fp32 (:func:`stored_format`). With ``quantization="auto"`` a model keeps what its
 backend computes on (:attr:`~deepinfer.backends.base.Backend.native_formats`) as stored: FP8
 projections (:func:`hold_fp8`, half the bytes of bf16 to hold and to read each step) and FP4
-routed experts (:func:`hold_fp4`, a quarter), and V4.1's Engram tables in FP8 rows
-(:func:`hold_fp8_tables`). Shapes the kernels do not take, and everything on a backend without
-such kernels (the torch reference), are dequantised at load as before.
+routed experts (:func:`hold_fp4`, a quarter), V4.1's Engram tables in FP8 rows
+(:func:`hold_fp8_tables`), and the bf16 weights of the projections computed in fp32 (head,
+router gates, compressors: :func:`hold_bf16_projections`, half the bytes of fp32). Shapes the
+kernels do not take, and everything on a backend without such kernels (the torch reference),
+are dequantised at load as before.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import math
 import re
 
+import torch
 from torch import nn
 
 from deepinfer.backends.fp4_ref import FP4_GROUP
 from deepinfer.models.checkpoint_config import QuantSettings
-from deepinfer.models.layers.moe import RoutedExperts
+from deepinfer.models.layers.moe import Gate, RoutedExperts
 from deepinfer.models.layers.norm import Embedding, Linear
 
 _FP8 = re.compile(
@@ -135,3 +138,31 @@ def hold_fp4(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
         module.hold_fp4(FP4_GROUP)
         kept += [f"{prefix}.{n}" for n, _ in module.named_views() if n.endswith(".weight")]
     return frozenset(kept)
+
+
+def hold_bf16_projections(model: nn.Module) -> frozenset[str]:
+    """After the weights are in: hold every projection that is computed in fp32 (the head, the
+    router gates, the compressors' projections) in bf16 where each of its values is exact there,
+    as a DeepSeek checkpoint stores them; returns their weight names. The backend's
+    :meth:`~deepinfer.backends.base.Backend.linear_fp32` then gives the same fp32 products from
+    half the bytes. A weight that is not exact (a checkpoint that stores it in fp32) stays
+    fp32. On the meta device (memory planning) every one counts as exact."""
+    kept = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, Linear) and module.computes_fp32 and module.scale is None:
+            if _exact_in_bf16(module.weight):
+                module.hold_bf16()
+                kept.append(f"{prefix}.weight")
+        elif isinstance(module, Gate) and _exact_in_bf16(module.weight):
+            module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
+            kept.append(f"{prefix}.weight")
+    return frozenset(kept)
+
+
+def _exact_in_bf16(weight: torch.Tensor) -> bool:
+    if weight.dtype != torch.float32:
+        return False
+    if weight.device.type == "meta":
+        return True
+    # by row chunks: a whole-head copy would need gigabytes beside the weights at full size
+    return all(torch.equal(rows.to(torch.bfloat16).float(), rows) for rows in weight.split(4096))

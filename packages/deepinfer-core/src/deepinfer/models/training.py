@@ -62,6 +62,6 @@ def train_logits(
             block_state = block.new_state(b, model.dtype, model.device)
             ctx = mtp_context(model, nxt, 0)
             hidden, h = block.predict(h, model.embed(nxt), ctx, block_state)
-            out.append(model.ops.linear(hidden, model.head.weight))
+            out.append(model.head(model.ops, hidden))
             h, nxt = h[:, :-1], nxt[:, 1:]
         return logits, out

@@ -39,9 +39,10 @@ class Compressor(nn.Module):
         self.overlap = overlap
         width = 2 * dim if overlap else dim
         # Projections run in fp32 on a 16-bit checkpoint weight: held in fp32 from the load on,
-        # not widened on every call.
-        self.wkv = Linear(hidden, width, torch.float32)
-        self.wgate = Linear(hidden, width, torch.float32)
+        # not widened on every call (in bf16 where the backend computes fp32 products from it:
+        # ``hold_bf16_projections``).
+        self.wkv = Linear(hidden, width, torch.float32, computes_fp32=True)
+        self.wgate = Linear(hidden, width, torch.float32, computes_fp32=True)
         self.ape = fp32_param(ratio, width)
         self.norm = RMSNorm(dim, eps)
 
@@ -73,9 +74,8 @@ class Compressor(nn.Module):
             return self._forward_slots(ops, x, positions, rotary, state)
         if isinstance(state, RaggedCompressor):
             return self._forward_ragged(ops, x, positions, rotary, state)
-        xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight)
-        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
+        kv = self.wkv(ops, x)
+        score = self.wgate(ops, x) + self.ape[positions % self.ratio]
         windows = close_windows(state, kv, score)
         if windows is None:
             return state.entries
@@ -110,9 +110,8 @@ class Compressor(nn.Module):
         """
         pool, slots = rows.pool, rows.slots
         at = slot_phase(rows, positions)
-        xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight)
-        score = ops.linear(xf, self.wgate.weight) + self.ape[at.phase[:, None]]
+        kv = self.wkv(ops, x)
+        score = self.wgate(ops, x) + self.ape[at.phase[:, None]]
         win_kv, win_score = slot_windows(rows, at, kv, score)
         prev_kv = prev_score = None
         if self.overlap:
@@ -142,9 +141,8 @@ class Compressor(nn.Module):
     ) -> PagedEntries:
         """The new tokens [1, N, d] of a ragged pass's spans: every completed window of every
         span pooled in one op, its entry written by index; returns every span's entries."""
-        xf = x[0].float()
-        kv = ops.linear(xf, self.wkv.weight)
-        score = ops.linear(xf, self.wgate.weight) + self.ape[positions % self.ratio]
+        kv = self.wkv(ops, x[0])
+        score = self.wgate(ops, x[0]) + self.ape[positions % self.ratio]
         windows = ragged_windows(comp, kv, score, self.dim if self.overlap else 0)
         if windows.plan.num_windows:
             pooled = ops.compress(

@@ -32,7 +32,8 @@ class Gate(nn.Module):
         super().__init__()
         self.hashed = hashed
         # Router logits are computed in fp32 from a 16-bit checkpoint weight: held in fp32 once
-        # at load rather than widened on every call (a copy of the weight each step and layer).
+        # at load rather than widened on every call (a copy of the weight each step and layer),
+        # or in bf16 where the backend computes fp32 products from it (``hold_bf16_projections``).
         self.weight = fp32_param(cfg.n_routed_experts, cfg.hidden_size)
         if hashed:
             self.register_buffer(

@@ -33,6 +33,10 @@ class Linear(nn.Module):
     weight as stored, FP8 e4m3 with fp32 block scales (:meth:`hold_fp8`, under
     ``quantization="auto"``); projections whose weight other ops read directly stay in their
     float dtype.
+
+    ``computes_fp32`` (the head, the compressors' projections): it computes in fp32 whatever
+    its input (:meth:`~deepinfer.backends.base.Backend.linear_fp32`), also once the weight is
+    held in bf16 (:meth:`hold_bf16`).
     """
 
     def __init__(
@@ -42,12 +46,15 @@ class Linear(nn.Module):
         dtype: torch.dtype,
         fp8_capable: bool = False,
         groups: int = 1,
+        *,
+        computes_fp32: bool = False,
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
         )
         self.fp8_capable = fp8_capable
+        self.computes_fp32 = computes_fp32
         #: > 1: a block-diagonal projection, called through :meth:`grouped` only.
         self.groups = groups
         self.scale: nn.Parameter | None = None  # the official ``<name>.scale`` when FP8
@@ -67,9 +74,16 @@ class Linear(nn.Module):
         )
         self.block = block
 
+    def hold_bf16(self) -> None:
+        """Hold the fp32 weight in bf16, the checkpoint's format: exact only where every value
+        is a bf16, which :func:`~deepinfer.models.stored_formats.hold_bf16_projections` checks."""
+        self.weight = nn.Parameter(self.weight.to(torch.bfloat16), requires_grad=False)
+
     def forward(self, ops: Backend, x: Tensor) -> Tensor:
         if self.scale is not None:
             return ops.fp8_linear(x, self.weight, self.scale, self.block)
+        if self.computes_fp32:
+            return ops.linear_fp32(x, self.weight)
         return ops.linear(x, self.weight)
 
     def grouped(self, ops: Backend, x: Tensor) -> Tensor:

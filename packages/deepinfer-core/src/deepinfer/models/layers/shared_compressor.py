@@ -33,10 +33,13 @@ class SharedCompressor(nn.Module):
             raise NotImplementedError(f"V4.1 compressor ratio {ratio}: only 1 and 2 exist")
         self.dim = dim
         self.ratio = ratio
-        # fp32 projections of a 16-bit checkpoint weight: held in fp32 from the load on.
-        self.wkv = Linear(hidden, dim, torch.float32)
+        # fp32 projections of a 16-bit checkpoint weight: held in fp32 from the load on (in
+        # bf16 where the backend computes fp32 products from it: ``hold_bf16_projections``).
+        self.wkv = Linear(hidden, dim, torch.float32, computes_fp32=True)
         # A softmax over one slot is 1, so ratio 1 has no gate at all.
-        self.wgate: Linear | None = Linear(hidden, dim, torch.float32) if ratio > 1 else None
+        self.wgate: Linear | None = (
+            Linear(hidden, dim, torch.float32, computes_fp32=True) if ratio > 1 else None
+        )
         self.norm = RMSNorm(dim, eps)
 
     def new_state(
@@ -68,11 +71,10 @@ class SharedCompressor(nn.Module):
         return self.norm(ops, pooled.to(state.entry_dtype)), first
 
     def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
-        xf = x.float()
-        kv = ops.linear(xf, self.wkv.weight)
+        kv = self.wkv(ops, x)
         if self.wgate is None:
             return kv, torch.zeros_like(kv)
-        return kv, ops.linear(xf, self.wgate.weight)
+        return kv, self.wgate(ops, x)
 
     def forward_slots(
         self, ops: Backend, x: Tensor, positions: Tensor, rows: CompressorRows

@@ -1,0 +1,66 @@
+"""fp32 projections from bf16 weights (:mod:`deepinfer_kernels_sm100.split_linear`) against a
+float64 recomputation: the fp32 product up to summation order, and visibly better than
+rounding the input to bf16 once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_kernels_sm100.split_linear import PARTS, bf16_parts, linear_fp32
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What fp32 arithmetic may miss on ``x @ w.T``: each of the K products' accumulation and
+    the split's remainder is within 2**-24 relative of the running sum, so the error is at most
+    about ``(K + PARTS + 1) * 2**-24 * sum_k |x_k| |w_k|`` (the standard dot-product bound)."""
+    k = x.shape[-1]
+    return (k + PARTS + 1) * 2.0**-24 * (x.double().abs() @ w.double().abs().T)
+
+
+def test_parts_sum_back_to_the_input() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 96, generator=g) * torch.logspace(-20, 20, 96)
+    parts = bf16_parts(x)
+    assert parts.shape == (PARTS, 64, 96) and parts.dtype == torch.bfloat16
+    err = (parts.double().sum(0) - x.double()).abs()
+    assert bool((err <= 2.0**-24 * x.double().abs()).all())  # below fp32's half-ulp
+    one = (parts[0].double() - x.double()).abs().max()
+    assert one > 1000 * err.max()  # a single bf16 part is far coarser
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 64])
+@pytest.mark.parametrize("k", [128, 1024])
+def test_fp32_input_against_float64(rows: int, k: int) -> None:
+    g = torch.Generator().manual_seed(rows * 31 + k)
+    n = 96
+    x = torch.randn(rows, k, generator=g)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(torch.bfloat16)
+    got = linear_fp32(x.to(DEVICE), w.to(DEVICE)).cpu()
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    want = x.double() @ w.double().T
+    bound = _bound(x, w.float())
+    assert bool(((got.double() - want).abs() <= bound).all())
+    if rows:  # the bound is tight enough to catch an input rounded to bf16 once
+        coarse = x.to(torch.bfloat16).double() @ w.double().T
+        assert bool(((coarse - want).abs() > bound).any())
+
+
+def test_bf16_input_and_leading_dims() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 256, generator=g).to(torch.bfloat16)
+    w = (torch.randn(40, 256, generator=g) / 16).to(torch.bfloat16)
+    got = linear_fp32(x.to(DEVICE), w.to(DEVICE)).cpu()
+    assert got.shape == (2, 5, 40) and got.dtype == torch.float32
+    want = x.double() @ w.double().T
+    assert bool(((got.double() - want).abs() <= _bound(x.float(), w.float())).all())
+
+
+def test_fp32_weight_is_the_plain_fp32_product() -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(9, 64, generator=g).to(torch.bfloat16)
+    w = torch.randn(32, 64, generator=g)
+    got = linear_fp32(x.to(DEVICE), w.to(DEVICE)).cpu()
+    torch.testing.assert_close(got, x.float() @ w.T, atol=1e-5, rtol=1e-5)
