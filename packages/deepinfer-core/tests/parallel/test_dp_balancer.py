@@ -93,10 +93,10 @@ def test_step_paths_with_several_forwards_are_refused(config: EngineConfig, fiel
     assert info.value.field == field
 
 
-def test_lockstep_runs_eagerly_and_synchronously() -> None:
+def test_lockstep_runs_synchronously_and_keeps_graphs() -> None:
     config = EngineConfig()
     DataParallelOptions(data_parallel_size=2).check(config)
-    assert config.enforce_eager and config.async_scheduling is False
+    assert not config.enforce_eager and config.async_scheduling is False
     DataParallelOptions().check(untouched := EngineConfig())
     assert not untouched.enforce_eager and untouched.async_scheduling is None
 

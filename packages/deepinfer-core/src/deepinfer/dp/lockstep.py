@@ -8,7 +8,9 @@ model's forward is wrapped to count calls and to catch its failures: the engine 
 failed step on its own, but under data parallelism a forward that failed may have left the
 other ranks inside a collective, so the failure ends the run instead. The wrapper also has the
 ranks agree, before each forward, on the most tokens any of them feeds it, which picks the MoE
-layers' exchange for that forward (:meth:`~deepinfer.parallel.ExpertParallel.agree`).
+layers' exchange for that forward (:meth:`~deepinfer.parallel.ExpertParallel.agree`), rounded
+up to a decode-graph batch bucket: every rank's forward then runs at the rows of a captured graph
+(its own, padded, or an eager step at the same rows), so their collectives match.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.errors import DeepInferError
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.expert_load import ExpertLoadTracker
+from deepinfer.models.graphs import decode_buckets, round_to_bucket
 from deepinfer.models.state import ModelState
+from deepinfer.parallel import find_expert_parallel
 
 
 class LockstepError(DeepInferError):
@@ -45,24 +49,28 @@ class RankStepper:
         model = engine.model
         self.expert_load = ExpertLoadTracker(model)
         inner: Callable[..., Any] = model.forward
-        ep = next(
-            (ep for m in model.modules() if (ep := getattr(m, "expert_parallel", None))), None
-        )
-        agree = ep is not None and ep.enabled
+        ep = find_expert_parallel(model)
+        graphs = engine.runner.graphs
+        buckets = decode_buckets(engine.config.max_num_seqs)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.forwards += 1
             try:
-                if agree:
+                if ep is not None:
                     batch: ForwardBatch = args[0] if args else kwargs["batch"]
-                    ep.agree(batch.num_tokens)
+                    ep.agree(batch.num_tokens, lambda n: round_to_bucket(n, buckets))
+                    if graphs is not None:  # every rank's decode graph at the agreed rows
+                        graphs.min_batch = ep.step.rows or 0
+                        graphs.eager = ep.step.rows is None
                 return inner(*args, **kwargs)
             except BaseException as exc:
                 self.error = exc
                 raise
             finally:
-                if agree:
+                if ep is not None:
                     ep.step.rows = None
+                    if graphs is not None:
+                        graphs.min_batch, graphs.eager = 0, False
 
         model.forward = counted  # type: ignore[method-assign]
 

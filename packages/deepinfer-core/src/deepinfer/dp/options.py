@@ -64,8 +64,10 @@ class DataParallelOptions:
         Every rank runs exactly one model forward per global step (each MoE layer is a
         collective), so step paths with several forwards are refused: speculative decoding
         (draft + verify) and batch-invariant mode (one forward per token). Asynchronous
-        scheduling is refused when asked for and off otherwise, and decode steps run eagerly:
-        the all-to-all reads its counts on the host, which a captured CUDA graph cannot hold."""
+        scheduling is refused when asked for and off otherwise. Decode steps keep their CUDA
+        graphs, each rank's captured at startup (:func:`~deepinfer.engine.graph_capture.
+        capture_decode_graphs` and :mod:`~deepinfer.dp.lockstep` keep the ranks' exchanges
+        at matching shapes)."""
         if not self.enabled:
             return
         for name, on in (
@@ -80,7 +82,6 @@ class DataParallelOptions:
                     "exactly one model forward per step)",
                 )
         config.async_scheduling = False
-        config.enforce_eager = True
 
 
 def pop_options(options: dict[str, object]) -> DataParallelOptions:

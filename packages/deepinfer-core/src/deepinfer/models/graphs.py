@@ -13,6 +13,12 @@ all-zero rows, whose outputs are never read (a whole captured step sends their s
 the slot tensors' padding row 0). A graph is captured on first use; the engine captures every
 bucket's whole step at startup, as vLLM does, so no run pays for it.
 
+Under expert parallelism every MoE layer is a collective whose shapes a graph bakes in, so
+every rank's forward runs at the rows the ranks agreed on (:attr:`DecodeGraphs.min_batch`, a
+bucket), and graphs are captured only at startup, by every rank in the same order: a capture on
+first use would run its warm-up forwards on one rank alone (:attr:`DecodeGraphs.capture_on_use`
+off, a step without its graph runs eagerly).
+
 Memory: the graphs share one memory pool for their intermediates, and their static inputs and
 outputs live in buffers of ``max_batch`` rows shared by every graph whose i-th input (output)
 has the same row shape and dtype; a graph uses the first ``bucket`` rows. Without that each
@@ -51,6 +57,11 @@ def decode_buckets(max_batch: int) -> list[int]:
     return [n for n in sizes if n < max_batch] + [max_batch]
 
 
+def round_to_bucket(n: int, buckets: list[int]) -> int:
+    """The smallest of ``buckets`` holding ``n`` rows, or ``n`` itself past the largest."""
+    return next((b for b in buckets if b >= n), n)
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
@@ -67,6 +78,14 @@ class DecodeGraphs:
         self._pool: tuple[int, int] | None = None
         self._captured: dict[tuple[Hashable, int], _Captured] = {}
         self._shared: dict[tuple[str, int, tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
+        #: The least bucket the step under way may run in (the rows the expert-parallel ranks
+        #: agreed on for it; 0: its own batch decides), and whether it must run eagerly (the
+        #: ranks' exchange is the all-to-all, which no graph holds).
+        self.min_batch = 0
+        self.eager = False
+        #: Whether a bucket without a graph captures one (off under expert parallelism, once
+        #: the startup captures are done: it then runs eagerly).
+        self.capture_on_use = True
 
     @property
     def num_captured(self) -> int:
@@ -76,11 +95,13 @@ class DecodeGraphs:
         """``fn(*inputs)`` through the graph of ``key`` for this batch's bucket (captured on
         first use). Every input has the batch as its first dim; so does every output."""
         b = inputs[0].shape[0]
-        bucket = next((n for n in self.buckets if n >= b), None)
-        if bucket is None or inputs[0].device.type != "cuda":
+        bucket = next((n for n in self.buckets if n >= max(b, self.min_batch)), None)
+        if bucket is None or self.eager or inputs[0].device.type != "cuda":
             return fn(*inputs)
         entry = self._captured.get((key, bucket))
         if entry is None:
+            if not self.capture_on_use:
+                return fn(*inputs)
             entry = self._capture(key, bucket, fn, inputs)
         for static, t in zip(entry.inputs, inputs, strict=True):
             static[:b].copy_(t)

@@ -7,6 +7,17 @@ models: it knows process groups and tensors, never model classes, so the model l
 from __future__ import annotations
 
 from deepinfer.parallel.expert_dispatch import dispatch_experts
-from deepinfer.parallel.expert_parallel import ExpertParallel, ExpertShard, init_expert_parallel
+from deepinfer.parallel.expert_parallel import (
+    ExpertParallel,
+    ExpertShard,
+    find_expert_parallel,
+    init_expert_parallel,
+)
 
-__all__ = ["ExpertParallel", "ExpertShard", "dispatch_experts", "init_expert_parallel"]
+__all__ = [
+    "ExpertParallel",
+    "ExpertShard",
+    "dispatch_experts",
+    "find_expert_parallel",
+    "init_expert_parallel",
+]

@@ -12,10 +12,12 @@ every expert and the MoE layer takes its ordinary path, so EP costs nothing ther
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -89,15 +91,19 @@ class ExpertParallel:
         count = num_experts // self.world_size
         return ExpertShard(first=self.rank * count, count=count, total=num_experts)
 
-    def agree(self, tokens: int) -> None:
+    def agree(self, tokens: int, rows_for: Callable[[int], int] | None = None) -> None:
         """Before a forward that feeds ``tokens`` tokens to this rank's MoE layers: learn the
         most any rank feeds (one host-side all-reduce; every rank calls this for the same
         forward) and, up to :data:`GATHER_MAX_TOKENS`, let the layers take the fixed-shape
-        exchange at that many rows, which reads nothing on the host (:attr:`step`)."""
+        exchange at that many rows, which reads nothing on the host (:attr:`step`).
+        ``rows_for`` rounds the most up (to a captured decode graph's batch bucket, so that
+        every rank's forward runs at rows a graph was captured with)."""
         most = torch.tensor([tokens], dtype=torch.int64)
         group = self.cpu_group if self.cpu_group is not None else self.group
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
         rows = int(most[0])
+        if rows_for is not None:
+            rows = rows_for(rows)
         self.step.rows = rows if rows <= GATHER_MAX_TOKENS else None
 
     @classmethod
@@ -141,3 +147,13 @@ def init_expert_parallel(
     if backend == "nccl":  # host-side agreements go through gloo, not a device sync
         cpu_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return ExpertParallel.from_torch(cpu_group=cpu_group)
+
+
+def find_expert_parallel(model: nn.Module) -> ExpertParallel | None:
+    """The expert-parallel group ``model``'s MoE layers exchange tokens in, where there is one
+    with more than one rank (None: every forward stays on this rank)."""
+    for module in model.modules():
+        ep = getattr(module, "expert_parallel", None)
+        if isinstance(ep, ExpertParallel) and ep.enabled:
+            return ep
+    return None
