@@ -8,18 +8,22 @@ engine, so the first row is the baseline EP must not slow down.
 
 Per D: prefill tok/s (a run with ``max_tokens=1``: prompt tokens over its wall time), decode
 tok/s (the extra output tokens of the full run over its extra time), steps, and rank 0's
-``all_to_all_single`` calls, bytes sent and seconds per step. ``dist.all_to_all_single`` is
-wrapped with a timer in this script only (rank 0's process; the other ranks are not timed), so
-the time includes waiting for the slowest rank, and on CUDA each call is synchronised around,
-which removes any overlap the engine might have had. CPU runs use gloo, CUDA runs NCCL.
+exchange collectives (the all-to-all's ``all_to_all_single``, the fixed-shape exchange's
+all-gather and reduce-scatter): calls, bytes sent and seconds per step. They are wrapped with a
+timer in this script only (rank 0's process; the other ranks are not timed), so the time
+includes waiting for the slowest rank, and on CUDA each call is synchronised around, which
+removes any overlap the engine might have had. Decode steps replayed from CUDA graphs run their
+collectives inside the graphs, unseen by the timer: ``--enforce-eager`` times them (at eager
+speed). CPU runs use gloo, CUDA runs NCCL.
 
     python benchmarks/expert_parallel.py [--model tiny] [--device cpu] [--dp-sizes 1,2]
-        [--num-seqs 16] [--prompt-len 64] [--output-len 16] [--out path.json]
+        [--num-seqs 16] [--prompt-len 64] [--output-len 16] [--enforce-eager] [--out path.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -31,23 +35,49 @@ import torch.distributed as dist
 from _results import write_result
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.parallel import expert_dispatch
 
 
-class AllToAllTimer:
-    """Counts rank 0's ``all_to_all_single`` calls, bytes sent and seconds spent in them."""
+class ExchangeTimer:
+    """Counts rank 0's calls of the MoE exchange's collectives (``all_to_all_single``, and the
+    fixed-shape exchange's all-gather and reduce-scatter), their bytes sent and the seconds
+    spent in them. Installed over ``torch.distributed`` and ``expert_dispatch``'s bound names."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self.calls = 0
         self.bytes = 0
         self.seconds = 0.0
-        self.inner: Callable[..., Any] = dist.all_to_all_single
+        self.saved: list[tuple[Any, str, Callable[..., Any]]] = []
 
-    def __call__(self, output: torch.Tensor, input: torch.Tensor, *args: Any, **kw: Any) -> Any:
+    def install(self) -> None:
+        """Wrap each collective where the exchange looks it up."""
+        for owner, name in (
+            (dist, "all_to_all_single"),
+            (expert_dispatch, "_all_gather"),
+            (expert_dispatch, "_reduce_scatter"),
+        ):
+            inner = getattr(owner, name)
+            self.saved.append((owner, name, inner))
+            setattr(owner, name, functools.partial(self._timed, inner))
+
+    def uninstall(self) -> None:
+        for owner, name, inner in self.saved:
+            setattr(owner, name, inner)
+        self.saved.clear()
+
+    def _timed(
+        self,
+        inner: Callable[..., Any],
+        output: torch.Tensor,
+        input: torch.Tensor,
+        *a: Any,
+        **kw: Any,
+    ) -> Any:
         if self.cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        result = self.inner(output, input, *args, **kw)
+        result = inner(output, input, *a, **kw)
         if self.cuda:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
@@ -60,7 +90,7 @@ class AllToAllTimer:
 
 
 def timed_run(
-    llm: LLM, prompts: list[list[int]], params: SamplingParams, timer: AllToAllTimer
+    llm: LLM, prompts: list[list[int]], params: SamplingParams, timer: ExchangeTimer
 ) -> dict[str, float]:
     """One generate: wall seconds, engine steps and rank 0's all-to-all totals."""
     engine = llm.engine
@@ -82,16 +112,16 @@ def timed_run(
     return {
         "seconds": seconds,
         "steps": steps[0],
-        "all_to_all_calls": timer.calls,
-        "all_to_all_bytes": timer.bytes,
-        "all_to_all_seconds": timer.seconds,
+        "exchange_calls": timer.calls,
+        "exchange_bytes": timer.bytes,
+        "exchange_seconds": timer.seconds,
     }
 
 
 def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     """Warm-up, prefill-only and full runs at world size ``dp``."""
-    timer = AllToAllTimer(args.device.startswith("cuda"))
-    dist.all_to_all_single = timer  # type: ignore[assignment]
+    timer = ExchangeTimer(args.device.startswith("cuda"))
+    timer.install()
     llm = LLM(
         args.model,
         device=args.device,
@@ -99,6 +129,7 @@ def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict
         data_parallel_size=dp,
         enable_expert_parallel=True,
         enable_prefix_caching=False,
+        enforce_eager=args.enforce_eager,
         seed=0,
     )
     try:
@@ -112,7 +143,7 @@ def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict
     finally:
         if hasattr(llm.engine, "shutdown"):
             llm.engine.shutdown()
-        dist.all_to_all_single = timer.inner  # type: ignore[assignment]
+        timer.uninstall()
     prompt_tokens = sum(map(len, prompts))
     decode_tokens = len(prompts) * (args.output_len - 1)
     decode_s = whole["seconds"] - prefill["seconds"]
@@ -124,9 +155,9 @@ def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict
         "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
         "prefill": prefill,
         "full": whole,
-        "all_to_all_bytes_per_step": whole["all_to_all_bytes"] / steps,
-        "all_to_all_seconds_per_step": whole["all_to_all_seconds"] / steps,
-        "all_to_all_share": whole["all_to_all_seconds"] / whole["seconds"],
+        "exchange_bytes_per_step": whole["exchange_bytes"] / steps,
+        "exchange_seconds_per_step": whole["exchange_seconds"] / steps,
+        "exchange_share": whole["exchange_seconds"] / whole["seconds"],
     }
 
 
@@ -139,6 +170,11 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs: the decode steps' exchanges are then timed too",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     rnd = random.Random(0)
@@ -149,9 +185,9 @@ def main() -> None:
     for row in rows:
         print(
             f"D={row['data_parallel_size']}: prefill {row['prefill_tok_s']:.0f} tok/s, "
-            f"decode {row['decode_tok_s'] or float('nan'):.0f} tok/s, all-to-all "
-            f"{row['all_to_all_bytes_per_step']:.0f} B and "
-            f"{1e3 * row['all_to_all_seconds_per_step']:.2f} ms per step (rank 0)"
+            f"decode {row['decode_tok_s'] or float('nan'):.0f} tok/s, exchange "
+            f"{row['exchange_bytes_per_step']:.0f} B and "
+            f"{1e3 * row['exchange_seconds_per_step']:.2f} ms per step (rank 0)"
         )
     result = {"workload": {k: v for k, v in vars(args).items() if k != "out"}, "runs": rows}
     device = args.device.split(":")[0]
