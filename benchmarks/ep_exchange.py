@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,24 +35,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from _results import write_result
+from low_precision import median_s
 from torch import Tensor
 
 from deepinfer.parallel import ExpertParallel, dispatch_experts
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 
-def median_us(fn: Callable[[], object], iters: int = 50) -> float:
-    """Median microseconds of ``fn()`` between device syncs, after five warm-up calls."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+def median_us(fn: Callable[[], object]) -> float:
+    """Median microseconds of ``fn()`` between device syncs (``low_precision.median_s``)."""
+    return median_s(fn, "cuda", 50) * 1e6
 
 
 def graphed(fn: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:

@@ -780,12 +780,10 @@ def hold_as_checkpoint(model: torch.nn.Module) -> None:
     a checkpoint stores them, then held as the engine holds such a checkpoint's
     (:func:`~deepinfer.models.hold_computed_formats`): random fp32 draws would keep them fp32."""
     from deepinfer.models import hold_computed_formats
-    from deepinfer.models.layers.moe import Gate
-    from deepinfer.models.layers.norm import Linear
+    from deepinfer.models.stored_formats import fp32_projections
 
-    for module in model.modules():
-        if (isinstance(module, Linear) and module.computes_fp32) or isinstance(module, Gate):
-            module.weight.copy_(module.weight.to(torch.bfloat16))
+    for _, module in fp32_projections(model):
+        module.weight.copy_(module.weight.to(torch.bfloat16))
     hold_computed_formats(model, "auto")  # type: ignore[arg-type]
 
 

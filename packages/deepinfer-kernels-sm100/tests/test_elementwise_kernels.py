@@ -145,16 +145,6 @@ def test_hc_mix_row_does_not_depend_on_the_batch(dtype: torch.dtype) -> None:
         assert torch.equal(mhc.hc_mix(x[40:57], fn, 1e-6), batch[40:57])
 
 
-def test_three_bf16_parts_carry_an_fp32() -> None:
-    """fp32 values are the exact sums of the three bf16 parts hc_mix cuts fn into."""
-    f = _rand(4096, seed=34) * torch.logspace(-30, 30, 4096)
-    f1 = f.to(torch.bfloat16)
-    rest = f - f1.float()
-    f2 = rest.to(torch.bfloat16)
-    f3 = (rest - f2.float()).to(torch.bfloat16)
-    assert torch.equal(f1.double() + f2.double() + f3.double(), f.double())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mhc_post(dtype: torch.dtype) -> None:
     hc, d = 4, 300  # two D blocks, the last partial

@@ -25,9 +25,12 @@ from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
-from deepinfer.models.layers.moe import Gate
-from deepinfer.models.layers.norm import Linear
-from deepinfer.models.stored_formats import hold_bf16_projections, hold_fp4, hold_fp8
+from deepinfer.models.stored_formats import (
+    fp32_projections,
+    hold_bf16_projections,
+    hold_fp4,
+    hold_fp8,
+)
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -136,9 +139,8 @@ def test_stored_format_ops_match_the_reference_inside_the_model() -> None:
 def _round_fp32_projections(model: DeepseekV4ForCausalLM) -> None:
     """Round the weights of the projections computed in fp32 to bf16 values, as a DeepSeek
     checkpoint stores them (still held in fp32)."""
-    for module in model.modules():
-        if (isinstance(module, Linear) and module.computes_fp32) or isinstance(module, Gate):
-            module.weight.data.copy_(module.weight.to(torch.bfloat16))
+    for _, module in fp32_projections(model):
+        module.weight.data.copy_(module.weight.to(torch.bfloat16))
 
 
 def test_bf16_held_projections_give_the_fp32_logits() -> None:

@@ -50,7 +50,6 @@ class RankStepper:
         self.expert_load = ExpertLoadTracker(model)
         inner: Callable[..., Any] = model.forward
         ep = find_expert_parallel(model)
-        graphs = engine.runner.graphs
         buckets = decode_buckets(engine.config.max_num_seqs)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -58,10 +57,8 @@ class RankStepper:
             try:
                 if ep is not None:
                     batch: ForwardBatch = args[0] if args else kwargs["batch"]
+                    # rounded to a decode-graph bucket: every rank's graph at the agreed rows
                     ep.agree(batch.num_tokens, lambda n: round_to_bucket(n, buckets))
-                    if graphs is not None:  # every rank's decode graph at the agreed rows
-                        graphs.min_batch = ep.step.rows or 0
-                        graphs.eager = ep.step.rows is None
                 return inner(*args, **kwargs)
             except BaseException as exc:
                 self.error = exc
@@ -69,8 +66,6 @@ class RankStepper:
             finally:
                 if ep is not None:
                     ep.step.rows = None
-                    if graphs is not None:
-                        graphs.min_batch, graphs.eager = 0, False
 
         model.forward = counted  # type: ignore[method-assign]
 

@@ -39,6 +39,7 @@ def capture_decode_graphs(
         pages = [b for b in entry_buckets(table.pages_per_slot) if b <= max(fits, 1)]
         lengths = [b * PAGE_TOKENS for b in pages]
     buckets = [b for b in graphs.buckets if ep is None or b <= GATHER_MAX_TOKENS]
+    graphs.expert_parallel = ep
     todo = [(n, bucket) for n in lengths for bucket in buckets]
     for num_tokens, bucket in tqdm(todo, desc="capturing decode graphs", disable=None):
         state = slots.new_state()

@@ -14,10 +14,11 @@ the slot tensors' padding row 0). A graph is captured on first use; the engine c
 bucket's whole step at startup, as vLLM does, so no run pays for it.
 
 Under expert parallelism every MoE layer is a collective whose shapes a graph bakes in, so
-every rank's forward runs at the rows the ranks agreed on (:attr:`DecodeGraphs.min_batch`, a
-bucket), and graphs are captured only at startup, by every rank in the same order: a capture on
-first use would run its warm-up forwards on one rank alone (:attr:`DecodeGraphs.capture_on_use`
-off, a step without its graph runs eagerly).
+every rank's step runs in the bucket of the rows the ranks agreed on for it
+(:attr:`DecodeGraphs.expert_parallel`'s ``step.rows``; eagerly when they agreed on the
+all-to-all), and graphs are captured only at startup, by every rank in the same order: a capture
+on first use would run its warm-up forwards on one rank alone
+(:attr:`DecodeGraphs.capture_on_use` off, a step without its graph runs eagerly).
 
 Memory: the graphs share one memory pool for their intermediates, and their static inputs and
 outputs live in buffers of ``max_batch`` rows shared by every graph whose i-th input (output)
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from deepinfer.parallel.expert_parallel import ExpertParallel
 
 GraphFn = Callable[..., tuple[Tensor, ...]]
 
@@ -78,11 +81,8 @@ class DecodeGraphs:
         self._pool: tuple[int, int] | None = None
         self._captured: dict[tuple[Hashable, int], _Captured] = {}
         self._shared: dict[tuple[str, int, tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
-        #: The least bucket the step under way may run in (the rows the expert-parallel ranks
-        #: agreed on for it; 0: its own batch decides), and whether it must run eagerly (the
-        #: ranks' exchange is the all-to-all, which no graph holds).
-        self.min_batch = 0
-        self.eager = False
+        #: The group whose agreed rows pick each step's bucket (None: its own batch does).
+        self.expert_parallel: ExpertParallel | None = None
         #: Whether a bucket without a graph captures one (off under expert parallelism, once
         #: the startup captures are done: it then runs eagerly).
         self.capture_on_use = True
@@ -94,9 +94,14 @@ class DecodeGraphs:
     def run(self, key: Hashable, fn: GraphFn, *inputs: Tensor) -> tuple[Tensor, ...]:
         """``fn(*inputs)`` through the graph of ``key`` for this batch's bucket (captured on
         first use). Every input has the batch as its first dim; so does every output."""
-        b = inputs[0].shape[0]
-        bucket = next((n for n in self.buckets if n >= max(b, self.min_batch)), None)
-        if bucket is None or self.eager or inputs[0].device.type != "cuda":
+        b = rows = inputs[0].shape[0]
+        ep = self.expert_parallel
+        if ep is not None:
+            if ep.step.rows is None:  # the ranks take the all-to-all, which no graph holds
+                return fn(*inputs)
+            rows = max(b, ep.step.rows)
+        bucket = next((n for n in self.buckets if n >= rows), None)
+        if bucket is None or inputs[0].device.type != "cuda":
             return fn(*inputs)
         entry = self._captured.get((key, bucket))
         if entry is None:

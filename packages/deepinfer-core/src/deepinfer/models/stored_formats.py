@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -140,20 +141,27 @@ def hold_fp4(model: nn.Module, quant: QuantSettings) -> frozenset[str]:
     return frozenset(kept)
 
 
+def fp32_projections(model: nn.Module) -> Iterator[tuple[str, Linear | Gate]]:
+    """(name, module) of every projection the reference computes in fp32 from a weight a
+    DeepSeek checkpoint stores in bf16: the head, the router gates and the compressors'
+    projections (``Linear(..., computes_fp32=True)`` not held in FP8, and ``Gate``)."""
+    for prefix, module in model.named_modules():
+        if isinstance(module, Gate) or (
+            isinstance(module, Linear) and module.computes_fp32 and module.scale is None
+        ):
+            yield prefix, module
+
+
 def hold_bf16_projections(model: nn.Module) -> frozenset[str]:
-    """After the weights are in: hold every projection that is computed in fp32 (the head, the
-    router gates, the compressors' projections) in bf16 where each of its values is exact there,
-    as a DeepSeek checkpoint stores them; returns their weight names. The backend's
+    """After the weights are in: hold every projection that is computed in fp32
+    (:func:`fp32_projections`) in bf16 where each of its values is exact there, as a DeepSeek
+    checkpoint stores them; returns their weight names. The backend's
     :meth:`~deepinfer.backends.base.Backend.linear_fp32` then gives the same fp32 products from
     half the bytes. A weight that is not exact (a checkpoint that stores it in fp32) stays
     fp32. On the meta device (memory planning) every one counts as exact."""
     kept = []
-    for prefix, module in model.named_modules():
-        if isinstance(module, Linear) and module.computes_fp32 and module.scale is None:
-            if _exact_in_bf16(module.weight):
-                module.hold_bf16()
-                kept.append(f"{prefix}.weight")
-        elif isinstance(module, Gate) and _exact_in_bf16(module.weight):
+    for prefix, module in fp32_projections(model):
+        if _exact_in_bf16(module.weight):
             module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
             kept.append(f"{prefix}.weight")
     return frozenset(kept)

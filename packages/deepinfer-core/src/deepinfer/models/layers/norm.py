@@ -36,7 +36,7 @@ class Linear(nn.Module):
 
     ``computes_fp32`` (the head, the compressors' projections): it computes in fp32 whatever
     its input (:meth:`~deepinfer.backends.base.Backend.linear_fp32`), also once the weight is
-    held in bf16 (:meth:`hold_bf16`).
+    held in bf16 (:func:`~deepinfer.models.stored_formats.hold_bf16_projections`).
     """
 
     def __init__(
@@ -73,11 +73,6 @@ class Linear(nn.Module):
             torch.empty(grid, dtype=torch.float32, device=device), requires_grad=False
         )
         self.block = block
-
-    def hold_bf16(self) -> None:
-        """Hold the fp32 weight in bf16, the checkpoint's format: exact only where every value
-        is a bf16, which :func:`~deepinfer.models.stored_formats.hold_bf16_projections` checks."""
-        self.weight = nn.Parameter(self.weight.to(torch.bfloat16), requires_grad=False)
 
     def forward(self, ops: Backend, x: Tensor) -> Tensor:
         if self.scale is not None:
