@@ -1,6 +1,6 @@
 """Weights in their stored formats against the vendor's FP8 GEMM and bf16, side by side.
 
-Three parts, each written to ``benchmarks/results/low_precision_<device>.json``:
+Its parts, written together to ``benchmarks/results/low_precision_<device>.json``:
 
 * ``gemm``: the FP8 block-scaled linear (``Sm100Backend.fp8_linear``: activations quantised
   per token and 128 columns inside the kernel) at V4-Flash projection shapes and M = 1 ..
@@ -9,7 +9,11 @@ Three parts, each written to ``benchmarks/results/low_precision_<device>.json``:
   and for small M the weight bytes read per second as a fraction of the measured copy
   bandwidth.
 * ``experts``: the FP4 routed experts at decode (256 experts, top-6, batch 1 .. 256): bytes of
-  the experts a step touches per second, as a fraction of the copy bandwidth.
+  the experts a step touches per second, as a fraction of the copy bandwidth, with the scales
+  known to fit (``scales_fit``, as the loader finds them) and, beside it, unchecked.
+* ``gemm_tiles``: the FP8 linear at the prefill sizes of ``--m`` (above 64 rows) under each
+  tile shape of ``TILE_CANDIDATES``, beside the activation quantisation alone and
+  ``torch._scaled_mm``.
 * ``floor``: what one kernel can do at the ``gemm`` part's weight sizes: an empty launch, and
   a bare kernel that reads every weight byte once; the weight-bandwidth fraction of that read
   bounds any one-kernel linear at decode (ours is two or three dependent kernels).
@@ -182,6 +186,77 @@ def gemm(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
     return rows
 
 
+#: prefill tiles tried by ``gemm_tiles``: (BLOCK_M, BLOCK_N, warps, stages); BLOCK_K is the
+#: 128-column scale block
+TILE_CANDIDATES = [
+    (64, 64, 4, 4),
+    (64, 128, 4, 4),
+    (64, 128, 4, 3),
+    (64, 256, 4, 3),
+    (128, 128, 4, 3),
+    (128, 128, 8, 3),
+    (128, 128, 8, 4),
+    (128, 256, 8, 3),
+    (256, 128, 8, 3),
+]
+
+
+def gemm_tiles(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The FP8 linear at prefill sizes under each of ``TILE_CANDIDATES`` (the launch's tile
+    choice replaced), beside the activation quantisation alone and ``torch._scaled_mm``."""
+    from deepinfer.models.quant import quant_fp8_block
+    from deepinfer_kernels_sm100 import fp8_linear
+    from deepinfer_kernels_sm100.fp8_quant import quantize_act_fp8
+
+    if not args.device.startswith("cuda"):
+        raise SystemExit("the gemm_tiles part times CUDA graphs: it needs a GPU")
+    ops, device = kernel_ops(args.device), args.device
+    chosen = fp8_linear._tiles
+    rows = []
+    for name, n, k in FLASH_SHAPES:
+        w = (torch.randn(n, k) / k**0.5).to(torch.bfloat16)
+        wq, ws = quant_fp8_block(w, (128, 128), "ue8m0")
+        fp8 = [tuple(t.to(device) for t in (wq, ws)) for _ in range(copies_for(n * k))]
+        for m in [m for m in args.m if m > fp8_linear.SMALL_M]:
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            flops = 2 * m * n * k
+            xq = (x.float() / 448).to(torch.float8_e4m3fn)
+            sa, sb = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
+            vendor = graph_s(
+                [partial(torch._scaled_mm, xq, q.T, scale_a=sa, scale_b=sb,
+                         out_dtype=torch.bfloat16) for q, _ in fp8],
+                args.repeats,
+            )  # fmt: skip
+            quant = graph_s([partial(quantize_act_fp8, x)], args.repeats)
+            row: dict[str, Any] = {"shape": name, "m": m, "n": n, "k": k,
+                                   "scaled_mm_us": round(vendor * 1e6, 2),
+                                   "act_quant_us": round(quant * 1e6, 2), "tiles": {}}  # fmt: skip
+            for bm, bn, warps, stages in TILE_CANDIDATES:
+                if n % bn:
+                    continue
+                tile = fp8_linear._Tiles(bm, bn, 128, warps, stages, fused=False, k_split=k)
+                fp8_linear._tiles = lambda *a, tile=tile, **kw: tile
+                try:
+                    ours = graph_s(
+                        [partial(ops.fp8_linear, x, q, s, (128, 128)) for q, s in fp8],
+                        args.repeats,
+                    )
+                except Exception as e:  # a tile that does not compile or does not fit
+                    row["tiles"][f"m{bm}n{bn}w{warps}s{stages}"] = f"failed: {type(e).__name__}"
+                    continue
+                finally:
+                    fp8_linear._tiles = chosen
+                row["tiles"][f"m{bm}n{bn}w{warps}s{stages}"] = {
+                    "us": round(ours * 1e6, 2),
+                    "tflops": round(flops / ours / 1e12, 1),
+                    "over_scaled_mm": round(vendor / ours, 3),
+                    "gemm_only_over_scaled_mm": round(vendor / max(ours - quant, 1e-9), 3),
+                }
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
 def floor(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
     """The one-kernel floor at each FP8 weight size (module doc)."""
     import triton
@@ -247,9 +322,16 @@ def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
         x = torch.randn(b, d, generator=g).to(torch.bfloat16).to(device)
         indices = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(b)]).to(device)
         weights = torch.softmax(torch.randn(b, top, generator=g), dim=-1).to(device)
-        run = partial(ops.moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, **w)
         cuda = device.startswith("cuda")
-        seconds = graph_s([run], args.repeats) if cuda else median_s(run, device, args.repeats)
+        timed: dict[bool, float] = {}
+        for fit in (False, True):  # as the engine runs these scales (all fit), and unchecked
+            run = partial(
+                ops.moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, scales_fit=fit, **w
+            )
+            timed[fit] = (
+                graph_s([run], args.repeats) if cuda else median_s(run, device, args.repeats)
+            )
+        seconds = timed[True]
         touched = int(torch.unique(indices).numel()) * per_expert
         row = {
             "batch": b,
@@ -257,6 +339,7 @@ def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
             "us": round(seconds * 1e6, 1),
             "bytes_per_s": round(touched / seconds),
             "bw_fraction": round(touched / seconds / bandwidth, 3),
+            "us_scales_unchecked": round(timed[False] * 1e6, 1),
         }
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
@@ -390,6 +473,8 @@ def main() -> int:
         result["gemm"] = gemm(args, bandwidth)
     if "experts" in args.parts:
         result["experts"] = experts(args, bandwidth)
+    if "gemm_tiles" in args.parts:
+        result["gemm_tiles"] = gemm_tiles(args)
     if "floor" in args.parts:
         result["floor"] = floor(args, bandwidth)
     if "model" in args.parts:

@@ -101,14 +101,14 @@ def _norm_specs() -> Iterator[AotSpec]:
         yield AotSpec(
             k,
             f"{dt}-hidden",
-            {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096, "eps": 1e-6,
-             "HAS_WEIGHT": True, "BLOCK": 4096},
+            {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096,
+             "x_stride": 4096, "eps": 1e-6, "HAS_WEIGHT": True, "BLOCK": 4096},
         )  # fmt: skip
     yield AotSpec(
         k,
         "bf16-query-head-unweighted",
-        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dim": 512, "eps": 1e-6,
-         "HAS_WEIGHT": False, "BLOCK": 512},
+        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dim": 512, "x_stride": 512,
+         "eps": 1e-6, "HAS_WEIGHT": False, "BLOCK": 512},
     )  # fmt: skip
 
 
@@ -255,17 +255,20 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
     # fp32 activations: IEEE dots, K steps of one 32-wide scale group. EVEN (V4-Flash's
     # shapes) loads without masks; d = 4096 with I = 1056 (not a multiple of the tiles) takes
     # the masked loads.
+    # SCALES_FIT (no scale byte above 128) folds 2**126 into the bf16 scales.
     cases = (
-        ("bf16", 16, 64, 128, 2048, True),
-        ("bf16", 16, 32, 128, 2048, True),
-        ("bf16", 64, 128, 128, 2048, True),
-        ("bf16", 16, 64, 128, 1056, False),
-        ("fp32", 16, 64, 32, 2048, True),
+        ("bf16", 16, 64, 128, 2048, True, True),
+        ("bf16", 16, 64, 128, 2048, True, False),
+        ("bf16", 16, 32, 128, 2048, True, True),
+        ("bf16", 64, 128, 128, 2048, True, True),
+        ("bf16", 16, 64, 128, 1056, False, False),
+        ("fp32", 16, 64, 32, 2048, True, False),
     )
-    for dt, block_m, block_n, block_k, inter, even in cases:
-        variant = f"{dt}-block-m{block_m}-n{block_n}-k{block_k}-i{inter}"
-        flags = {"IEEE": dt == "fp32", "WIDEN": False, "EVEN": even, "LISTED": block_m == 16,
-                 "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
+    for dt, block_m, block_n, block_k, inter, even, fit in cases:
+        variant = f"{dt}-block-m{block_m}-n{block_n}-k{block_k}-i{inter}" + ("-fit" * fit)
+        flags = {"IEEE": dt == "fp32", "WIDEN": False, "EVEN": even, "SCALES_FIT": fit,
+                 "LISTED": block_m == 16, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                 "BLOCK_K": block_k}  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_gate_up_kernel",
             variant,

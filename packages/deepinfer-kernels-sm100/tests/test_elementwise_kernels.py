@@ -29,6 +29,18 @@ def test_rms_norm(dtype: torch.dtype, weighted: bool) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("part", [slice(0, 40), slice(40, 64)], ids=["first", "second"])
+def test_rms_norm_of_row_slices(part: slice) -> None:
+    """Rows that are a slice of wider ones (a fused projection's two outputs) are read in
+    place, and normalise as the same values held alone do."""
+    wide = _rand(3, 5, 64, seed=5) * 2
+    w = _rand(part.stop - part.start, seed=6)
+    got = elementwise.rms_norm(wide.to(DEVICE)[..., part], w.to(DEVICE), 1e-6).cpu()
+    want = ref.rms_norm(wide[..., part].contiguous(), w, 1e-6)
+    assert got.is_contiguous() and got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("inverse", [False, True])
 @pytest.mark.parametrize(
     ("x_shape", "cos_shape"),

@@ -136,6 +136,8 @@ def _run(
     indices: torch.Tensor,
     ws: Weights,
     limit: float,
+    *,
+    scales_fit: bool = False,
 ) -> torch.Tensor:
     """The kernel's result on the test device for CPU operands, back on the CPU."""
     w13, w13_scale, w2, w2_scale = (t.to(DEVICE) for t in ws)
@@ -148,6 +150,7 @@ def _run(
         w2_packed=w2,
         w2_scale=w2_scale,
         swiglu_limit=limit,
+        scales_fit=scales_fit,
     )
     return got.cpu()
 
@@ -175,12 +178,18 @@ def _case(
     return x, weights, indices, ws
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("dtype", "scales_fit"),
+    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
+    ids=["fp32", "bf16", "bf16-scales-fit"],
+)
 @pytest.mark.parametrize("n", [1, 5, 70])
-def test_matches_float64_recomputation(n: int, dtype: torch.dtype) -> None:
+def test_matches_float64_recomputation(n: int, dtype: torch.dtype, scales_fit: bool) -> None:
+    """``scales_fit`` (every scale byte here is at most 126) folds 2**126 into the scales on
+    a GPU's bf16 path; the result must not change."""
     x, weights, indices, ws = _case(n, dtype, seed=n)
     want, bound = _reference(x, weights, indices, ws, LIMIT)
-    _check(_run(x, weights, indices, ws, LIMIT), want, bound, dtype)
+    _check(_run(x, weights, indices, ws, LIMIT, scales_fit=scales_fit), want, bound, dtype)
     if n == 70:  # the case exercises both clamps and an expert without tokens
         gate_up = x.double() @ _dequant(ws[0], ws[1])[0].T
         assert (gate_up[:, :INTER] > LIMIT).any() and (gate_up[:, INTER:].abs() > LIMIT).any()
@@ -191,6 +200,16 @@ def test_unclamped_with_large_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None
     """No clamp (limit 0), and row tiles of 64 (the prefill shape) over the same pairs."""
     monkeypatch.setattr(fp4_moe, "SMALL_PAIRS_PER_EXPERT", 0)
     x, weights, indices, ws = _case(70, torch.bfloat16, seed=11)
+    want, bound = _reference(x, weights, indices, ws, 0.0)
+    _check(_run(x, weights, indices, ws, 0.0), want, bound, torch.bfloat16)
+
+
+def test_scales_past_two_keep_the_exact_decoding() -> None:
+    """Scale bytes of 131 .. 136 (2**4 .. 2**9): past what ``scales_fit`` may promise, so the
+    decoding applies 2**126 and the scale as two products; the values stay exact."""
+    x, weights, indices, ws = _case(5, torch.bfloat16, seed=61)
+    w13, w13_scale, w2, w2_scale = ws
+    ws = (w13, w13_scale + 10, w2, w2_scale + 10)
     want, bound = _reference(x, weights, indices, ws, 0.0)
     _check(_run(x, weights, indices, ws, 0.0), want, bound, torch.bfloat16)
 
@@ -254,9 +273,10 @@ def test_bad_shapes_raise_value_error(
 
 
 @pytest.mark.gpu
-def test_bf16_tensor_core_path_matches_float64() -> None:
+@pytest.mark.parametrize("scales_fit", [False, True])
+def test_bf16_tensor_core_path_matches_float64(scales_fit: bool) -> None:
     """bf16 activations on the GPU: the decoded tiles go to the tensor cores."""
     x, weights, indices, ws = _case(70, torch.bfloat16, seed=71)
     want, bound = _reference(x, weights, indices, ws, LIMIT)
-    got = _run(x, weights, indices, ws, LIMIT)
+    got = _run(x, weights, indices, ws, LIMIT, scales_fit=scales_fit)
     _check(got, want, bound, torch.bfloat16)

@@ -29,7 +29,12 @@ from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import SMALL_STD, dummy_model, fill_dummy_weights, init_kind
 from deepinfer.models.layers.moe import RoutedExperts
 from deepinfer.models.layers.norm import Linear
-from deepinfer.models.stored_formats import hold_fp4, hold_fp8
+from deepinfer.models.stored_formats import (
+    FP4_FIT_SCALE_BYTE,
+    hold_fp4,
+    hold_fp8,
+    note_fp4_scale_range,
+)
 from deepinfer.sampling_params import SamplingParams
 
 #: DeepSeek-V4-Flash as published: 284 B parameters, more than any test machine holds.
@@ -102,6 +107,28 @@ def test_dummy_weights_in_stored_formats() -> None:
                 assert 2**-0.5 <= ratio <= 2**0.5 and abs(float(w.mean())) < 0.1 * w.std()
             seen += 1
     assert seen == 4 * (5 + 3) + 1 + 2 + 4  # projections (as in a checkpoint), expert stacks
+    note_fp4_scale_range(model)
+    experts = [m for m in model.modules() if isinstance(m, RoutedExperts)]
+    assert experts and all(m.scales_fit for m in experts)  # scales below 1 as drawn
+
+
+def test_fp4_scale_range_is_read_from_the_values() -> None:
+    """``scales_fit`` holds exactly when no scale byte of either stack exceeds 128 (2**1);
+    stacks still on the meta device stay unmarked."""
+    experts = RoutedExperts(2, 64, 32, torch.bfloat16)
+    experts.hold_fp4()
+    assert experts.w13_scale is not None and experts.w2_scale is not None
+    experts.w13_scale.fill_(FP4_FIT_SCALE_BYTE)
+    experts.w2_scale.fill_(100)
+    note_fp4_scale_range(experts)
+    assert experts.scales_fit
+    experts.w2_scale[1, 5, 0] = FP4_FIT_SCALE_BYTE + 1
+    note_fp4_scale_range(experts)
+    assert not experts.scales_fit
+    on_meta = RoutedExperts(2, 64, 32, torch.bfloat16).to("meta")
+    on_meta.hold_fp4()
+    note_fp4_scale_range(on_meta)
+    assert not on_meta.scales_fit
 
 
 def test_dummy_weights_are_a_function_of_the_seed() -> None:

@@ -30,6 +30,7 @@ class Sm100Backend(TorchBackend):
     name: ClassVar[str] = "sm100"
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     native_formats: ClassVar[frozenset[str]] = frozenset({"fp8", "fp4_experts", "bf16_projections"})
+    fuse_projections: ClassVar[bool] = True
 
     @classmethod
     def availability(cls) -> Availability:
@@ -88,6 +89,7 @@ class Sm100Backend(TorchBackend):
         w2: Tensor,
         w2_scale: Tensor,
         swiglu_limit: float,
+        scales_fit: bool = False,
     ) -> Tensor:
         from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
 
@@ -100,6 +102,7 @@ class Sm100Backend(TorchBackend):
             w2_packed=w2,
             w2_scale=w2_scale,
             swiglu_limit=swiglu_limit,
+            scales_fit=scales_fit,
         )
 
     def mhc_weights(

@@ -21,6 +21,7 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     w_ptr,
     out_ptr,
     dim,
+    x_stride,  # elements between rows of x (a row slice of a wider tensor: more than dim)
     eps,
     HAS_WEIGHT: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -28,7 +29,7 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
-    x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     y = x * tl.rsqrt(tl.sum(x * x, axis=0) / dim + eps)
     if HAS_WEIGHT:
         y = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * y
@@ -38,8 +39,10 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm over the last dim of ``x``; fp32 statistics, output in ``x``'s dtype."""
     dim = x.shape[-1]
-    flat = x.reshape(-1, dim).contiguous()
-    out = torch.empty_like(flat)
+    flat = x.reshape(-1, dim)  # rows may be slices of wider ones (a fused projection's)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
     if flat.shape[0]:
         w = weight.contiguous() if weight is not None else flat  # unused when HAS_WEIGHT=False
         _rms_norm_kernel[(flat.shape[0],)](
@@ -47,6 +50,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
             w,
             out,
             dim,
+            flat.stride(0),
             eps,
             HAS_WEIGHT=weight is not None,
             BLOCK=triton.next_power_of_2(dim),

@@ -75,13 +75,14 @@ def _fp4_bytes(  # noqa: PLR0917 (Triton helpers take positional arguments)
     return packed, raw
 
 
-#: bf16 values of the low (``lo``) or high nibbles of 4 packed bytes ($2) times their scales
-#: ($3, $4: two bf16 each), into $0 and $1 (two bf16 each). A nibble's sign, exponent and
-#: mantissa bits are moved to their bf16 places: the bf16 number they make is the e2m1 value
-#: times 2**-126 (a subnormal for e2m1's own subnormal 0.5 and for 0), so multiplying by
-#: 2**126 and then by the power-of-two scale gives the weight exactly (bf16 arithmetic keeps
-#: subnormals; the product leaves bf16's range only where it leaves fp32's). Two bf16 per
-#: 32-bit register: about four instructions per weight.
+#: bf16 values of the low (``lo``) or high nibbles of 4 packed bytes ($2) times their
+#: multipliers ($3, $4: two bf16 each), into $0 and $1 (two bf16 each). A nibble's sign,
+#: exponent and mantissa bits are moved to their bf16 places: the bf16 number they make is the
+#: e2m1 value times 2**-126 (a subnormal for e2m1's own subnormal 0.5 and for 0), so
+#: multiplying by 2**126 and by the power-of-two scale gives the weight exactly (bf16
+#: arithmetic keeps subnormals; the product leaves bf16's range only where it leaves fp32's).
+#: Two bf16 per 32-bit register. ``{bias}``: the 2**126 product, left out where the multiplier
+#: already holds it (``SCALES_FIT``: 2**(b - 1), one bf16x2 product per two weights fewer).
 _E2M1_BF16_ASM = """
 {{
 .reg .b32 lo, hi, t, big;
@@ -90,12 +91,12 @@ prmt.b32 lo, $2, 0, 0x4140;
 prmt.b32 hi, $2, 0, 0x4342;
 {decode_lo}
 {decode_hi}
-mul.rn.bf16x2 lo, lo, big;
-mul.rn.bf16x2 hi, hi, big;
+{bias}
 mul.rn.bf16x2 $0, lo, $3;
 mul.rn.bf16x2 $1, hi, $4;
 }}
 """
+_BIAS = "mul.rn.bf16x2 lo, lo, big;\nmul.rn.bf16x2 hi, hi, big;"
 #: per register of two bytes (one in each 16-bit half): nibble bits to bf16 bits
 _NIBBLE_TO_BF16 = {
     "lo": "and.b32 t, {r}, 0x00080008; and.b32 {r}, {r}, 0x00070007; "
@@ -103,30 +104,42 @@ _NIBBLE_TO_BF16 = {
     "hi": "and.b32 t, {r}, 0x00800080; and.b32 {r}, {r}, 0x00700070; "
     "shl.b32 t, t, 8; shl.b32 {r}, {r}, 2; or.b32 {r}, {r}, t;",
 }
-_ASM_LO = tl.constexpr(
-    _E2M1_BF16_ASM.format(
-        decode_lo=_NIBBLE_TO_BF16["lo"].format(r="lo"),
-        decode_hi=_NIBBLE_TO_BF16["lo"].format(r="hi"),
+
+
+def _asm(nibble: str, bias: bool) -> tl.constexpr:
+    decode = _NIBBLE_TO_BF16[nibble]
+    return tl.constexpr(
+        _E2M1_BF16_ASM.format(
+            decode_lo=decode.format(r="lo"),
+            decode_hi=decode.format(r="hi"),
+            bias=_BIAS if bias else "",
+        )
     )
-)
-_ASM_HI = tl.constexpr(
-    _E2M1_BF16_ASM.format(
-        decode_lo=_NIBBLE_TO_BF16["hi"].format(r="lo"),
-        decode_hi=_NIBBLE_TO_BF16["hi"].format(r="hi"),
-    )
-)
+
+
+_ASM_LO, _ASM_HI = _asm("lo", bias=True), _asm("hi", bias=True)
+_ASM_LO_FIT, _ASM_HI_FIT = _asm("lo", bias=False), _asm("hi", bias=False)
 
 
 @triton.jit
-def _nibbles_bf16(packed, scale):
-    """bf16 weights of the packed bytes' low and high nibbles, times ``scale`` (bf16, the
-    bytes' shape), through the inline PTX above."""
-    lo = tl.inline_asm_elementwise(
-        _ASM_LO, "=r,=r,r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True, pack=4
-    )
-    hi = tl.inline_asm_elementwise(
-        _ASM_HI, "=r,=r,r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True, pack=4
-    )
+def _nibbles_bf16(packed, mult, SCALES_FIT: tl.constexpr):
+    """bf16 weights of the packed bytes' low and high nibbles, times ``mult`` (bf16, the
+    bytes' shape: the scales, or with ``SCALES_FIT`` the scales times 2**126), through the
+    inline PTX above."""
+    if SCALES_FIT:
+        lo = tl.inline_asm_elementwise(
+            _ASM_LO_FIT, "=r,=r,r,r,r", [packed, mult], dtype=tl.bfloat16, is_pure=True, pack=4
+        )
+        hi = tl.inline_asm_elementwise(
+            _ASM_HI_FIT, "=r,=r,r,r,r", [packed, mult], dtype=tl.bfloat16, is_pure=True, pack=4
+        )
+    else:
+        lo = tl.inline_asm_elementwise(
+            _ASM_LO, "=r,=r,r,r,r", [packed, mult], dtype=tl.bfloat16, is_pure=True, pack=4
+        )
+        hi = tl.inline_asm_elementwise(
+            _ASM_HI, "=r,=r,r,r,r", [packed, mult], dtype=tl.bfloat16, is_pure=True, pack=4
+        )
     return lo, hi
 
 
@@ -136,24 +149,32 @@ def _fp4_tile(  # noqa: PLR0917 (Triton helpers take positional arguments)
     raw,
     DTYPE: tl.constexpr,
     NATIVE: tl.constexpr,
+    SCALES_FIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """[BLOCK_N, BLOCK_K] weights in DTYPE (exact) from their packed and scale bytes.
+
+    ``SCALES_FIT`` (the caller's promise that no scale byte exceeds 128) lets bf16 tiles on a
+    GPU fold the decoding's 2**126 into each scale: one bf16x2 product per two weights fewer.
 
     Both nibbles of a byte lie in the same group of 32, so each group's scale is spread over
     its 16 bytes; the low and high values are interleaved back into K order with a join.
     bf16 tiles on a GPU (``NATIVE``) are decoded by inline PTX, two weights per 32-bit
     instruction; fp32 tiles, and every tile under the interpreter, with integer arithmetic.
     """
-    scale = ue8m0_to_fp32(raw)
     native: tl.constexpr = NATIVE and tl.bfloat16 == DTYPE
-    if native:  # exact: a power of two in fp32's range is a bf16 value
-        scale = scale.to(tl.bfloat16)
+    if native and SCALES_FIT:
+        # 2**126 * 2**(b - 127) = 2**(b - 1), a normal bf16 for b <= 128: bits (b + 126) << 7
+        scale = ((raw.to(tl.int32) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif native:  # exact: a power of two in fp32's range is a bf16 value
+        scale = ue8m0_to_fp32(raw).to(tl.bfloat16)
+    else:
+        scale = ue8m0_to_fp32(raw)
     scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // _GROUP, _GROUP // 2))
     scale = tl.reshape(scale, (BLOCK_N, BLOCK_K // 2))
     if native:
-        lo, hi = _nibbles_bf16(packed, scale)
+        lo, hi = _nibbles_bf16(packed, scale, SCALES_FIT)
     else:
         lo = _e2m1_times(packed & 0xF, scale).to(DTYPE)
         hi = _e2m1_times(packed >> 4, scale).to(DTYPE)
@@ -172,10 +193,11 @@ def fp4_step(  # noqa: PLR0917 (Triton helpers take positional arguments)
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
     EVEN: tl.constexpr,
+    SCALES_FIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """acc + x @ W[:, k0:k0 + BLOCK_K].T for the FP4 rows W at w_rows (scales at s_rows)."""
     packed, raw = _fp4_bytes(w_rows, s_rows, k0, k_dim, col_ok, EVEN, BLOCK_K)
-    w = _fp4_tile(packed, raw, x.dtype, not WIDEN, BLOCK_N, BLOCK_K)
+    w = _fp4_tile(packed, raw, x.dtype, not WIDEN, SCALES_FIT, BLOCK_N, BLOCK_K)
     return _mma(x, w, acc, IEEE, WIDEN)

@@ -78,6 +78,7 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
     WIDEN: tl.constexpr,
     LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
     EVEN: tl.constexpr,  # K a multiple of BLOCK_K and I of BLOCK_N: no masks along them
+    SCALES_FIT: tl.constexpr,  # no scale byte above 128 (fp4_decode._fp4_tile)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -102,10 +103,13 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
         for k0 in range(0, k_dim, BLOCK_K):
             x = _act_tile(x_ptr + token[:, None] * k_dim + kk[None, :], row_ok, k0, kk, k_dim, EVEN)
             gate = fp4_step(
-                gate, x, w_gate, s_gate, k0, k_dim, col_ok, IEEE, WIDEN, EVEN,
+                gate, x, w_gate, s_gate, k0, k_dim, col_ok, IEEE, WIDEN, EVEN, SCALES_FIT,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            up = fp4_step(up, x, w_up, s_up, k0, k_dim, col_ok, IEEE, WIDEN, EVEN, BLOCK_N, BLOCK_K)
+            up = fp4_step(
+                up, x, w_up, s_up, k0, k_dim, col_ok, IEEE, WIDEN, EVEN, SCALES_FIT,
+                BLOCK_N, BLOCK_K,
+            )  # fmt: skip
         if CLAMP:
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -135,6 +139,7 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     WIDEN: tl.constexpr,
     LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
     EVEN: tl.constexpr,  # I a multiple of BLOCK_K and D of BLOCK_N: no masks along them
+    SCALES_FIT: tl.constexpr,  # no scale byte above 128 (fp4_decode._fp4_tile)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -154,7 +159,7 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
             h_rows = h_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :]
             h = _act_tile(h_rows, row_ok, k0, kk, inter, EVEN)
             acc = fp4_step(
-                acc, h, w_rows, s_rows, k0, inter, col_ok, IEEE, WIDEN, EVEN,
+                acc, h, w_rows, s_rows, k0, inter, col_ok, IEEE, WIDEN, EVEN, SCALES_FIT,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
@@ -235,6 +240,7 @@ def moe_experts_fp4(
     w2_packed: Tensor,
     w2_scale: Tensor,
     swiglu_limit: float,
+    scales_fit: bool = False,
 ) -> Tensor:
     """The backend's ``moe_experts`` on FP4 experts: fp32 [N, d] weighted sum of each token's
     experts, for ``x`` [N, d] bf16 or fp32 and routing ``weights``/``indices`` [N, k] (an
@@ -244,6 +250,10 @@ def moe_experts_fp4(
     [E, 2I, d / 32], ``w2_packed`` [E, d, I / 2], ``w2_scale`` [E, d, I / 32]; packed bytes as
     uint8, int8 or float4_e2m1fn_x2, scales as uint8, int8 or float8_e8m0fnu; d and I multiples
     of 32. The dots run in x's dtype (module doc). Bad shapes or dtypes raise ValueError.
+    ``scales_fit`` promises that no scale byte exceeds 128 (scales of at most 2, weights of at
+    most 12): bf16 decoding on a GPU then takes one bf16x2 product per two weights fewer. Not
+    checked here (that would read every scale byte each call): a byte above 128 then gives
+    wrong weights. The caller checks once, when the weights are loaded.
     """
     _check_routing(x, weights, indices)
     w13, w13_s, w2, w2_s = _operands(x, w13_packed, w13_scale, w2_packed, w2_scale)
@@ -257,7 +267,8 @@ def moe_experts_fp4(
     y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         block_m = 16 if pairs <= SMALL_PAIRS_PER_EXPERT * num_experts else 64
-        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m, "LISTED": slots < num_experts}
+        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m, "LISTED": slots < num_experts,
+                 "SCALES_FIT": scales_fit}  # fmt: skip
         # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
         # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
         # Decode (16-row tiles) streams each expert's weight through 64-column tiles; prefill

@@ -72,6 +72,11 @@ class Backend(ABC):
     #: compressor projections, stored bf16 and computed in fp32). The torch reference's
     #: versions of those ops are the numeric reference, not fast paths.
     native_formats: ClassVar[frozenset[str]] = frozenset()
+    #: Whether a loaded model runs projections of one input as one GEMM (attention's ``wq_a``
+    #: and ``wkv``: :mod:`deepinfer.models.layers.fused`): fewer launches, and one activation
+    #: quantisation for FP8 weights, but summation orders of the fused GEMM's own, which the
+    #: numeric reference does not take.
+    fuse_projections: ClassVar[bool] = False
 
     # -- the op table ------------------------------------------------------------------------
     # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,
@@ -328,11 +333,15 @@ class Backend(ABC):
         w2: Tensor,
         w2_scale: Tensor,
         swiglu_limit: float,
+        scales_fit: bool = False,
     ) -> Tensor:
         """:meth:`moe_experts` on FP4 e2m1 experts as stored: ``w13`` [E, 2I, d / 2] and ``w2``
         [E, d, I / 2] packed codes (uint8, the low nibble the even element), ``w13_scale``
         [E, 2I, d / 32] and ``w2_scale`` [E, d, I / 32] ue8m0 bytes, 2**(b - 127) per 32
-        elements along the input dim. The weights' values are exact in ``x``'s dtype."""
+        elements along the input dim. The weights' values are exact in ``x``'s dtype.
+        ``scales_fit``: the caller found no scale byte above 128 (checked once, at load; see
+        :func:`deepinfer.models.stored_formats.note_fp4_scale_range`), which a backend may use
+        to decode with fewer operations; the result is the same either way."""
 
     @abstractmethod
     def swiglu_mlp(

@@ -375,6 +375,7 @@ class TorchBackend(Backend):
         w2: Tensor,
         w2_scale: Tensor,
         swiglu_limit: float,
+        scales_fit: bool = False,
     ) -> Tensor:
         w13 = dequant_fp4(w13, w13_scale, x.dtype)
         w2 = dequant_fp4(w2, w2_scale, x.dtype)

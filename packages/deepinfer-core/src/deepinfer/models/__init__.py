@@ -79,6 +79,7 @@ def load_model(
     )
     model.load_state(tensors)
     hold_computed_formats(model, quantization)
+    weights_loaded(model)
     return model.eval()
 
 
@@ -117,6 +118,20 @@ def hold_computed_formats(model: DeepseekCausalLM, quantization: str | None) -> 
 
     if quantization == "auto" and "bf16_projections" in model.ops.native_formats:
         hold_bf16_projections(model)
+
+
+def weights_loaded(model: DeepseekCausalLM) -> None:
+    """What needs the weights' values, once they are in (loaded or drawn): whether the FP4
+    experts' scales allow the kernels' shorter decoding
+    (:func:`~deepinfer.models.stored_formats.note_fp4_scale_range`), and, where the backend
+    asks for it, projections of one input fused into one GEMM
+    (:func:`~deepinfer.models.layers.fused.fuse_projections`)."""
+    from deepinfer.models.layers.fused import fuse_projections
+    from deepinfer.models.stored_formats import note_fp4_scale_range
+
+    note_fp4_scale_range(model)
+    if model.ops.fuse_projections:
+        fuse_projections(model)
 
 
 __all__ = [

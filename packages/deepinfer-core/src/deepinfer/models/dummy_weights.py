@@ -163,7 +163,12 @@ def dummy_model(
     could not be built. ``expert_parallel``: hold and draw only this rank's routed experts,
     with the values the whole model draws for them.
     """
-    from deepinfer.models import hold_computed_formats, keep_stored_formats, model_class
+    from deepinfer.models import (
+        hold_computed_formats,
+        keep_stored_formats,
+        model_class,
+        weights_loaded,
+    )
     from deepinfer.models.expert_shard import allocate, planned_model
 
     raw = read_config(path)
@@ -184,6 +189,7 @@ def dummy_model(
         )
     allocate(model, device)
     fill_dummy_weights(model, seed)
+    weights_loaded(model)
     return model.eval()
 
 

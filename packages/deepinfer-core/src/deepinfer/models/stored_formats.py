@@ -7,7 +7,9 @@ backend computes on (:attr:`~deepinfer.backends.base.Backend.native_formats`) as
 projections (:func:`hold_fp8`, half the bytes of bf16 to hold and to read each step) and FP4
 routed experts (:func:`hold_fp4`, a quarter), V4.1's Engram tables in FP8 rows
 (:func:`hold_fp8_tables`), and the bf16 weights of the projections computed in fp32 (head,
-router gates, compressors: :func:`hold_bf16_projections`, half the bytes of fp32). Shapes the
+router gates, compressors: :func:`hold_bf16_projections`, half the bytes of fp32). Once the
+values are in, :func:`note_fp4_scale_range` tells the FP4 kernels whether every scale is small
+enough for their shorter decoding. Shapes the
 kernels do not take, and everything on a backend without such kernels (the torch reference),
 are dequantised at load as before.
 """
@@ -174,3 +176,24 @@ def _exact_in_bf16(weight: torch.Tensor) -> bool:
         return True
     # by row chunks: a whole-head copy would need gigabytes beside the weights at full size
     return all(torch.equal(rows.to(torch.bfloat16).float(), rows) for rows in weight.split(4096))
+
+
+#: The largest ue8m0 scale byte (2**1) for which 2**126 times the scale is a normal bf16,
+#: which the FP4 kernels can then apply in one product (``Backend.moe_experts_fp4``'s
+#: ``scales_fit``).
+FP4_FIT_SCALE_BYTE = 128
+
+
+def note_fp4_scale_range(model: nn.Module) -> None:
+    """Record on each routed-expert stack held as FP4 whether every scale byte is at most
+    :data:`FP4_FIT_SCALE_BYTE`: one read of the scales once they are loaded (or drawn), so the
+    kernels need not check them each call. Stacks on the meta device stay unmarked."""
+    for module in model.modules():
+        if not isinstance(module, RoutedExperts):
+            continue
+        scales = [s for s in (module.w13_scale, module.w2_scale) if s is not None]
+        if len(scales) != 2 or any(s.is_meta for s in scales):
+            continue
+        module.scales_fit = all(
+            s.numel() == 0 or int(s.view(torch.uint8).max()) <= FP4_FIT_SCALE_BYTE for s in scales
+        )

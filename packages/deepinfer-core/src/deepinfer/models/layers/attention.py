@@ -22,6 +22,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedKV
 from deepinfer.models.layers.compressor import Compressor
+from deepinfer.models.layers.fused import pair
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
@@ -65,6 +66,8 @@ class MQA(nn.Module, ABC):
 
     #: Per-head unweighted RMSNorm of the query (always in V4; a config switch in V4.1).
     q_head_norm: bool = True
+    #: Projections of the same input, run as one where the backend fuses them (:mod:`.fused`).
+    FUSED_PAIRS = (("wq_a", "wkv"),)
 
     @abstractmethod
     def new_state(
@@ -77,12 +80,13 @@ class MQA(nn.Module, ABC):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """(rotated queries [B, S, H, D], query latent ``qr``, rotated kv row [B, S, D])."""
         b, s, _ = x.shape
-        qr = self.q_norm(ops, self.wq_a(ops, x))
+        q_latent, kv = pair(self, "wq_a", "wkv", ops, x)
+        qr = self.q_norm(ops, q_latent)
         q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = ops.rms_norm(q, None, self.eps)
         q = ops.rope(q, cos, sin)
-        kv = self.kv_norm(ops, self.wkv(ops, x))
+        kv = self.kv_norm(ops, kv)
         kv = ops.rope(kv[:, :, None], cos, sin)[:, :, 0]
         return q, qr, kv
 

@@ -86,6 +86,9 @@ class RoutedExperts(nn.Module):
         )
         self.w13_scale: nn.Parameter | None = None
         self.w2_scale: nn.Parameter | None = None
+        #: Held as FP4: no scale byte above 128, found once the values are in
+        #: (:func:`~deepinfer.models.stored_formats.note_fp4_scale_range`).
+        self.scales_fit = False
         self.register_state_dict_post_hook(RoutedExperts._official_names)
 
     def hold_fp4(self, group: int = 32) -> None:
@@ -203,6 +206,7 @@ class MoE(nn.Module):
                 w2=experts.w2,
                 w2_scale=experts.w2_scale,
                 swiglu_limit=limit,
+                scales_fit=experts.scales_fit,
             )
         return ops.moe_experts(
             flat, weights, indices, w13=experts.w13, w2=experts.w2, swiglu_limit=limit

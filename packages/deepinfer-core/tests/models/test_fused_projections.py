@@ -1,0 +1,68 @@
+"""Attention's ``wq_a`` and ``wkv`` fused into one weight give the separate projections' logits.
+
+The fused weight is the two stacked (:mod:`deepinfer.models.layers.fused`): the model's logits
+must stay those of the unfused model (the same maths; only the GEMM's summation order may
+differ), for float weights and for FP8 ones with block scales; the official names must still
+report the same values, and no byte may be held twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.assets import random_tiny_model, tiny_fp8_config
+from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.checkpoint_config import QuantSettings
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.dummy_weights import fill_dummy_weights
+from deepinfer.models.layers.attention import MQA
+from deepinfer.models.layers.fused import fusable, fuse_projections
+from deepinfer.models.layers.norm import Linear
+from deepinfer.models.stored_formats import hold_fp8
+
+
+def _check_fused(model: DeepseekCausalLM, ids: torch.Tensor) -> None:
+    want = model.forward_logits(ids)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    attentions = [m for m in model.modules() if isinstance(m, MQA)]
+    assert fuse_projections(model) == len(attentions) > 0
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    for attn in attentions:
+        fused = attn.__dict__["_fused_wq_a_wkv"]
+        assert attn.wq_a.weight.untyped_storage().data_ptr() == (
+            fused.weight.untyped_storage().data_ptr()
+        )
+        assert attn.wkv.weight.data_ptr() == fused.weight[attn.wq_a.weight.shape[0] :].data_ptr()
+    got = model.forward_logits(ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_float_projections_keep_the_logits() -> None:
+    model = random_tiny_model(torch.float32, seed=3)
+    ids = torch.randint(3, 200, (2, 19), generator=torch.Generator().manual_seed(4))
+    _check_fused(model, ids)
+
+
+def test_fused_fp8_projections_keep_the_logits() -> None:
+    """FP8 e4m3 weights with 128 x 128 block scales: the scales stack with the rows."""
+    model = DeepseekV4ForCausalLM(tiny_fp8_config(), dtype=torch.float32)
+    quant = QuantSettings(quant_method="fp8", weight_block_size=(128, 128), expert_dtype="fp4")
+    assert hold_fp8(model, quant)
+    fill_dummy_weights(model, seed=5)
+    attn = next(m for m in model.modules() if isinstance(m, MQA))
+    assert attn.wq_a.scale is not None and attn.wkv.scale is not None
+    ids = torch.randint(3, 200, (1, 23), generator=torch.Generator().manual_seed(6))
+    _check_fused(model, ids)
+
+
+def test_only_projections_held_alike_fuse() -> None:
+    a, b = Linear(64, 128, torch.float32), Linear(64, 32, torch.float32)
+    assert fusable(a, b)
+    assert not fusable(a, Linear(64, 32, torch.bfloat16))  # dtypes differ
+    assert not fusable(a, Linear(48, 32, torch.float32))  # input widths differ
+    assert not fusable(a, Linear(64, 32, torch.float32, computes_fp32=True))
+    c = Linear(128, 256, torch.float32)
+    c.hold_fp8((128, 128))
+    assert not fusable(c, Linear(128, 128, torch.float32))  # one FP8, one not
