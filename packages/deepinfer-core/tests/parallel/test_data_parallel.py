@@ -228,6 +228,36 @@ def test_four_ranks_equal_one_process(dp_llm: LLM, single: LLM) -> None:
     assert not dist.is_initialized()
 
 
+def test_async_scheduling_equals_one_process(dp_llm: LLM, single: LLM) -> None:
+    """Each rank's engine reads a step's tokens during the next (one step of lag, still one
+    forward a step): greedy and seeded outputs stay the single process's, with chunked
+    prefill, prefix-cache hits and a request arriving while another decodes."""
+    dp_llm.engine.shutdown()  # one process group at a time
+    greedy = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
+    seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=7)
+    want_seeded = _tokens(single.generate(PROMPTS[:3], seeded, use_tqdm=False))
+    llm = LLM(
+        "tiny",
+        data_parallel_size=2,
+        enable_expert_parallel=True,
+        async_scheduling=True,
+        dp_timeout_s=60,
+        **OPTIONS,
+    )
+    try:
+        assert llm.engine.async_scheduling
+        stream = llm.stream(PROMPTS[3], GREEDY)
+        first = next(stream)
+        late = _tokens(llm.generate(PROMPTS[:3] + PROMPTS[4:], GREEDY, use_tqdm=False))
+        last = first if first.finished else list(stream)[-1]
+        assert [*late[:3], last.outputs[0].token_ids, *late[3:]] == greedy
+        assert _tokens(llm.generate(PROMPTS[:3], seeded, use_tqdm=False)) == want_seeded
+        assert all(m.steps > 0 for m in llm.engine.metrics())
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
 def test_preemption_on_a_rank_keeps_outputs(dp_llm: LLM, single: LLM) -> None:
     """Each rank's pool holds three sequences of one page; four requests per rank growing
     past a page make its scheduler preempt and recompute (a step of only preemptions runs

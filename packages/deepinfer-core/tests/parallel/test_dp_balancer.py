@@ -84,7 +84,6 @@ def test_bad_options_are_refused(options: dict[str, object], field: str) -> None
             "speculative_config",
         ),
         (EngineConfig(batch_invariant=True), "batch_invariant"),
-        (EngineConfig(async_scheduling=True), "async_scheduling"),
     ],
 )
 def test_step_paths_with_several_forwards_are_refused(config: EngineConfig, field: str) -> None:
@@ -93,10 +92,12 @@ def test_step_paths_with_several_forwards_are_refused(config: EngineConfig, fiel
     assert info.value.field == field
 
 
-def test_lockstep_runs_synchronously_and_keeps_graphs() -> None:
-    config = EngineConfig()
+@pytest.mark.parametrize("asked", [None, True, False])
+def test_lockstep_keeps_graphs_and_the_asked_scheduling(asked: bool | None) -> None:
+    """One forward a step either way: asynchronous scheduling stays as asked."""
+    config = EngineConfig(async_scheduling=asked)
     DataParallelOptions(data_parallel_size=2).check(config)
-    assert not config.enforce_eager and config.async_scheduling is False
+    assert not config.enforce_eager and config.async_scheduling is asked
     DataParallelOptions().check(untouched := EngineConfig())
     assert not untouched.enforce_eager and untouched.async_scheduling is None
 

@@ -96,7 +96,9 @@ class DataParallelEngine:
 
     @property
     def async_scheduling(self) -> bool:
-        return False
+        """Whether the ranks' engines read each step's tokens during the next (rank 0's, as
+        every rank's engine has the same configuration)."""
+        return self.local.async_scheduling
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -64,7 +64,8 @@ class DataParallelOptions:
         Every rank runs exactly one model forward per global step (each MoE layer is a
         collective), so step paths with several forwards are refused: speculative decoding
         (draft + verify) and batch-invariant mode (one forward per token). Asynchronous
-        scheduling is refused when asked for and off otherwise. Decode steps keep their CUDA
+        scheduling keeps one forward a step (it reads the previous step's tokens while the
+        next runs) and stays as asked (on by default on a GPU). Decode steps keep their CUDA
         graphs, each rank's captured at startup (:func:`~deepinfer.engine.graph_capture.
         capture_decode_graphs` and :mod:`~deepinfer.dp.lockstep` keep the ranks' exchanges
         at matching shapes)."""
@@ -73,7 +74,6 @@ class DataParallelOptions:
         for name, on in (
             ("speculative_config", config.speculative_config is not None),
             ("batch_invariant", config.batch_invariant),
-            ("async_scheduling", config.async_scheduling is True),
         ):
             if on:
                 raise InvalidRequestError(
@@ -81,7 +81,6 @@ class DataParallelOptions:
                     "cannot be combined with data_parallel_size > 1 yet (every rank must run "
                     "exactly one model forward per step)",
                 )
-        config.async_scheduling = False
 
 
 def pop_options(options: dict[str, object]) -> DataParallelOptions:
