@@ -258,6 +258,35 @@ def test_async_scheduling_equals_one_process(dp_llm: LLM, single: LLM) -> None:
     assert not dist.is_initialized()
 
 
+def test_dspark_speculation_equals_one_process(dp_llm: LLM, single: LLM) -> None:
+    """DSpark drafts with layers of its own (no collective), so a step still runs one target
+    forward on every rank: greedy outputs stay the single process's without speculation
+    (lossless), and seeded sampling the single process's with the same speculation."""
+    dp_llm.engine.shutdown()  # one process group at a time
+    spec = {"method": "dspark", "num_speculative_tokens": 3}
+    greedy = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
+    seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=7)
+    want_seeded = _tokens(
+        LLM("tiny", speculative_config=spec, **OPTIONS).generate(
+            PROMPTS[:3], seeded, use_tqdm=False
+        )
+    )
+    llm = LLM(
+        "tiny",
+        data_parallel_size=2,
+        enable_expert_parallel=True,
+        speculative_config=spec,
+        dp_timeout_s=60,
+        **OPTIONS,
+    )
+    try:
+        assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == greedy
+        assert _tokens(llm.generate(PROMPTS[:3], seeded, use_tqdm=False)) == want_seeded
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
 def test_preemption_on_a_rank_keeps_outputs(dp_llm: LLM, single: LLM) -> None:
     """Each rank's pool holds three sequences of one page; four requests per rank growing
     past a page make its scheduler preempt and recompute (a step of only preemptions runs

@@ -94,10 +94,13 @@ def test_step_paths_with_several_forwards_are_refused(config: EngineConfig, fiel
 
 @pytest.mark.parametrize("asked", [None, True, False])
 def test_lockstep_keeps_graphs_and_the_asked_scheduling(asked: bool | None) -> None:
-    """One forward a step either way: asynchronous scheduling stays as asked."""
-    config = EngineConfig(async_scheduling=asked)
+    """One forward a step either way: asynchronous scheduling stays as asked, and so does
+    DSpark speculation (its drafter's layers hold no collective)."""
+    dspark = {"method": "dspark", "num_speculative_tokens": 3}
+    config = EngineConfig(async_scheduling=asked, speculative_config=dspark)
     DataParallelOptions(data_parallel_size=2).check(config)
     assert not config.enforce_eager and config.async_scheduling is asked
+    assert config.speculative_config == dspark
     DataParallelOptions().check(untouched := EngineConfig())
     assert not untouched.enforce_eager and untouched.async_scheduling is None
 

@@ -62,8 +62,10 @@ class DataParallelOptions:
         """Refuse what cannot run in lockstep yet, and turn off what would break it silently.
 
         Every rank runs exactly one model forward per global step (each MoE layer is a
-        collective), so step paths with several forwards are refused: speculative decoding
-        (draft + verify) and batch-invariant mode (one forward per token). Asynchronous
+        collective), so step paths with several forwards are refused: MTP speculation (its
+        drafts run the MTP layers' MoE once per draft, on the ranks with requests to draft
+        for) and batch-invariant mode (one forward per token). DSpark speculation keeps one
+        target forward a step (its drafter's layers are its own, with no collective). Asynchronous
         scheduling keeps one forward a step (it reads the previous step's tokens while the
         next runs) and stays as asked (on by default on a GPU). Decode steps keep their CUDA
         graphs, each rank's captured at startup (:func:`~deepinfer.engine.graph_capture.
@@ -71,8 +73,10 @@ class DataParallelOptions:
         at matching shapes)."""
         if not self.enabled:
             return
+        spec = config.speculative_config
+        method = spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", None)
         for name, on in (
-            ("speculative_config", config.speculative_config is not None),
+            ("speculative_config", spec is not None and method != "dspark"),
             ("batch_invariant", config.batch_invariant),
         ):
             if on:
