@@ -57,6 +57,20 @@ def test_fused_fp8_projections_keep_the_logits() -> None:
     _check_fused(model, ids)
 
 
+def test_a_converted_model_runs_the_pair_apart() -> None:
+    """``.to()`` makes new tensors of the registered projections but not of the fused weight,
+    which is then left out rather than read stale."""
+    ids = torch.randint(3, 200, (1, 9), generator=torch.Generator().manual_seed(8))
+    want = random_tiny_model(torch.float32, seed=3).to(torch.float64).forward_logits(ids)
+    model = random_tiny_model(torch.float32, seed=3)
+    fuse_projections(model)
+    model.to(torch.float64)
+    attn = next(m for m in model.modules() if isinstance(m, MQA))
+    assert attn.wq_a.weight.dtype == torch.float64
+    assert attn.__dict__["_fused_wq_a_wkv"].weight.dtype == torch.float32
+    torch.testing.assert_close(model.forward_logits(ids), want, rtol=0, atol=0)
+
+
 def test_only_projections_held_alike_fuse() -> None:
     a, b = Linear(64, 128, torch.float32), Linear(64, 32, torch.float32)
     assert fusable(a, b)

@@ -85,10 +85,14 @@ def fuse_projections(model: nn.Module) -> int:
 def pair(
     module: nn.Module, first: str, second: str, ops: Backend, x: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """``module.first(x)`` and ``module.second(x)``: one launch where the pair is fused."""
+    """``module.first(x)`` and ``module.second(x)``: one launch where the pair is fused.
+
+    A module whose projections were replaced after fusing (``.to()`` makes new tensors of
+    its registered parameters, not of the fused weight) runs the two apart."""
     fused: Linear | None = module.__dict__.get(_FUSED.format(first, second))
-    if fused is None:
-        return getattr(module, first)(ops, x), getattr(module, second)(ops, x)
-    rows = getattr(module, first).weight.shape[0]
+    one = getattr(module, first)
+    if fused is None or one.weight.data_ptr() != fused.weight.data_ptr():  # no longer a slice
+        return one(ops, x), getattr(module, second)(ops, x)
+    rows = one.weight.shape[0]
     both = fused(ops, x)
     return both[..., :rows], both[..., rows:]
