@@ -1,12 +1,15 @@
 """Pairs of projections that read the same input, run as one (vLLM's merged column linear).
 
-Attention's ``wq_a`` and ``wkv`` both project the normed layer input, and each compressor's
-``wkv`` and ``wgate`` its input. Run apart, each pair costs two GEMM launches (with FP8
-weights, two activation quantisations as well); at decode sizes those fixed costs, not the
-bytes, set their time. Once the weights are in, :func:`fuse_projections` gives each pair one
-weight, its rows the first projection's over the second's, and points the two projections'
-weights at row slices of it (no byte is held twice, the official names still load and
-report), so :func:`pair` runs one launch and splits the result along its last dim.
+Attention's ``wq_a`` and ``wkv`` both project the normed layer input (a module lists such
+pairs in ``FUSED_PAIRS``). Run apart, a pair costs two GEMM launches (with FP8 weights, two
+activation quantisations as well); at decode sizes those fixed costs, not the bytes, set
+their time. Each compressor's ``wkv`` and ``wgate`` read one input too, but are not listed:
+their outputs' consumers would first have to take row slices of a wider result.
+
+Once the weights are in, :func:`fuse_projections` gives each pair one weight, its rows the
+first projection's over the second's, and points the two projections' weights at row slices
+of it (no byte is held twice, the official names still load and report), so :func:`pair`
+runs one launch and splits the result along its last dim.
 
 Only where the backend asks for it (``Backend.fuse_projections``): a fused GEMM sums each
 output in an order of its own choosing (its tiles depend on the width), so its results may
