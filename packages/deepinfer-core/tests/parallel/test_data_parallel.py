@@ -182,12 +182,14 @@ def _assert_gone(llm: LLM, started: float, limit_s: float) -> None:
 
 def test_an_idle_run_outlives_the_timeout(dp_llm: LLM, single: LLM) -> None:
     """No step for twice ``dp_timeout_s``: the keep-alive holds the waiting rank, and the run
-    then serves requests as one process does."""
+    then serves requests as one process does. (The timeout also bounds a rank's start-up,
+    which takes a few seconds on a loaded two-core machine: hence not less than 5 s.)"""
     dp_llm.engine.shutdown()  # one process group at a time
-    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=2.0)
+    timeout_s = 5.0
+    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=timeout_s)
     prompts = PROMPTS[:3]
     first = llm.generate(prompts, GREEDY, use_tqdm=False)
-    time.sleep(5.0)
+    time.sleep(2 * timeout_s + 1.0)
     second = llm.generate(prompts, GREEDY, use_tqdm=False)
     want = _tokens(single.generate(prompts, GREEDY, use_tqdm=False))
     assert _tokens(first) == want and _tokens(second) == want
