@@ -73,12 +73,14 @@ KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 @dataclass(frozen=True)
 class AotSpec:
     """One launch configuration of a kernel: its parameters by name, as the launch site passes
-    them, and the launch's ``num_warps``."""
+    them, and the launch's ``num_warps`` (and ``num_stages``)."""
 
     kernel: str  # "<module>.<kernel>" in deepinfer_kernels_sm100
     variant: str
     params: Mapping[str, Value]
     num_warps: int = 4
+    #: The launch's pipeline depth (None: Triton's default), which sets the shared memory used.
+    num_stages: int | None = None
     #: The targets whose launch sites pick this configuration (the wrapper may choose by
     #: compute capability).
     archs: tuple[int, ...] = ARCHS
@@ -436,12 +438,7 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
         ("decode32-wkv-ue8m0", 32, 512, 4096, True, 128, 32, 64, 128, 4, "bf16", False),
         ("decode64-wo_b-ue8m0", 64, 4096, 8192, True, 128, 64, 64, 128, 4, "bf16", False),
         ("decode16-4096-fp32-scales", 16, 4096, 4096, False, 128, 16, 64, 128, 4, "bf16", False),
-        ("prefill-4096-ue8m0", 4096, 4096, 4096, True, 128, 64, 128, 128, 4, "bf16", False),
-        ("prefill256-4096-ue8m0", 256, 4096, 4096, True, 128, 64, 64, 128, 4, "bf16", False),
-        ("prefill-wq_b-fp32-scales", 4096, 32768, 1024, False, 128, 64, 128, 128, 4, "bf16", False),
-        ("prefill-4096-fp32-out", 4096, 4096, 4096, True, 128, 64, 128, 128, 4, "fp32", False),
         ("decode16-v41-block32", 16, 5120, 5120, True, 32, 16, 64, 32, 4, "bf16", False),
-        ("prefill-v41-block32", 4096, 5120, 5120, True, 32, 64, 128, 32, 4, "bf16", False),
     )
     for variant, m, n, k, ue8m0, wb, block_m, block_n, block_k, warps, out, fused in cases:
         split = m <= 64  # decode tiles split K: fp32 partial sums (REDUCE: by the last program)
@@ -459,19 +456,30 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
              "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k},
             num_warps=warps,
         )  # fmt: skip
-    # V4-Flash's grouped output projection (wo_a: 8 groups of 1024 rows over 4096 columns)
-    yield AotSpec(
-        "fp8_linear._fp8_gemm_kernel",
-        "prefill-wo_a-grouped",
-        {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8",
-         "out_ptr": "*bf16", "part_ptr": "*bf16", "count_ptr": "*i32", "m": 4096, "n": 8192,
-         "k": 4096, "lda": 8 * 4096, "group_n": 1024, "k_split": 4096, "splits": 1,
-         "FUSED": False, "EMULATE": False, "SCALE_UE8M0": True, "SPLIT": False,
-         "REDUCE": False, "GROUP": 128,
-         "W_BN": 128, "W_BK": 128,
-         "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128},
-        num_warps=4,
-    )  # fmt: skip
+    # Past 64 rows: prefill tiles, both operands copied in by TMA (host tensor descriptors);
+    # (variant, rows, N, K, groups, ue8m0 scales, weight block, BLOCK_M, BLOCK_N, BLOCK_K, out).
+    # V4-Flash's grouped output projection (wo_a: 8 groups of 1024 rows over 4096 columns).
+    prefill = (
+        ("prefill-4096-ue8m0", 4096, 4096, 4096, 1, True, 128, 64, 128, 128, "bf16"),
+        ("prefill256-4096-ue8m0", 256, 4096, 4096, 1, True, 128, 64, 64, 128, "bf16"),
+        ("prefill-wq_b-fp32-scales", 4096, 32768, 1024, 1, False, 128, 64, 128, 128, "bf16"),
+        ("prefill-4096-fp32-out", 4096, 4096, 4096, 1, True, 128, 64, 128, 128, "fp32"),
+        ("prefill-v41-block32", 4096, 5120, 5120, 1, True, 32, 64, 128, 32, "bf16"),
+        ("prefill-wo_a-grouped", 4096, 8192, 4096, 8, True, 128, 64, 128, 128, "bf16"),
+    )
+    for variant, m, n, k, groups, ue8m0, wb, block_m, block_n, block_k, out in prefill:
+        yield AotSpec(
+            "fp8_prefill._fp8_prefill_kernel",
+            variant,
+            {"a_desc": f"tensordesc<fp8e4nv[{block_m}, {block_k}]>", "as_ptr": "*fp32",
+             "w_desc": f"tensordesc<fp8e4nv[{block_n}, {block_k}]>",
+             "ws_ptr": "*u8" if ue8m0 else "*fp32", "out_ptr": f"*{out}", "m": m, "n": n,
+             "k": k, "lda": groups * k, "group_n": n // groups, "EMULATE": False,
+             "SCALE_UE8M0": ue8m0, "GROUP": 128, "W_BN": wb, "W_BK": wb,
+             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k},
+            num_warps=4,
+            num_stages=4,
+        )  # fmt: skip
     # the split partial sums, added in order and rounded to the output's dtype
     for out in ("bf16", "fp32"):
         yield AotSpec(
@@ -562,6 +570,8 @@ def _bind(
             signature[p.name], constexprs[p.name] = "constexpr", value
         elif p.annotation_type:
             raise ValueError(f"{spec.id}: {p.name} has a type annotation, which _bind ignores")
+        elif isinstance(value, str) and value.startswith("tensordesc<"):
+            signature[p.name] = value  # a host TMA descriptor: no pointer attributes
         elif isinstance(value, str):
             if not value.startswith("*"):
                 raise ValueError(f"{spec.id}: {p.name}={value!r} is not a pointer type")
@@ -600,6 +610,8 @@ def _compile_one(fn: JITFunction[Any], spec: AotSpec, arch: int, cubin: bool) ->
 
     signature, constexprs, attrs = _bind(fn, spec)
     options: dict[str, Any] = {"num_warps": spec.num_warps}
+    if spec.num_stages is not None:
+        options["num_stages"] = spec.num_stages
     if not cubin:
         options["ptx_version"] = 87  # PTX 8.7 (CUDA 12.8) knows both sm_90a and sm_100a
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)

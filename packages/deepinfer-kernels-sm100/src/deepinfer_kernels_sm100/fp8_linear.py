@@ -20,7 +20,8 @@ whole weight to stream, so K is split across programs; each writes its fp32 part
 they are added in split order, so every run adds them alike (:mod:`.fp8_split`): for row tiles
 of up to 16 by the last of a tile's programs to finish (saving a launch), for taller ones by a
 second kernel, which spreads the additions over many programs. Larger
-batches (prefill) run 64-row tiles that reuse each weight tile. Both read activations that
+batches (prefill) run 64-row tiles that reuse each weight tile, their operands brought in by
+the copy engine (:mod:`.fp8_prefill`). Both read activations that
 :func:`quantize_act_fp8` quantised once ahead of the GEMM. The kernel can also quantise a
 decode batch's tile in registers right before the dot (``FUSE_DECODE_QUANT``), saving a launch,
 but every column program then redoes the IEEE divisions, which on an H200 costs more than the
@@ -48,6 +49,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.models.quant import is_ue8m0_dtype
+from deepinfer_kernels_sm100.fp8_prefill import fp8_prefill_gemm
 from deepinfer_kernels_sm100.fp8_quant import (
     ACT_GROUP,
     EMULATE_CAST,
@@ -330,6 +332,13 @@ def _gemm(
     # Fused, the kernel reads x itself and no activation scales: the weight stands in for
     # them, so the pointer types, and the compiled kernel, are the same on every call.
     a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
+    if m > SMALL_M:
+        tile = (t.block_m, t.block_n, t.block_k)
+        fp8_prefill_gemm(
+            a, a_scale, w, ws, out, block, tile, groups,
+            ue8m0=ue8m0, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+        return out
     part = out
     if t.splits > 1:
         part = torch.empty(t.splits, m, n, dtype=torch.float32, device=x2.device)
