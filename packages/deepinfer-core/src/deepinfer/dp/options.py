@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from deepinfer.checks import is_int, is_number
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.errors import InvalidRequestError
 
 #: Bound on every collective, model load excepted: past it a rank counts as dead or hung.
@@ -59,7 +60,7 @@ class DataParallelOptions:
         return self.data_parallel_size > 1
 
     def check(self, config: EngineConfig) -> None:
-        """Refuse what cannot run in lockstep yet, and turn off what would break it silently.
+        """Refuse what cannot run in lockstep yet; nothing asked for is turned off.
 
         Every rank runs exactly one model forward per global step (each MoE layer is a
         collective), so step paths with several forwards are refused: MTP speculation (its
@@ -73,10 +74,9 @@ class DataParallelOptions:
         at matching shapes)."""
         if not self.enabled:
             return
-        spec = config.speculative_config
-        method = spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", None)
+        spec = SpeculativeConfig.parse(config.speculative_config)
         for name, on in (
-            ("speculative_config", spec is not None and method != "dspark"),
+            ("speculative_config", spec is not None and spec.method != "dspark"),
             ("batch_invariant", config.batch_invariant),
         ):
             if on:
