@@ -70,11 +70,13 @@ def test_logits_match_the_reference(name: str) -> None:
 
 
 def _run(model: DeepseekV4ForCausalLM) -> list[torch.Tensor]:
-    """Logits of a packed prefill of two prompts, then three decode steps."""
+    """Logits of a packed prefill of two prompts, then two decode steps. The longer prompt
+    gives the tiny V4's ratio-4 indexers more entries than their top-k (37 // 4 > 8), so the
+    picks are a choice; the kernels run interpreted in CI, so nothing is longer than that."""
     top = min(model.cfg.vocab_size, model.cfg.image_token_id or model.cfg.vocab_size)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, top, (n,), generator=g).to(DEVICE) for n in (37, 21)]
-    steps = torch.randint(3, top, (3, 2), generator=g).to(DEVICE)
+    prompts = [torch.randint(3, top, (n,), generator=g).to(DEVICE) for n in (37, 9)]
+    steps = torch.randint(3, top, (2, 2), generator=g).to(DEVICE)
     states = [model.new_state(1) for _ in prompts]
     out = [model(ForwardBatch.build(prompts, states)).logits]
     out += [model(ForwardBatch.decode(ids, states)).logits for ids in steps]

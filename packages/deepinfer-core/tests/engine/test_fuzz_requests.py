@@ -185,7 +185,7 @@ def run_beside_good(llm: LLM, good_tokens: list[int], prompt: Any, params: Any) 
     assert_idle(llm)
 
 
-@_SETTINGS
+@settings(_SETTINGS, max_examples=300)  # each accepted example generates: the slow half
 @given(kwargs=_params)
 def test_random_sampling_params(llm: LLM, good_tokens: list[int], kwargs: dict[str, Any]) -> None:
     try:
