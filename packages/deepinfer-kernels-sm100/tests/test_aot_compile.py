@@ -253,7 +253,8 @@ def _moe_specs() -> Iterator[AotSpec]:
 def _fp4_moe_specs() -> Iterator[AotSpec]:
     # The same pairs and row tiles as _moe_specs, on packed e2m1 weights with ue8m0 bytes.
     # bf16 activations: K steps of 128 into the tensor cores, weights decoded by inline PTX,
-    # 64-column tiles at decode (32 for gate/up with a handful of pairs) and 128 at prefill;
+    # 64-column tiles at decode (32 for gate/up with a handful of pairs) and 128 at prefill,
+    # where 128-row tiles run on 8 warps;
     # fp32 activations: IEEE dots, K steps of one 32-wide scale group. EVEN (V4-Flash's
     # shapes) loads without masks; d = 4096 with I = 1056 (not a multiple of the tiles) takes
     # the masked loads.
@@ -262,7 +263,7 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
         ("bf16", 16, 64, 128, 2048, True, True),
         ("bf16", 16, 64, 128, 2048, True, False),
         ("bf16", 16, 32, 128, 2048, True, True),
-        ("bf16", 64, 128, 128, 2048, True, True),
+        ("bf16", 128, 128, 128, 2048, True, True),
         ("bf16", 16, 64, 128, 1056, False, False),
         ("fp32", 16, 64, 32, 2048, True, False),
     )
@@ -277,6 +278,7 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
              "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32", "h_ptr": f"*{dt}",
              "inter": inter, "k_dim": 4096, "limit": 10.0, "CLAMP": True, **flags},
+            num_warps=8 if block_m == 128 else 4,
         )  # fmt: skip
         yield AotSpec(
             "fp4_moe._fp4_down_kernel",
@@ -284,6 +286,7 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
             {"h_ptr": f"*{dt}", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
              "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096,
              "inter": inter, **flags},
+            num_warps=8 if block_m == 128 else 4,
         )  # fmt: skip
 
 

@@ -197,7 +197,8 @@ def test_matches_float64_recomputation(n: int, dtype: torch.dtype, scales_fit: b
 
 
 def test_unclamped_with_large_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No clamp (limit 0), and row tiles of 64 (the prefill shape) over the same pairs."""
+    """No clamp (limit 0), and the prefill's row tiles (bf16: 128 rows on 8 warps) over the
+    same pairs."""
     monkeypatch.setattr(fp4_moe, "SMALL_PAIRS_PER_EXPERT", 0)
     x, weights, indices, ws = _case(70, torch.bfloat16, seed=11)
     want, bound = _reference(x, weights, indices, ws, 0.0)

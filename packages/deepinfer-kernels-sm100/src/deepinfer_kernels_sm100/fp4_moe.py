@@ -42,8 +42,11 @@ from deepinfer_kernels_sm100.fp4_decode import _GROUP, GROUP, fp4_step
 from deepinfer_kernels_sm100.fp8_quant import round_to_grid
 from deepinfer_kernels_sm100.moe import _WIDEN, _slot_range, _tile, group_pairs
 
-#: up to this many pairs per expert on average, row tiles of 16; past it 64 (as moe.py)
-SMALL_PAIRS_PER_EXPERT = 64
+#: up to this many pairs per expert on average, row tiles of 16; past it the prefill tiles.
+#: Decode tiles cost in proportion to their count, prefill tiles about the same from one row
+#: to 128: on the H200 (benchmarks/results/low_precision_h200.json, fp4_prefill_tiles_5934eae)
+#: the 16-row tiles win at 36 pairs an expert and lose at 48.
+SMALL_PAIRS_PER_EXPERT = 40
 #: up to this many (token, expert) pairs, gate/up takes 32-column tiles, four K steps in flight
 FEW_PAIRS = 8
 _ACT_DTYPES = (torch.bfloat16, torch.float32)
@@ -266,13 +269,17 @@ def moe_experts_fp4(
     # Pairs without an expert are never computed: their rows stay zero.
     y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
-        block_m = 16 if pairs <= SMALL_PAIRS_PER_EXPERT * num_experts else 64
+        decode = pairs <= SMALL_PAIRS_PER_EXPERT * num_experts
+        # Prefill tiles: bf16 reuses each decoded weight tile over 128 rows on 8 warps (the
+        # accumulators need the registers of two warp groups); fp32 dots keep 64 rows.
+        block_m = 16 if decode else 64 if ieee else 128
+        warps = 8 if block_m == 128 else 4
         flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m, "LISTED": slots < num_experts,
                  "SCALES_FIT": scales_fit}  # fmt: skip
         # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
         # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
         # Decode (16-row tiles) streams each expert's weight through 64-column tiles; prefill
-        # reuses each decoded tile over 64 rows. With a handful of pairs (one token's experts)
+        # reuses each decoded tile over its rows. With a handful of pairs (one token's experts)
         # few programs have work, so gate/up splits its columns finer, four K steps in flight.
         most_k = GROUP if ieee else 4 * GROUP
         most_n = 64 if ieee or block_m == 16 else 128
@@ -295,6 +302,7 @@ def moe_experts_fp4(
             BLOCK_N=bn,
             BLOCK_K=bk,
             num_stages=4 if few else 3,
+            num_warps=warps,
             **flags,
         )
         bn, bk = _tile(d_out, most_n), _tile(inter, most_k)
@@ -312,6 +320,7 @@ def moe_experts_fp4(
             EVEN=even,
             BLOCK_N=bn,
             BLOCK_K=bk,
+            num_warps=warps,
             **flags,
         )
     # Each token's k slots summed in slot order, as the reference's combine does.
