@@ -48,10 +48,12 @@ def _greedy(llm: LLM, prompts: list[str]) -> list[list[int]]:
 
 
 def test_speculative_plain_steps_replay_the_decode_graphs() -> None:
-    """With speculation on, the decode graphs are still captured, and the steps the adaptive
-    schedule runs plain replay them between eager verification steps (these made-up cost
-    tables give both kinds: 0.2 s to draft a round, 1 s a plain step, 1.4 s a verification
-    step of 16 tokens); the greedy tokens are the engine's without speculation."""
+    """With speculation on, the decode graphs are captured at start-up; the steps the
+    adaptive schedule runs plain replay them between verification steps, which capture and
+    replay the verification pass's graphs (the drafter's features returned from them; these
+    made-up cost tables give both kinds: 0.2 s to draft a round, 1 s a plain step, 1.4 s a
+    verification step of 16 tokens); the greedy tokens are the engine's without
+    speculation."""
     spec = {
         "method": "dspark",
         "num_speculative_tokens": 3,
@@ -67,13 +69,13 @@ def test_speculative_plain_steps_replay_the_decode_graphs() -> None:
     assert _greedy(llm, PROMPTS) == _greedy(plain, PROMPTS)
     runner = llm.engine.spec
     assert runner is not None and runner.plain_steps > 0 and runner.num_drafts > 0
-    assert graphs.num_captured == 3 * len(graphs.buckets)  # none captured during the run
+    assert graphs.num_captured > 3 * len(graphs.buckets)  # the verification pass's
 
 
 def test_adaptive_profile_prices_graphed_plain_steps() -> None:
-    """The schedule's start-up profile times plain steps from CUDA graphs of its own slots
-    (kept apart from the engine's, which hold just their start-up captures) when the engine
-    has graphs; the engine then decodes as without speculation."""
+    """The schedule's start-up profile times plain and verification steps from CUDA graphs of
+    its own slots (kept apart from the engine's, which hold just their start-up captures)
+    when the engine has graphs; the engine then decodes as without speculation."""
     spec = {"method": "dspark", "num_speculative_tokens": 3, "scheduling": "adaptive"}
     llm = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=8, speculative_config=spec)
     graphs = llm.engine.runner.graphs

@@ -115,7 +115,8 @@ def run_bench(args: argparse.Namespace) -> int:
         # longer contexts, on first use.
         "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }
-    result.update(acceptance(outs))
+    if llm.engine.spec is not None:
+        result.update(acceptance(outs))
     width = max(len(k) for k in result)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in result.items()))
     if args.json:
@@ -146,8 +147,8 @@ def acceptance(outs: list[Any]) -> dict[str, object]:
     emitted, on average), the drafts a row verified (fewer than drafted under a confidence
     schedule) and the share of rows that kept a draft at each position."""
     metrics = [o.metrics for o in outs if o.metrics is not None and o.metrics.spec_rounds]
-    if not metrics:
-        return {}
+    if not metrics:  # no round verified a draft (a schedule may find none worth it)
+        return {"spec_rounds": 0}
     rounds = sum(m.spec_rounds for m in metrics)
     kept = sum(m.spec_accepted_tokens for m in metrics)
     width = max(len(m.spec_accepted_per_position) for m in metrics)
@@ -156,6 +157,7 @@ def acceptance(outs: list[Any]) -> dict[str, object]:
         for j, count in enumerate(m.spec_accepted_per_position):
             per[j] += count
     return {
+        "spec_rounds": rounds,
         "spec_acceptance_length": round((kept + rounds) / rounds, 3),
         "spec_verified_per_round": round(sum(m.spec_draft_tokens for m in metrics) / rounds, 3),
         "spec_acceptance_per_position": [round(c / rounds, 3) for c in per],

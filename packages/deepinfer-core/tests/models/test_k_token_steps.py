@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -22,8 +23,10 @@ from _tiny_models import text_ids
 
 from deepinfer.assets import TINY_DIR, random_tiny_model, tiny_model
 from deepinfer.cache.slots import StateSlots
+from deepinfer.models import causal_lm
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -124,16 +127,30 @@ def test_a_batch_runs_once(name: str) -> None:
         )
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize(("device", "backend"), CASES)
-def test_batched_verification_rows_roll_back_exactly(name: str, device: str, backend: str) -> None:
+def test_batched_verification_rows_roll_back_exactly(
+    name: str, device: str, backend: str, graphs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Several sequences in the engine's slots, built with rollback slack, verify drafts of
-    1-6 tokens in one step (some steps all single-token rows, the decode pass; the others one
-    ragged pass), keep a prefix of each and roll back. Every kept logit equals a from-scratch
+    1-6 tokens in one step (some steps all single-token rows, the decode pass; the others the
+    verification pass, rows padded to the longest or, with graphs, to slack + 1 and captured
+    on a GPU), keep a prefix of each and roll back. Every kept logit equals a from-scratch
     forward over that sequence's accepted tokens, so the rings, open windows and history
     rings the shared passes wrote by index are exactly what a rollback needs."""
     model = _model(name, device, backend)
     slots = StateSlots(lambda: model.new_state(1, slack=6), max_slots=3, max_len=1024)
     states = [slots.new_state() for _ in range(3)]
+    step_graphs = DecodeGraphs(max_batch=4) if graphs else None
+    widths: list[int] = []
+    verify = causal_lm.run_verify
+
+    def spy(*args: Any) -> Any:
+        out = verify(*args)
+        widths.append(args[4] or max(len(c) for c in args[1]))  # the pass's row width
+        return out
+
+    monkeypatch.setattr(causal_lm, "run_verify", spy)
     rnd, gen = random.Random(11), torch.Generator().manual_seed(11)
     accepted: list[list[int]] = [[] for _ in states]
     tol = 5e-5 if device == "cpu" else 2e-4
@@ -145,7 +162,7 @@ def test_batched_verification_rows_roll_back_exactly(name: str, device: str, bac
         batch = ForwardBatch.build(
             [d.to(device) for d in drafts], states, [d.numel() for d in drafts]
         )
-        got = model(batch).split(batch)
+        got = model(batch, step_graphs).split(batch)
         for i, (state, draft, logits) in enumerate(zip(states, drafts, got, strict=True)):
             keep = rnd.randint(1, draft.numel())
             accepted[i] += draft[:keep].tolist()
@@ -154,6 +171,7 @@ def test_batched_verification_rows_roll_back_exactly(name: str, device: str, bac
             want = model.forward_logits(ids)[0, -keep:]
             torch.testing.assert_close(logits[:keep], want, rtol=0, atol=tol)
     assert decode_steps > 0 and [s.pos for s in states] == [len(a) for a in accepted]
+    assert widths and set(widths) == ({7} if graphs else set(range(2, 7)))
 
 
 @pytest.mark.parametrize("layout", ["own", "slots"])

@@ -81,8 +81,9 @@ class LLMEngine:
         if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
             graphs = DecodeGraphs(config.max_num_seqs)
         #: Drafts tokens and verifies them (``speculative_config``); None: one token a step.
-        #: Its plain steps replay the decode graphs; its verification steps run eagerly.
-        self.spec = speculation(config, model, cuda_graphs=graphs is not None)
+        #: Its plain steps replay the decode graphs, its verification steps theirs (captured
+        #: on first use).
+        self.spec = speculation(config, model, graphs=graphs)
         slack = self.spec.k if self.spec is not None else 0
         # Captured decode steps bake in the slot and page tensors' addresses, which move when
         # they grow: with graphs, all are allocated up front (as vLLM sizes its KV cache).

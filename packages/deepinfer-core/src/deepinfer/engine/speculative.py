@@ -1,7 +1,8 @@
 """Speculative decoding in the engine: draft, verify as k-token rows, keep what passes.
 
 Each step feeds every decoding request its last token and the drafts proposed for it after the
-previous step, as one span that keeps every logit (prefill chunks ride in the same ragged pass).
+previous step, as one span that keeps every logit: the verification pass, replayed from a CUDA
+graph on a GPU (with prefill chunks beside them, the ragged pass).
 Verification (:mod:`.spec_sampling`) draws the token at every position of the row as the sampler
 would, with the noise of that position, keeps the drafts that equal those draws and emits the
 first draw that differs (or the one after the last draft): one to k + 1 tokens per request, each
@@ -43,7 +44,7 @@ from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
-from deepinfer.models.layer_capture import captured_layers, features_of
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 
 
@@ -77,11 +78,11 @@ def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
 
 
 def speculation(
-    config: EngineConfig, model: DeepseekCausalLM, *, cuda_graphs: bool = False
+    config: EngineConfig, model: DeepseekCausalLM, *, graphs: DecodeGraphs | None = None
 ) -> SpeculativeRunner | None:
     """The engine's speculative runner for ``config.speculative_config`` (None: off);
-    ``cuda_graphs``: the engine replays its plain decode steps from CUDA graphs, so the
-    adaptive schedule must price a plain step as one."""
+    ``graphs``: the engine's, which replay its plain decode steps and verification steps
+    (the adaptive schedule prices both so)."""
     spec = SpeculativeConfig.parse(config.speculative_config)
     if spec is None:
         return None
@@ -102,9 +103,9 @@ def speculation(
             spec.verify_cost,
             spec.draft_cost,
             spec.plain_cost,
-            cuda_graphs=cuda_graphs,
+            cuda_graphs=graphs is not None,
         )
-    return SpeculativeRunner(model, drafter, verifier)
+    return SpeculativeRunner(model, drafter, verifier, graphs)
 
 
 class Recorder(Protocol):
@@ -142,9 +143,15 @@ class SpeculativeRunner:
     """Runs speculative steps (see the module) for the engine's runner."""
 
     def __init__(
-        self, model: DeepseekCausalLM, drafter: Drafter, verifier: AdaptiveVerifier | None = None
+        self,
+        model: DeepseekCausalLM,
+        drafter: Drafter,
+        verifier: AdaptiveVerifier | None = None,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
+        #: The engine's CUDA graphs: verification steps replay theirs (None: eager).
+        self.graphs = graphs
         self.drafter = drafter
         #: Trims each step's drafts to a confidence schedule (None: verify what was drafted).
         self.verifier = verifier
@@ -244,7 +251,8 @@ class SpeculativeRunner:
             marks.append(() if verifying else tuple(runner.boundaries(req, start + n)))
         chunks = [torch.tensor(c, dtype=torch.long) for c in ids]
         states = [r.state for r in reqs]
-        # Final streams only for a drafter that reads them: they would force the ragged pass.
+        # Final streams only for a drafter that reads them: a plain step then leaves the
+        # decode pass for the verification pass.
         streams = not getattr(self.drafter, "feature_layers", None)
         batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=streams)  # type: ignore[arg-type]
         result.plain = len(batch.decode_rows) == len(batch.spans)
@@ -276,14 +284,15 @@ class SpeculativeRunner:
         return result
 
     def _forward(self, batch: ForwardBatch) -> tuple[ForwardOutput, Tensor]:
-        """Run ``batch``; with every position's final streams, or, where the drafter reads
-        intermediate layers (DSpark), those layers' outputs captured as it runs."""
+        """Run ``batch`` (verification rows through the engine's graphs); with every
+        position's final streams, or, where the drafter reads intermediate layers (DSpark),
+        those layers' outputs."""
         layers = getattr(self.drafter, "feature_layers", None)
         if layers:
-            with captured_layers(self.model, layers) as seen:
-                output = self.model(batch)
-            return output, features_of(seen, layers)
-        output = self.model(batch)
+            output = self.model(batch, self.graphs, capture=layers)
+            assert output.features is not None
+            return output, output.features
+        output = self.model(batch, self.graphs)
         assert output.streams is not None
         return output, output.streams
 

@@ -5,13 +5,13 @@ The verify planner (:mod:`.verify_plan`) weighs the tokens a step is expected to
 the time the step takes (``dspark.md`` §6.2, §6.5), and its alternative to verifying drafts is
 a plain decode step, so it needs both times, and they are two different passes. A plain step of
 ``R`` single-token rows is the decode pass (a fixed sequence of ops over the slot rows, one
-logit and one draw per row). A step with verification rows is the ragged pass (the step's
-layout planned on the host, every row's window gathered and its new rows scattered), keeping
-every logit of every row, with the drafter's features captured, a draw at every position and
-the rows that rejected drafts rolled back. A single table by token count would price the plain
-step as a ragged pass of a few long rows, and a step of many rows with a draft or two each as
-if its tokens came in long rows: it would hide the extra cost of verifying exactly where that
-cost is largest.
+logit and one draw per row). A step with verification rows is the verification pass (rows
+padded to a fixed width, every row's window gathered and its candidate compressor windows
+pooled), keeping every logit of every row, with the drafter's features captured, a draw at
+every position and the rows that rejected drafts rolled back. A single table by token count
+would price the plain step as a verification pass of a few long rows, and a step of many rows
+with a draft or two each as if its tokens came in long rows: it would hide the extra cost of
+verifying exactly where that cost is largest.
 
 So :class:`StepCost` keeps the two apart: ``plain`` by rows, and for each of a ladder of row
 counts the verification step by tokens; a step of ``R`` rows and ``T > R`` tokens is looked up

@@ -7,10 +7,11 @@ the draws read back on the host (:mod:`.verify_cost` says why both kinds are nee
   replayed from a CUDA graph where the engine replays its plain steps (``cuda_graphs``: a
   graph of the profile's own slots per row count, captured by the untimed step before the
   count's points and dropped with them);
-* a verification step of ``R`` rows holding ``D`` drafts in all (spread evenly): the ragged
-  pass keeping every logit, with the drafter's feature layers captured (or the final streams
-  returned, for a drafter that reads those), a draw at every position, and every row rolled
-  back, as the rows that rejected drafts are;
+* a verification step of ``R`` rows holding ``D`` drafts in all (spread evenly): the
+  verification pass keeping every logit (replayed from a CUDA graph where the engine's are),
+  with the drafter's feature layers captured (or the final streams returned, for a drafter
+  that reads those), a draw at every position, and every row rolled back, as the rows that
+  rejected drafts are;
 * the draws alone: what drawing ``n`` positions at temperature 1 (softmax and noise at every
   position, what a sampled request pays) costs over drawing them greedily, which both passes
   above do.
@@ -39,7 +40,6 @@ from deepinfer.engine.verify_cost import StepCost, VerifyCost, power_points, spr
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
-from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.state import ModelState
 from deepinfer.sampling import SamplingTensors
 from deepinfer.sampling.sampler import sample
@@ -173,10 +173,7 @@ class _DummySteps:
             chunks, used, lengths if drafts else None, return_streams=streams
         )
         begin = time.perf_counter()
-        with captured_layers(self.model, self.layers if drafts else ()) as seen:
-            out = self.model(batch, None if drafts else self.graphs)
-        if drafts and self.layers:
-            features_of(seen, self.layers)
+        out = self.model(batch, self.graphs, capture=self.layers if drafts else ())
         logits = out.logits.float()
         greedy = _inputs(logits.shape[0], logits.device, 0.0)
         sample(logits, greedy, ops=self.model.ops).token_ids.tolist()

@@ -229,6 +229,9 @@ class ForwardOutput:
     #: [num_tokens, hc_mult, d] the final residual streams at every position, in span order
     #: (``return_streams``), else None.
     streams: Tensor | None = None
+    #: [num_tokens, F] the outputs of the layers the step was asked to ``capture`` at every
+    #: position, concatenated per token, in span order (DSpark's context), else None.
+    features: Tensor | None = None
 
     def split(self, batch: ForwardBatch) -> list[Tensor]:
         """The logits per span: [rows * num_logits, V] each."""

@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +30,7 @@ from deepinfer.models.decode import run_decode, slot_decodable
 from deepinfer.models.errors import CheckpointError
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.images import embed_tokens
+from deepinfer.models.layer_capture import captured_layers, features_of
 from deepinfer.models.layers.mhc import add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
@@ -39,6 +41,7 @@ from deepinfer.models.state import ModelState, clone_or_none
 from deepinfer.models.state_views import clear_marks, set_marks, states_at
 from deepinfer.models.training import mtp_context, train_logits
 from deepinfer.models.trunk import LayerInputs, history_after
+from deepinfer.models.verify import run_verify, verifies
 from deepinfer.models.weights import load_named
 from deepinfer.transfer import to_device
 
@@ -150,14 +153,37 @@ class DeepseekCausalLM(nn.Module):
     # -- the step ---------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, graphs: DecodeGraphs | None = None) -> ForwardOutput:
+    def forward(
+        self, batch: ForwardBatch, graphs: DecodeGraphs | None = None, capture: Sequence[int] = ()
+    ) -> ForwardOutput:
         """Run one step (see :mod:`.batch`): advance every span's state by its tokens and
         return the kept logits. Spans of states in the shared slot tensors run as one pass: a
         batch of single-token rows as the decode pass (captured whole by ``graphs`` on a GPU),
-        any other mix as the ragged pass. Spans of states with their own tensors (tests,
-        tools) run one after the other, each straight through the layers."""
+        verification rows (every logit kept, within the states' rollback slack) as the
+        verification pass (:mod:`.verify`, captured the same way), any other mix as the ragged
+        pass. Spans of states with their own tensors (tests, tools) run one after the other,
+        each straight through the layers. ``capture``: layers whose outputs come back as
+        ``features`` (a drafter's context): the verification pass returns them from its graph
+        too; other passes then run eagerly, with hooks on those layers."""
         batch.check_fresh()
         self.check_ready()
+        spans = batch.spans
+        states = [s.state for s in spans]
+        if verifies(self, batch, bool(capture)):
+            self._check_text(batch.input_ids)
+            chunks = [batch.span_ids(i)[0] for i in range(len(spans))]
+            single = all(s.num_tokens == 1 for s in spans)
+            width = None if graphs is None else 1 if single else max(s.slack for s in states) + 1
+            out = run_verify(self, chunks, states, graphs, width, capture)
+            return ForwardOutput(out.logits, [()] * len(spans), out.streams, out.features)
+        if not capture:
+            return self._forward(batch, graphs)
+        with captured_layers(self, capture) as seen:
+            output = self._forward(batch, None)  # hooks see every call of an eager pass
+        return replace(output, features=features_of(seen, capture))
+
+    def _forward(self, batch: ForwardBatch, graphs: DecodeGraphs | None) -> ForwardOutput:
+        """:meth:`forward` but the verification pass."""
         spans = batch.spans
         states = [s.state for s in spans]
         # A lone decode row whose token is on the device (drawn by the previous step) takes the

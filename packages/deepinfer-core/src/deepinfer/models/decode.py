@@ -16,10 +16,16 @@ import torch
 from torch import Tensor
 
 from deepinfer.models.graphs import DecodeGraphs, entry_bucket
-from deepinfer.models.layouts import CompressorRows, SlotRows, StepMemo, page_table_of
+from deepinfer.models.layouts import (
+    CompressorRows,
+    SlotRows,
+    SlotTokens,
+    StepMemo,
+    page_table_of,
+)
 from deepinfer.models.state import CompressorState, LayerState, ModelState
 from deepinfer.models.trunk import LayerInputs, StepModel
-from deepinfer.paging import PAGE_TOKENS, pages_for
+from deepinfer.paging import PAGE_TOKENS, PageMap, pages_for
 from deepinfer.transfer import to_device
 
 
@@ -54,13 +60,8 @@ def run_decode(
         return logits[:, 0]
 
     if graphs is not None and model.ops.supports_cuda_graphs(model.dtype):
-        pages = 0  # no compressed layers: no entries to read
-        if found is not None:
-            pages = entry_bucket(pages_for(num_tokens), found[0].pages_per_slot)
-        num_tokens = pages * PAGE_TOKENS
-        # The graph bakes in the shared tensors' addresses, which change if they grow.
-        shared = (*slot_tensors(template), *(() if history is None else (history,)))
-        key = ("step", num_tokens, *(t.data_ptr() for t in shared))
+        num_tokens, addresses = graph_shape(found, num_tokens, template, history)
+        key = ("step", num_tokens, *addresses)
         fn = lambda *a: (step(*a, num_tokens),)  # noqa: E731
         logits = graphs.run(key, fn, ids, positions, slots)[0]
     else:
@@ -69,6 +70,22 @@ def run_decode(
         s.pos += 1
         s.counters_behind = True
     return logits
+
+
+def graph_shape(
+    found: tuple[PageMap, int] | None,
+    num_tokens: int,
+    layers: Sequence[LayerState],
+    history: Tensor | None,
+) -> tuple[int, tuple[int, ...]]:
+    """What a captured step over slot rows is keyed by: the tokens whose entries it reads (the
+    entry bucket of ``num_tokens``'s pages; none without compressed layers) and the addresses
+    of every shared tensor it bakes in, which change if they grow."""
+    pages = 0
+    if found is not None:
+        pages = entry_bucket(pages_for(num_tokens), found[0].pages_per_slot)
+    shared = (*slot_tensors(layers), *(() if history is None else (history,)))
+    return pages * PAGE_TOKENS, tuple(t.data_ptr() for t in shared)
 
 
 def slot_decodable(states: Sequence[ModelState]) -> bool:
@@ -93,23 +110,26 @@ def all_slotted(states: Sequence[ModelState]) -> bool:
     )
 
 
-def step_rows(layers: Sequence[LayerState], slots: Tensor, num_tokens: int) -> list[SlotRows]:
-    """Every layer's shared tensors for decode rows ``slots``, sharing one step memo; entries
-    are read up to what a sequence of ``num_tokens`` tokens has."""
+def step_rows(
+    layers: Sequence[LayerState], slots: Tensor, num_tokens: int, tokens: SlotTokens | None = None
+) -> list[SlotRows]:
+    """Every layer's shared tensors for decode rows ``slots`` (verification rows: with their
+    ``tokens``), sharing one step memo; entries are read up to what a sequence of
+    ``num_tokens`` tokens has."""
     memo = StepMemo()
 
     def rows(comp: CompressorState | None) -> CompressorRows | None:
         if comp is None:
             return None
         assert comp.pool is not None
-        return CompressorRows(comp.pool, slots, comp.ratio, num_tokens // comp.ratio, memo)
+        limit = num_tokens // comp.ratio
+        return CompressorRows(comp.pool, slots, comp.ratio, limit, memo, tokens)
 
     out = []
     for layer in layers:
         assert layer.swa.pool is not None
-        out.append(
-            SlotRows(layer.swa.pool, slots, rows(layer.compressor), rows(layer.indexer), memo)
-        )
+        compressor, indexer = rows(layer.compressor), rows(layer.indexer)
+        out.append(SlotRows(layer.swa.pool, slots, compressor, indexer, memo, tokens))
     return out
 
 

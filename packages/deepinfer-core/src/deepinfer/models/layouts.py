@@ -3,7 +3,8 @@
 A single span (one sequence, or a batch of sequences fed alike, with tensors of its own or rows
 of the shared slots) carries its :class:`~deepinfer.models.state.LayerState`; spans of any length
 whose states live in the shared slot tensors, those tensors and where each span stands
-(:class:`RaggedRows`; with one token a span, the capturable :class:`SlotRows`). The layers branch
+(:class:`RaggedRows`; with one token a span, or a few a row as verification feeds them, the
+capturable :class:`SlotRows`). The layers branch
 on these; the step code (:mod:`.causal_lm`, :mod:`.decode`, :mod:`.ragged`) builds them.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
 from torch import Tensor
 
 from deepinfer.models.state import CompressorState, LayerState, ModelState, SlotBuffers
@@ -43,6 +45,24 @@ class StepMemo:
 
 
 @dataclass
+class SlotTokens:
+    """Where the tokens of a verification pass go: every slotted row feeds up to T tokens
+    ([B, T], :mod:`.verify`), the first ``lengths[i]`` of row i real, the rest padding whose
+    state writes go to the slot tensors' padding row 0 (as a captured step's padding rows
+    do), so rows of different lengths share one fixed shape."""
+
+    positions: Tensor  # [B, T] each token's position (padding: 0)
+    slots: Tensor  # [B, T] the slot row each token writes (padding: 0)
+    lengths: Tensor  # [B] real tokens of each row
+
+    @property
+    def real(self) -> Tensor:
+        """[B, T] True at real tokens."""
+        t = torch.arange(self.positions.shape[1], device=self.positions.device)
+        return t < self.lengths[:, None]
+
+
+@dataclass
 class CompressorRows:
     """One compressor's shared buffers for a decode batch of slotted states (all on the
     device): row ``slots[i]`` of each buffer is decode row i's, and its entries are in the pages
@@ -54,6 +74,8 @@ class CompressorRows:
     ratio: int
     entry_limit: int
     step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
+    #: A verification pass's tokens (None: one token a row, the decode pass).
+    tokens: SlotTokens | None = None
 
 
 @dataclass
@@ -67,6 +89,8 @@ class SlotRows:
     compressor: CompressorRows | None = None
     indexer: CompressorRows | None = None
     step_memo: StepMemo = field(default_factory=StepMemo, repr=False)
+    #: A verification pass's tokens (None: one token a row, the decode pass).
+    tokens: SlotTokens | None = None
 
 
 @dataclass

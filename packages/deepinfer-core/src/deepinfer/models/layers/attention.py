@@ -27,7 +27,7 @@ from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_mask
-from deepinfer.models.layers.window import chunk_window, ragged_window, window_keys
+from deepinfer.models.layers.window import chunk_window, ragged_window, verify_window, window_keys
 from deepinfer.models.layouts import LayerStates, RaggedRows, SlotRows, compressor_states
 from deepinfer.models.ring import SWARing
 from deepinfer.models.state import LayerState
@@ -129,6 +129,14 @@ class MQA(nn.Module, ABC):
         are all it reads.
         """
         scale = self.head_dim**-0.5
+        if isinstance(state, SlotRows) and state.tokens is not None:
+            keys, index = verify_window(kv, positions, state, self.window)
+            extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
+            if extra is not None:
+                entries, rows = extra.verify_keys(keys.shape[1])
+                keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
+                index = torch.cat((index, rows), dim=-1)
+            return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
         if not isinstance(state, SlotRows):
             if isinstance(state, RaggedRows):
                 keys, index = ragged_window(kv, state, self.window)

@@ -78,6 +78,22 @@ class LongRange:
         rows = base + torch.arange(t, device=self.visible.device)
         return torch.where(self.visible, rows, -1)
 
+    def verify_keys(self, offset: int) -> tuple[Tensor, Tensor]:
+        """(keys [B, K, D], each query's rows ``offset + key`` among them [B, S, k], -1 =
+        none) for verification rows: a top-k layer's picks of every query gathered from
+        their pages (K = S * k, query s's at ``s * k``), otherwise every entry."""
+        if self.picks is None:
+            return dense_entries(self.entries), self.index(offset)
+        b, s, k = self.picks.shape
+        flat = self.picks.clamp(min=0).reshape(b, s * k)
+        if isinstance(self.entries, PagedEntries):
+            taken = self.entries.take(flat)
+        else:
+            index = flat[..., None].expand(-1, -1, self.entries.shape[-1])
+            taken = torch.gather(self.entries, 1, index)
+        rows = offset + torch.arange(s * k, device=flat.device).view(s, k)
+        return taken, torch.where(self.picks >= 0, rows, -1)
+
     def decode_keys(self) -> tuple[Tensor, Tensor]:
         """(keys [B, K, D], visibility [B, 1, K]) for decode rows (one query each): a top-k
         layer's picked rows only (gathered from their pages), so attention reads k entries

@@ -17,6 +17,11 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.verify_windows import (
+    store_prev,
+    verify_windows,
+    write_verify_entries,
+)
 from deepinfer.models.layouts import CompressorRows, CompressorStates, RaggedCompressor
 from deepinfer.models.ragged_plan import ClosePlan, close_plan, ring_writes
 from deepinfer.models.state import CompressorState
@@ -108,6 +113,8 @@ class Compressor(nn.Module):
         complete windows replace the stored previous half. Returns entries ``:entry_limit``
         of every row, in their pages.
         """
+        if rows.tokens is not None:
+            return self._forward_verify(ops, x, positions, rotary, rows)
         pool, slots = rows.pool, rows.slots
         at = slot_phase(rows, positions)
         kv = self.wkv(ops, x)
@@ -130,6 +137,34 @@ class Compressor(nn.Module):
         cos, sin = rotary.cos_sin(at.entry_pos)
         entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
         return write_slot_entries(rows, at, entries)
+
+    def _forward_verify(
+        self,
+        ops: Backend,
+        x: Tensor,
+        positions: Tensor,
+        rotary: Rotary,
+        rows: CompressorRows,
+    ) -> PagedEntries:
+        """A verification pass's tokens [B, T, d] over shared buffers (capturable): each row's
+        candidate windows pooled in one op, those that close written (:mod:`.verify_windows`)."""
+        pool = rows.pool
+        kv = self.wkv(ops, x)
+        score = self.wgate(ops, x) + self.ape[positions % self.ratio]
+        windows = verify_windows(rows, kv, score)
+        prev_kv = prev_score = None
+        if self.overlap:
+            assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
+            prev_kv = pool.prev_kv_buf.index_select(0, rows.slots)
+            prev_score = pool.prev_score_buf.index_select(0, rows.slots)
+            store_prev(rows, windows.kv, windows.count, prev_kv, pool.prev_kv_buf)
+            store_prev(rows, windows.score, windows.count, prev_score, pool.prev_score_buf)
+        pooled = ops.compress(windows.kv, windows.score, prev_kv, prev_score, self.overlap)
+        assert pool.pages is not None
+        entries = self.norm(ops, pooled.to(pool.pages.dtype))  # [B, W, D]
+        cos, sin = rotary.cos_sin(windows.entry * self.ratio)
+        entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+        return write_verify_entries(rows, windows, entries)
 
     def _forward_ragged(
         self,

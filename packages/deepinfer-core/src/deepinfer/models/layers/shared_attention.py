@@ -24,6 +24,7 @@ from deepinfer.models.layers.compressor import (
 )
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor
+from deepinfer.models.layers.verify_windows import write_verify_entries
 from deepinfer.models.layers.visibility import visible_mask
 from deepinfer.models.layouts import RaggedRows, SlotRows
 from deepinfer.models.ragged_plan import ScoreGroup, by_score_group, group_entries
@@ -121,6 +122,20 @@ class SharedAttention(MQA):
         shared.entries[self.layer_id] = write_slot_entries(rows.compressor, at, entries)
         shared.keys[self.layer_id] = write_slot_entries(rows.indexer, at, keys)
 
+    def _update_verify_sources(
+        self, ops: Backend, x: Tensor, rotary: Rotary, rows: SlotRows, shared: SharedKV
+    ) -> None:
+        """KV source over verification rows: each row's completed pairs' entries and index
+        keys written by index (the rest to the padding slot), every row's published."""
+        assert self.compressor is not None and self.indexer is not None
+        assert rows.compressor is not None and rows.indexer is not None
+        latents, windows = self.compressor.forward_verify(ops, x, rows.compressor)
+        cos, sin = rotary.cos_sin(windows.entry * self.ratio)
+        keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
+        entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
+        shared.entries[self.layer_id] = write_verify_entries(rows.compressor, windows, entries)
+        shared.keys[self.layer_id] = write_verify_entries(rows.indexer, windows, keys)
+
     def _update_ragged_sources(
         self, ops: Backend, x: Tensor, rotary: Rotary, rows: RaggedRows, shared: SharedKV
     ) -> None:
@@ -179,7 +194,9 @@ class SharedAttention(MQA):
         if not self.ratio:
             return None
         assert shared is not None
-        if self.is_kv_source and isinstance(state, SlotRows):
+        if self.is_kv_source and isinstance(state, SlotRows) and state.tokens is not None:
+            self._update_verify_sources(ops, x, rotary, state, shared)
+        elif self.is_kv_source and isinstance(state, SlotRows):
             self._update_slot_sources(ops, x, positions, rotary, state, shared)
         elif self.is_kv_source and isinstance(state, RaggedRows):
             self._update_ragged_sources(ops, x, rotary, state, shared)

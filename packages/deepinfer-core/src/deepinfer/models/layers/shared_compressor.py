@@ -20,6 +20,7 @@ from deepinfer.models.layers.compressor import (
     slot_windows,
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
+from deepinfer.models.layers.verify_windows import VerifyWindows, verify_windows
 from deepinfer.models.layouts import CompressorRows, RaggedCompressor
 from deepinfer.models.ragged_plan import ClosePlan
 from deepinfer.models.state import CompressorState
@@ -88,6 +89,18 @@ class SharedCompressor(nn.Module):
         pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
         assert rows.pool.pages is not None
         return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
+
+    def forward_verify(
+        self, ops: Backend, x: Tensor, rows: CompressorRows
+    ) -> tuple[Tensor, VerifyWindows]:
+        """A verification pass's tokens [B, T, d] over shared buffers: (the normalised latents
+        [B, W, D] of each row's candidate pairs, complete or not, and which close); no host
+        work (:mod:`.verify_windows`)."""
+        kv, score = self._project(ops, x)
+        windows = verify_windows(rows, kv, score)
+        pooled = ops.compress(windows.kv, windows.score, None, None, False)
+        assert rows.pool.pages is not None
+        return self.norm(ops, pooled.to(rows.pool.pages.dtype)), windows
 
     def forward_ragged(
         self, ops: Backend, x: Tensor, comp: RaggedCompressor

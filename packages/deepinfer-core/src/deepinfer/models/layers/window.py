@@ -9,7 +9,9 @@ p - capacity, which no query at p can see), then reads every ring slot of every 
 by the position each slot holds, so the whole batch is one gather and one mask whatever the
 positions (:func:`window_keys`). Spans of any length over shared rings ([1, N] packed) gather
 every span's ring before writing any, and list each query's rows among those and the new ones
-(:func:`ragged_window`). All give each query its own token plus the ``window - 1`` before it.
+(:func:`ragged_window`). Verification rows ([B, T] over shared rings, :func:`verify_window`)
+write their T rows, then list each query's ring rows. All give each query its own token plus
+the ``window - 1`` before it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,30 @@ def window_keys(
         return ((held >= 0) & (p - held < window))[:, None, :]
 
     return keys.to(kv.dtype), rows.step_memo.get(("window", capacity, window), mask)
+
+
+def verify_window(
+    kv: Tensor, positions: Tensor, rows: SlotRows, window: int
+) -> tuple[Tensor, Tensor]:
+    """Keys [B, capacity, D] and each query's window rows [B, T, window] (-1 = none) for the
+    new rows ``kv`` [B, T, D] of a verification pass at ``positions`` [B, T]; writes the
+    rings (a padding token's row goes to the padding slot). All on the device (capturable).
+
+    Rows are listed newest first, as :func:`ragged_window` lists them. The ring still holds
+    every position a query sees: a ring of ``window + slack`` rows loses a position p - j
+    only to a write of p - j + capacity, past the row's last token while T <= slack + 1.
+    """
+    assert rows.tokens is not None
+    ring = rows.ring
+    capacity = ring.shape[1]
+    ring[rows.tokens.slots, positions % capacity] = kv.to(ring.dtype)
+    keys = ring.index_select(0, rows.slots)  # [B, capacity, D]
+
+    def index() -> Tensor:  # the same for every layer of the step with this ring shape
+        q = positions[..., None] - torch.arange(window, device=kv.device)
+        return torch.where(q >= 0, q.remainder(capacity), -1)
+
+    return keys.to(kv.dtype), rows.step_memo.get(("verify window", capacity, window), index)
 
 
 def ragged_window(kv: Tensor, rows: RaggedRows, window: int) -> tuple[Tensor, Tensor]:

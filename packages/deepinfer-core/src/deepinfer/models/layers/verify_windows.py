@@ -1,0 +1,115 @@
+"""A compressor's windows in a verification pass: up to T new tokens a row over shared buffers.
+
+A verification row feeds its last token and its drafts ([B, T], :mod:`deepinfer.models.verify`).
+Within T consecutive positions at most ceil(T / ratio) windows close, wherever the row stands,
+so every row gets that many candidate windows, fixed in shape: the windows ending at the row's
+next window ends. Each gathers its rows from the row's open window (positions before the step)
+and the new projections; the ones that close within the row's real tokens are written as
+entries, the others (and padding rows) go to the padding slot. Nothing depends on the host, so
+the pass is capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deepinfer.models.layouts import CompressorRows, SlotTokens
+from deepinfer.paging import PagedEntries
+
+
+@dataclass
+class VerifyWindows:
+    """Each row's candidate windows and where their entries go."""
+
+    kv: Tensor  # [B, W, ratio, width]: complete or not
+    score: Tensor
+    closes: Tensor  # [B, W] bool: the window completes within the row's real tokens
+    entry: Tensor  # [B, W] the entry each window makes
+    count: Tensor  # [B] windows that close
+
+
+def verify_windows(rows: CompressorRows, kv: Tensor, score: Tensor) -> VerifyWindows:
+    """Put the new projections ``kv``/``score`` [B, T, width] into each row's open window and
+    (with rollback slack) history ring, and return the row's candidate windows."""
+    tokens, pool, r = rows.tokens, rows.pool, rows.ratio
+    assert tokens is not None
+    plan = rows.step_memo.get(("verify windows", r), lambda: _plan(tokens, r))
+    offset, closes, entry, source = plan
+    if pool.hist_kv_buf is not None:  # position p at row p % keep, as the decode pass writes
+        assert pool.hist_score_buf is not None
+        keep = pool.hist_kv_buf.shape[1]
+        pool.hist_kv_buf[tokens.slots, tokens.positions % keep] = kv
+        pool.hist_score_buf[tokens.slots, tokens.positions % keep] = score
+    if r == 1:  # every token is a whole window: nothing to buffer
+        win_kv, win_score = kv[:, :, None], score[:, :, None]
+    else:
+        open_kv = pool.kv_buf.index_select(0, rows.slots)
+        open_score = pool.score_buf.index_select(0, rows.slots)
+        win_kv = _gather(torch.cat((open_kv, kv), dim=1), source)
+        win_score = _gather(torch.cat((open_score, score), dim=1), source)
+        # The window left open: the row's last real tokens, one per phase.
+        last = tokens.real & (offset >= tokens.lengths[:, None] - r)
+        slots = torch.where(last, tokens.slots, 0)
+        pool.kv_buf[slots, tokens.positions % r] = kv
+        pool.score_buf[slots, tokens.positions % r] = score
+    return VerifyWindows(win_kv, win_score, closes, entry, closes.sum(dim=1))
+
+
+def _plan(tokens: SlotTokens, r: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(each token's offset in its row [B, T], which candidate windows close [B, W], their
+    entries [B, W], each window row's source among [open window ; new tokens] [B, W, r])."""
+    t = tokens.positions.shape[1]
+    device = tokens.positions.device
+    offset = torch.arange(t, device=device).expand_as(tokens.positions)
+    start = tokens.positions[:, :1]  # [B, 1]: the row's first position (padding: 0)
+    ends = (r - 1 - start) % r + r * torch.arange(-(-t // r), device=device)  # [B, W]
+    closes = ends < tokens.lengths[:, None]
+    entry = (start + ends) // r
+    at = (start + ends)[..., None] - (r - 1) + torch.arange(r, device=device)  # positions
+    new = at - start[..., None]  # offset among the new tokens (< 0: before the step)
+    source = torch.where(new >= 0, r + new.clamp(max=t - 1), at % r)
+    return offset, closes, entry, source
+
+
+def _gather(rows: Tensor, source: Tensor) -> Tensor:
+    """``rows`` [B, R, width] at ``source`` [B, W, r]: [B, W, r, width]."""
+    b, w, r = source.shape
+    flat = source.reshape(b, w * r, 1).expand(-1, -1, rows.shape[-1])
+    return rows.gather(1, flat).view(b, w, r, rows.shape[-1])
+
+
+def store_prev(
+    rows: CompressorRows, windows: Tensor, count: Tensor, prev: Tensor, buf: Tensor
+) -> None:
+    """Keep the first half of each row's last completed window (of ``windows`` [B, W, r,
+    width], ``count`` [B] completed) in ``buf``, where the next window's overlap reads it; a
+    row that completed none keeps ``prev``."""
+    half = prev.shape[-1]
+    last = (count - 1).clamp(min=0)
+    b = torch.arange(last.shape[0], device=last.device)
+    done = windows[b, last, :, :half]
+    buf[rows.slots] = torch.where((count > 0)[:, None, None], done, prev)
+
+
+def write_verify_entries(rows: CompressorRows, windows: VerifyWindows, new: Tensor) -> PagedEntries:
+    """Write the entries ``new`` [B, W, D] of the windows that close (the others to the
+    padding slot's first entry); returns every row's entries ``:entry_limit``, in their pages.
+    Where they go and the pages read back are the same for every layer of the ratio."""
+    pages, table, tokens = rows.pool.pages, rows.pool.page_table, rows.tokens
+    assert pages is not None and table is not None and tokens is not None
+    per_page = pages.shape[1]
+
+    def locate() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        slots = torch.where(windows.closes, rows.slots[:, None], 0)
+        page, row = table.locate(slots, torch.where(windows.closes, windows.entry, 0), per_page)
+        last = tokens.positions[:, 0] + tokens.lengths - 1  # the row's last real position
+        counts = torch.where(tokens.lengths > 0, last // rows.ratio + 1, 0)
+        return page, row, table.row_pages(rows.slots, rows.entry_limit, per_page), counts
+
+    key = ("verify pages", id(table), rows.ratio, per_page, rows.entry_limit)
+    page, row, held, counts = rows.step_memo.get(key, locate)
+    pages[page, row] = new.to(pages.dtype)
+    return PagedEntries(pages, held, rows.entry_limit, counts)
