@@ -11,9 +11,10 @@ sparsely, as the ragged pass does; all indices come from the positions on the de
 whole pass is captured on a GPU, once per batch bucket, T and entry bucket, as decode steps are
 (:mod:`.graphs`).
 
-It needs states with rollback slack of at least T - 1: a ring of ``window + slack`` rows keeps
-what every query sees while the row writes T rows. V4.1's Engram look-back moves on past each
-row's real tokens only.
+A row of L real tokens needs a state with rollback slack of at least L - 1: a ring of
+``window + slack`` rows keeps what every query sees while the row writes its L rows (padding
+writes none of the row's, so T may exceed it). V4.1's Engram look-back moves on past each row's
+real tokens only.
 """
 
 from __future__ import annotations
