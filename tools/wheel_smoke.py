@@ -4,7 +4,9 @@
 For each scenario (``deepinfer[sm100]``, ``deepinfer[ascend]``, ``deepinfer[all]``, and
 ``deepseek-recipe`` alone) a new venv first gets the third-party requirements (read from the
 wheels' metadata; torch pinned to the CPU build), then our packages with ``--no-index`` from the
-wheel folder only, so nothing of ours can come from an index. It then checks that exactly the
+wheel folder only, so nothing of ours can come from an index. Torch is installed once, in a venv
+of its own that the scenarios needing it see through a ``.pth`` file: it is by far the largest
+install, and what is checked is how our wheels install beside it. It then checks that exactly the
 expected DeepInfer distributions were installed and that ``deepinfer info`` discovers every plugin
 those wheels register.
 
@@ -18,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 import zipfile
 from dataclasses import dataclass
@@ -90,6 +93,35 @@ def run(cmd: list[str], **kw: object) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout  # type: ignore[call-overload]
 
 
+def install_from_index(pip: list[str], requirements: list[str], tries: int = 3) -> None:
+    """Install third-party requirements from the public index, retrying a failed attempt: a stalled
+    download raises a read timeout that pip's own retries do not cover."""
+    for attempt in range(1, tries + 1):
+        try:
+            run([*pip, "--retries", "5", "--timeout", "60", *requirements])
+            return
+        except subprocess.CalledProcessError as exc:
+            if attempt == tries:
+                raise
+            print(f"pip failed ({exc.stderr.strip().splitlines()[-1:]}), retrying", flush=True)
+            time.sleep(10)
+
+
+def site_packages(py: str) -> Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(run([py, "-c", code]).strip())
+
+
+def torch_site(workdir: Path) -> Path:
+    """site-packages of a venv holding only torch (created on first use)."""
+    env_dir = workdir / "torch-base"
+    py = str(env_dir / "bin" / "python")
+    if not env_dir.is_dir():
+        venv.create(env_dir, with_pip=True)
+        install_from_index([py, "-m", "pip", "install", "--quiet"], [TORCH])
+    return site_packages(py)
+
+
 def smoke(target: str, wheels: dict[str, Wheel], dist: Path, workdir: Path) -> list[str]:
     ours, external = closure(target, wheels)
     env_dir = workdir / canonicalize_name(target.replace("[", "-").replace("]", ""))
@@ -97,9 +129,9 @@ def smoke(target: str, wheels: dict[str, Wheel], dist: Path, workdir: Path) -> l
     py = str(env_dir / "bin" / "python")
     pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if any(canonicalize_name(Requirement(r).name) == "torch" for r in external):
-        run([*pip, TORCH])
+        (site_packages(py) / "torch_base.pth").write_text(f"{torch_site(workdir)}\n")
     if external:
-        run([*pip, *external])
+        install_from_index(pip, external)
     run([*pip, "--no-index", "--find-links", str(dist), target])
 
     problems: list[str] = []
