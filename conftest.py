@@ -47,3 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 has_npu = _has_npu()
             if not has_npu:
                 item.add_marker(pytest.mark.skip(reason="needs an Ascend NPU with CANN; not run"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n``), schedule by ``xdist_group``: a module whose tests share an
+    expensive module fixture (the ahead-of-time compiles, the interpreted FP8/FP4 engine) marks
+    itself with one group, so one worker builds that fixture instead of every worker that
+    receives some of its tests. Tests without the mark are spread as ``--dist load`` does."""
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"

@@ -44,7 +44,8 @@ import torch
 if TYPE_CHECKING:
     from triton.runtime.jit import JITFunction
 
-pytestmark = pytest.mark.slow  # about 30 s of compiling per target
+# About 30 s of compiling per target, in the module fixture: one xdist worker builds it.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("aot_compile")]
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "deepinfer_kernels_sm100"
 PACKAGE = "deepinfer_kernels_sm100"

@@ -55,6 +55,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 pytestmark = [
     pytest.mark.slow,  # the interpreter runs each CPU forward in seconds
+    pytest.mark.xdist_group("stored_formats_engine"),  # one worker builds the module fixtures
     pytest.mark.skipif(
         DEVICE == "cuda" and not Sm100Backend.availability().ok,
         reason=f"the kernels cannot run on this GPU: {Sm100Backend.availability().reason}",
@@ -89,7 +90,7 @@ class Workload:
 
 #: In the interpreter a forward takes seconds: three prompts, the longest prefilled in chunks
 #: beside the others' decode steps; a prefix-cache block (128 tokens) would cost a minute.
-CPU_WORKLOAD = Workload(lengths=(1, 4, 9), max_tokens=3, max_num_seqs=3, max_num_batched_tokens=5)
+CPU_WORKLOAD = Workload(lengths=(1, 3, 7), max_tokens=2, max_num_seqs=3, max_num_batched_tokens=4)
 #: On a GPU: longer prompts, chunked at 96 tokens, and a second round that hits the prefix cache.
 GPU_WORKLOAD = Workload(
     lengths=(7, 33, 140, 200, 90, 260),
