@@ -51,7 +51,8 @@ class LLM:
     rank 0 and the front end, the others are spawned (or started by ``torchrun``, where only
     rank 0's ``LLM(...)`` returns: the others serve, then exit); with
     ``enable_expert_parallel=True`` they split the routed experts. ``dp_timeout_s`` bounds every
-    collective, ``dp_affinity_margin_tokens`` the balancer's prefix affinity
+    collective (and the start-up, unless ``dp_startup_timeout_s`` does),
+    ``dp_affinity_margin_tokens`` the balancer's prefix affinity
     (:mod:`deepinfer.dp`).
 
     ``load_format="dummy"`` (vLLM's name) starts a model from its config.json alone, with

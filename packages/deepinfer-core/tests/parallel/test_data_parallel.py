@@ -45,6 +45,14 @@ PROMPTS = [
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 
 
+# One worker runs the module: its process groups start one at a time, and the module fixture
+# (two rank processes) is built once.
+pytestmark = pytest.mark.xdist_group("data_parallel")
+
+#: The fault tests bound steps by a few seconds, not the start-up of the ranks' processes.
+STARTUP = {"dp_startup_timeout_s": 120.0}
+
+
 def _tokens(outs: list) -> list[list[int]]:
     return [c.token_ids for o in outs for c in o.outputs]
 
@@ -182,11 +190,13 @@ def _assert_gone(llm: LLM, started: float, limit_s: float) -> None:
 
 def test_an_idle_run_outlives_the_timeout(dp_llm: LLM, single: LLM) -> None:
     """No step for twice ``dp_timeout_s``: the keep-alive holds the waiting rank, and the run
-    then serves requests as one process does. (The timeout also bounds a rank's start-up,
-    which takes a few seconds on a loaded two-core machine: hence not less than 5 s.)"""
+    then serves requests as one process does. (The start-up has a bound of its own: a rank
+    takes several seconds to start on a loaded two-core machine.)"""
     dp_llm.engine.shutdown()  # one process group at a time
     timeout_s = 5.0
-    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=timeout_s)
+    llm = LLM(
+        "tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=timeout_s, **STARTUP
+    )
     prompts = PROMPTS[:3]
     first = llm.generate(prompts, GREEDY, use_tqdm=False)
     time.sleep(2 * timeout_s + 1.0)
@@ -202,7 +212,9 @@ def test_an_idle_run_outlives_the_timeout(dp_llm: LLM, single: LLM) -> None:
 def test_a_lost_rank_ends_the_run(dp_llm: LLM, how: str) -> None:
     dp_llm.engine.shutdown()  # one process group at a time
     timeout_s = 4.0
-    llm = LLM("tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=timeout_s)
+    llm = LLM(
+        "tiny", data_parallel_size=2, enable_expert_parallel=True, dp_timeout_s=timeout_s, **STARTUP
+    )
     engine = llm.engine
     assert isinstance(engine, DataParallelEngine) and engine.group.workers is not None
     for i in range(4):

@@ -67,6 +67,7 @@ def test_balancer_spreads_unrelated_requests_evenly() -> None:
         ({"enable_expert_parallel": 1}, "enable_expert_parallel"),
         ({"dp_timeout_s": 0}, "dp_timeout_s"),
         ({"dp_timeout_s": float("nan")}, "dp_timeout_s"),
+        ({"dp_startup_timeout_s": 0}, "dp_startup_timeout_s"),
         ({"dp_affinity_margin_tokens": -1}, "dp_affinity_margin_tokens"),
     ],
 )

@@ -123,10 +123,12 @@ class RankGroup:
 
         The store is looked at, not waited on, between checks of the peer processes, so a
         peer that has ended is seen at once. The ranks start together, so one that has set
-        nothing ``dp_timeout_s`` after this rank began to wait counts as hung. Either raises
-        :class:`DataParallelError`."""
+        nothing ``dp_startup_timeout_s`` after this rank began to wait counts as hung. Either
+        raises :class:`DataParallelError`."""
         assert self.store is not None, "the rank has not joined yet"
-        timeout = self.options.dp_timeout_s
+        timeout = self.options.startup_timeout_s
+        own = self.options.dp_startup_timeout_s is not None
+        name = "dp_startup_timeout_s" if own else "dp_timeout_s"
         deadline = time.monotonic() + timeout
         while True:
             lost = self.lost_peer()  # before the look: what a peer set before it ended counts
@@ -138,7 +140,7 @@ class RankGroup:
             if time.monotonic() > deadline:
                 missing = ", ".join(str(r) for r in keys if r not in seen)
                 raise DataParallelError(
-                    f"data-parallel rank {missing} still starting after dp_timeout_s={timeout}s"
+                    f"data-parallel rank {missing} still starting after {name}={timeout}s"
                 )
             time.sleep(POLL_S)
 
@@ -255,7 +257,7 @@ def join(group: RankGroup, place: RankPlace, cuda: bool) -> RankGroup:
     else:
         dev = torch.device("cpu")
     timeout = group.options.dp_timeout_s
-    span = datetime.timedelta(seconds=timeout)
+    span = datetime.timedelta(seconds=group.options.startup_timeout_s)
     found = dist.rendezvous(place.init_method, place.rank, place.world_size, timeout=span)
     store, _, _ = next(found)
     store.set_timeout(span)

@@ -28,12 +28,15 @@ DEFAULT_AFFINITY_MARGIN_TOKENS = 8192
 class DataParallelOptions:
     """``data_parallel_size``: ranks, one process each; ``enable_expert_parallel``: shard the
     routed experts over them (vLLM's names); ``dp_timeout_s``: the collective timeout that
-    detects a dead or hung rank; ``dp_affinity_margin_tokens``: the balancer's overload
-    margin (:mod:`.balancer`)."""
+    detects a dead or hung rank; ``dp_startup_timeout_s``: how long a rank may take to start
+    (a process importing torch, then building its engine) before it counts as hung, where a
+    deployment wants steps bounded more tightly than a model load (None: ``dp_timeout_s``);
+    ``dp_affinity_margin_tokens``: the balancer's overload margin (:mod:`.balancer`)."""
 
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     dp_timeout_s: float = DEFAULT_TIMEOUT_S
+    dp_startup_timeout_s: float | None = None
     dp_affinity_margin_tokens: int = DEFAULT_AFFINITY_MARGIN_TOKENS
 
     def __post_init__(self) -> None:
@@ -48,11 +51,21 @@ class DataParallelOptions:
             raise InvalidRequestError(
                 "dp_timeout_s", f"must be a positive number, got {self.dp_timeout_s!r:.40}"
             )
+        startup = self.dp_startup_timeout_s
+        if startup is not None and (not is_number(startup) or not 0 < startup < math.inf):
+            raise InvalidRequestError(
+                "dp_startup_timeout_s", f"must be a positive number or None, got {startup!r:.40}"
+            )
         margin = self.dp_affinity_margin_tokens
         if not is_int(margin) or margin < 0:
             raise InvalidRequestError(
                 "dp_affinity_margin_tokens", f"must be an integer >= 0, got {margin!r:.40}"
             )
+
+    @property
+    def startup_timeout_s(self) -> float:
+        """The bound on every wait of the start-up (:meth:`.group.RankGroup.wait_keys`)."""
+        return self.dp_timeout_s if self.dp_startup_timeout_s is None else self.dp_startup_timeout_s
 
     @property
     def enabled(self) -> bool:
