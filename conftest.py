@@ -49,6 +49,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs an Ascend NPU with CANN; not run"))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """pytest-xdist workers share the machine's cores: each gets its share of torch's CPU
+    threads (oversubscribed, torch's threads spin against each other's). A test that needs
+    another count sets it (the deepinfer-core and -structured suites run each test on one)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``-n``), schedule by ``xdist_group``: a module whose tests share an
     expensive module fixture (the ahead-of-time compiles, the interpreted FP8/FP4 engine) marks
