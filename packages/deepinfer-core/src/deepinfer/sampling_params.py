@@ -24,6 +24,11 @@ STRUCTURED_KINDS: tuple[str, ...] = ("json", "json_object", "regex", "grammar", 
 STRUCTURED_ALIASES: dict[str, str] = {"json_schema": "json", "ebnf": "grammar"}
 
 
+#: The lowest temperature that samples (vLLM's ``_MAX_TEMP``): a smaller positive one is
+#: raised to it, since logits divided by it overflow to inf and the softmax to NaN.
+MIN_TEMPERATURE = 1e-2
+
+
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """Exactly one output constraint: a JSON schema, any JSON object, a regex, EBNF or choices."""
@@ -104,7 +109,8 @@ def _token_key(key: object) -> object:
 
 @dataclass
 class SamplingParams:
-    """How to sample one request. ``temperature=0`` is greedy; ``top_k`` 0 or -1 disables it."""
+    """How to sample one request. ``temperature=0`` is greedy (above 0 it is at least
+    :data:`MIN_TEMPERATURE`); ``top_k`` 0 or -1 disables it."""
 
     n: int = 1
     temperature: float = 1.0
@@ -173,6 +179,8 @@ class SamplingParams:
         self._check_values()
         for name in _FLOAT_FIELDS:  # ints are accepted; the sampler computes in floats
             setattr(self, name, float(getattr(self, name)))
+        if 0.0 < self.temperature < MIN_TEMPERATURE:  # logits / t would overflow to inf
+            self.temperature = MIN_TEMPERATURE
         if self.logit_bias is not None:
             self.logit_bias = {t: float(v) for t, v in self.logit_bias.items()}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer.errors import InvalidRequestError
-from deepinfer.sampling_params import SamplingParams, StructuredOutputsParams
+from deepinfer.sampling_params import MIN_TEMPERATURE, SamplingParams, StructuredOutputsParams
 
 
 @pytest.mark.parametrize(
@@ -69,3 +69,13 @@ def test_structured_outputs_need_exactly_one_constraint() -> None:
     assert StructuredOutputsParams(choice=["yes", "no"]).kind == "choice"
     with pytest.raises(InvalidRequestError, match="unknown keys"):
         StructuredOutputsParams.from_dict({"yaml": "x"})
+
+
+def test_a_vanishing_temperature_is_raised_to_the_lowest_that_samples() -> None:
+    """Logits divided by 1.4e-45 (the least positive float32) overflow to inf: such a
+    temperature is raised to 0.01, as vLLM does; 0 stays greedy, 0.01 and above are kept."""
+    assert MIN_TEMPERATURE == 0.01
+    assert SamplingParams(temperature=1.401298464324817e-45).temperature == 0.01
+    assert SamplingParams(temperature=0.004).temperature == 0.01
+    assert SamplingParams(temperature=0).temperature == 0.0
+    assert SamplingParams(temperature=0.02).temperature == 0.02
