@@ -4,12 +4,16 @@ Arms, each timed in this process on the same prompts (windows of the held-out pl
 drafter has not seen them): no speculation; DSpark with every draft verified (k = 5); DSpark
 with the static confidence threshold (``--threshold``); DSpark with confidence-scheduled,
 load-aware verification (``scheduling: "adaptive"``: each step verifies the drafts worth their
-cost on the cost table the engine profiles at start, outside the timed run). The tiny model is
-V4.1, whose MTP drafting is not implemented, so MTP is not an arm here. For each batch size the
-engine generates ``--output-len`` greedy tokens per sequence (all submitted at once); output tok/s
-is ``batch * output_len / wall seconds`` (median of ``--repeats`` runs of one engine, after an
-untimed first run that captures its graphs; prefix caching off), and tau is the mean acceptance
-length over the last run: drafts kept per verification round, plus one.
+cost on the cost table the engine profiles at start, outside the timed run); on a GPU, also
+DSpark k = 5 with the drafter's rounds run eagerly (``enforce_eager``) rather than replayed from
+CUDA graphs. The tiny model is V4.1, whose MTP drafting is not implemented, so MTP is not an
+arm here. For each batch size the engine generates ``--output-len`` greedy tokens per sequence
+(all submitted at once); output tok/s is ``batch * output_len / wall seconds``: the median of
+``--repeats`` runs of one engine an arm (built once for every batch; an untimed first run at
+each batch; the arms' runs interleaved, so the machine's drift lands on all of them; prefix
+caching off). tau is the mean acceptance length over the last run: drafts kept per
+verification round, plus one. The scheduled arm also records what its schedule prices a step
+of the batch at (``schedule_ms``).
 
     python benchmarks/speculative.py [--device cpu] [--batches 1 8 64]
 
@@ -42,53 +46,100 @@ def held_out_prompts(n: int, length: int) -> list[list[int]]:
     return spread_windows(tiny_tokenizer().encode(load_corpus().validation_text).ids, n, length)
 
 
-def run_arm(
-    args: argparse.Namespace, prompts: list[list[int]], spec: dict[str, Any] | None
-) -> dict[str, Any]:
+def build_engine(args: argparse.Namespace, spec: dict[str, Any] | None) -> Any:
+    """An engine for one arm: the tiny model in fp32 on the backend ``LLM`` would pick,
+    synchronous scheduling, no prefix cache (every run computes its prompts)."""
     from deepinfer import plugins
     from deepinfer.assets import tiny_model, tiny_tokenizer
     from deepinfer.device import select_backend
     from deepinfer.engine.config import EngineConfig
     from deepinfer.engine.engine import LLMEngine
-    from deepinfer.sampling_params import SamplingParams
 
     choice = select_backend(args.device)  # as LLM picks it: sm100 on an NVIDIA GPU
     backend = plugins.backends.load(choice.backend)(choice.device)
     model = tiny_model(torch.float32, choice.device, backend)
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    # One engine an arm, a first run untimed (graphs captured on first use, kernels compiled),
-    # then the timed runs; no prefix cache, so every run computes its prompts.
     config = EngineConfig(
         speculative_config=spec, async_scheduling=False, enable_prefix_caching=False
     )
-    engine = LLMEngine(model, tiny_tokenizer(), config)
-    times, rounds, kept, drafts, accepted = [], 0, 0, 0, 0
-    for run in range(args.repeats + 1):
-        for p in prompts:
-            engine.add_request(p, params)
-        before = (engine.spec.num_drafts, engine.spec.num_accepted) if engine.spec else (0, 0)
-        start = time.perf_counter()
-        done = engine.run()
-        if run:
-            times.append(time.perf_counter() - start)
-        metrics = [o.metrics for o in done.values() if o.metrics is not None]
-        rounds = sum(m.spec_rounds for m in metrics)
-        kept = sum(m.spec_accepted_tokens for m in metrics)
-        if engine.spec is not None:  # the last run's
-            drafts = engine.spec.num_drafts - before[0]
-            accepted = engine.spec.num_accepted - before[1]
-    seconds = statistics.median(times)
-    row: dict[str, Any] = {
-        "output_tok_per_s": round(len(prompts) * args.output_len / seconds, 1),
-        "seconds": round(seconds, 3),
+    return LLMEngine(model, tiny_tokenizer(), config)
+
+
+def timed_run(engine: Any, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+    """One run of every prompt: its seconds, speculation rounds, drafts kept (from the
+    outputs' metrics) and drafts verified and accepted (the engine's counters)."""
+    from deepinfer.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for p in prompts:
+        engine.add_request(p, params)
+    spec = engine.spec
+    before = (spec.num_drafts, spec.num_accepted) if spec else (0, 0)
+    if engine.model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    done = engine.run()
+    if engine.model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    metrics = [o.metrics for o in done.values() if o.metrics is not None]
+    after = (spec.num_drafts, spec.num_accepted) if spec else (0, 0)
+    return {
+        "seconds": seconds,
+        "rounds": sum(m.spec_rounds for m in metrics),
+        "kept": sum(m.spec_accepted_tokens for m in metrics),
+        "drafts": after[0] - before[0],
+        "accepted": after[1] - before[1],
     }
-    if engine.spec is not None:  # the last run's
-        row["drafts_verified"] = drafts
-        if engine.spec.verifier is not None:  # drafts proposed (all runs), before the cut
-            row["drafts_offered"] = engine.spec.verifier.offered
-        row["drafts_kept"] = accepted
-        row["tau"] = round((kept + rounds) / max(rounds, 1), 3)
-    return row
+
+
+def schedule_prices(verifier: Any, rows: int, k: int) -> dict[str, Any]:
+    """What the adaptive schedule prices a step of ``rows`` requests at (ms): the profiled
+    plain step, verification step of ``k`` drafts a row and drafting round, and the host
+    work per step it learnt on top (:mod:`deepinfer.engine.step_overhead`)."""
+    overhead = verifier.overhead
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds * 1e3, 3)
+
+    return {
+        "plain": ms(verifier.cost.seconds(rows, rows)),
+        "verify": ms(verifier.cost.seconds(rows, rows * (k + 1))),
+        "draft": ms(verifier.draft_seconds(rows)),
+        "overhead_plain": ms(overhead.plain if overhead else None),
+        "overhead_round": ms(overhead.round if overhead else None),
+    }
+
+
+def run_batch(
+    args: argparse.Namespace, prompts: list[list[int]], engines: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Every arm's engine on ``prompts``: one untimed run each (graphs captured on first
+    use, kernels compiled), then ``--repeats`` rounds of one timed run per arm in turn, so
+    drift of the machine lands on every arm alike; the median run of each."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for engine in engines.values():
+        timed_run(engine, prompts, args.output_len)
+    for _ in range(args.repeats):
+        for name, engine in engines.items():
+            runs[name].append(timed_run(engine, prompts, args.output_len))
+    rows = {}
+    for name, engine in engines.items():
+        seconds = statistics.median(r["seconds"] for r in runs[name])
+        row: dict[str, Any] = {
+            "output_tok_per_s": round(len(prompts) * args.output_len / seconds, 1),
+            "seconds": round(seconds, 3),
+        }
+        last = runs[name][-1]
+        if engine.spec is not None:  # the last run's
+            row["drafts_verified"] = last["drafts"]
+            verifier = engine.spec.verifier
+            if verifier is not None:  # drafts proposed (all runs), before the cut
+                row["drafts_offered"] = verifier.offered
+                row["schedule_ms"] = schedule_prices(verifier, len(prompts), engine.spec.k)
+            row["drafts_kept"] = last["accepted"]
+            row["tau"] = round((last["kept"] + last["rounds"]) / max(last["rounds"], 1), 3)
+        rows[name] = row
+    return rows
 
 
 def main() -> int:
@@ -112,6 +163,9 @@ def main() -> int:
         "dspark_scheduled": {"method": "dspark", "num_speculative_tokens": 5,
                              "scheduling": "adaptive"},
     }  # fmt: skip
+    if args.device.startswith("cuda"):  # the drafter's rounds from CUDA graphs, and not
+        arms["dspark_k5_eager_draft"] = {"method": "dspark", "num_speculative_tokens": 5,
+                                         "enforce_eager": True}  # fmt: skip
     result: dict[str, Any] = {
         "benchmark": "speculative",
         "device": args.device,
@@ -120,9 +174,10 @@ def main() -> int:
         "args": {k: v for k, v in vars(args).items() if k != "out"},
         "batches": {},
     }
+    engines = {name: build_engine(args, spec) for name, spec in arms.items()}
     for batch in args.batches:
         prompts = held_out_prompts(batch, args.prompt_len)
-        rows = {name: run_arm(args, prompts, spec) for name, spec in arms.items()}
+        rows = run_batch(args, prompts, engines)
         base = rows["none"]["output_tok_per_s"]
         for row in rows.values():
             row["speedup"] = round(row["output_tok_per_s"] / base, 3)

@@ -150,7 +150,8 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 def train(tc: TrainConfig, device: torch.device) -> tuple[DSparkDrafter, TrainLog]:
     torch.manual_seed(tc.seed)
     model = tiny_model(torch.float32, device)
-    c = DSparkConfig.for_target(model.cfg)
+    # attends to at most the context it was trained on (and so fits a ring per slot)
+    c = DSparkConfig.for_target(model.cfg, sliding_window=tc.seq_len)
     drafter = DSparkDrafter(c).to(device)
     params = [p for p in drafter.parameters()]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0)
@@ -254,7 +255,9 @@ of the same text.
 
 - Block of {c.block_size}; context features from target layers {list(c.target_layer_ids)}
   (all {c.hc_mult} residual streams); {c.num_layers} draft layers of {c.num_heads} x
-  {c.head_dim} heads; Markov rank {c.markov_rank}; noise token {c.noise_token_id}.
+  {c.head_dim} heads; Markov rank {c.markov_rank}; noise token {c.noise_token_id}; a
+  block attends to the last {c.sliding_window} positions before it (the training windows'
+  length).
 - {log.params:,} parameters, stored in bf16; the target's embedding and head are shared.
 
 ## Acceptance on held-out plays

@@ -51,7 +51,7 @@ def test_speculative_plain_steps_replay_the_decode_graphs() -> None:
     """With speculation on, the decode graphs are captured at start-up; the steps the
     adaptive schedule runs plain replay them between verification steps, which capture and
     replay the verification pass's graphs (the drafter's features returned from them; these
-    made-up cost tables give both kinds: 0.2 s to draft a round, 1 s a plain step, 1.4 s a
+    made-up cost tables give both kinds: 0.3 s to draft a round, 1 s a plain step, 1.4 s a
     verification step of 16 tokens); the greedy tokens are the engine's without
     speculation."""
     spec = {
@@ -60,26 +60,49 @@ def test_speculative_plain_steps_replay_the_decode_graphs() -> None:
         "scheduling": "adaptive",
         "plain_cost": {1: 1.0, 16: 1.0},
         "verify_cost": {1: 1.0, 16: 1.4},
-        "draft_cost": {1: 0.2, 16: 0.2},
+        "draft_cost": {1: 0.3, 16: 0.3},
     }
     plain = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=16)
     llm = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=16, speculative_config=spec)
     graphs = llm.engine.runner.graphs
-    assert graphs is not None and graphs.num_captured == 3 * len(graphs.buckets)
+    # decode steps at 3 entry buckets and the drafter's rounds, each batch bucket
+    assert graphs is not None and graphs.num_captured == 4 * len(graphs.buckets)
     assert _greedy(llm, PROMPTS) == _greedy(plain, PROMPTS)
     runner = llm.engine.spec
     assert runner is not None and runner.plain_steps > 0 and runner.num_drafts > 0
-    assert graphs.num_captured > 3 * len(graphs.buckets)  # the verification pass's
+    assert graphs.num_captured > 4 * len(graphs.buckets)  # the verification pass's
+
+
+def test_dspark_rounds_replay_graphs_and_keep_greedy_outputs() -> None:
+    """DSpark's drafting rounds replay CUDA graphs over a context ring per slot; over prompts
+    past the drafter's 256-position window (the tiny model's own text, so no argmax rests on
+    a near tie), at 1 to 24 requests a step, the greedy tokens are the engine's without
+    speculation."""
+    plain = LLM("tiny", device="cuda", dtype="float32")
+    lengths = [SamplingParams(temperature=0.0, max_tokens=16 + 24 * i, ignore_eos=True)
+               for i in range(24)]  # fmt: skip
+    written = plain.generate(PROMPTS * 6, lengths, use_tqdm=False)
+    prompts = [o.prompt_token_ids + o.outputs[0].token_ids for o in written]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    spec = {"method": "dspark", "num_speculative_tokens": 5}
+    llm = LLM("tiny", device="cuda", dtype="float32", speculative_config=spec)
+    assert llm.engine.spec is not None and llm.engine.spec.drafter.graphed is not None  # type: ignore[attr-defined]
+    for batch in (1, 24):
+        want = plain.generate(prompts[-batch:], params, use_tqdm=False)
+        got = llm.generate(prompts[-batch:], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert llm.engine.spec.num_accepted > 0
 
 
 def test_adaptive_profile_prices_graphed_plain_steps() -> None:
     """The schedule's start-up profile times plain and verification steps from CUDA graphs of
     its own slots (kept apart from the engine's, which hold just their start-up captures)
-    when the engine has graphs; the engine then decodes as without speculation."""
+    when the engine has graphs (the engine's hold their start-up captures: its decode steps
+    and the drafter's rounds); the engine then decodes as without speculation."""
     spec = {"method": "dspark", "num_speculative_tokens": 3, "scheduling": "adaptive"}
     llm = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=8, speculative_config=spec)
     graphs = llm.engine.runner.graphs
-    assert graphs is not None and graphs.num_captured == 3 * len(graphs.buckets)
+    assert graphs is not None and graphs.num_captured == 4 * len(graphs.buckets)
     want = _greedy(LLM("tiny", device="cuda", dtype="float32", max_num_seqs=8), PROMPTS)
     assert _greedy(llm, PROMPTS) == want
 

@@ -100,8 +100,9 @@ def test_a_verification_dearer_than_its_tokens_never_drafts(
     model: DeepseekCausalLM, params: SamplingParams, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """V = 5 for any step with a draft: at most 1 + 3 tokens a row for 5 plain steps' time,
-    even with every draft sure (c = 1). No round is drafted, and every step after the prompts'
-    (one, all prompts together) is a plain one: as many steps as without speculation."""
+    even with every draft sure (c = 1). No round is drafted, and every step is a plain one,
+    the prompts' included (the engine's own: no drafter features taken for a round that would
+    not pay): as many steps as without speculation."""
     spec = {**ADAPTIVE, "verify_cost": {1: 5.0}, "plain_cost": {1: 1.0}}
     _, engine, outs, plain = _speculate(model, _prompts(3), params, monkeypatch, 1.0, spec)
     assert engine.spec is not None and engine.spec.verifier is not None
@@ -109,7 +110,7 @@ def test_a_verification_dearer_than_its_tokens_never_drafts(
     assert engine.spec.num_drafts == verifier.offered == verifier.planned == 0
     assert verifier.skipped > 0
     assert engine.num_steps == plain.num_steps == GREEDY.max_tokens
-    assert engine.spec.plain_steps == engine.num_steps - 1
+    assert engine.spec.plain_steps == engine.num_steps
     assert all(o.metrics is not None and o.metrics.spec_rounds == 0 for o in outs)
 
 

@@ -10,16 +10,21 @@
   check.
 * Each decision is priced on the step's rows: a plain step's rate, beaten by 4%.
 * A round not drafted moves what was learnt 1/128 of the way back to the prior.
+* The steps' own host work, learnt from the decode-only steps' wall times, is added to the
+  prices: it can make a round worth drafting that the profiled passes alone would not.
 """
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch import Tensor
 
+from deepinfer.engine import step_overhead
 from deepinfer.engine.request import Request
+from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
 from deepinfer.engine.verify_schedule import AdaptiveVerifier
 from deepinfer.outputs import RequestMetrics
@@ -107,3 +112,48 @@ def test_drafting_pays_against_the_plain_step_of_its_rows() -> None:
     assert verifier.drafting_pays([a, b], 3) and verifier.skipped == 0  # the prior
     verifier.mean_survival = [0.2, 0.04, 0.008]
     assert not verifier.drafting_pays([a, b], 3) and verifier.skipped == 1
+
+
+def test_the_steps_host_work_is_learnt_from_decode_only_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Step starts at 0, 5, 5, 10, 12 and 16 s on a made-up clock. A plain step priced 1 s
+    that took 5 s: 4 s beyond. The next one's end is a step with a prefill chunk (an idle gap
+    may sit before it): not measured. A round priced 1.7 s that took 2 s: 0.3 s beyond. A
+    plain step priced 1 s that took 4 s (3 s beyond) moves the plain mean a fifth of the way:
+    4 - 0.2 = 3.8."""
+    clock = iter([0.0, 5.0, 5.0, 10.0, 12.0, 16.0])
+    monkeypatch.setattr(step_overhead.time, "perf_counter", lambda: next(clock))
+    overhead = StepOverhead()
+    assert overhead.extra(False) == overhead.extra(True) == 0.0
+    overhead.launched(overhead.begin(True), False, 1.0)
+    start = overhead.begin(True)
+    assert overhead.plain == 4.0 and overhead.round is None
+    assert overhead.extra(True) == 4.0  # a round's, until one is measured
+    overhead.launched(start, False, 1.0)
+    overhead.begin(False)
+    assert overhead.plain == 4.0
+    overhead.launched(overhead.begin(True), True, 1.7)
+    start = overhead.begin(True)
+    assert overhead.round is not None and math.isclose(overhead.round, 0.3)
+    overhead.launched(start, False, 1.0)
+    overhead.begin(True)
+    assert math.isclose(overhead.plain, 3.8)
+
+
+def test_the_steps_host_work_is_priced() -> None:
+    """The rows and costs of the test above, survivals (0.2, 0.04, 0.008): not drafted on
+    the profile alone. With 4 s of host work a step: a plain step 2 / 5 = 0.4 a second (0.416
+    with the 4% margin), a round (2 + 0.496) / (0.2 + 1.5 + 4) = 0.438: drafted. If a round's
+    own host work is 6 s: 2.496 / 7.7 = 0.324, not drafted."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
+    overhead = StepOverhead()
+    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}), overhead)
+    verifier.mean_survival = [0.2, 0.04, 0.008]
+    a, b = _request("a"), _request("b")
+    assert not verifier.drafting_pays([a, b], 3)
+    verifier.mean_survival = [0.2, 0.04, 0.008]  # as before the decision's aging
+    overhead.plain = 4.0
+    assert verifier.drafting_pays([a, b], 3)
+    overhead.round = 6.0
+    assert not verifier.drafting_pays([a, b], 3)

@@ -18,10 +18,12 @@ import torch
 from torch import Tensor
 
 from deepinfer.models.causal_lm import DeepseekCausalLM
+from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 from deepinfer.plugins import Availability
 from deepinfer_spec.dspark.batch import absorb_all, propose_batch
 from deepinfer_spec.dspark.draft import DraftContext
+from deepinfer_spec.dspark.graphed import GraphedRounds
 from deepinfer_spec.dspark.weights import SHIPPED, load_drafter
 from deepinfer_spec.mtp import MTPDrafter
 
@@ -40,7 +42,9 @@ class DSparkSpeculator:
     Each request's drafter context follows its state and starts again when the state does (a
     preemption, a prefix-cache hit). All requests of a round are drafted in one pass of the
     drafter (:mod:`~deepinfer_spec.dspark.batch`), so a round's drafting cost grows far slower
-    than its number of requests, which the verify planner weighs (:meth:`dummy_draft`).
+    than its number of requests, which the verify planner weighs (:meth:`dummy_draft`). With
+    the engine's CUDA graphs and a drafter whose context is a sliding window, rounds replay
+    graphs over a context ring per slot instead (:meth:`use_graphs`).
     """
 
     name = "dspark"
@@ -70,6 +74,17 @@ class DSparkSpeculator:
         #: each live state's drafter context, by id (states compare by value, so they are
         #: no dict keys); the reference tells a reused id from the state it was taken for
         self.contexts: dict[int, tuple[weakref.ref[ModelState], DraftContext]] = {}
+        #: rounds replayed from CUDA graphs (None: eager rounds over ``contexts``)
+        self.graphed: GraphedRounds | None = None
+
+    def use_graphs(self, graphs: DecodeGraphs) -> None:
+        """Draft through ``graphs`` (the engine's) where the drafter's context is bounded
+        (``sliding_window``) and the model is on a GPU; else keep drafting eagerly."""
+        if self.drafter.c.sliding_window is not None and self.model.device.type == "cuda":
+            self.graphed = GraphedRounds(
+                self.drafter, self.model.embed, self.model.logits, graphs, self.k
+            )
+            self.graphed.capture(DUMMY_CONTEXT)
 
     def draft_batch(
         self,
@@ -97,6 +112,9 @@ class DSparkSpeculator:
     ) -> tuple[Tensor, Tensor]:
         """[requests, k] drafts (as :meth:`draft_batch`, none cut) and [requests, k] their
         confidences: what adaptive verification plans with (``scheduling: "adaptive"``)."""
+        if self.graphed is not None and self.graphed.covers(states):
+            tokens, confidence = self.graphed.draft(states, streams, next_ids, list(lengths))
+            return tokens[:, : self.k], confidence[:, : self.k].float()
         self.contexts = {k: v for k, v in self.contexts.items() if v[0]() is not None}
         contexts = [self._context(s, n) for s, n in zip(states, lengths, strict=True)]
         absorb_all(self.drafter, contexts, streams, lengths)
@@ -121,6 +139,9 @@ class DSparkSpeculator:
         """One drafting round over ``num_requests`` made-up requests, as the engine runs it:
         each absorbs ``k + 1`` newly verified positions after :data:`DUMMY_CONTEXT` context
         positions (random keys and values, made before the round) and drafts a block."""
+        if self.graphed is not None:
+            self.graphed.dummy(num_requests, DUMMY_CONTEXT)
+            return
         c, device = self.drafter.c, self.drafter.fc.weight.device
         dtype = self.drafter.fc.weight.dtype
         gen = torch.Generator().manual_seed(0)

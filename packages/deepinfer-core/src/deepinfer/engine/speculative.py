@@ -56,7 +56,8 @@ class Drafter(Protocol):
     streams [N, hc, d], or, where the drafter names ``feature_layers``, those layers' outputs
     concatenated per position [N, F] (DSpark). It returns [requests, k] drafts; a row may end
     in -1s, drafts not worth verifying (DSpark's confidence threshold). Adaptive scheduling
-    also needs their confidences (:class:`.verify_schedule.ConfidentDrafter`).
+    also needs their confidences (:class:`.verify_schedule.ConfidentDrafter`). A drafter
+    with ``use_graphs(graphs)`` is handed the engine's CUDA graphs to replay its rounds from.
     """
 
     k: int
@@ -94,6 +95,8 @@ def speculation(
         drafter = load_drafter(spec, model)
     except (NotImplementedError, ValueError) as exc:  # none for this model or version (yet)
         raise InvalidRequestError("speculative_config", str(exc)) from exc
+    if graphs is not None and not spec.enforce_eager and hasattr(drafter, "use_graphs"):
+        drafter.use_graphs(graphs)  # its rounds replay graphs too (profiled so below)
     verifier = None
     if spec.scheduling == "adaptive":
         verifier = adaptive_verifier(
@@ -127,6 +130,9 @@ class SpecStep:
     tokens: dict[Request, list[tuple[int, float]]] = field(default_factory=dict)
     #: Whether the step ran as a plain decode step (single-token rows only: no verification).
     plain: bool = False
+    #: Positions the step's pass ran, and requests drafted after it.
+    positions: int = 0
+    drafted: int = 0
 
 
 @dataclass
@@ -163,6 +169,8 @@ class SpeculativeRunner:
         self.num_accepted = 0
         #: Steps that ran as plain decode steps, here or as the engine's (:meth:`runs`).
         self.plain_steps = 0
+        #: When the step in flight began, if its time teaches the verifier (decode-only).
+        self._started: float | None = None
 
     def step(
         self,
@@ -175,6 +183,10 @@ class SpeculativeRunner:
         """One engine step: run ``out``, apply its progress, take in each request's tokens
         one by one (a stop among them ends the request there), forget ended requests."""
         result = self.execute(out, runner)
+        if self._started is not None and self.verifier and self.verifier.overhead is not None:
+            cost = self.verifier.predicted(len(out.scheduled), result.positions, result.drafted)
+            is_round = not result.plain or result.drafted > 0
+            self.verifier.overhead.launched(self._started, is_round, cost)
         scheduler.update_from_output(result.num_computed)
         for req, tokens in result.tokens.items():
             for token, logprob in tokens:
@@ -186,24 +198,29 @@ class SpeculativeRunner:
             self.forget(req)
 
     def runs(self, out: SchedulerOutput) -> bool:
-        """Whether ``out`` needs a speculative step. Under adaptive scheduling, a step of
-        decoding rows none of which has drafts, whose requests drafting would not pay for
+        """Whether ``out`` needs a speculative step. Under adaptive scheduling, a step none
+        of whose rows has drafts, whose requests drafting would not pay for
         (:meth:`.verify_schedule.AdaptiveVerifier.drafting_pays`, on the survivals expected of
-        a round: the drafts do not exist yet), runs as the engine's plain step instead: nothing
-        of speculation, not even the drafter's features, which no round would read. Its
-        requests' drafter contexts then start again after it (their features of the plain
-        step's positions were never taken). A step whose drafts the plan drops runs as a plain
-        decode step here, features captured, since drafting the next round may pay."""
+        a round: the drafts do not exist yet), runs as the engine's plain step instead, prefill
+        chunks included: nothing of speculation, not even the drafter's features, which no
+        round would read. Its requests' drafter contexts then start again after it (their
+        features of the plain step's positions were never taken). A step whose drafts the
+        plan drops runs as a plain decode step here, features captured, since drafting the
+        next round may pay. Decode-only steps are timed for the verifier's overhead
+        (:mod:`.step_overhead`)."""
         if self.verifier is None or not out.scheduled:
             return True
-        rows = list(out.scheduled)
-        if any(not is_decoding(r, n) or self.drafts.get(r) for r, n in out.scheduled.items()):
-            return True
-        if self.verifier.drafting_pays(rows, self.k):
+        rows, overhead = list(out.scheduled), self.verifier.overhead
+        decode_only = all(is_decoding(r, n) for r, n in out.scheduled.items())
+        start = overhead.begin(decode_only) if overhead is not None else 0.0
+        self._started = start if overhead is not None and decode_only else None
+        if any(self.drafts.get(r) for r in rows) or self.verifier.drafting_pays(rows, self.k):
             return True
         for req in rows:
             self.forget(req)
         self.plain_steps += 1
+        if overhead is not None and decode_only:
+            overhead.launched(start, False, self.verifier.predicted(len(rows), len(rows), 0))
         return False
 
     def _pending(self, req: Request) -> _Pending:
@@ -250,6 +267,7 @@ class SpeculativeRunner:
             keep.append(len(chunk) if verifying else 1)
             marks.append(() if verifying else tuple(runner.boundaries(req, start + n)))
         chunks = [torch.tensor(c, dtype=torch.long) for c in ids]
+        result.positions = sum(map(len, ids))
         states = [r.state for r in reqs]
         # Final streams only for a drafter that reads them: a plain step then leaves the
         # decode pass for the verification pass.
@@ -369,6 +387,7 @@ class SpeculativeRunner:
         next_ids = torch.tensor([t for p in pieces for t in p.next_ids], device=streams.device)
         lengths = [len(p.next_ids) for p in pieces]
         states = [r.state for r in reqs]
+        result.drafted = len(reqs)
         if self.verifier is not None:  # the drafts and, for the schedule, their confidences
             drafts = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
         else:

@@ -28,25 +28,30 @@ is tried again once in a while. The other schedules are ``"fixed"`` (every draft
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-from deepinfer.checks import is_int, is_number
 from deepinfer.engine.draft_cost import ProfiledDrafter, profile_draft_cost
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
+from deepinfer.engine.spec_config import CostTable
+from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
-from deepinfer.engine.verify_plan import StepLoad, allocate, drafting_budget, plan, survival
+from deepinfer.engine.verify_plan import (
+    StepLoad,
+    StepSeconds,
+    allocate,
+    drafting_budget,
+    plan,
+    survival,
+)
 from deepinfer.engine.verify_profile import profile_step_cost
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
 
-SCHEDULES = ("fixed", "adaptive")
 #: Pseudo-drafts, accepted as predicted, that calibration starts from.
 CALIBRATION_PRIOR = 8.0
 #: Survivals before any round has been drafted: each draft half as likely as the one before
@@ -63,67 +68,6 @@ AGING = 1 / 128
 #: drafting must look to be chosen (TRT-LLM's ``confidence_min_predicted_gain``): the host work
 #: of a speculative step beyond its pass and draws is not in the step cost.
 MIN_PREDICTED_GAIN = 0.04
-#: A cost table as ``SpeculativeConfig`` holds it: (tokens, seconds) pairs.
-CostTable = tuple[tuple[int, float], ...]
-#: The tables ``speculative_config`` may give, in the order :func:`parse_scheduling` returns.
-TABLES = ("verify_cost", "draft_cost", "plain_cost")
-
-
-def parse_scheduling(
-    raw: Mapping[str, object], threshold: float
-) -> tuple[str, CostTable | None, CostTable | None, CostTable | None]:
-    """``speculative_config``'s schedule: ``"scheduling"`` (or vLLM's
-    ``"enable_adaptive_verification"``), ``"verify_cost"`` (``{tokens: seconds}``, JSON's
-    string keys accepted), ``"draft_cost"`` (``{requests: seconds}``) and ``"plain_cost"``
-    (``{rows: seconds}``, a plain step's); combinations that contradict each other are refused
-    by name."""
-    scheduling, enable = raw.get("scheduling"), raw.get("enable_adaptive_verification")
-    if scheduling is not None and scheduling not in SCHEDULES:
-        raise InvalidRequestError(
-            "speculative_config", f"scheduling must be one of {SCHEDULES}, got {scheduling!r}"
-        )
-    if enable is not None and not isinstance(enable, bool):
-        raise InvalidRequestError(
-            "speculative_config", f"enable_adaptive_verification must be a boolean, got {enable!r}"
-        )
-    if scheduling is not None and enable is not None and (scheduling == "adaptive") != enable:
-        raise InvalidRequestError(
-            "speculative_config",
-            f"enable_adaptive_verification={enable} contradicts scheduling={scheduling!r}",
-        )
-    mode = str(scheduling or ("adaptive" if enable else "fixed"))
-    if mode == "adaptive" and threshold:
-        raise InvalidRequestError(
-            "speculative_config",
-            "confidence_threshold cannot be combined with adaptive scheduling (the schedule "
-            "decides how many drafts to verify)",
-        )
-    tables = []
-    for name in TABLES:
-        table = raw.get(name)
-        if table is not None and mode != "adaptive":
-            raise InvalidRequestError(
-                "speculative_config", f"{name} prices adaptive scheduling; scheduling is 'fixed'"
-            )
-        tables.append(None if table is None else _cost_table(name, table))
-    return mode, tables[0], tables[1], tables[2]
-
-
-def _cost_table(name: str, table: object) -> CostTable:
-    """``{count: seconds}`` as sorted pairs, each checked (count >= 1, seconds > 0)."""
-    if not isinstance(table, Mapping) or not table:
-        raise InvalidRequestError("speculative_config", f"{name} must be a non-empty dict")
-    unit = {"verify_cost": "tokens", "draft_cost": "requests", "plain_cost": "rows"}[name]
-    pairs = []
-    for n, s in table.items():
-        tokens = int(n) if isinstance(n, str) and n.isdigit() else n
-        if not is_int(tokens) or tokens < 1 or not is_number(s) or not 0 < s < math.inf:
-            raise InvalidRequestError(
-                "speculative_config",
-                f"{name} maps {unit} (>= 1) to seconds (> 0); got {n!r}: {s!r}",
-            )
-        pairs.append((int(tokens), float(s)))
-    return tuple(sorted(pairs))
 
 
 @runtime_checkable
@@ -172,11 +116,15 @@ def adaptive_verifier(  # noqa: PLR0917
         cost = profile_step_cost(model, drafter.k, max_num_seqs, layers, cuda_graphs=cuda_graphs)
         if plain is not None:
             cost = dataclasses.replace(cost, plain=plain)
+    # costs all measured here: the steps' own host work is learnt on top (given tables are
+    # taken as they are)
+    overhead = StepOverhead() if table is plain_table is draft_table is None else None
     if draft_table is not None:
         return AdaptiveVerifier(cost, VerifyCost.from_table(dict(draft_table)))
     if isinstance(drafter, ProfiledDrafter):
-        return AdaptiveVerifier(cost, profile_draft_cost(drafter, max_num_seqs, model.device))
-    return AdaptiveVerifier(cost)
+        drafting = profile_draft_cost(drafter, max_num_seqs, model.device)
+        return AdaptiveVerifier(cost, drafting, overhead)
+    return AdaptiveVerifier(cost, overhead=overhead)
 
 
 class AdaptiveVerifier:
@@ -184,10 +132,18 @@ class AdaptiveVerifier:
     survivals of the rows drafted lately (what drafting is decided on), and what it planned
     and what came of it (its calibrations)."""
 
-    def __init__(self, cost: StepCost, draft_cost: VerifyCost | None = None) -> None:
+    def __init__(
+        self,
+        cost: StepCost,
+        draft_cost: VerifyCost | None = None,
+        overhead: StepOverhead | None = None,
+    ) -> None:
         self.cost = cost
         #: Seconds of drafting a round against its requests (None: drafting is free).
         self.draft_cost = draft_cost
+        #: The steps' host work beyond the profiled costs, learnt as they run (None: the
+        #: costs are taken as they are).
+        self.overhead = overhead
         self.confidence: dict[Request, list[float]] = {}
         #: Mean survival per draft position over the rows drafted lately (see the module).
         self.mean_survival: list[float] = []
@@ -245,6 +201,21 @@ class AdaptiveVerifier:
         """Seconds of drafting a round of ``num_requests`` requests."""
         return self.draft_cost.step_seconds(num_requests) if self.draft_cost else 0.0
 
+    def step_seconds(self, rows: int) -> StepSeconds:
+        """Seconds of a step of ``rows`` rows by its tokens and noisy draws: the profiled
+        cost plus the steps' own host work where learnt (:mod:`.step_overhead`)."""
+
+        def seconds(tokens: int, noisy: int = 0) -> float:
+            base = self.cost.seconds(rows, tokens, noisy)
+            extra = self.overhead.extra(tokens > rows) if self.overhead is not None else 0.0
+            return max(base + extra, base / 2)
+
+        return seconds
+
+    def predicted(self, rows: int, tokens: int, drafted: int) -> float:
+        """Profiled seconds of a step and of drafting ``drafted`` requests after it."""
+        return self.cost.seconds(rows, tokens) + (self.draft_seconds(drafted) if drafted else 0)
+
     def _expected(self, n: int) -> list[float]:
         """The survivals a round of ``n`` drafts is expected to have: the mean over the rows
         drafted lately, :data:`PRIOR_SURVIVAL`'s where there is none."""
@@ -295,7 +266,7 @@ class AdaptiveVerifier:
         past = [[a * scale for a in expected]] * len(reqs)
         noisy = tuple(req.params.temperature > 0 for req in reqs)
         load = StepLoad(len(reqs), len(reqs), sum(noisy), noisy)
-        seconds = partial(self.cost.seconds, len(reqs))
+        seconds = self.step_seconds(len(reqs))
         drafting = self.draft_seconds(len(reqs))
         budget = drafting_budget(past, load, seconds, drafting, MIN_PREDICTED_GAIN)
         if budget is None:
@@ -326,7 +297,7 @@ class AdaptiveVerifier:
             predicted.append(survival([(self.confidence.pop(req, None) or [1.0] * n)[:n]])[0])
         scale = self.calibration
         current = [[a * scale for a in row] for row in predicted]
-        seconds = partial(self.cost.seconds, len(out.scheduled))
+        seconds = self.step_seconds(len(out.scheduled))
         chosen = plan(current, load, seconds, margin=MIN_PREDICTED_GAIN)
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}

@@ -38,12 +38,9 @@ def absorb_all(
     new = drafter.context(features[None], positions[None])  # per layer ([1, N, H, D], ...)
     end = 0
     for ctx, n in zip(contexts, lengths, strict=True):
-        piece = [(k[:, end : end + n], v[:, end : end + n]) for k, v in new]
+        ctx.extend([(k[:, end : end + n], v[:, end : end + n]) for k, v in new],
+                   drafter.c.sliding_window)  # fmt: skip
         end += n
-        ctx.kv = piece if not ctx.kv else [
-            (torch.cat((k, nk), dim=1), torch.cat((v, nv), dim=1))
-            for (k, v), (nk, nv) in zip(ctx.kv, piece, strict=True)
-        ]  # fmt: skip
 
 
 def padded_context(
@@ -83,12 +80,27 @@ def propose_batch(
     """Greedy drafts [R, block] after each request's ``anchors[i]`` (at position
     ``contexts[i].end``) and their confidences [R, block]: slot j predicts the position after
     the anchor's + j, as :func:`~.draft.propose` with temperature 0."""
-    c = drafter.c
     device = drafter.fc.weight.device
     starts = torch.tensor([ctx.end for ctx in contexts], device=device)
-    positions = starts[:, None] + torch.arange(c.block_size, device=device)
     context, mask = padded_context(drafter, contexts, device)
-    anchors = anchors.to(device)
+    return draft_block(drafter, context, mask, anchors.to(device), starts, embed, head)
+
+
+def draft_block(  # noqa: PLR0917
+    drafter: DSparkDrafter,
+    context: list[tuple[Tensor, Tensor]],
+    mask: Tensor,
+    anchors: Tensor,
+    starts: Tensor,
+    embed: Embed,
+    head: Head,
+) -> tuple[Tensor, Tensor]:
+    """Greedy drafts and confidences [R, block] of blocks after ``anchors`` [R] at positions
+    ``starts`` [R], over per-layer ``context`` keys and values [R, T, H, D] of which ``mask``
+    [R, block, T + block] shows each block its own: device ops on fixed shapes only (no host
+    sync), so a CUDA graph can hold them."""
+    c = drafter.c
+    positions = starts[:, None] + torch.arange(c.block_size, device=starts.device)
     h = drafter.backbone(drafter.block_input(anchors, embed), positions, context, mask)
     base = head(h)  # [R, block, V] fp32
     prev, tokens, conf = anchors, [], []

@@ -35,6 +35,10 @@ class DSparkConfig:
     markov_rank: int = 64
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    #: context positions a block attends to: the last ``sliding_window`` before its anchor
+    #: (``dspark.md`` §3.5; None: all of them). Bounded, each request's context fits a ring
+    #: of fixed size, which is what lets a GPU replay drafting rounds from CUDA graphs.
+    sliding_window: int | None = None
     #: what the drafter was trained against (checked when it is loaded)
     target: dict[str, Any] = field(default_factory=dict)
 

@@ -23,7 +23,8 @@ from deepinfer_spec.dspark.model import DSparkDrafter, Embed, Head
 class DraftContext:
     """A sequence's context keys and values per draft layer, [1, T, H, D] each, for the
     positions ``first .. end - 1`` (``first`` > 0 after a prefix-cache hit, whose cached
-    positions the target never ran, so their features never existed)."""
+    positions the target never ran, so their features never existed, and past the drafter's
+    ``sliding_window``, whose older positions are dropped)."""
 
     first: int = 0
     kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
@@ -36,14 +37,21 @@ class DraftContext:
         """Append the verified positions ``end ..`` with target features [n, F]."""
         start = self.end
         positions = torch.arange(start, start + features.shape[0], device=features.device)
-        new = drafter.context(features[None], positions[None])
-        if not self.kv:
-            self.kv = new
-        else:
-            self.kv = [
+        self.extend(drafter.context(features[None], positions[None]), drafter.c.sliding_window)
+
+    def extend(self, new: list[tuple[Tensor, Tensor]], window: int | None) -> None:
+        """Append per-layer keys and values [1, n, H, D] of the next positions, then keep
+        the last ``window`` positions (None: all)."""
+        if self.kv:
+            new = [
                 (torch.cat((k, nk), dim=1), torch.cat((v, nv), dim=1))
                 for (k, v), (nk, nv) in zip(self.kv, new, strict=True)
             ]
+        size = new[0][0].shape[1]
+        if window is not None and size > window:
+            self.first += size - window
+            new = [(k[:, -window:], v[:, -window:]) for k, v in new]
+        self.kv = new
 
 
 @dataclass

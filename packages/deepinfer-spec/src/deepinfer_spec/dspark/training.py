@@ -49,11 +49,14 @@ class BlockLosses:
         return 1.0 + float(torch.cumprod(self.accept_rate, 0).sum())
 
 
-def block_mask(anchors: Tensor, seq_len: int, block: int) -> Tensor:
+def block_mask(anchors: Tensor, seq_len: int, block: int, window: int | None = None) -> Tensor:
     """[B, A * block, seq_len + A * block] True where a block query may look: context keys
-    before its anchor, and its own block's keys."""
+    before its anchor (the last ``window`` of them; None: all), and its own block's keys."""
     b, a = anchors.shape
-    ctx = torch.arange(seq_len, device=anchors.device)[None, None, :] < anchors[:, :, None]
+    keys = torch.arange(seq_len, device=anchors.device)[None, None, :]
+    ctx = keys < anchors[:, :, None]
+    if window is not None:
+        ctx &= keys >= anchors[:, :, None] - window
     ctx = ctx[:, :, None, :].expand(b, a, block, seq_len).reshape(b, a * block, seq_len)
     owner = torch.arange(a * block, device=anchors.device) // block
     own = (owner[:, None] == owner[None, :])[None].expand(b, -1, -1)
@@ -82,7 +85,7 @@ def block_losses(
     context = drafter.context(features, torch.arange(seq, device=tokens.device).expand(bsz, -1))
     block = drafter.block_input(tokens.gather(1, anchors), embed).flatten(1, 2)
     positions = (anchors[:, :, None] + offsets).flatten(1)  # [B, A * k]
-    h = drafter.backbone(block, positions, context, block_mask(anchors, seq, k))
+    h = drafter.backbone(block, positions, context, block_mask(anchors, seq, k, c.sliding_window))
     h = h.view(bsz, a, k, -1)
     labels = tokens.gather(1, positions + 1).view(bsz, a, k)
     prev = torch.cat((tokens.gather(1, anchors)[..., None], labels[..., :-1]), dim=-1)

@@ -1,0 +1,117 @@
+"""The engine's DSpark rounds replayed from CUDA graphs, over a ring of context per slot.
+
+Drafting a round eagerly launches a few hundred small kernels and builds every request's
+padded context on the host, several times a verification step's replayed graph on a GPU. Here
+a round is :func:`~.ring.ring_round` over the :class:`~.ring.DraftRing` of the target's slot
+rows (the engine's states live in slots whenever it has graphs), run through the engine's
+:class:`~deepinfer.models.graphs.DecodeGraphs` under its own key: one graph per batch bucket,
+captured on first use, sharing the engine's memory pool. The host only lays out each request's
+newly verified rows (the last ``k + 1``, as many as a verification round keeps; longer runs of
+new positions, after a prefill chunk or plain steps, write their earlier rows eagerly first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from deepinfer.models.graphs import DecodeGraphs
+from deepinfer.models.state import ModelState
+from deepinfer_spec.dspark.model import DSparkDrafter, Embed, Head
+from deepinfer_spec.dspark.ring import DraftRing, ring_round
+
+
+class GraphedRounds:
+    """Drafting rounds of ``k`` drafts a request over slot rings (see the module)."""
+
+    def __init__(
+        self, drafter: DSparkDrafter, embed: Embed, head: Head, graphs: DecodeGraphs, k: int
+    ) -> None:
+        self.drafter = drafter
+        self.graphs = graphs
+        self.ring = DraftRing.allocate(drafter, graphs.max_batch)
+        self.rows = k + 1  # new positions a round absorbs in its graph
+        if self.ring.window < self.rows:
+            raise ValueError(f"a sliding_window of {self.ring.window} is shorter than a round")
+        self._round = partial(ring_round, drafter, self.ring, embed, head)
+        #: per slot, the state whose context its ring holds and where that context ends
+        self.owners: dict[int, tuple[weakref.ref[ModelState], int]] = {}
+
+    def capture(self, context: int) -> None:
+        """Capture every batch bucket's round now (made-up rounds, :meth:`dummy`), as the
+        engine captures its decode steps at start-up, so no run pays for a capture."""
+        for bucket in self.graphs.buckets:
+            self.dummy(bucket, context)
+
+    def covers(self, states: Sequence[ModelState]) -> bool:
+        """Whether every state lives in a slot row (a state of its own has no ring)."""
+        return all(0 < s.slot <= self.graphs.max_batch for s in states)
+
+    def draft(
+        self, states: Sequence[ModelState], streams: Tensor, next_ids: Tensor, lengths: list[int]
+    ) -> tuple[Tensor, Tensor]:
+        """Drafts and confidences [R, block], as ``DSparkSpeculator.draft_with_confidence``."""
+        device, m, window = streams.device, self.rows, self.ring.window
+        restart, early, early_slots, early_pos = [], [], [], []
+        # per request: its m rows' slots, positions and rows of ``streams`` (len(streams):
+        # the zero row), then its slot, its anchor's position and the anchor's index; one
+        # host-to-device copy for the lot
+        rows: list[list[int]] = []
+        offsets = [0, *itertools.accumulate(lengths)]
+        for i, (state, n) in enumerate(zip(states, lengths, strict=True)):
+            slot, first, off = state.slot, state.pos - n, offsets[i]
+            ref, end = self.owners.get(slot, (None, -1))
+            if ref is None or ref() is not state or end != first:  # its context starts again
+                restart.append(slot)
+            self.owners[slot] = (weakref.ref(state), state.pos)
+            tail = min(n, m)
+            for j in range(max(0, n - window), n - tail):
+                early.append(off + j)
+                early_slots.append(slot)
+                early_pos.append(first + j)
+            pad = [0] * (m - tail)
+            rows.append([*[slot] * tail, *pad,
+                         *range(first + n - tail, first + n), *pad,
+                         *range(off + n - tail, off + n), *[len(streams)] * (m - tail),
+                         slot, state.pos, off + n - 1])  # fmt: skip
+        if restart:
+            self.ring.clear(torch.tensor(restart, device=device))
+        if early:
+            where = torch.tensor((early, early_slots, early_pos), device=device)
+            self.ring.write(self.drafter, streams[where[0]], where[1], where[2])
+        plan = torch.tensor(rows, device=device)
+        padded = torch.cat((streams, streams.new_zeros(1, streams.shape[1])))
+        return self._run(
+            plan[:, :m],
+            plan[:, m : 2 * m],
+            padded[plan[:, 2 * m : 3 * m]],
+            plan[:, 3 * m],
+            next_ids[plan[:, 3 * m + 2]],
+            plan[:, 3 * m + 1],
+        )
+
+    def dummy(self, num_requests: int, context: int) -> None:
+        """A made-up round of ``num_requests`` requests, each ``context`` positions in, all
+        in the padding slot (a round's cost does not depend on its contexts' contents)."""
+        c, device, m = self.drafter.c, self.ring.positions.device, self.rows
+        gen = torch.Generator().manual_seed(0)
+        features = torch.randn(num_requests, m, c.feature_size, generator=gen)
+        zeros = torch.zeros(num_requests, m, dtype=torch.long, device=device)
+        self._run(
+            zeros,
+            zeros + torch.arange(context, context + m, device=device),
+            features.to(device, self.drafter.fc.weight.dtype),
+            zeros[:, 0],
+            torch.randint(3, c.vocab_size, (num_requests,), generator=gen).to(device),
+            zeros[:, 0] + context + m,
+        )
+
+    def _run(self, *inputs: Tensor) -> tuple[Tensor, Tensor]:
+        tokens, confidence = self.graphs.run(("dspark", self.rows), self._round, *inputs)
+        # the graph's outputs are shared buffers the next replay overwrites
+        return tokens.clone(), confidence.clone()
