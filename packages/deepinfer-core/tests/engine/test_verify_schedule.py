@@ -117,28 +117,32 @@ def test_drafting_pays_against_the_plain_step_of_its_rows() -> None:
 def test_the_steps_host_work_is_learnt_from_decode_only_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Step starts at 0, 5, 5, 10, 12 and 16 s on a made-up clock. A plain step priced 1 s
-    that took 5 s: 4 s beyond. The next one's end is a step with a prefill chunk (an idle gap
-    may sit before it): not measured. A round priced 1.7 s that took 2 s: 0.3 s beyond. A
+    """Step starts at 0, 3, 3, 10, 12, 16 and 60 s on a made-up clock. A plain step priced
+    1 s that took 3 s: 2 s beyond. The next one's end is a step with a prefill chunk (an idle
+    gap may sit before it): not measured. A round priced 1.7 s that took 2 s: 0.3 s beyond. A
     plain step priced 1 s that took 4 s (3 s beyond) moves the plain mean a fifth of the way:
-    4 - 0.2 = 3.8."""
-    clock = iter([0.0, 5.0, 5.0, 10.0, 12.0, 16.0])
+    2 + 0.2 = 2.2. A round priced 1.7 s that took 44 s (more than 4 times its price: a graph
+    captured on first use) is not learnt."""
+    clock = iter([0.0, 3.0, 3.0, 10.0, 12.0, 16.0, 60.0])
     monkeypatch.setattr(step_overhead.time, "perf_counter", lambda: next(clock))
     overhead = StepOverhead()
     assert overhead.extra(False) == overhead.extra(True) == 0.0
     overhead.launched(overhead.begin(True), False, 1.0)
     start = overhead.begin(True)
-    assert overhead.plain == 4.0 and overhead.round is None
-    assert overhead.extra(True) == 4.0  # a round's, until one is measured
+    assert overhead.plain == 2.0 and overhead.round is None
+    assert overhead.extra(True) == 2.0  # a round's, until one is measured
     overhead.launched(start, False, 1.0)
     overhead.begin(False)
-    assert overhead.plain == 4.0
+    assert overhead.plain == 2.0
     overhead.launched(overhead.begin(True), True, 1.7)
     start = overhead.begin(True)
     assert overhead.round is not None and math.isclose(overhead.round, 0.3)
     overhead.launched(start, False, 1.0)
+    start = overhead.begin(True)
+    assert overhead.plain is not None and math.isclose(overhead.plain, 2.2)
+    overhead.launched(start, True, 1.7)
     overhead.begin(True)
-    assert math.isclose(overhead.plain, 3.8)
+    assert overhead.round is not None and math.isclose(overhead.round, 0.3)
 
 
 def test_the_steps_host_work_is_priced() -> None:

@@ -11,7 +11,9 @@ decode-only step is compared with what the profile predicted for it, and the dif
 running mean for plain steps, one for rounds) are added to the costs the schedule weighs. A step
 is measured from its start to the start of the next one, and only when both are decode-only:
 a prefill chunk is not priced by the profile, and a request arriving after an idle engine
-comes with one, so an idle gap never counts as a step's time.
+comes with one, so an idle gap never counts as a step's time. A step that took more than
+:data:`OUTLIER` times its predicted cost is a one-off (a CUDA graph captured on first use, a
+pause of the host) and is not learnt: one such sample would price every later round out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 #: Weight of a new measurement in the running means.
 WEIGHT = 0.2
+#: Steps slower than this many times their predicted cost are not learnt from.
+OUTLIER = 4.0
 
 
 @dataclass
@@ -40,7 +44,8 @@ class StepOverhead:
         now = time.perf_counter()
         if self._flight is not None and decode_only:
             start, is_round, predicted = self._flight
-            self._learn(is_round, now - start - predicted)
+            if now - start <= OUTLIER * predicted:
+                self._learn(is_round, now - start - predicted)
         self._flight = None
         return now
 
