@@ -120,10 +120,37 @@ def test_seeded_sampling_equals_the_engine_without_speculation(
     assert engine.spec is not None and 0 < engine.spec.num_accepted < engine.spec.num_drafts
 
 
-def test_unsupported_requests_and_options_are_refused(model: DeepseekCausalLM) -> None:
-    _, engine, _ = _run(model, [], GREEDY, spec=True)
-    with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
-        engine.add_request([5, 6], SamplingParams(prompt_logprobs=2))
+def test_prompt_logprobs_under_speculation_match_the_full_forward(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request asking for prompt logprobs gets them (its prompt's chunks run as plain steps,
+    every logit kept), each equal to a log-softmax of the whole sequence's forward, while it
+    and the requests beside it keep drafting afterwards and keep their greedy outputs."""
+    prompts = _prompts(3, 4)
+    want, _, _ = _run(model, prompts, GREEDY, spec=False)
+    drafter = KnowingDrafter([p + w for p, w in zip(prompts, want, strict=True)])
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    engine = LLMEngine(
+        model, tiny_tokenizer(), EngineConfig(max_num_batched_tokens=96, speculative_config=SPEC)
+    )
+    asking = dataclasses.replace(GREEDY, prompt_logprobs=2)
+    ids = [engine.add_request(p, asking if i == 1 else GREEDY) for i, p in enumerate(prompts)]
+    out = engine.run()
+    assert [out[i].outputs[0].token_ids for i in ids] == want
+    assert engine.spec is not None and engine.spec.num_accepted > 0
+    got, prompt = out[ids[1]].prompt_logprobs, prompts[1]
+    assert got is not None and got[0] is None and len(got) == len(prompt)
+    ref = torch.log_softmax(model.forward_logits(torch.tensor([prompt]))[0].double(), dim=-1)
+    for pos in range(1, len(prompt)):
+        entry = got[pos]
+        assert entry is not None
+        top = torch.argsort(-ref[pos - 1], stable=True)[:2].tolist()
+        assert set(entry) == {prompt[pos], *top}
+        assert entry[prompt[pos]] == pytest.approx(float(ref[pos - 1, prompt[pos]]), abs=1e-4)
+    assert out[ids[0]].prompt_logprobs is None
+
+
+def test_unsupported_options_are_refused(model: DeepseekCausalLM) -> None:
     bad = [{"method": "mtp"}, {"method": "mtp", "num_speculative_tokens": 0}, "mtp"]
     for config in bad:
         with pytest.raises(InvalidRequestError, match="speculative_config"):

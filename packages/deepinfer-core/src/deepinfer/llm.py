@@ -23,6 +23,7 @@ from deepinfer.dp.startup import start_engine
 from deepinfer.engine.config import EngineConfig, engine_config, state_budget
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
+from deepinfer.engine.spec_config import default_speculation
 from deepinfer.errors import DeepInferError, InvalidRequestError
 from deepinfer.inputs import PromptType, is_token_ids, parse_prompt, split_prompts
 from deepinfer.loading import LOAD_FORMATS, load
@@ -54,6 +55,12 @@ class LLM:
     collective (and the start-up, unless ``dp_startup_timeout_s`` does),
     ``dp_affinity_margin_tokens`` the balancer's prefix affinity
     (:mod:`deepinfer.dp`).
+
+    ``speculative_config`` (vLLM's option) drafts tokens and verifies them in one step
+    (:mod:`deepinfer.engine.speculative`). ``LLM("tiny")`` speculates by default with the DSpark
+    drafter shipped for it, on the confidence schedule (``TINY_SPECULATION``; where asynchronous
+    scheduling or batch invariance is asked for, or under data parallelism, it does not);
+    ``speculative_config=None`` turns speculation off.
 
     ``load_format="dummy"`` (vLLM's name) starts a model from its config.json alone, with
     seeded random weights drawn on the device: for benchmarks and memory planning of models
@@ -95,6 +102,8 @@ class LLM:
         options = dict(engine_options)
         parallel = pop_options(options)
         config, utilization = engine_config(options)
+        if "speculative_config" not in options:
+            config.speculative_config = default_speculation(model, config, parallel.enabled)
         parallel.check(config)
         choice = select_backend(device)
         if num_threads is None and model == "tiny" and choice.device == "cpu":

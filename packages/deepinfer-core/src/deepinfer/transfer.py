@@ -10,6 +10,8 @@ allocator keeps the buffer until the copy has been made).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -21,3 +23,12 @@ def to_device(t: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+def rows_to_device(rows: Sequence[Tensor], device: torch.device) -> list[Tensor]:
+    """Equal-length 1-D host tensors of one dtype on ``device`` through one copy, as the rows
+    of one block: a step's sampling columns, each of which would be a copy of its own (and its
+    own pinned buffer, whose allocation costs the host more than the copy)."""
+    if not rows:
+        return []
+    return list(to_device(torch.stack(list(rows)), device).unbind(0))

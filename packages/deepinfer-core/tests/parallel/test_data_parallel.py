@@ -68,7 +68,9 @@ def dp_llm() -> Iterator[LLM]:
 
 @pytest.fixture(scope="module")
 def single() -> LLM:
-    return LLM("tiny", **OPTIONS)
+    """The single-process engine the ranks are compared with: without the tiny model's default
+    speculation, which ranks do not run (its verification rows route drafts too)."""
+    return LLM("tiny", speculative_config=None, **OPTIONS)
 
 
 def test_ranks_hold_half_the_routed_experts(dp_llm: LLM, single: LLM) -> None:

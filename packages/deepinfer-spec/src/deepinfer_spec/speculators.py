@@ -9,7 +9,9 @@ outputs: the one shipped for the embedded tiny model, or the directory given as
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,6 +135,13 @@ class DSparkSpeculator:
             ctx = DraftContext(first=first)
             self.contexts[id(state)] = (weakref.ref(state), ctx)
         return ctx
+
+    @property
+    def profile_key(self) -> str:
+        """What a round's cost depends on besides the target (the drafter's shape and whether
+        its rounds replay graphs): the engine's start-up profile is cached under it."""
+        shape = dataclasses.asdict(self.drafter.c)
+        return json.dumps({"dspark": shape, "graphed": self.graphed is not None}, sort_keys=True)
 
     @torch.no_grad()
     def dummy_draft(self, num_requests: int) -> None:

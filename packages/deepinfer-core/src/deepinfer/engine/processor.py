@@ -19,7 +19,6 @@ from deepinfer.checks import is_int
 from deepinfer.config import ModelConfig
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.request import Request
-from deepinfer.engine.spec_config import check_params
 from deepinfer.errors import InvalidRequestError
 from deepinfer.outputs import RequestMetrics
 from deepinfer.sampling_params import SamplingParams
@@ -116,8 +115,6 @@ class InputProcessor:
                 "sampling_params", f"must be SamplingParams, got {type(params).__name__}"
             )
         params.validate()  # again: the fields may have been set after construction
-        if self.config.speculative_config is not None:
-            check_params(params)
         if not is_int(priority):
             raise InvalidRequestError("priority", f"must be an integer, got {priority!r:.40}")
         if not isinstance(prompt_token_ids, (list, tuple)):

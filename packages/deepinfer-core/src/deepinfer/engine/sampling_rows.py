@@ -18,7 +18,7 @@ from torch import Tensor
 from deepinfer.engine.request import Request
 from deepinfer.sampling import SamplingTensors
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.transfer import to_device
+from deepinfer.transfer import rows_to_device, to_device
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,17 @@ def sampling_tensors(
         return to_device(torch.tensor(values, dtype=dtype), device)
 
     ps = [r.params for r in rows]
+    floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
+    ints = [[max(p.top_k, 0) for p in ps], [r.seed for r in rows], [r.position for r in rows]]
+    temperature, top_p, min_p = _block(floats, torch.float32, device)
+    top_k, seeds, positions = _block(ints, torch.int64, device)
     t = SamplingTensors(
-        temperature=col([p.temperature for p in ps], torch.float32),
-        top_k=col([p.top_k if p.top_k > 0 else 0 for p in ps], torch.int64),
-        top_p=col([p.top_p for p in ps], torch.float32),
-        min_p=col([p.min_p for p in ps], torch.float32),
-        seeds=col([r.seed for r in rows], torch.int64),
-        positions=col([r.position for r in rows], torch.int64),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seeds=seeds,
+        positions=positions,
         sampled_rows=col([i for i, p in enumerate(ps) if p.temperature > 0], torch.int64),
         any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
     )
@@ -151,16 +155,32 @@ def position_tensors(
     temperature = col([p.temperature for p in ps], torch.float32)
     first = torch.cumsum(n, 0) - n  # each request's first row
     offsets = torch.arange(int(n.sum())) - first.repeat_interleave(n)
+    floats = [temperature, col([p.top_p for p in ps], torch.float32)]
+    floats.append(col([p.min_p for p in ps], torch.float32))
+    ints = [
+        col([max(p.top_k, 0) for p in ps], torch.int64),
+        col([r.seed for r in reqs], torch.int64),
+    ]
+    ints.append(col([r.num_tokens for r in reqs], torch.int64) + offsets)
+    temp, top_p, min_p = rows_to_device(floats, device)
+    top_k, seeds, positions = rows_to_device(ints, device)
     return SamplingTensors(
-        temperature=to_device(temperature, device),
-        top_k=to_device(col([max(p.top_k, 0) for p in ps], torch.int64), device),
-        top_p=to_device(col([p.top_p for p in ps], torch.float32), device),
-        min_p=to_device(col([p.min_p for p in ps], torch.float32), device),
-        seeds=to_device(col([r.seed for r in reqs], torch.int64), device),
-        positions=to_device(col([r.num_tokens for r in reqs], torch.int64) + offsets, device),
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seeds=seeds,
+        positions=positions,
         sampled_rows=to_device(torch.nonzero(temperature > 0).squeeze(-1), device),
         any_top_k_top_p=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in ps),
     )
+
+
+def _block(
+    columns: list[list[float]] | list[list[int]], dtype: torch.dtype, device: torch.device
+) -> list[Tensor]:
+    """Columns of one dtype on ``device`` through one copy (:func:`.transfer.rows_to_device`)."""
+    return rows_to_device(list(torch.tensor(columns, dtype=dtype)), device)
 
 
 def _allowed(

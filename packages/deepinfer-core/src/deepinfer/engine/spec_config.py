@@ -1,19 +1,29 @@
-"""``speculative_config`` as the engine reads it (vLLM's option), and the sampling options a
-speculative step refuses by name."""
+"""``speculative_config`` as the engine reads it (vLLM's option), and the speculation ``LLM``
+runs by default for a model that ships a drafter."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from deepinfer import plugins
 from deepinfer.checks import is_int, is_number
+from deepinfer.engine.config import EngineConfig
 from deepinfer.errors import InvalidRequestError
-from deepinfer.sampling_params import SamplingParams
 
-#: Sampling options a speculative step does not apply yet: refused by name rather than ignored
-#: (prompt logprobs need every logit of a prompt chunk, which its prefill keeps one of).
-UNSUPPORTED = ("prompt_logprobs",)
+logger = logging.getLogger(__name__)
+
+#: What ``LLM("tiny")`` speculates with when not given ``speculative_config``: the DSpark
+#: drafter shipped for the embedded model (``deepinfer-spec``), five drafts a round, each step
+#: verifying what its confidences and the profiled costs say pays (a step it does not pay for
+#: runs plain). ``speculative_config=None`` turns it off.
+TINY_SPECULATION: dict[str, object] = {
+    "method": "dspark",
+    "num_speculative_tokens": 5,
+    "scheduling": "adaptive",
+}
 #: ``"scheduling"``'s values: every draft verified, or a plan each step (:mod:`.verify_schedule`).
 SCHEDULES = ("fixed", "adaptive")
 #: A cost table as ``SpeculativeConfig`` holds it: (tokens, seconds) pairs.
@@ -143,9 +153,22 @@ class SpeculativeConfig:
         return cls(method, k, model, float(threshold), *scheduling, enforce_eager=eager)
 
 
-def check_params(params: SamplingParams) -> None:
-    """Refuse the sampling options a speculative step does not apply (see the module)."""
-    defaults = SamplingParams()
-    for name in UNSUPPORTED:
-        if getattr(params, name, None) != getattr(defaults, name, None):
-            raise InvalidRequestError(name, "not supported with speculative decoding yet")
+def default_speculation(
+    model: str, config: EngineConfig, data_parallel: bool
+) -> dict[str, object] | None:
+    """``speculative_config`` for ``LLM(model)`` when it is not given: the embedded model's
+    drafter (:data:`TINY_SPECULATION`) where its plugin is installed, in one process, and
+    unless an option that speculation cannot be combined with is asked for (asynchronous
+    scheduling, batch invariance); None otherwise."""
+    if model != "tiny" or data_parallel or "dspark" not in plugins.speculators:
+        return None
+    if config.async_scheduling or config.batch_invariant:
+        logger.info(
+            "speculation: off (the tiny model's default drafter needs synchronous, "
+            "batch-variant steps)"
+        )
+        return None
+    logger.info(
+        "speculation: DSpark with the tiny model's drafter (speculative_config=None turns it off)"
+    )
+    return dict(TINY_SPECULATION)

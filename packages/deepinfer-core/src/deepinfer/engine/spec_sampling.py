@@ -151,8 +151,8 @@ def _draw(
     raw = torch.cat([x[:c] for (_, _, x), c in zip(block, counts, strict=True)]).float()
     if image_token_id is not None and image_token_id < raw.shape[-1]:
         # Never drawn, as in the runner: a generated image placeholder could not be fed back.
-        image = torch.tensor([image_token_id], device=raw.device)
-        raw = raw.index_fill(-1, image, float("-inf"))
+        # (a column by index: a token id uploaded here would make the host wait for the pass)
+        raw[:, image_token_id] = float("-inf")
     if any(processes_logits(SamplingRow.of(r)) or r.grammar is not None for r in reqs):
         rows = [
             SamplingRow.of(req, drafts[:j], None if masks is None else masks[j])

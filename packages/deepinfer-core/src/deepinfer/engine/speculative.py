@@ -20,21 +20,21 @@ chunk runs is a plain decode step: the decode pass, one logit per row (the draft
 layers still captured, so its contexts go on), as the confidence schedule wants whenever drafts
 do not pay (:mod:`.verify_schedule`). Logprobs are the raw model's, as without speculation;
 ``n`` > 1 samples are forked after the prompt and speculate each on its own. Scope: synchronous
-scheduling. Prompt logprobs are refused with speculation on, by name: a speculative step's
-prefill chunks keep their last logit only.
+scheduling. A prefill chunk whose request asks for prompt logprobs runs in the engine's plain
+step (every logit of the chunk kept), its step's requests drafting again after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from deepinfer import plugins
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.drafter import Drafter, load_drafter
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
@@ -46,36 +46,7 @@ from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
-
-
-class Drafter(Protocol):
-    """What the engine asks of a speculator (``deepinfer.speculators``).
-
-    ``draft_batch`` gets, per request, the rows of every position verified since its last
-    round (``lengths`` of them, in request order) and the token after each: the target's final
-    streams [N, hc, d], or, where the drafter names ``feature_layers``, those layers' outputs
-    concatenated per position [N, F] (DSpark). It returns [requests, k] drafts; a row may end
-    in -1s, drafts not worth verifying (DSpark's confidence threshold). Adaptive scheduling
-    also needs their confidences (:class:`.verify_schedule.ConfidentDrafter`). A drafter
-    with ``use_graphs(graphs)`` is handed the engine's CUDA graphs to replay its rounds from.
-    """
-
-    k: int
-
-    def draft_batch(
-        self,
-        states: Sequence[ModelState],
-        streams: Tensor,
-        next_ids: Tensor,
-        lengths: Sequence[int],
-    ) -> Tensor: ...
-
-
-def load_drafter(config: SpeculativeConfig, model: DeepseekCausalLM) -> Drafter:
-    """The registered speculator for ``config.method``, built for ``model``."""
-    factory: Any = plugins.speculators.load(config.method)
-    options = {"path": config.model, "confidence_threshold": config.confidence_threshold}
-    return factory(model, config.num_speculative_tokens, **{k: v for k, v in options.items() if v})
+from deepinfer.transfer import to_device
 
 
 def speculation(
@@ -208,7 +179,14 @@ class SpeculativeRunner:
         plan drops runs as a plain decode step here, features captured, since drafting the
         next round may pay. Decode-only steps are timed for the verifier's overhead
         (:mod:`.step_overhead`)."""
-        if self.verifier is None or not out.scheduled:
+        if not out.scheduled:
+            return True
+        if any(
+            r.prompt_logprobs is not None and not is_decoding(r, n)
+            for r, n in out.scheduled.items()
+        ):
+            return self._plain(list(out.scheduled))  # prompt logprobs: every logit of a chunk
+        if self.verifier is None:
             return True
         rows, overhead = list(out.scheduled), self.verifier.overhead
         decode_only = all(is_decoding(r, n) for r, n in out.scheduled.items())
@@ -216,11 +194,15 @@ class SpeculativeRunner:
         self._started = start if overhead is not None and decode_only else None
         if any(self.drafts.get(r) for r in rows) or self.verifier.drafting_pays(rows, self.k):
             return True
+        if overhead is not None and decode_only:
+            overhead.launched(start, False, self.verifier.predicted(len(rows), len(rows), 0))
+        return self._plain(rows)
+
+    def _plain(self, rows: list[Request]) -> bool:
+        """Hand the step of ``rows`` to the engine's plain path (False: not speculative)."""
         for req in rows:
             self.forget(req)
         self.plain_steps += 1
-        if overhead is not None and decode_only:
-            overhead.launched(start, False, self.verifier.predicted(len(rows), len(rows), 0))
         return False
 
     def _pending(self, req: Request) -> _Pending:
@@ -254,13 +236,14 @@ class SpeculativeRunner:
             chunk = req.all_token_ids[start : start + n]
             state = req.state
             assert state is not None
-            if verifying:
-                # spent here: a round that is not drafted must not find them again
-                chunk = chunk + self.drafts.pop(req, [])
-            elif self._pending(req).next_ids == [] and state.mtp_pos < start:  # a cache hit
-                state.mtp_pos = start  # its MTP layer starts here, without the window before
+            if self._pending(req).next_ids == [] and state.mtp_pos < start:
+                # a prefix-cache hit, or positions the engine's plain steps ran: its MTP
+                # layer starts here, without the window before
+                state.mtp_pos = start
                 for layer in state.mtp:
                     layer.swa.length = start
+            if verifying:  # drafts spent here: a round that is not drafted must not find them
+                chunk = chunk + self.drafts.pop(req, [])
             reqs.append(req)
             rows.append(verifying)
             ids.append(chunk)
@@ -384,7 +367,7 @@ class SpeculativeRunner:
             return  # their positions stay pending, for a round that pays
         pieces = [self.pending.pop(r) for r in reqs]
         streams = torch.cat([s for p in pieces for s in p.streams])
-        next_ids = torch.tensor([t for p in pieces for t in p.next_ids], device=streams.device)
+        next_ids = to_device(torch.tensor([t for p in pieces for t in p.next_ids]), streams.device)
         lengths = [len(p.next_ids) for p in pieces]
         states = [r.state for r in reqs]
         result.drafted = len(reqs)
@@ -396,3 +379,9 @@ class SpeculativeRunner:
             room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
             kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying
             self.drafts[req] = kept[: max(0, room)]
+
+
+def _wants_prompt_logprobs(req: Request, n: int) -> bool:
+    """Whether ``req``'s chunk of ``n`` tokens reports prompt logprobs: every logit of it,
+    which the engine's plain path keeps and a speculative step's prefill does not."""
+    return req.prompt_logprobs is not None and not is_decoding(req, n)

@@ -33,6 +33,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from deepinfer.engine import profile_cache
 from deepinfer.engine.draft_cost import ProfiledDrafter, profile_draft_cost
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
@@ -108,23 +109,52 @@ def adaptive_verifier(  # noqa: PLR0917
             f"adaptive scheduling needs a drafter with confidences; "
             f"{type(drafter).__name__} gives none",
         )
+    if table is plain_table is draft_table is None:  # all measured: host work learnt on top
+        return AdaptiveVerifier(*startup_profile(drafter, model, max_num_seqs, cuda_graphs))
     plain = None if plain_table is None else VerifyCost.from_table(dict(plain_table))
     if table is not None:
         cost = StepCost.by_tokens(VerifyCost.from_table(dict(table)), plain)
     else:
-        layers = tuple(getattr(drafter, "feature_layers", None) or ())
-        cost = profile_step_cost(model, drafter.k, max_num_seqs, layers, cuda_graphs=cuda_graphs)
+        cost = _profiled_steps(drafter, model, max_num_seqs, cuda_graphs)
         if plain is not None:
             cost = dataclasses.replace(cost, plain=plain)
-    # costs all measured here: the steps' own host work is learnt on top (given tables are
-    # taken as they are)
-    overhead = StepOverhead() if table is plain_table is draft_table is None else None
+    # a given table is taken as it is: no host work learnt on top
     if draft_table is not None:
         return AdaptiveVerifier(cost, VerifyCost.from_table(dict(draft_table)))
     if isinstance(drafter, ProfiledDrafter):
+        return AdaptiveVerifier(cost, profile_draft_cost(drafter, max_num_seqs, model.device))
+    return AdaptiveVerifier(cost)
+
+
+def startup_profile(
+    drafter: ConfidentDrafter, model: DeepseekCausalLM, max_num_seqs: int, cuda_graphs: bool
+) -> tuple[StepCost, VerifyCost | None, StepOverhead]:
+    """Every cost profiled (:mod:`.verify_profile`, :mod:`.draft_cost`; a drafter that cannot
+    run a made-up round drafts for free), or read from the profile cache where a drafter that
+    names itself (``profile_key``) was profiled so before (:mod:`.profile_cache`); with a
+    :class:`.StepOverhead` that learns the steps' host work on top."""
+    named = getattr(drafter, "profile_key", None)
+    key = None
+    if isinstance(named, str):
+        key = profile_cache.profile_key(model, named, max_num_seqs, cuda_graphs, drafter.k)
+        found = profile_cache.read(key)
+        if found is not None:
+            return (*found, StepOverhead())
+    cost = _profiled_steps(drafter, model, max_num_seqs, cuda_graphs)
+    drafting = None
+    if isinstance(drafter, ProfiledDrafter):
         drafting = profile_draft_cost(drafter, max_num_seqs, model.device)
-        return AdaptiveVerifier(cost, drafting, overhead)
-    return AdaptiveVerifier(cost, overhead=overhead)
+    if key is not None:
+        profile_cache.write(key, cost, drafting)
+    return cost, drafting, StepOverhead()
+
+
+def _profiled_steps(
+    drafter: ConfidentDrafter, model: DeepseekCausalLM, max_num_seqs: int, cuda_graphs: bool
+) -> StepCost:
+    """The target's step costs profiled now, with the drafter's feature layers captured."""
+    layers = tuple(getattr(drafter, "feature_layers", None) or ())
+    return profile_step_cost(model, drafter.k, max_num_seqs, layers, cuda_graphs=cuda_graphs)
 
 
 class AdaptiveVerifier:

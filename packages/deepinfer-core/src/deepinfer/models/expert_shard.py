@@ -23,6 +23,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.checkpoint_config import CheckpointLayout
 from deepinfer.models.layers.moe import MoE, RoutedExperts
 from deepinfer.parallel import ExpertParallel, ExpertShard
+from deepinfer.parallel.expert_parallel import joined_expert_parallel
 
 #: ``...ffn.experts.{e}.`` of a routed expert's tensor (weights and their scales).
 _ROUTED = re.compile(r"(?:^|\.)ffn\.experts\.(\d+)\.")
@@ -34,6 +35,7 @@ def shard_routed_experts(model: nn.Module, ep: ExpertParallel) -> None:
     exchange tokens in ``ep``'s group. Held values are kept (sliced), so a model already built
     with every expert can be sharded; on the meta device nothing is allocated. The stored
     format (float or FP4 stacks) is kept."""
+    joined_expert_parallel()
     for module in model.modules():
         if not isinstance(module, MoE):
             continue

@@ -149,11 +149,29 @@ def init_expert_parallel(
     return ExpertParallel.from_torch(cpu_group=cpu_group)
 
 
+#: Bumped whenever a module joins an expert-parallel group (:func:`joined_expert_parallel`):
+#: lookups cached on a model before that are stale.
+_generation = [0]
+
+
+def joined_expert_parallel() -> None:
+    """Mark every cached :func:`find_expert_parallel` answer stale (a module's group changed)."""
+    _generation[0] += 1
+
+
 def find_expert_parallel(model: nn.Module) -> ExpertParallel | None:
     """The expert-parallel group ``model``'s MoE layers exchange tokens in, where there is one
-    with more than one rank (None: every forward stays on this rank)."""
+    with more than one rank (None: every forward stays on this rank). The answer is cached on
+    ``model``: a speculative step asks it every step, and walking a large model's modules
+    costs the host more than the step's launch at batch 1."""
+    cached = model.__dict__.get("_expert_parallel_found")
+    if cached is not None and cached[0] == _generation[0]:
+        return cached[1]
+    found = None
     for module in model.modules():
         ep = getattr(module, "expert_parallel", None)
         if isinstance(ep, ExpertParallel) and ep.enabled:
-            return ep
-    return None
+            found = ep
+            break
+    model.__dict__["_expert_parallel_found"] = (_generation[0], found)
+    return found

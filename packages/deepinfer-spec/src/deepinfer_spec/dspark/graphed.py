@@ -22,6 +22,7 @@ from torch import Tensor
 
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
+from deepinfer.transfer import to_device
 from deepinfer_spec.dspark.model import DSparkDrafter, Embed, Head
 from deepinfer_spec.dspark.ring import DraftRing, ring_round
 
@@ -80,11 +81,11 @@ class GraphedRounds:
                          *range(off + n - tail, off + n), *[len(streams)] * (m - tail),
                          slot, state.pos, off + n - 1])  # fmt: skip
         if restart:
-            self.ring.clear(torch.tensor(restart, device=device))
+            self.ring.clear(to_device(torch.tensor(restart), device))
         if early:
-            where = torch.tensor((early, early_slots, early_pos), device=device)
+            where = to_device(torch.tensor((early, early_slots, early_pos)), device)
             self.ring.write(self.drafter, streams[where[0]], where[1], where[2])
-        plan = torch.tensor(rows, device=device)
+        plan = to_device(torch.tensor(rows), device)  # no wait for the rollbacks queued
         padded = torch.cat((streams, streams.new_zeros(1, streams.shape[1])))
         return self._run(
             plan[:, :m],

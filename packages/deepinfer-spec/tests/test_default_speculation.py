@@ -1,0 +1,86 @@
+"""``LLM("tiny")`` speculates by default with the shipped DSpark drafter, losslessly, and its
+start-up profile is kept on disk for the next engine (:mod:`deepinfer.engine.profile_cache`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.engine import verify_schedule
+from deepinfer.engine.spec_config import TINY_SPECULATION
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed any further, hear me speak."]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DEEPINFER_CACHE", str(tmp_path))
+    return tmp_path / "profiles"
+
+
+def _texts(llm: LLM, params: SamplingParams = GREEDY) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def test_tiny_speculates_by_default_and_none_turns_it_off(cache: Path) -> None:
+    """The default engine drafts with DSpark on the confidence schedule and emits the greedy
+    and seeded tokens of the engine without speculation."""
+    default = LLM("tiny", max_num_seqs=4)
+    spec = default.engine.spec
+    assert spec is not None and spec.verifier is not None
+    assert spec.k == TINY_SPECULATION["num_speculative_tokens"]
+    plain = LLM("tiny", max_num_seqs=4, speculative_config=None)
+    assert plain.engine.spec is None
+    assert _texts(default) == _texts(plain)
+    seeded = SamplingParams(temperature=1.0, top_k=50, seed=11, max_tokens=24, ignore_eos=True)
+    assert _texts(default, seeded) == _texts(plain, seeded)
+    logprobs = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=1)
+    (got,), (want,) = (
+        llm.generate(PROMPTS[:1], logprobs, use_tqdm=False) for llm in (default, plain)
+    )
+    assert got.prompt_logprobs is not None and want.prompt_logprobs is not None
+    for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:], strict=True):
+        assert a is not None and b is not None and a.keys() == b.keys()
+        assert all(a[t] == pytest.approx(b[t], abs=1e-5) for t in a)
+
+
+@pytest.mark.parametrize("option", [{"async_scheduling": True}, {"batch_invariant": True}])
+def test_options_speculation_cannot_join_turn_the_default_off(
+    cache: Path, option: dict[str, bool]
+) -> None:
+    llm = LLM("tiny", max_num_seqs=2, **option)
+    assert llm.engine.spec is None
+    assert len(_texts(llm)[0]) == GREEDY.max_tokens
+
+
+def test_the_startup_profile_is_read_back_for_the_same_key(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second engine with the same key reads the first's tables instead of profiling; one
+    with another key (rows), an unreadable file, or an unwritable folder profiles anew."""
+    first = LLM("tiny", max_num_seqs=2).engine.spec
+    assert first is not None and first.verifier is not None
+    (saved,) = cache.glob("*.json")
+    calls: list[int] = []
+    profile = verify_schedule.profile_step_cost
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return profile(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify_schedule, "profile_step_cost", counting)
+    again = LLM("tiny", max_num_seqs=2).engine.spec
+    assert again is not None and again.verifier is not None and calls == []
+    assert again.verifier.cost == first.verifier.cost
+    assert again.verifier.draft_cost == first.verifier.draft_cost
+    LLM("tiny", max_num_seqs=4)
+    assert calls == [1] and len(list(cache.glob("*.json"))) == 2
+    saved.write_text("{not json")
+    LLM("tiny", max_num_seqs=2)
+    assert calls == [1, 1] and saved.read_text().startswith("{")
+    monkeypatch.setenv("DEEPINFER_CACHE", str(saved))  # a file: no folder can be made there
+    assert LLM("tiny", max_num_seqs=2).engine.spec is not None
+    assert calls == [1, 1, 1]
