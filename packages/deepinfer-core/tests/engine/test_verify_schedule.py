@@ -12,6 +12,8 @@
 * A round not drafted moves what was learnt 1/128 of the way back to the prior.
 * The steps' own host work, learnt from the decode-only steps' wall times, is added to the
   prices: it can make a round worth drafting that the profiled passes alone would not.
+* Until a few rounds have been timed, a round predicted to lose at most half a plain step's
+  rate is drafted anyway: only rounds show what a round's host work costs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from deepinfer.engine import step_overhead
 from deepinfer.engine.request import Request
 from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
-from deepinfer.engine.verify_schedule import AdaptiveVerifier
+from deepinfer.engine.verify_schedule import PROBE_ROUNDS, AdaptiveVerifier
 from deepinfer.outputs import RequestMetrics
 from deepinfer.sampling_params import SamplingParams
 
@@ -151,7 +153,7 @@ def test_the_steps_host_work_is_priced() -> None:
     with the 4% margin), a round (2 + 0.496) / (0.2 + 1.5 + 4) = 0.438: drafted. If a round's
     own host work is 6 s: 2.496 / 7.7 = 0.324, not drafted."""
     cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
-    overhead = StepOverhead()
+    overhead = StepOverhead(rounds=PROBE_ROUNDS)  # the probe rounds are over (next test)
     verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}), overhead)
     verifier.mean_survival = [0.2, 0.04, 0.008]
     a, b = _request("a"), _request("b")
@@ -160,4 +162,22 @@ def test_the_steps_host_work_is_priced() -> None:
     overhead.plain = 4.0
     assert verifier.drafting_pays([a, b], 3)
     overhead.round = 6.0
+    assert not verifier.drafting_pays([a, b], 3)
+
+
+def test_rounds_are_probed_until_their_host_work_is_measured() -> None:
+    """The rows and costs above, survivals (0.2, 0.04, 0.008): a round 2.496 / 1.7 = 1.47 a
+    second against a plain step's 2. Before any round is timed, a round predicted to lose up to
+    half of the plain rate is drafted (1.47 >= 2 * 0.5); with 2 s of drafting, 2.496 / 3.5 =
+    0.71 is not. Once PROBE_ROUNDS rounds are timed, the 4% gain is asked again: not drafted."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
+    overhead = StepOverhead()
+    a, b = _request("a"), _request("b")
+    for drafting, probed in ((0.2, True), (2.0, False)):
+        verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: drafting}), overhead)
+        verifier.mean_survival = [0.2, 0.04, 0.008]
+        assert verifier.drafting_pays([a, b], 3) == probed
+    overhead.rounds = PROBE_ROUNDS
+    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}), overhead)
+    verifier.mean_survival = [0.2, 0.04, 0.008]
     assert not verifier.drafting_pays([a, b], 3)

@@ -178,14 +178,14 @@ class SpeculativeRunner:
         features of the plain step's positions were never taken). A step whose drafts the
         plan drops runs as a plain decode step here, features captured, since drafting the
         next round may pay. Decode-only steps are timed for the verifier's overhead
-        (:mod:`.step_overhead`)."""
+        (:mod:`.step_overhead`). A step with a prefill chunk whose request asks for prompt
+        logprobs is always the engine's plain step (in fixed scheduling too)."""
         if not out.scheduled:
             return True
-        if any(
-            r.prompt_logprobs is not None and not is_decoding(r, n)
-            for r, n in out.scheduled.items()
-        ):
-            return self._plain(list(out.scheduled))  # prompt logprobs: every logit of a chunk
+        asking = [r for r in out.scheduled if r.prompt_logprobs is not None]
+        if any(not is_decoding(r, out.scheduled[r]) for r in asking):
+            # prompt logprobs: every logit of the chunk, which the plain step keeps
+            return self._plain(list(out.scheduled))
         if self.verifier is None:
             return True
         rows, overhead = list(out.scheduled), self.verifier.overhead
@@ -379,9 +379,3 @@ class SpeculativeRunner:
             room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
             kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying
             self.drafts[req] = kept[: max(0, room)]
-
-
-def _wants_prompt_logprobs(req: Request, n: int) -> bool:
-    """Whether ``req``'s chunk of ``n`` tokens reports prompt logprobs: every logit of it,
-    which the engine's plain path keeps and a speculative step's prefill does not."""
-    return req.prompt_logprobs is not None and not is_decoding(req, n)

@@ -35,6 +35,8 @@ class StepOverhead:
     plain: float | None = None
     #: Rounds' (a verification step and the drafting after it; None: none measured yet).
     round: float | None = None
+    #: Rounds measured so far.
+    rounds: int = 0
     #: The step in flight: its start, whether it is a round, its predicted seconds.
     _flight: tuple[float, bool, float] | None = None
 
@@ -65,5 +67,6 @@ class StepOverhead:
         new = seconds if old is None else old + (seconds - old) * WEIGHT
         if is_round:
             self.round = new
+            self.rounds += 1
         else:
             self.plain = new

@@ -69,6 +69,13 @@ AGING = 1 / 128
 #: drafting must look to be chosen (TRT-LLM's ``confidence_min_predicted_gain``): the host work
 #: of a speculative step beyond its pass and draws is not in the step cost.
 MIN_PREDICTED_GAIN = 0.04
+#: Rounds drafted while their host work is not yet measured (:mod:`.step_overhead`) may be
+#: predicted to lose up to this share of a plain step's rate: the profile times passes, and
+#: only rounds show what a round's host work adds or saves beyond them (on a GPU, where a
+#: plain step is a couple of milliseconds, the difference can decide), so the first
+#: :data:`PROBE_ROUNDS` rounds that come this close are drafted and timed.
+PROBE_LOSS = 0.5
+PROBE_ROUNDS = 4
 
 
 @runtime_checkable
@@ -246,6 +253,14 @@ class AdaptiveVerifier:
         """Profiled seconds of a step and of drafting ``drafted`` requests after it."""
         return self.cost.seconds(rows, tokens) + (self.draft_seconds(drafted) if drafted else 0)
 
+    def _margin(self) -> float:
+        """The gain over a plain step that drafting and verifying must promise:
+        :data:`MIN_PREDICTED_GAIN`, or a loss of up to :data:`PROBE_LOSS` while fewer than
+        :data:`PROBE_ROUNDS` rounds have been timed."""
+        if self.overhead is not None and self.overhead.rounds < PROBE_ROUNDS:
+            return -PROBE_LOSS
+        return MIN_PREDICTED_GAIN
+
     def _expected(self, n: int) -> list[float]:
         """The survivals a round of ``n`` drafts is expected to have: the mean over the rows
         drafted lately, :data:`PRIOR_SURVIVAL`'s where there is none."""
@@ -298,7 +313,7 @@ class AdaptiveVerifier:
         load = StepLoad(len(reqs), len(reqs), sum(noisy), noisy)
         seconds = self.step_seconds(len(reqs))
         drafting = self.draft_seconds(len(reqs))
-        budget = drafting_budget(past, load, seconds, drafting, MIN_PREDICTED_GAIN)
+        budget = drafting_budget(past, load, seconds, drafting, self._margin())
         if budget is None:
             self.skipped += 1
             self._age(k)
@@ -328,7 +343,7 @@ class AdaptiveVerifier:
         scale = self.calibration
         current = [[a * scale for a in row] for row in predicted]
         seconds = self.step_seconds(len(out.scheduled))
-        chosen = plan(current, load, seconds, margin=MIN_PREDICTED_GAIN)
+        chosen = plan(current, load, seconds, margin=self._margin())
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
         self.last = {}
