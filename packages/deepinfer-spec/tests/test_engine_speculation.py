@@ -174,19 +174,12 @@ def test_adaptive_scheduling_needs_a_drafter_with_confidences(
         LLMEngine(model, tiny_tokenizer(), config)
 
 
-def test_v41_says_mtp_drafting_is_not_implemented() -> None:
-    from deepinfer.assets import tiny_model
-
-    with pytest.raises(InvalidRequestError, match=r"V4\.1"):
-        LLMEngine(tiny_model(), tiny_tokenizer(), EngineConfig(speculative_config=SPEC))
-
-
 def test_bench_reports_the_acceptance(
     model: DeepseekCausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``deepinfer bench --speculative-method mtp`` on a V4 model (dummy weights from a
-    config.json) reports tau and the acceptance per draft position; on the V4.1 tiny model it
-    fails with one line naming what is missing."""
+    config.json) and on the V4.1 tiny model (its trained MTP layer) reports tau and the
+    acceptance per draft position."""
     raw = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(model.cfg) if f.init}
     raw = {k: v for k, v in raw.items() if v is not None}
     raw.update(model_type="deepseek_v4", vocab_size=129280)  # the dummy tokenizer's size
@@ -195,14 +188,12 @@ def test_bench_reports_the_acceptance(
     common = ["bench", "--device", "cpu", "--num-seqs", "2", "--max-input-len", "32"]
     common += ["--max-output-len", "16", "--speculative-method", "mtp"]
     argv = [*common, "--model", str(tmp_path), "--load-format", "dummy", "--json", str(out)]
-    assert main(argv) == 0
-    result = json.loads(out.read_text())
-    assert result["spec_acceptance_length"] >= 1
-    assert len(result["spec_acceptance_per_position"]) == 3
-    capsys.readouterr()
-    assert main([*common, "--model", "tiny"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: speculative_config") and "V4.1" in err[0]
+    for run in (argv, [*common, "--model", "tiny", "--json", str(out)]):
+        assert main(run) == 0
+        result = json.loads(out.read_text())
+        assert result["spec_acceptance_length"] >= 1
+        assert len(result["spec_acceptance_per_position"]) == 3
+    assert result["spec_acceptance_length"] > 1.2  # the tiny model's trained layer keeps some
 
 
 def test_bench_selects_the_verification_schedule(

@@ -119,11 +119,22 @@ def test_engram_needs_a_token_map() -> None:
     assert model.engram_token_map[60] == TEXT["engram_pad_token_id"]
 
 
-def test_mtp_drafting_is_not_implemented(model) -> None:
+def test_mtp_drafting_continues_the_training_forward(model) -> None:
+    """The MTP layer fed at decode time (the prompt's streams in two chunks, its ring carried
+    between them) gives the logits the training forward computes over the whole sequence at
+    once (``forward_train_mtp``: every position, no state), which is what the embedded
+    model's MTP layer was trained on."""
+    ids = _ids(7, batch=1, length=20)
+    with torch.no_grad():
+        _, (whole,) = model.forward_train_mtp(ids, with_mtp=True)
     state = model.new_state(1)
-    streams = _streams(model, _ids(7, batch=1, length=4), state)
-    with pytest.raises(NotImplementedError, match="MTP"):
-        model.mtp_forward(streams, _ids(8, batch=1, length=4), state)
+    streams = _streams(model, ids, state)
+    got = []
+    for lo, hi in ((0, 12), (12, 19)):
+        logits, _ = model.mtp_forward(streams[:, lo:hi], ids[:, lo + 1 : hi + 1], state)
+        got.append(logits)
+    assert state.mtp_pos == 19
+    torch.testing.assert_close(torch.cat(got, dim=1), whole.detach(), atol=1e-4, rtol=1e-4)
 
 
 def test_v4_style_residual_switch() -> None:

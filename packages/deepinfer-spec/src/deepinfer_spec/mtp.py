@@ -37,8 +37,6 @@ class MTPDrafter:
     """Proposes ``k`` tokens per round for one sequence from its MTP layer (see the module)."""
 
     def __init__(self, model: DeepseekCausalLM, k: int) -> None:
-        if model.mtp_drafting_missing is not None:
-            raise NotImplementedError(model.mtp_drafting_missing)
         if not model.has_mtp:
             raise ValueError("the model has no MTP layers to draft with")
         if k < 1:

@@ -50,9 +50,6 @@ class DeepseekCausalLM(nn.Module):
     """The shared model (see the module); subclasses build ``layers`` in :meth:`build_layers`
     and run them in :meth:`run_layers`."""
 
-    #: Why ``mtp_forward`` cannot draft for this version (None: it can).
-    mtp_drafting_missing: str | None = None
-
     def __init__(
         self,
         cfg: ModelConfig,

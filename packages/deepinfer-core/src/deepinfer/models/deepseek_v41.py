@@ -4,8 +4,13 @@ What differs from V4 (``deepseek_v4.py``) lives in ``layers/``: ratio-1/2 compre
 KV-source layers and shared by their layer group (``shared_compressor``, ``shared_attention``),
 index-source layers and the two-level candidate-block selection (``candidate_indexer``), the
 lagged mHC pre-mix with no ``hc_head`` (``lagged_mhc``), and the Engram n-gram memory
-(``engram``, ``engram_hash``). The three MTP layers are V4 MTP layers under ``mtp.{i}``; they are
-loaded and kept for speculative decoding, which drives them elsewhere.
+(``engram``, ``engram_hash``). The three MTP layers are V4 MTP layers under ``mtp.{i}`` (V4.1
+keeps the V4 scheme for them) and take what V4's take: the main model's final residual streams
+(here before the lagged collapse, as there before ``hc_head``) and the next token
+(:meth:`~.causal_lm.DeepseekCausalLM.mtp_forward`). The embedded model's MTP layers were trained
+on exactly these streams (``models/training.py``); for the official V4.1 checkpoint the wiring
+is inferred from the V4 scheme, and a wrong guess would cost acceptance, never correctness
+(verification keeps the target's tokens).
 
 Images: the vision tower is not part of this model. A caller that ran it passes the aligned image
 embeddings as ``image_embeds`` [N, d], one row per ``image_token_id`` in ``input_ids`` (row-major
@@ -168,17 +173,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
         else:
             h = self.ops.mhc_collapse(last, take_rows(pre, inputs.rows))
         return self.logits(h), x
-
-    mtp_drafting_missing = (
-        "V4.1 MTP drafting: the MTP layers are loaded, but how V4.1 feeds them (which streams) "
-        "is not implemented; DSpark drafts for V4.1 (speculative_config method 'dspark')"
-    )
-
-    def mtp_forward(
-        self, streams: Tensor, next_ids: Tensor, state: ModelState, depth: int = 0
-    ) -> tuple[Tensor, Tensor]:
-        self._require_mtp()
-        raise NotImplementedError(self.mtp_drafting_missing)
 
     # -- weights ----------------------------------------------------------------------------------
 
