@@ -1,5 +1,6 @@
-"""``LLM("tiny")`` speculates by default with the shipped DSpark drafter, losslessly, and its
-start-up profile is kept on disk for the next engine (:mod:`deepinfer.engine.profile_cache`)."""
+"""``LLM("tiny")`` speculates by default with the shipped DSpark drafter where its steps are
+synchronous (a CPU), losslessly, and its start-up profile is kept on disk for the next engine
+(:mod:`deepinfer.engine.profile_cache`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.engine import verify_schedule
-from deepinfer.engine.spec_config import TINY_SPECULATION
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.spec_config import TINY_SPECULATION, default_speculation
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed any further, hear me speak."]
@@ -28,11 +30,11 @@ def _texts(llm: LLM, params: SamplingParams = GREEDY) -> list[list[int]]:
 def test_tiny_speculates_by_default_and_none_turns_it_off(cache: Path) -> None:
     """The default engine drafts with DSpark on the confidence schedule and emits the greedy
     and seeded tokens of the engine without speculation."""
-    default = LLM("tiny", max_num_seqs=4)
+    default = LLM("tiny", device="cpu", max_num_seqs=4)
     spec = default.engine.spec
     assert spec is not None and spec.verifier is not None
     assert spec.k == TINY_SPECULATION["num_speculative_tokens"]
-    plain = LLM("tiny", max_num_seqs=4, speculative_config=None)
+    plain = LLM("tiny", device="cpu", max_num_seqs=4, speculative_config=None)
     assert plain.engine.spec is None
     assert _texts(default) == _texts(plain)
     seeded = SamplingParams(temperature=1.0, top_k=50, seed=11, max_tokens=24, ignore_eos=True)
@@ -51,7 +53,7 @@ def test_tiny_speculates_by_default_and_none_turns_it_off(cache: Path) -> None:
 def test_options_speculation_cannot_join_turn_the_default_off(
     cache: Path, option: dict[str, bool]
 ) -> None:
-    llm = LLM("tiny", max_num_seqs=2, **option)
+    llm = LLM("tiny", device="cpu", max_num_seqs=2, **option)
     assert llm.engine.spec is None
     assert len(_texts(llm)[0]) == GREEDY.max_tokens
 
@@ -61,7 +63,7 @@ def test_the_startup_profile_is_read_back_for_the_same_key(
 ) -> None:
     """A second engine with the same key reads the first's tables instead of profiling; one
     with another key (rows), an unreadable file, or an unwritable folder profiles anew."""
-    first = LLM("tiny", max_num_seqs=2).engine.spec
+    first = LLM("tiny", device="cpu", max_num_seqs=2).engine.spec
     assert first is not None and first.verifier is not None
     (saved,) = cache.glob("*.json")
     calls: list[int] = []
@@ -72,15 +74,28 @@ def test_the_startup_profile_is_read_back_for_the_same_key(
         return profile(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(verify_schedule, "profile_step_cost", counting)
-    again = LLM("tiny", max_num_seqs=2).engine.spec
+    again = LLM("tiny", device="cpu", max_num_seqs=2).engine.spec
     assert again is not None and again.verifier is not None and calls == []
     assert again.verifier.cost == first.verifier.cost
     assert again.verifier.draft_cost == first.verifier.draft_cost
-    LLM("tiny", max_num_seqs=4)
+    LLM("tiny", device="cpu", max_num_seqs=4)
     assert calls == [1] and len(list(cache.glob("*.json"))) == 2
     saved.write_text("{not json")
-    LLM("tiny", max_num_seqs=2)
+    LLM("tiny", device="cpu", max_num_seqs=2)
     assert calls == [1, 1] and saved.read_text().startswith("{")
     monkeypatch.setenv("DEEPINFER_CACHE", str(saved))  # a file: no folder can be made there
-    assert LLM("tiny", max_num_seqs=2).engine.spec is not None
+    assert LLM("tiny", device="cpu", max_num_seqs=2).engine.spec is not None
     assert calls == [1, 1, 1]
+
+
+def test_the_default_applies_to_the_embedded_model_with_synchronous_steps() -> None:
+    """On a GPU asynchronous scheduling is on unless turned off, and wins; a checkpoint path,
+    data parallelism, batch invariance and asynchronous scheduling each keep speculation off."""
+    sync = EngineConfig(async_scheduling=False)
+    assert default_speculation("tiny", EngineConfig(), False, "cpu") == TINY_SPECULATION
+    assert default_speculation("tiny", sync, False, "cuda:0") == TINY_SPECULATION
+    assert default_speculation("tiny", EngineConfig(), False, "cuda:0") is None
+    assert default_speculation("/ckpt/DeepSeek-V4-Flash", EngineConfig(), False, "cpu") is None
+    assert default_speculation("tiny", EngineConfig(), True, "cpu") is None
+    assert default_speculation("tiny", EngineConfig(batch_invariant=True), False, "cpu") is None
+    assert default_speculation("tiny", EngineConfig(async_scheduling=True), False, "cpu") is None

@@ -58,8 +58,9 @@ class LLM:
 
     ``speculative_config`` (vLLM's option) drafts tokens and verifies them in one step
     (:mod:`deepinfer.engine.speculative`). ``LLM("tiny")`` speculates by default with the DSpark
-    drafter shipped for it, on the confidence schedule (``TINY_SPECULATION``; where asynchronous
-    scheduling or batch invariance is asked for, or under data parallelism, it does not);
+    drafter shipped for it, on the confidence schedule (``TINY_SPECULATION``); not where
+    asynchronous scheduling is on (as it is by default on a GPU) or batch invariance is asked
+    for, nor under data parallelism;
     ``speculative_config=None`` turns speculation off.
 
     ``load_format="dummy"`` (vLLM's name) starts a model from its config.json alone, with
@@ -102,10 +103,12 @@ class LLM:
         options = dict(engine_options)
         parallel = pop_options(options)
         config, utilization = engine_config(options)
-        if "speculative_config" not in options:
-            config.speculative_config = default_speculation(model, config, parallel.enabled)
-        parallel.check(config)
         choice = select_backend(device)
+        if "speculative_config" not in options:
+            config.speculative_config = default_speculation(
+                model, config, parallel.enabled, choice.device
+            )
+        parallel.check(config)
         if num_threads is None and model == "tiny" and choice.device == "cpu":
             # The tiny model's ops are so small that thread hand-off dominates: one is fastest.
             num_threads = 1

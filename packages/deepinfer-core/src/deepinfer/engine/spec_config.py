@@ -154,18 +154,26 @@ class SpeculativeConfig:
 
 
 def default_speculation(
-    model: str, config: EngineConfig, data_parallel: bool
+    model: str, config: EngineConfig, data_parallel: bool, device: str
 ) -> dict[str, object] | None:
     """``speculative_config`` for ``LLM(model)`` when it is not given: the embedded model's
     drafter (:data:`TINY_SPECULATION`) where its plugin is installed, in one process, and
-    unless an option that speculation cannot be combined with is asked for (asynchronous
-    scheduling, batch invariance); None otherwise."""
+    unless an option that speculation cannot be combined with is on (asynchronous scheduling,
+    batch invariance); None otherwise. On a GPU asynchronous scheduling is on by default and
+    stays so: there the tiny model's steps are a millisecond or two of mostly host work, and
+    its speculation ran at 0.7x-1.1x of no speculation (``benchmarks/results/
+    speculative_h200.json``), before the overlap that asynchronous scheduling adds."""
     if model != "tiny" or data_parallel or "dspark" not in plugins.speculators:
         return None
-    if config.async_scheduling or config.batch_invariant:
+    on_gpu = not device.startswith("cpu")
+    if (
+        config.async_scheduling
+        or config.batch_invariant
+        or (on_gpu and config.async_scheduling is None)
+    ):
         logger.info(
-            "speculation: off (the tiny model's default drafter needs synchronous, "
-            "batch-variant steps)"
+            "speculation: off by default (asynchronous scheduling or batch invariance is on; "
+            "a speculative_config with async_scheduling=False turns it on)"
         )
         return None
     logger.info(
