@@ -58,10 +58,9 @@ class LLM:
 
     ``speculative_config`` (vLLM's option) drafts tokens and verifies them in one step
     (:mod:`deepinfer.engine.speculative`). ``LLM("tiny")`` speculates by default with the DSpark
-    drafter shipped for it, on the confidence schedule (``TINY_SPECULATION``); not where
-    asynchronous scheduling is on (as it is by default on a GPU) or batch invariance is asked
-    for, nor under data parallelism;
-    ``speculative_config=None`` turns speculation off.
+    drafter shipped for it, on the confidence schedule (``TINY_SPECULATION``), except where
+    asynchronous scheduling is on (as it is by default on a GPU), batch invariance is asked for
+    or under data parallelism; ``speculative_config=None`` turns speculation off.
 
     ``load_format="dummy"`` (vLLM's name) starts a model from its config.json alone, with
     seeded random weights drawn on the device: for benchmarks and memory planning of models

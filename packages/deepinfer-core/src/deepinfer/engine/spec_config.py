@@ -172,8 +172,8 @@ def default_speculation(
         or (on_gpu and config.async_scheduling is None)
     ):
         logger.info(
-            "speculation: off by default (asynchronous scheduling or batch invariance is on; "
-            "a speculative_config with async_scheduling=False turns it on)"
+            "speculation: the tiny model's default drafter is off (asynchronous scheduling or "
+            "batch invariance is on; async_scheduling=False turns it on)"
         )
         return None
     logger.info(
