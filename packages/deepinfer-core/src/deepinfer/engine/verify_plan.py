@@ -87,15 +87,24 @@ def best_budget(
 ) -> tuple[int, float]:
     """The number of drafts ``B`` whose top-``B`` allocation maximises Θ, over every ``B``
     from none to all positive slots (the smallest on a tie), and that Θ, for a round whose
-    drafting took ``draft_seconds``."""
+    drafting took ``draft_seconds``. The walk stops once no larger count can win: every later
+    count adds at most the survivals left to a step that costs no less (steps with drafts
+    never get cheaper with more tokens or more noisy draws), which at a large batch ends it
+    after a few rows' worth of slots rather than all of them."""
     tau, noisy, rows = float(load.samples), load.noisy, load.noisy_rows
     best, theta = 0, tau / (draft_seconds + step_seconds(load.tokens, noisy))
-    for b, (r, j) in enumerate(ranked_slots(survivals), start=1):
-        tau += survivals[r][j]
+    slots = ranked_slots(survivals)
+    gains = [survivals[r][j] for r, j in slots]
+    left = [*list(itertools.accumulate(reversed(gains)))[::-1], 0.0]  # left[i]: gains[i:]
+    for b, (r, _) in enumerate(slots, start=1):
+        tau += gains[b - 1]
         noisy += r < len(rows) and rows[r]
-        value = tau / (draft_seconds + step_seconds(load.tokens + b, noisy))
+        seconds = draft_seconds + step_seconds(load.tokens + b, noisy)
+        value = tau / seconds
         if value > theta:
             best, theta = b, value
+        if (tau + left[b]) / seconds <= theta:
+            break
     return best, theta
 
 
