@@ -155,15 +155,13 @@ def position_tensors(
     temperature = col([p.temperature for p in ps], torch.float32)
     first = torch.cumsum(n, 0) - n  # each request's first row
     offsets = torch.arange(int(n.sum())) - first.repeat_interleave(n)
-    floats = [temperature, col([p.top_p for p in ps], torch.float32)]
-    floats.append(col([p.min_p for p in ps], torch.float32))
-    ints = [
-        col([max(p.top_k, 0) for p in ps], torch.int64),
-        col([r.seed for r in reqs], torch.int64),
-    ]
-    ints.append(col([r.num_tokens for r in reqs], torch.int64) + offsets)
-    temp, top_p, min_p = rows_to_device(floats, device)
-    top_k, seeds, positions = rows_to_device(ints, device)
+    top_p = col([p.top_p for p in ps], torch.float32)
+    min_p = col([p.min_p for p in ps], torch.float32)
+    top_k = col([max(p.top_k, 0) for p in ps], torch.int64)
+    seeds = col([r.seed for r in reqs], torch.int64)
+    positions = col([r.num_tokens for r in reqs], torch.int64) + offsets
+    temp, top_p, min_p = rows_to_device([temperature, top_p, min_p], device)
+    top_k, seeds, positions = rows_to_device([top_k, seeds, positions], device)
     return SamplingTensors(
         temperature=temp,
         top_k=top_k,

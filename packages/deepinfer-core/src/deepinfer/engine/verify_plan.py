@@ -95,7 +95,7 @@ def best_budget(
     best, theta = 0, tau / (draft_seconds + step_seconds(load.tokens, noisy))
     slots = ranked_slots(survivals)
     gains = [survivals[r][j] for r, j in slots]
-    left = [*list(itertools.accumulate(reversed(gains)))[::-1], 0.0]  # left[i]: gains[i:]
+    left = list(itertools.accumulate(reversed(gains), initial=0.0))[::-1]  # sum(gains[i:])
     for b, (r, _) in enumerate(slots, start=1):
         tau += gains[b - 1]
         noisy += r < len(rows) and rows[r]
