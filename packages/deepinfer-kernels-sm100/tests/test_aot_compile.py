@@ -99,20 +99,33 @@ class AotSpec:
 
 def _norm_specs() -> Iterator[AotSpec]:
     k = "elementwise._rms_norm_kernel"
-    # RMSNorm weights stay fp32; an unweighted norm passes the input again as the weight.
+    # RMSNorm weights stay fp32; an unweighted norm passes the input again as the weight, and
+    # a norm that does not quantise passes its output as the codes and scales.
     for dt in ("bf16", "fp32"):
         yield AotSpec(
             k,
             f"{dt}-hidden",
-            {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096,
-             "x_stride": 4096, "eps": 1e-6, "HAS_WEIGHT": True, "BLOCK": 4096},
+            {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "q_ptr": f"*{dt}",
+             "s_ptr": f"*{dt}", "dim": 4096, "x_stride": 4096, "eps": 1e-6, "HAS_WEIGHT": True,
+             "QUANT": False, "EMULATE": False, "BLOCK": 4096},
         )  # fmt: skip
     yield AotSpec(
         k,
         "bf16-query-head-unweighted",
-        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dim": 512, "x_stride": 512,
-         "eps": 1e-6, "HAS_WEIGHT": False, "BLOCK": 512},
+        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*bf16",
+         "s_ptr": "*bf16", "dim": 512, "x_stride": 512, "eps": 1e-6, "HAS_WEIGHT": False,
+         "QUANT": False, "EMULATE": False, "BLOCK": 512},
     )  # fmt: skip
+    # feeding FP8 projections: the layer input (hidden) and the query latent (a row slice of
+    # the fused wq_a / wkv output: 1024 of 1536 columns)
+    for name, dim, stride in (("hidden", 4096, 4096), ("query-latent", 1024, 1536)):
+        yield AotSpec(
+            k,
+            f"bf16-{name}-fp8",
+            {"x_ptr": "*bf16", "w_ptr": "*fp32", "out_ptr": "*bf16", "q_ptr": "*fp8e4nv",
+             "s_ptr": "*fp32", "dim": dim, "x_stride": stride, "eps": 1e-6, "HAS_WEIGHT": True,
+             "QUANT": True, "EMULATE": False, "BLOCK": dim},
+        )  # fmt: skip
 
 
 def _rope_specs() -> Iterator[AotSpec]:
@@ -136,12 +149,16 @@ def _rope_specs() -> Iterator[AotSpec]:
 
 
 def _swiglu_specs() -> Iterator[AotSpec]:
-    for dt, limit in (("bf16", 10.0), ("fp32", 0.0)):
+    # the shared expert's gate and up: halves of one [rows, 2 * 2048] output (row stride 4096)
+    for dt, limit, quant in (("bf16", 10.0, False), ("fp32", 0.0, False), ("bf16", 10.0, True)):
+        codes = ("*fp8e4nv", "*fp32") if quant else (f"*{dt}", f"*{dt}")
         yield AotSpec(
             "elementwise._swiglu_kernel",
-            f"{dt}-{'clamped' if limit > 0 else 'unclamped'}",
-            {"gate_ptr": f"*{dt}", "up_ptr": f"*{dt}", "out_ptr": f"*{dt}", "n": 32 * 2048,
-             "limit": limit, "CLAMP": limit > 0, "BLOCK": 1024},
+            f"{dt}-{'clamped' if limit > 0 else 'unclamped'}{'-fp8' if quant else ''}",
+            {"gate_ptr": f"*{dt}", "up_ptr": f"*{dt}", "out_ptr": f"*{dt}", "q_ptr": codes[0],
+             "s_ptr": codes[1], "width": 2048, "gate_stride": 4096, "up_stride": 4096,
+             "limit": limit, "CLAMP": limit > 0, "QUANT": quant, "EMULATE": False,
+             "BLOCK": 1024},
         )  # fmt: skip
 
 

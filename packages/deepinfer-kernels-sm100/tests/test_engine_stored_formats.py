@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from deepinfer.assets import tiny_fp8_config, tiny_tokenizer
+from deepinfer.backends.base import Fp8Activation
 from deepinfer.cache.prefix import BLOCK_SIZE
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
@@ -116,8 +117,14 @@ class _ReRounded(Sm100Backend):
     generator: torch.Generator
 
     def fp8_linear(
-        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+        self,
+        x: Tensor,
+        weight: Tensor,
+        scale: Tensor,
+        block: tuple[int, int],
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
+        """Quantises the moved ``x`` itself: codes handed over by a norm would not move."""
         u = torch.rand(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
         return super().fp8_linear(x * (1 + (2 * u - 1) * JITTER), weight, scale, block)
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from deepinfer.assets import random_tiny_model, tiny_fp8_config, tiny_model
+from deepinfer.backends.base import Fp8Activation, Fp8Output
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.checkpoint_config import QuantSettings
@@ -104,10 +105,17 @@ class _CheckedKernels(Sm100Backend):
         return self._check(name, got, want, 1e-5 * (float(want.abs().max()) or 1.0))
 
     def fp8_linear(
-        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+        self,
+        x: Tensor,
+        weight: Tensor,
+        scale: Tensor,
+        block: tuple[int, int],
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
+        """The kernel on the codes its input's producer handed over (``x_fp8``), the reference
+        quantising ``x`` itself: so the handed-over codes are checked too."""
         want = TorchBackend.fp8_linear(self, x, weight, scale, block)
-        got = super().fp8_linear(x, weight, scale, block)
+        got = super().fp8_linear(x, weight, scale, block, x_fp8)
         # sum |a||w| of the quantised operands: e4m3 and its quantisation are sign-symmetric.
         magnitude = weight.float().abs().to(weight.dtype)
         abs_sum = TorchBackend.fp8_linear(self, x.abs(), magnitude, scale, block).float()
@@ -119,6 +127,11 @@ class _CheckedKernels(Sm100Backend):
     def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
         want = TorchBackend.swiglu(self, gate, up, swiglu_limit)
         return self._relative("swiglu", super().swiglu(gate, up, swiglu_limit), want)
+
+    def swiglu_fp8(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Fp8Output:
+        want = TorchBackend.swiglu(self, gate, up, swiglu_limit)
+        h, h_fp8 = super().swiglu_fp8(gate, up, swiglu_limit)
+        return self._relative("swiglu", h, want), h_fp8
 
     def moe_experts_fp4(self, x: Tensor, weights: Tensor, indices: Tensor, **w: Any) -> Tensor:
         want = TorchBackend.moe_experts_fp4(self, x, weights, indices, **w)

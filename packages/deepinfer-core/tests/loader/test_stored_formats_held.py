@@ -70,8 +70,14 @@ class Float64Fp8(NativeTorch):
         self.ref = ref
 
     def fp8_linear(
-        self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scale: torch.Tensor,
+        block: tuple[int, int],
+        x_fp8: Any = None,
     ) -> torch.Tensor:
+        """Quantises ``x`` here, independently, whatever codes the norm handed over."""
         w = self.ref.fp8_block(weight, scale, block)  # [N, K] float64
         a = x.float().numpy().reshape(-1, x.shape[-1])
         groups = a.reshape(a.shape[0], -1, 128)

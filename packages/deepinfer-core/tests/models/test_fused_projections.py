@@ -1,4 +1,5 @@
-"""Attention's ``wq_a`` and ``wkv`` fused into one weight give the separate projections' logits.
+"""Attention's ``wq_a`` and ``wkv``, and the shared expert's ``w1`` and ``w3``, fused into one
+weight each give the separate projections' logits.
 
 The fused weight is the two stacked (:mod:`deepinfer.models.layers.fused`): the model's logits
 must stay those of the unfused model (the same maths; only the GEMM's summation order may
@@ -17,6 +18,7 @@ from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
 from deepinfer.models.layers.attention import MQA
 from deepinfer.models.layers.fused import fusable, fuse_projections
+from deepinfer.models.layers.moe import Expert
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.stored_formats import hold_fp8
 
@@ -24,17 +26,18 @@ from deepinfer.models.stored_formats import hold_fp8
 def _check_fused(model: DeepseekCausalLM, ids: torch.Tensor) -> None:
     want = model.forward_logits(ids)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    attentions = [m for m in model.modules() if isinstance(m, MQA)]
-    assert fuse_projections(model) == len(attentions) > 0
+    pairs = [(m, "wq_a", "wkv") for m in model.modules() if isinstance(m, MQA)]
+    pairs += [(m, "w1", "w3") for m in model.modules() if isinstance(m, Expert)]
+    assert any(isinstance(m, Expert) for m, _, _ in pairs)
+    assert fuse_projections(model) == len(pairs)
     after = model.state_dict()
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], v) for k, v in before.items())
-    for attn in attentions:
-        fused = attn.__dict__["_fused_wq_a_wkv"]
-        assert attn.wq_a.weight.untyped_storage().data_ptr() == (
-            fused.weight.untyped_storage().data_ptr()
-        )
-        assert attn.wkv.weight.data_ptr() == fused.weight[attn.wq_a.weight.shape[0] :].data_ptr()
+    for module, first, second in pairs:
+        fused = module.__dict__[f"_fused_{first}_{second}"]
+        one, two = getattr(module, first), getattr(module, second)
+        assert one.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+        assert two.weight.data_ptr() == fused.weight[one.weight.shape[0] :].data_ptr()
     got = model.forward_logits(ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

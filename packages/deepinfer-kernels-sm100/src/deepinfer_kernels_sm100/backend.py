@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepinfer.backends.base import Availability
+from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.paging import PagedEntries
 
@@ -60,11 +60,17 @@ class Sm100Backend(TorchBackend):
         return linear_fp32(x, weight)
 
     def fp8_linear(
-        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+        self,
+        x: Tensor,
+        weight: Tensor,
+        scale: Tensor,
+        block: tuple[int, int],
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
         from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear
 
-        return fp8_block_linear(x, weight, scale, block, out_dtype=x.dtype)
+        quantized = (x_fp8.q, x_fp8.scale) if x_fp8 is not None else None
+        return fp8_block_linear(x, weight, scale, block, out_dtype=x.dtype, quantized=quantized)
 
     def fp8_grouped_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
@@ -77,6 +83,12 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.elementwise import swiglu
 
         return swiglu(gate, up, swiglu_limit, gate.dtype)
+
+    def swiglu_fp8(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Fp8Output:
+        from deepinfer_kernels_sm100.elementwise import swiglu_fp8
+
+        h, q, s = swiglu_fp8(gate, up, swiglu_limit, gate.dtype)
+        return h, Fp8Activation(q, s)
 
     def moe_experts_fp4(
         self,
@@ -142,6 +154,12 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.elementwise import rms_norm
 
         return rms_norm(x, weight, eps)
+
+    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Fp8Activation]:
+        from deepinfer_kernels_sm100.elementwise import rms_norm_fp8
+
+        y, q, s = rms_norm_fp8(x, weight, eps)
+        return y, Fp8Activation(q, s)
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
         from deepinfer_kernels_sm100.elementwise import rope

@@ -5,6 +5,11 @@ even/odd views, stack, concatenate), and a decode step calls them a few dozen ti
 op is a launch, and launches, not arithmetic, set the step time. Both keep the reference's maths:
 fp32 statistics and rotation, results cast back to the input dtype, the un-rotated channels
 copied unchanged.
+
+RMSNorm and SwiGLU can also quantise their output for the FP8 projection that reads it
+(:func:`rms_norm_fp8`, :func:`swiglu_fp8`), while the values are in registers: the same codes
+and scales as :func:`.fp8_quant.quantize_act_fp8` on the stored output, without its launch and
+its read of the activations.
 """
 
 from __future__ import annotations
@@ -14,16 +19,46 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from deepinfer_kernels_sm100.fp8_quant import ACT_GROUP, EMULATE_CAST, quantize_tile, round_to_grid
+
+_ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel can read of a global
+
+
+@triton.jit
+def _store_fp8(  # noqa: PLR0917 (Triton helpers take positional arguments)
+    v,
+    q_ptr,
+    s_ptr,
+    row,
+    cols,
+    first_group,
+    width,
+    EMULATE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Quantise ``v`` [BLOCK], columns ``cols`` of a row of ``width`` (whole groups from
+    ``first_group`` on), per group of ``ACT_GROUP`` as :func:`.fp8_quant.quantize_act_fp8`
+    does, and store the codes and the groups' scales; columns past ``width`` are not stored."""
+    groups: tl.constexpr = BLOCK // _ACT_GROUP
+    q, scale = quantize_tile(tl.reshape(v, (groups, _ACT_GROUP)), EMULATE)
+    tl.store(q_ptr + row * width + cols, tl.reshape(q, (BLOCK,)), mask=cols < width)
+    g = first_group + tl.arange(0, groups)
+    tl.store(s_ptr + row * (width // _ACT_GROUP) + g, scale, mask=g < width // _ACT_GROUP)
+
 
 @triton.jit
 def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
     w_ptr,
     out_ptr,
+    q_ptr,  # QUANT: [rows, dim] e4m3 codes of the output
+    s_ptr,  # QUANT: [rows, dim / ACT_GROUP] fp32 scales
     dim,
     x_stride,  # elements between rows of x (a row slice of a wider tensor: more than dim)
     eps,
     HAS_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
+    EMULATE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -33,29 +68,70 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     y = x * tl.rsqrt(tl.sum(x * x, axis=0) / dim + eps)
     if HAS_WEIGHT:
         y = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * y
-    tl.store(out_ptr + row * dim + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if EMULATE and out_ptr.dtype.element_ty == tl.bfloat16:
+        y = round_to_grid(y, 7, -119)  # the interpreter's conversion truncates (fp8_quant)
+    y = y.to(out_ptr.dtype.element_ty)
+    if QUANT:  # the values the output holds are the ones quantised, as a later pass would
+        _store_fp8(y.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, dim, EMULATE, BLOCK)
+    tl.store(out_ptr + row.to(tl.int64) * dim + cols, y, mask=mask)
+
+
+def _norm_rows(x: Tensor) -> Tensor:
+    """``x`` as [rows, dim] whose rows may be slices of wider ones (a fused projection's)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def _launch_norm(
+    flat: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    out: Tensor,
+    quant: tuple[Tensor, Tensor] | None,
+) -> None:
+    dim = flat.shape[1]
+    if not flat.shape[0]:
+        return
+    w = weight.contiguous() if weight is not None else flat  # unused when HAS_WEIGHT=False
+    q, s = quant if quant is not None else (out, out)  # unused when QUANT=False
+    _rms_norm_kernel[(flat.shape[0],)](
+        flat,
+        w,
+        out,
+        q,
+        s,
+        dim,
+        flat.stride(0),
+        eps,
+        HAS_WEIGHT=weight is not None,
+        QUANT=quant is not None,
+        EMULATE=EMULATE_CAST,
+        BLOCK=max(triton.next_power_of_2(dim), ACT_GROUP if quant is not None else 1),
+    )
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm over the last dim of ``x``; fp32 statistics, output in ``x``'s dtype."""
-    dim = x.shape[-1]
-    flat = x.reshape(-1, dim)  # rows may be slices of wider ones (a fused projection's)
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
+    flat = _norm_rows(x)
     out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
-    if flat.shape[0]:
-        w = weight.contiguous() if weight is not None else flat  # unused when HAS_WEIGHT=False
-        _rms_norm_kernel[(flat.shape[0],)](
-            flat,
-            w,
-            out,
-            dim,
-            flat.stride(0),
-            eps,
-            HAS_WEIGHT=weight is not None,
-            BLOCK=triton.next_power_of_2(dim),
-        )
+    _launch_norm(flat, weight, eps, out, None)
     return out.view(x.shape)
+
+
+def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`rms_norm`, and its output quantised per token and group of ``ACT_GROUP`` as
+    :func:`.fp8_quant.quantize_act_fp8` quantises it (same bits), in the one launch: (output,
+    e4m3 codes, fp32 scales). The last dim must be a multiple of ``ACT_GROUP``."""
+    dim = x.shape[-1]
+    if dim % ACT_GROUP:
+        raise ValueError(f"rms_norm_fp8: the last dim ({dim}) is not a multiple of {ACT_GROUP}")
+    flat = _norm_rows(x)
+    out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
+    q = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(flat.shape[0], dim // ACT_GROUP, dtype=torch.float32, device=x.device)
+    _launch_norm(flat, weight, eps, out, (q, s))
+    lead = x.shape[:-1]
+    return out.view(x.shape), q.view(x.shape), s.view(*lead, dim // ACT_GROUP)
 
 
 @triton.jit
@@ -133,36 +209,90 @@ def _swiglu_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     gate_ptr,
     up_ptr,
     out_ptr,
-    n,
+    q_ptr,  # QUANT: [rows, width] e4m3 codes of the output
+    s_ptr,  # QUANT: [rows, width / ACT_GROUP] fp32 scales
+    width,
+    gate_stride,  # elements between rows of gate / up (row slices of a fused gate/up output)
+    up_stride,
     limit,
     CLAMP: tl.constexpr,
+    QUANT: tl.constexpr,
+    EMULATE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    """One program per (row, BLOCK columns); a quantised block holds whole groups."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    gate = tl.load(gate_ptr + row * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + row * up_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if CLAMP:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate * tl.sigmoid(gate) * up
-    tl.store(out_ptr + offs, h.to(out_ptr.dtype.element_ty), mask=mask)
+    if EMULATE and out_ptr.dtype.element_ty == tl.bfloat16:
+        h = round_to_grid(h, 7, -119)  # the interpreter's conversion truncates (fp8_quant)
+    h = h.to(out_ptr.dtype.element_ty)
+    if QUANT:  # the values the output holds are the ones quantised, as a later pass would
+        first = tl.program_id(1) * (BLOCK // _ACT_GROUP)
+        _store_fp8(h.to(tl.float32), q_ptr, s_ptr, row, cols, first, width, EMULATE, BLOCK)
+    tl.store(out_ptr + row * width + cols, h, mask=mask)
 
 
 SWIGLU_BLOCK = 1024
 
 
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as [rows, width] with unit column stride (row slices stay views)."""
+    flat = t.reshape(-1, t.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def _launch_swiglu(
+    gate: Tensor, up: Tensor, limit: float, out: Tensor, quant: tuple[Tensor, Tensor] | None
+) -> None:
+    rows, width = gate.shape
+    if not rows or not width:
+        return
+    block = min(SWIGLU_BLOCK, max(triton.next_power_of_2(width), ACT_GROUP))
+    q, s = quant if quant is not None else (out, out)  # unused when QUANT=False
+    _swiglu_kernel[(rows, triton.cdiv(width, block))](
+        gate, up, out, q, s, width, gate.stride(0), up.stride(0), float(limit),
+        CLAMP=limit > 0, QUANT=quant is not None, EMULATE=EMULATE_CAST, BLOCK=block,
+    )  # fmt: skip
+
+
+def _check_pair(gate: Tensor, up: Tensor) -> None:
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+
+
 def swiglu(gate: Tensor, up: Tensor, limit: float, out_dtype: torch.dtype) -> Tensor:
     """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` in fp32 (no clamp when ``limit``
     <= 0), stored as ``out_dtype``: the reference's two upcasts, two clamps, SiLU, product and
-    downcast (seven launches for the shared expert of every MoE layer) in one."""
-    if gate.shape != up.shape:
-        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
-    g, u = gate.contiguous(), up.contiguous()
+    downcast (seven launches for the shared expert of every MoE layer) in one. ``gate`` and
+    ``up`` may be row slices of one tensor (the halves of a fused gate/up projection)."""
+    _check_pair(gate, up)
+    g, u = _rows(gate), _rows(up)
     out = torch.empty(g.shape, dtype=out_dtype, device=g.device)
-    n = g.numel()
-    if n:
-        _swiglu_kernel[(triton.cdiv(n, SWIGLU_BLOCK),)](
-            g, u, out, n, float(limit), CLAMP=limit > 0, BLOCK=SWIGLU_BLOCK
-        )
-    return out
+    _launch_swiglu(g, u, limit, out, None)
+    return out.view(gate.shape)
+
+
+def swiglu_fp8(
+    gate: Tensor, up: Tensor, limit: float, out_dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`swiglu`, and its output quantised per token and group of ``ACT_GROUP`` as
+    :func:`.fp8_quant.quantize_act_fp8` quantises it (same bits), in the one launch: (output,
+    e4m3 codes, fp32 scales). The width must be a multiple of ``ACT_GROUP``."""
+    _check_pair(gate, up)
+    width = gate.shape[-1]
+    if width % ACT_GROUP:
+        raise ValueError(f"swiglu_fp8: the width ({width}) is not a multiple of {ACT_GROUP}")
+    g, u = _rows(gate), _rows(up)
+    out = torch.empty(g.shape, dtype=out_dtype, device=g.device)
+    q = torch.empty(g.shape, dtype=torch.float8_e4m3fn, device=g.device)
+    s = torch.empty(g.shape[0], width // ACT_GROUP, dtype=torch.float32, device=g.device)
+    _launch_swiglu(g, u, limit, out, (q, s))
+    lead = gate.shape[:-1]
+    return out.view(gate.shape), q.view(gate.shape), s.view(*lead, width // ACT_GROUP)

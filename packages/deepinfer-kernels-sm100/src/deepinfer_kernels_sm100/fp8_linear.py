@@ -265,20 +265,28 @@ def fp8_block_linear(
     weight_scale: Tensor,
     block: tuple[int, int] = (128, 128),
     out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    quantized: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """y = x @ (weight * block scales).T on the stored e4m3 weight: x [..., K] -> [..., N].
 
     ``weight`` is [N, K] float8_e4m3fn (or its bytes), ``weight_scale`` [ceil(N / bn),
     ceil(K / bk)] fp32 or ue8m0 for ``block`` = (bn, bk). x is quantised per token and group of
-    128 (:func:`quantize_act_fp8`); the sums run in fp32 and are rounded once to ``out_dtype``.
-    N and K must be multiples of 128; anything else raises ValueError.
+    128 (:func:`quantize_act_fp8`), unless ``quantized`` holds its e4m3 codes and fp32 scales
+    already (from a fused RMSNorm or SwiGLU); the sums run in fp32 and are rounded once to
+    ``out_dtype``. N and K must be multiples of 128; anything else raises ValueError.
     """
     w, ws, ue8m0 = _weight_operands(weight, weight_scale, block)
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes K = {k}")
     x2 = x.reshape(-1, k)
-    out = _gemm(x2, w, ws, ue8m0=ue8m0, block=block, out_dtype=out_dtype, groups=1)
+    pre = None
+    if quantized is not None:
+        pre = (quantized[0].reshape(-1, k), quantized[1].reshape(-1, k // ACT_GROUP))
+        if pre[0].shape[0] != x2.shape[0] or pre[0].dtype != torch.float8_e4m3fn:
+            raise ValueError("quantized activations must be e4m3 codes of x's shape")
+    out = _gemm(x2, w, ws, ue8m0=ue8m0, block=block, out_dtype=out_dtype, groups=1, pre=pre)
     return out.view(*x.shape[:-1], n)
 
 
@@ -316,9 +324,11 @@ def _gemm(
     block: tuple[int, int],
     out_dtype: torch.dtype,
     groups: int,
+    pre: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """[M, groups * K] activations times the [N, K] weight, group j of x against rows
-    j * N / groups ... of the weight: the launch behind both linears."""
+    j * N / groups ... of the weight: the launch behind both linears. ``pre``: x's codes and
+    scales, quantised already."""
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
     if x2.dtype not in IN_DTYPES:
@@ -328,10 +338,14 @@ def _gemm(
     out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
     if not m:
         return out
-    t = _tiles(m, n, k, block[1], _programs(x2.device), fused=FUSE_DECODE_QUANT)
+    fuse = FUSE_DECODE_QUANT and pre is None
+    t = _tiles(m, n, k, block[1], _programs(x2.device), fused=fuse)
     # Fused, the kernel reads x itself and no activation scales: the weight stands in for
     # them, so the pointer types, and the compiled kernel, are the same on every call.
-    a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
+    if pre is not None:
+        a, a_scale = pre[0].contiguous(), pre[1].contiguous()
+    else:
+        a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
     if m > SMALL_M:
         tile = (t.block_m, t.block_n, t.block_k)
         fp8_prefill_gemm(

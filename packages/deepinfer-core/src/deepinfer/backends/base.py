@@ -9,6 +9,7 @@ reference to fall back on and to be tested against.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -20,7 +21,31 @@ from deepinfer.plugins import Availability
 if TYPE_CHECKING:
     from deepinfer.paging import PagedEntries
 
-__all__ = ["Availability", "Backend"]
+__all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output"]
+
+
+@dataclass(frozen=True)
+class Fp8Activation:
+    """Activations quantised as :meth:`Backend.fp8_linear` quantises its input: ``q`` [..., K]
+    e4m3 and ``scale`` [..., K / 128] fp32, per token and group of 128 columns.
+
+    The op that produces an FP8 projection's input (its RMSNorm, the shared expert's SwiGLU)
+    can quantise it while the values are in registers and hand this over, so the projection
+    skips its own quantisation pass: one launch and one read of the activations fewer.
+    """
+
+    q: Tensor
+    scale: Tensor
+
+    def flatten_rows(self) -> Fp8Activation:
+        """[..., K] -> [N, K], as a projection's caller flattens the activations themselves."""
+        return Fp8Activation(
+            self.q.reshape(-1, self.q.shape[-1]), self.scale.reshape(-1, self.scale.shape[-1])
+        )
+
+
+#: An op's output and the same values quantised for the FP8 projection that reads them.
+Fp8Output = tuple[Tensor, Fp8Activation]
 
 
 class Backend(ABC):
@@ -97,13 +122,19 @@ class Backend(ABC):
 
     @abstractmethod
     def fp8_linear(
-        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+        self,
+        x: Tensor,
+        weight: Tensor,
+        scale: Tensor,
+        block: tuple[int, int],
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
         """``x @ w.T`` for an FP8 e4m3 ``weight`` [N, K] with one fp32 ``scale`` per ``block``
         (rows, cols) of it, as DeepGEMM computes it: ``x`` [..., K] quantised to e4m3 per token
         and 128 columns (scale amax / 448, round to nearest even), products of the quantised
         values summed in fp32 and scaled per (activation group, weight block). Returns
-        [..., N] in ``x``'s dtype."""
+        [..., N] in ``x``'s dtype. ``x_fp8``: ``x`` already quantised so (by
+        :meth:`rms_norm_fp8` or :meth:`swiglu_fp8`), used in place of quantising it again."""
 
     @abstractmethod
     def fp8_grouped_linear(
@@ -118,12 +149,23 @@ class Backend(ABC):
         returned in ``gate``'s dtype: the shared expert's activation between FP8 projections."""
 
     @abstractmethod
+    def swiglu_fp8(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Fp8Output:
+        """:meth:`swiglu`, and its output quantised as :meth:`fp8_linear` quantises its input
+        (the shared expert's down projection reads it). ``gate`` and ``up`` may be row slices
+        of one wider tensor (a fused gate/up projection's halves)."""
+
+    @abstractmethod
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """Block-diagonal projection: ``x`` [..., g, i], ``weight`` [g*o, i] -> [..., g, o]."""
 
     @abstractmethod
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         """RMSNorm over the last dim, fp32 statistics; ``weight=None`` is the unweighted form."""
+
+    @abstractmethod
+    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Fp8Activation]:
+        """:meth:`rms_norm`, and its output (in ``x``'s dtype) quantised as :meth:`fp8_linear`
+        quantises its input: for the FP8 projections that read a norm's output."""
 
     @abstractmethod
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:

@@ -9,9 +9,13 @@ is exact in fp32 up to the summation, which a kernel may order differently.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from deepinfer.backends.base import Fp8Activation
 
 #: ``Backend.fp8_linear``'s signature: (x, weight, scale, block) -> y.
 Fp8Linear = Callable[[Tensor, Tensor, Tensor, tuple[int, int]], Tensor]
@@ -41,9 +45,16 @@ def dequant_weight_fp8(weight: Tensor, scale: Tensor, block: tuple[int, int]) ->
     return weight.float() * per_row.repeat_interleave(block[1], dim=1)[:, :k]
 
 
-def fp8_linear_ref(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
-    """``Backend.fp8_linear`` in fp32: the quantised activations times the weight's values."""
-    q, q_scale = quantize_act_fp8(x)
+def fp8_linear_ref(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    block: tuple[int, int],
+    x_fp8: Fp8Activation | None = None,
+) -> Tensor:
+    """``Backend.fp8_linear`` in fp32: the quantised activations (``x_fp8``, or ``x``
+    quantised here) times the weight's values."""
+    q, q_scale = (x_fp8.q, x_fp8.scale) if x_fp8 is not None else quantize_act_fp8(x)
     a = q.float() * q_scale.repeat_interleave(FP8_ACT_GROUP, dim=-1)
     return torch.nn.functional.linear(a, dequant_weight_fp8(weight, scale, block)).to(x.dtype)
 

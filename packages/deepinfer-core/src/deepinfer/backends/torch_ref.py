@@ -1,14 +1,12 @@
 """The torch reference backend: every op in plain torch.
 
-It is the CPU default and the numeric reference that every accelerated kernel is tested against.
-It also runs on a CUDA device (plain torch ops), which is how kernel packages inherit the ops they
-do not accelerate.
+The CPU default and the numeric reference every accelerated kernel is tested against; it also
+runs on CUDA (plain torch ops), so kernel packages inherit the ops they do not accelerate.
 
-This module keeps the op dispatch, the blocking of long prefills and the top-k picks. The maths
-of three op families is in modules of its own, which read (and are reused) without the backend:
-:mod:`~deepinfer.backends.attention_ref` (sink attention, indexer scores, KV compression),
-:mod:`~deepinfer.backends.moe_ref` (expert grouping and matmuls) and
-:mod:`~deepinfer.backends.mhc_ref` (hyper-connection weights, Sinkhorn).
+This module keeps the op dispatch, the blocking of long prefills and the top-k picks. Op
+families' maths live apart, readable (and reused) without the backend: ``attention_ref``
+(sink attention, indexer scores, KV compression), ``moe_ref`` (expert grouping and matmuls),
+``mhc_ref`` (hyper-connection weights, Sinkhorn), ``fp8_ref`` (FP8 block-scaled projections).
 """
 
 from __future__ import annotations
@@ -26,9 +24,9 @@ from deepinfer.backends.attention_ref import (
     sink_attention,
     sparse_sink_attention,
 )
-from deepinfer.backends.base import Availability, Backend
+from deepinfer.backends.base import Availability, Backend, Fp8Activation, Fp8Output
 from deepinfer.backends.fp4_ref import dequant_fp4
-from deepinfer.backends.fp8_ref import fp8_grouped, fp8_linear_ref
+from deepinfer.backends.fp8_ref import fp8_grouped, fp8_linear_ref, quantize_act_fp8
 from deepinfer.backends.mhc_ref import mhc_weights_from_mix
 from deepinfer.backends.moe_ref import (
     combine_slots,
@@ -75,9 +73,14 @@ class TorchBackend(Backend):
         return F.linear(x.float(), weight.float())
 
     def fp8_linear(
-        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+        self,
+        x: Tensor,
+        weight: Tensor,
+        scale: Tensor,
+        block: tuple[int, int],
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
-        return fp8_linear_ref(x, weight, scale, block)
+        return fp8_linear_ref(x, weight, scale, block, x_fp8)
 
     def fp8_grouped_linear(
         self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
@@ -86,6 +89,10 @@ class TorchBackend(Backend):
 
     def swiglu(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Tensor:
         return self._clamped_swiglu(gate, up, swiglu_limit).to(gate.dtype)
+
+    def swiglu_fp8(self, gate: Tensor, up: Tensor, swiglu_limit: float) -> Fp8Output:
+        h = self.swiglu(gate, up, swiglu_limit)
+        return h, Fp8Activation(*quantize_act_fp8(h))
 
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         groups, width = x.shape[-2], x.shape[-1]
@@ -98,6 +105,10 @@ class TorchBackend(Backend):
         if weight is not None:
             y = weight.float() * y
         return y.to(x.dtype)
+
+    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Fp8Activation]:
+        y = self.rms_norm(x, weight, eps)
+        return y, Fp8Activation(*quantize_act_fp8(y))
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
         rd = 2 * cos.shape[-1]

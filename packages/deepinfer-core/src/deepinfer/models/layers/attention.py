@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedKV
 from deepinfer.models.layers.compressor import Compressor
@@ -76,13 +76,14 @@ class MQA(nn.Module, ABC):
         """The layer's empty state: its window ring and whatever long-range state it keeps."""
 
     def project(
-        self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor
+        self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor, x_fp8: Fp8Activation | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(rotated queries [B, S, H, D], query latent ``qr``, rotated kv row [B, S, D])."""
+        """(rotated queries [B, S, H, D], query latent ``qr``, rotated kv row [B, S, D]).
+        ``x_fp8``: ``x`` quantised for FP8 projections by the norm that made it."""
         b, s, _ = x.shape
-        q_latent, kv = pair(self, "wq_a", "wkv", ops, x)
-        qr = self.q_norm(ops, q_latent)
-        q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
+        q_latent, kv = pair(self, "wq_a", "wkv", ops, x, x_fp8=x_fp8)
+        qr, qr_fp8 = self.q_norm.feeding(ops, q_latent, self.wq_b)
+        q = self.wq_b(ops, qr, qr_fp8).view(b, s, self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = ops.rms_norm(q, None, self.eps)
         q = ops.rope(q, cos, sin)
@@ -99,12 +100,14 @@ class MQA(nn.Module, ABC):
         state: LayerStates,
         *,
         shared: SharedKV | None = None,
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
         """``x`` [B, S, d] is the normed sublayer input at absolute ``positions``: [S] for a
         span, [N] for a ragged pass's spans packed in [1, N], [B, 1] for a batch of decode rows
-        in shared slots. ``shared``: V4.1's per-call source-layer outputs."""
+        in shared slots. ``shared``: V4.1's per-call source-layer outputs; ``x_fp8``: ``x``
+        quantised already (:meth:`~deepinfer.models.layers.norm.RMSNorm.feeding`)."""
         cos, sin = rotary.cos_sin(positions)
-        q, qr, kv = self.project(ops, x, cos, sin)
+        q, qr, kv = self.project(ops, x, cos, sin, x_fp8)
         o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
         return self.output(ops, o, cos, sin)
 

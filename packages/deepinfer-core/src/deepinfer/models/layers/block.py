@@ -69,7 +69,8 @@ class Block(TransformerLayer):
         rotary = ctx.rotary[self.rope_kind]
 
         def attn(u: Tensor) -> Tensor:
-            return self.attn(ops, self.attn_norm(ops, u), ctx.positions, rotary, state)
+            x, x_fp8 = self.attn_norm.feeding(ops, u, self.attn.wq_a)
+            return self.attn(ops, x, ctx.positions, rotary, state, x_fp8=x_fp8)
 
         x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
         return self.ffn_half(ops, x, ctx.input_ids)
@@ -78,6 +79,7 @@ class Block(TransformerLayer):
         """mHC(MoE) of the streams (the token ids route hash layers)."""
 
         def ffn(u: Tensor) -> Tensor:
-            return self.ffn(ops, self.ffn_norm(ops, u), input_ids)
+            x, x_fp8 = self.ffn_norm.feeding(ops, u, self.ffn.shared_experts.w1)
+            return self.ffn(ops, x, input_ids, x_fp8)
 
         return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn)

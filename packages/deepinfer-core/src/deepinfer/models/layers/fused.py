@@ -1,8 +1,8 @@
 """Pairs of projections that read the same input, run as one (vLLM's merged column linear).
 
-Attention's ``wq_a`` and ``wkv`` both project the normed layer input (a module lists such
-pairs in ``FUSED_PAIRS``). Run apart, a pair costs two GEMM launches (with FP8 weights, two
-activation quantisations as well); at decode sizes those fixed costs, not the bytes, set
+Attention's ``wq_a`` and ``wkv`` both project the normed layer input, and the shared expert's
+``w1`` and ``w3`` (gate and up) its input (a module lists such pairs in ``FUSED_PAIRS``). Run
+apart, a pair costs two GEMM launches; at decode sizes those fixed costs, not the bytes, set
 their time. Each compressor's ``wkv`` and ``wgate`` read one input too, but are not listed:
 their outputs' consumers would first have to take row slices of a wider result.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.models.layers.norm import Linear
 
 #: attribute of a fused pair on its module, outside the module's registered children (its
@@ -85,17 +85,31 @@ def fuse_projections(model: nn.Module) -> int:
     return count
 
 
-def pair(
-    module: nn.Module, first: str, second: str, ops: Backend, x: Tensor
-) -> tuple[Tensor, Tensor]:
-    """``module.first(x)`` and ``module.second(x)``: one launch where the pair is fused.
-
-    A module whose projections were replaced after fusing (``.to()`` makes new tensors of
-    its registered parameters, not of the fused weight) runs the two apart."""
+def fused_pair(module: nn.Module, first: str, second: str) -> Linear | None:
+    """The one projection standing for ``module.first`` and ``module.second``, if they are
+    fused (and still are: ``.to()`` makes new tensors of the module's registered parameters,
+    not of the fused weight, so the two no longer slice it)."""
     fused: Linear | None = module.__dict__.get(_FUSED.format(first, second))
+    if fused is None or getattr(module, first).weight.data_ptr() != fused.weight.data_ptr():
+        return None
+    return fused
+
+
+def pair(
+    module: nn.Module,
+    first: str,
+    second: str,
+    ops: Backend,
+    x: Tensor,
+    *,
+    x_fp8: Fp8Activation | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``module.first(x)`` and ``module.second(x)``: one launch where the pair is fused, else
+    two (``x_fp8``, ``x`` quantised already, serves both)."""
+    fused = fused_pair(module, first, second)
     one = getattr(module, first)
-    if fused is None or one.weight.data_ptr() != fused.weight.data_ptr():  # no longer a slice
-        return one(ops, x), getattr(module, second)(ops, x)
+    if fused is None:
+        return one(ops, x, x_fp8), getattr(module, second)(ops, x, x_fp8)
     rows = one.weight.shape[0]
-    both = fused(ops, x)
+    both = fused(ops, x, x_fp8)
     return both[..., :rows], both[..., rows:]

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.expert_count import ExpertLoad
+from deepinfer.models.layers.fused import fused_pair, pair
 from deepinfer.models.layers.norm import Linear, fp32_param
 from deepinfer.parallel import ExpertParallel, dispatch_experts
 
@@ -46,18 +47,29 @@ class Gate(nn.Module):
 class Expert(nn.Module):
     """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` with the clamp (also the shared expert's shape)."""
 
+    #: gate and up read the same input: one GEMM where the backend fuses them (:mod:`.fused`)
+    FUSED_PAIRS = (("w1", "w3"),)
+
     def __init__(self, hidden: int, inter: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.w1 = Linear(hidden, inter, dtype, fp8_capable=True)
         self.w2 = Linear(inter, hidden, dtype, fp8_capable=True)
         self.w3 = Linear(hidden, inter, dtype, fp8_capable=True)
 
-    def forward(self, ops: Backend, x: Tensor, swiglu_limit: float) -> Tensor:
-        """fp32 output; one fused op for float weights, three projections for FP8 ones."""
-        if all(w.scale is None for w in (self.w1, self.w2, self.w3)):
-            return ops.swiglu_mlp(x, self.w1.weight, self.w2.weight, self.w3.weight, swiglu_limit)
-        h = ops.swiglu(self.w1(ops, x), self.w3(ops, x), swiglu_limit)
-        return self.w2(ops, h).float()
+    def forward(
+        self, ops: Backend, x: Tensor, swiglu_limit: float, x_fp8: Fp8Activation | None = None
+    ) -> Tensor:
+        """fp32 output: one op for float weights held apart; else the projections, gate and
+        up as one GEMM where fused, each FP8 one fed activations quantised where they were
+        made (``x_fp8``: by the norm before; the down projection's: by the SwiGLU)."""
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        floats = all(w.scale is None for w in (w1, w2, w3))
+        if floats and fused_pair(self, "w1", "w3") is None:
+            return ops.swiglu_mlp(x, w1.weight, w2.weight, w3.weight, swiglu_limit)
+        gate, up = pair(self, "w1", "w3", ops, x, x_fp8=x_fp8)
+        if w2.scale is None:
+            return w2(ops, ops.swiglu(gate, up, swiglu_limit)).float()
+        return w2(ops, *ops.swiglu_fp8(gate, up, swiglu_limit)).float()
 
 
 class RoutedExperts(nn.Module):
@@ -157,7 +169,11 @@ class MoE(nn.Module):
         #: routed to each global expert (None: nothing counts).
         self.expert_load: ExpertLoad | None = None
 
-    def forward(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
+    def forward(
+        self, ops: Backend, x: Tensor, input_ids: Tensor, x_fp8: Fp8Activation | None = None
+    ) -> Tensor:
+        """The normed sublayer input ``x`` [..., d] (``x_fp8``: quantised for the shared
+        expert) -> routed experts plus the shared expert, in x's dtype."""
         cfg = self.cfg
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
@@ -172,9 +188,17 @@ class MoE(nn.Module):
             norm_topk_prob=cfg.norm_topk_prob,
             fixed_indices=fixed,
         )
-        return self.combine(ops, flat, weights, indices).to(x.dtype).view(shape)
+        flat_fp8 = x_fp8.flatten_rows() if x_fp8 is not None else None
+        return self.combine(ops, flat, weights, indices, flat_fp8).to(x.dtype).view(shape)
 
-    def combine(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+    def combine(
+        self,
+        ops: Backend,
+        flat: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        flat_fp8: Fp8Activation | None = None,
+    ) -> Tensor:
         """Routed experts weighted by the router, plus the shared expert (fp32 sum). Under
         expert parallelism the routed pairs travel to the ranks owning their experts and back
         (:func:`~deepinfer.parallel.dispatch_experts`); the shared expert runs here."""
@@ -189,7 +213,7 @@ class MoE(nn.Module):
             )
         else:
             routed = self.local_experts(ops, flat, weights, indices)
-        return routed + self.shared_experts(ops, flat, self.cfg.swiglu_limit)
+        return routed + self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8)
 
     def local_experts(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """The held routed experts on ``flat`` [N, d], ``indices`` [N, k] local to the stacks;

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +24,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, ops: Backend, x: Tensor) -> Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
+
+    def feeding(
+        self, ops: Backend, x: Tensor, consumer: Linear
+    ) -> tuple[Tensor, Fp8Activation | None]:
+        """The normed ``x``, and, where ``consumer`` (the projection that reads it) holds its
+        weight in FP8, the normed values quantised as it would quantise them: one launch
+        (:meth:`~deepinfer.backends.base.Backend.rms_norm_fp8`) in place of two."""
+        if consumer.scale is None:
+            return self(ops, x), None
+        return ops.rms_norm_fp8(x, self.weight, self.eps)
 
 
 class Linear(nn.Module):
@@ -74,9 +84,10 @@ class Linear(nn.Module):
         )
         self.block = block
 
-    def forward(self, ops: Backend, x: Tensor) -> Tensor:
+    def forward(self, ops: Backend, x: Tensor, x_fp8: Fp8Activation | None = None) -> Tensor:
+        """``x @ weight.T``; ``x_fp8``: ``x`` quantised already (for an FP8 weight)."""
         if self.scale is not None:
-            return ops.fp8_linear(x, self.weight, self.scale, self.block)
+            return ops.fp8_linear(x, self.weight, self.scale, self.block, x_fp8)
         if self.computes_fp32:
             return ops.linear_fp32(x, self.weight)
         return ops.linear(x, self.weight)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.block import TransformerLayer
 from deepinfer.models.layers.candidate_indexer import SharedKV
@@ -52,10 +52,15 @@ class ImageBiasMoE(MoE):
             self.gate.bias_vl = fp32_param(cfg.n_routed_experts)
 
     def forward(
-        self, ops: Backend, x: Tensor, input_ids: Tensor, image_mask: Tensor | None = None
+        self,
+        ops: Backend,
+        x: Tensor,
+        input_ids: Tensor,
+        image_mask: Tensor | None = None,
+        x_fp8: Fp8Activation | None = None,
     ) -> Tensor:
         if not self.image_bias or image_mask is None or not bool(image_mask.any()):
-            return super().forward(ops, x, input_ids)
+            return super().forward(ops, x, input_ids, x_fp8)
         cfg = self.cfg
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
@@ -70,7 +75,8 @@ class ImageBiasMoE(MoE):
         is_img = image_mask.reshape(-1, 1)
         weights = torch.where(is_img, w_img, w_text)
         indices = torch.where(is_img, i_img, i_text)
-        return self.combine(ops, flat, weights, indices).to(x.dtype).view(shape)
+        flat_fp8 = x_fp8.flatten_rows() if x_fp8 is not None else None
+        return self.combine(ops, flat, weights, indices, flat_fp8).to(x.dtype).view(shape)
 
 
 class SharedBlock(TransformerLayer):
@@ -93,9 +99,8 @@ class SharedBlock(TransformerLayer):
             x = self.engram(ops, x, ctx.engram_ids, ctx.engram_history, ctx.image_mask)
 
         def attn(u: Tensor) -> Tensor:
-            return self.attn(
-                ops, self.attn_norm(ops, u), ctx.positions, rotary, state, shared=ctx.shared
-            )
+            x, x_fp8 = self.attn_norm.feeding(ops, u, self.attn.wq_a)
+            return self.attn(ops, x, ctx.positions, rotary, state, shared=ctx.shared, x_fp8=x_fp8)
 
         if not self.cfg.hc_pre_from_prev_sublayer:
             x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
@@ -114,7 +119,8 @@ class SharedBlock(TransformerLayer):
         """mHC(MoE) -> (streams, ``pre`` to carry on)."""
 
         def ffn(u: Tensor) -> Tensor:
-            return self.ffn(ops, self.ffn_norm(ops, u), input_ids, image_mask)
+            x, x_fp8 = self.ffn_norm.feeding(ops, u, self.ffn.shared_experts.w1)
+            return self.ffn(ops, x, input_ids, image_mask, x_fp8)
 
         if not self.cfg.hc_pre_from_prev_sublayer:
             return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn), None
