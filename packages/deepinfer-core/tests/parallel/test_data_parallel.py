@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -135,9 +136,9 @@ def _summed_load(llm: LLM) -> dict[str, Tensor]:
 def _counting(inner: Callable[..., Tensor], seen: Tensor) -> Callable[..., Tensor]:
     """``MoE.combine`` that first adds its router indices to ``seen``."""
 
-    def combine(ops: object, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+    def combine(ops: object, flat: Tensor, weights: Tensor, indices: Tensor, *rest: Any) -> Tensor:
         seen.add_(torch.bincount(indices[indices >= 0], minlength=seen.numel()))
-        return inner(ops, flat, weights, indices)
+        return inner(ops, flat, weights, indices, *rest)
 
     return combine
 
@@ -298,6 +299,40 @@ def test_dspark_speculation_equals_one_process(dp_llm: LLM, single: LLM) -> None
     try:
         assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == greedy
         assert _tokens(llm.generate(PROMPTS[:3], seeded, use_tqdm=False)) == want_seeded
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
+
+
+def test_mtp_speculation_equals_one_process(dp_llm: LLM, single: LLM) -> None:
+    """MTP drafts through the MTP layer, whose MoE is a collective: the ranks match their
+    drafting passes (a rank drafting nothing runs dummy passes). Greedy outputs stay the single
+    process's without speculation (lossless), and seeded sampling the single process's with
+    the same speculation; one request on two ranks leaves a rank idle while the other drafts."""
+    dp_llm.engine.shutdown()  # one process group at a time
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    greedy = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
+    seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=7)
+    want_seeded = _tokens(
+        LLM("tiny", speculative_config=spec, **OPTIONS).generate(
+            PROMPTS[:3], seeded, use_tqdm=False
+        )
+    )
+    llm = LLM(
+        "tiny",
+        data_parallel_size=2,
+        enable_expert_parallel=True,
+        speculative_config=spec,
+        dp_timeout_s=60,
+        **OPTIONS,
+    )
+    try:
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert _tokens(outs) == greedy
+        assert all(o.metrics.spec_rounds > 0 for o in outs)  # every request drafted
+        assert _tokens(llm.generate(PROMPTS[:3], seeded, use_tqdm=False)) == want_seeded
+        assert _tokens(llm.generate(PROMPTS[1:2], GREEDY, use_tqdm=False)) == greedy[1:2]
+        assert any(m.dummy_steps > 0 for m in llm.engine.metrics())
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()

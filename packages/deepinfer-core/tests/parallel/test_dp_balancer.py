@@ -77,20 +77,23 @@ def test_bad_options_are_refused(options: dict[str, object], field: str) -> None
     assert info.value.field == field
 
 
-@pytest.mark.parametrize(
-    ("config", "field"),
-    [
-        (
-            EngineConfig(speculative_config={"method": "mtp", "num_speculative_tokens": 1}),
-            "speculative_config",
-        ),
-        (EngineConfig(batch_invariant=True), "batch_invariant"),
-    ],
-)
-def test_step_paths_with_several_forwards_are_refused(config: EngineConfig, field: str) -> None:
+def test_batch_invariant_mode_is_refused() -> None:
+    """It runs one forward per token: ranks would not pair their MoE collectives."""
     with pytest.raises(InvalidRequestError, match="data_parallel_size > 1") as info:
-        DataParallelOptions(data_parallel_size=2).check(config)
-    assert info.value.field == field
+        DataParallelOptions(data_parallel_size=2).check(EngineConfig(batch_invariant=True))
+    assert info.value.field == "batch_invariant"
+
+
+@pytest.mark.parametrize("method", ["dspark", "mtp"])
+def test_speculation_runs_in_lockstep(method: str) -> None:
+    spec = {"method": method, "num_speculative_tokens": 2}
+    config = EngineConfig(speculative_config=spec)
+    DataParallelOptions(data_parallel_size=2).check(config)
+    assert config.speculative_config == spec
+    bad = EngineConfig(speculative_config={"method": method, "num_speculative_tokens": 0})
+    with pytest.raises(InvalidRequestError) as info:
+        DataParallelOptions(data_parallel_size=2).check(bad)
+    assert info.value.field == "speculative_config"
 
 
 @pytest.mark.parametrize("asked", [None, True, False])

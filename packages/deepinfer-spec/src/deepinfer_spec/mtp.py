@@ -11,10 +11,15 @@ target's streams once they are verified.
 
 Drafts are the MTP logits' argmax (a deterministic proposal), which verification accepts with
 the target's own probability of the token: lossless at any temperature.
+
+Under expert parallelism the MTP layer's MoE is a collective, so a round first agrees with the
+other ranks on its ``k`` passes (ranks drafting nothing this step run dummy passes to match,
+:mod:`deepinfer.dp.lockstep`) and each pass on its rows, as the target's forwards do.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +30,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.mtp_pass import mtp_forward_ragged
 from deepinfer.models.rollback import rollback_mtp_layers
 from deepinfer.models.state import ModelState
+from deepinfer.parallel import find_expert_parallel
 
 
 @dataclass
@@ -75,13 +81,22 @@ class MTPDrafter:
         (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the other). Returns the
         drafts [n, k]."""
         model = self.model
-        logits, out = mtp_forward_ragged(model, states, streams, next_ids, lengths)
+        ep = find_expert_parallel(model)
+        if ep is not None:
+            ep.agree_passes(self.k)
+
+        def moe_pass(tokens: int) -> contextlib.AbstractContextManager[None]:
+            return ep.forward(tokens) if ep is not None else contextlib.nullcontext()
+
+        with moe_pass(len(next_ids)):
+            logits, out = mtp_forward_ragged(model, states, streams, next_ids, lengths)
         verified = [s.mtp_pos for s in states]
         ends = torch.tensor(list(lengths)).cumsum(0) - 1
         drafts = [logits.argmax(dim=-1)]
         out = out[ends.to(out.device)]
         for _ in range(self.k - 1):
-            logits, out = mtp_forward_ragged(model, states, out, drafts[-1], [1] * len(states))
+            with moe_pass(len(states)):
+                logits, out = mtp_forward_ragged(model, states, out, drafts[-1], [1] * len(states))
             drafts.append(logits.argmax(dim=-1))
         for state, length in zip(states, verified, strict=True):
             rollback_mtp_layers(state, length)

@@ -11,6 +11,11 @@ ranks agree, before each forward, on the most tokens any of them feeds it, which
 layers' exchange for that forward (:meth:`~deepinfer.parallel.ExpertParallel.agree`), rounded
 up to a decode-graph batch bucket: every rank's forward then runs at the rows of a captured graph
 (its own, padded, or an eager step at the same rows), so their collectives match.
+
+MTP speculation adds passes of the MTP layer, whose MoE is a collective too: a rank that drafts
+agrees on its ``k`` passes from inside its step (:meth:`~deepinfer.parallel.ExpertParallel.
+agree_passes`); a rank whose step drafted nothing agrees on none after it, and runs as many dummy
+passes (one token through the MTP layer on a scratch state) as the others draft.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from deepinfer.cache.prefix import BLOCK_SIZE
 from deepinfer.dp.protocol import RankMetrics, StepCommand, StepReply
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.errors import DeepInferError
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.expert_load import ExpertLoadTracker
@@ -46,26 +52,28 @@ class RankStepper:
         self.steps = 0
         self.dummy_steps = 0
         self._scratch: ModelState | None = None
+        self._mtp_scratch: ModelState | None = None
         model = engine.model
         self.expert_load = ExpertLoadTracker(model)
         inner: Callable[..., Any] = model.forward
-        ep = find_expert_parallel(model)
+        self.ep = ep = find_expert_parallel(model)
+        spec = SpeculativeConfig.parse(engine.config.speculative_config)
+        #: whether steps may draft through the MTP layer (passes every rank must match)
+        self.mtp_passes = ep is not None and spec is not None and spec.method == "mtp"
         buckets = decode_buckets(engine.config.max_num_seqs)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.forwards += 1
             try:
-                if ep is not None:
-                    batch: ForwardBatch = args[0] if args else kwargs["batch"]
-                    # rounded to a decode-graph bucket: every rank's graph at the agreed rows
-                    ep.agree(batch.num_tokens, lambda n: round_to_bucket(n, buckets))
-                return inner(*args, **kwargs)
+                if ep is None:
+                    return inner(*args, **kwargs)
+                batch: ForwardBatch = args[0] if args else kwargs["batch"]
+                # rounded to a decode-graph bucket: every rank's graph at the agreed rows
+                with ep.forward(batch.num_tokens, lambda n: round_to_bucket(n, buckets)):
+                    return inner(*args, **kwargs)
             except BaseException as exc:
                 self.error = exc
                 raise
-            finally:
-                if ep is not None:
-                    ep.step.rows = None
 
         model.forward = counted  # type: ignore[method-assign]
 
@@ -79,6 +87,27 @@ class RankStepper:
         with self.expert_load.paused():
             model(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
         self.dummy_steps += 1
+
+    @torch.inference_mode()
+    def match_draft_passes(self) -> None:
+        """After the step: if it drafted nothing, agree on no drafting passes and run as many
+        dummy passes of the MTP layer as the ranks that drafted ran (see the module)."""
+        ep = self.ep
+        if not self.mtp_passes or ep is None:
+            return
+        if ep.step.passes_agreed:  # agreed from inside the step's drafting
+            ep.step.passes_agreed = False
+            return
+        model = self.engine.model
+        cfg = model.cfg
+        for _ in range(ep.agree_passes(0)):
+            if self._mtp_scratch is None or self._mtp_scratch.mtp_pos >= BLOCK_SIZE:
+                self._mtp_scratch = model.new_state(1)
+            streams = torch.zeros(1, 1, cfg.hc_mult, cfg.hidden_size, dtype=model.dtype)
+            ids = torch.zeros(1, 1, dtype=torch.long)
+            with ep.forward(1), self.expert_load.paused():
+                model.mtp_forward(streams.to(model.device), ids, self._mtp_scratch)
+        ep.step.passes_agreed = False
 
     def run(self, command: StepCommand) -> StepReply:
         """Apply the command's requests, run one step (or the dummy forward), report."""
@@ -112,6 +141,7 @@ class RankStepper:
             self.dummy_forward()
         elif ran > 1:
             raise LockstepError(f"rank {self.rank} ran {ran} forwards in one step (1 expected)")
+        self.match_draft_passes()
         self.steps += 1
         reply.metrics = self.metrics()
         return reply

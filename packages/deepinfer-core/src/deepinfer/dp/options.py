@@ -76,28 +76,24 @@ class DataParallelOptions:
         """Refuse what cannot run in lockstep yet; nothing asked for is turned off.
 
         Every rank runs exactly one model forward per global step (each MoE layer is a
-        collective), so step paths with several forwards are refused: MTP speculation (its
-        drafts run the MTP layers' MoE once per draft, on the ranks with requests to draft
-        for) and batch-invariant mode (one forward per token). DSpark speculation keeps one
-        target forward a step (its drafter's layers are its own, with no collective). Asynchronous
-        scheduling keeps one forward a step (it reads the previous step's tokens while the
-        next runs) and stays as asked (on by default on a GPU). Decode steps keep their CUDA
-        graphs, each rank's captured at startup (:func:`~deepinfer.engine.graph_capture.
+        collective), so step paths with several forwards are refused: batch-invariant mode (one
+        forward per token). Speculation keeps one target forward a step: DSpark's drafter has
+        layers of its own, with no collective; MTP's drafting passes through the MTP layer's MoE
+        are matched across ranks by :mod:`~deepinfer.dp.lockstep`. Asynchronous scheduling
+        keeps one forward a step (it reads the previous step's tokens while the next runs) and
+        stays as asked (on by default on a GPU). Decode steps keep their CUDA graphs, each
+        rank's captured at startup (:func:`~deepinfer.engine.graph_capture.
         capture_decode_graphs` and :mod:`~deepinfer.dp.lockstep` keep the ranks' exchanges
         at matching shapes)."""
         if not self.enabled:
             return
-        spec = SpeculativeConfig.parse(config.speculative_config)
-        for name, on in (
-            ("speculative_config", spec is not None and spec.method != "dspark"),
-            ("batch_invariant", config.batch_invariant),
-        ):
-            if on:
-                raise InvalidRequestError(
-                    name,
-                    "cannot be combined with data_parallel_size > 1 yet (every rank must run "
-                    "exactly one model forward per step)",
-                )
+        SpeculativeConfig.parse(config.speculative_config)  # a malformed one is refused here
+        if config.batch_invariant:
+            raise InvalidRequestError(
+                "batch_invariant",
+                "cannot be combined with data_parallel_size > 1 yet (every rank must run "
+                "exactly one model forward per step)",
+            )
 
 
 def pop_options(options: dict[str, object]) -> DataParallelOptions:

@@ -11,8 +11,9 @@ every expert and the MoE layer takes its ordinary path, so EP costs nothing ther
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -46,9 +47,12 @@ GATHER_MAX_TOKENS = 256
 @dataclass
 class StepTokens:
     """What the ranks agreed on for the forward under way: the most tokens any of them feeds
-    its MoE layers, where that allows the fixed-shape exchange (None: the all-to-all)."""
+    its MoE layers, where that allows the fixed-shape exchange (None: the all-to-all); and
+    whether this rank has agreed on the step's drafting passes yet (:meth:`ExpertParallel.
+    agree_passes`)."""
 
     rows: int | None = None
+    passes_agreed: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,35 @@ class ExpertParallel:
         exchange at that many rows, which reads nothing on the host (:attr:`step`).
         ``rows_for`` rounds the most up (to a captured decode graph's batch bucket, so that
         every rank's forward runs at rows a graph was captured with)."""
-        most = torch.tensor([tokens], dtype=torch.int64)
-        group = self.cpu_group if self.cpu_group is not None else self.group
-        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
-        rows = int(most[0])
+        rows = self._most(tokens)
         if rows_for is not None:
             rows = rows_for(rows)
         self.step.rows = rows if rows <= GATHER_MAX_TOKENS else None
+
+    @contextlib.contextmanager
+    def forward(self, tokens: int, rows_for: Callable[[int], int] | None = None) -> Iterator[None]:
+        """Around one forward through MoE layers: :meth:`agree` before it, and the agreement
+        dropped after it (a later forward agrees on its own)."""
+        self.agree(tokens, rows_for)
+        try:
+            yield
+        finally:
+            self.step.rows = None
+
+    def agree_passes(self, passes: int) -> int:
+        """Once a step, after its model forward: the most drafting passes through MoE layers
+        (MTP: one pass of the MTP layer per draft) any rank runs this step, ``passes`` being
+        this rank's. Each pass is a collective, so a rank that runs fewer makes up the rest with
+        dummy passes (:mod:`deepinfer.dp.lockstep`)."""
+        self.step.passes_agreed = True
+        return self._most(passes)
+
+    def _most(self, value: int) -> int:
+        """The largest ``value`` any rank passes (one host-side all-reduce)."""
+        most = torch.tensor([value], dtype=torch.int64)
+        group = self.cpu_group if self.cpu_group is not None else self.group
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        return int(most[0])
 
     @classmethod
     def from_torch(
