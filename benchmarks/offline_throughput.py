@@ -301,8 +301,15 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
         graphs = llm.engine.runner.graphs  # as the engine runs it (CUDA graphs on a GPU)
         ours = _median_ms(lambda: model(ForwardBatch.decode(ids, states), graphs).logits, device)
     # The floor is captured outside inference mode, where composite ops (linear, einsum) reach
-    # the dispatch mode already lowered to the matmuls it records.
-    states = [model.new_state(1) for _ in range(prompts.shape[0])]
+    # the dispatch mode already lowered to the matmuls it records; on slot rows as above (states
+    # of their own would run the rows one after another, each with its own matmuls).
+    slots = StateSlots(
+        lambda: model.new_state(1),
+        max_slots=prompts.shape[0],
+        max_len=llm.engine.max_model_len,
+        initial_slots=prompts.shape[0],
+    )
+    states = [slots.new_state() for _ in range(prompts.shape[0])]
     model(ForwardBatch.build(list(prompts), states))
     capture = _CaptureMatmuls()
     with capture:
