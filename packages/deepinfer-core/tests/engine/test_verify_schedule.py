@@ -10,6 +10,8 @@
   check.
 * Each decision is priced on the step's rows: a plain step's rate, beaten by 4%.
 * A round not drafted moves what was learnt 1/128 of the way back to the prior.
+* Greedy and sampled requests learn apart: one regime's rounds neither hold the other's back
+  nor push it on.
 * The steps' own host work, learnt from the decode-only steps' wall times, is added to the
   prices: it can make a round worth drafting that the profiled passes alone would not.
 * Until a few rounds have been timed, a round predicted to lose at most half a plain step's
@@ -33,8 +35,8 @@ from deepinfer.outputs import RequestMetrics
 from deepinfer.sampling_params import SamplingParams
 
 
-def _request(name: str) -> Request:
-    params = SamplingParams(temperature=0.0, max_tokens=8)
+def _request(name: str, temperature: float = 0.0) -> Request:
+    params = SamplingParams(temperature=temperature, max_tokens=8)
     return Request(name, name, 0, [5, 6, 7], params, 0, RequestMetrics(0.0), 11)
 
 
@@ -57,29 +59,30 @@ def _draft(verifier: AdaptiveVerifier, reqs: list[Request]) -> None:
 def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None:
     free = StepCost.by_tokens(VerifyCost.from_table({1: 1.0}))  # verifying costs nothing
     verifier = AdaptiveVerifier(free)
+    greedy = verifier.learnt[False]  # the tests' requests are greedy
     a, b = _request("a"), _request("b")
-    assert verifier.calibration == verifier.draft_calibration == 1.0
+    assert greedy.calibration == greedy.draft_calibration == 1.0
     assert verifier.drafting_pays([a, b], 3)  # first rounds, on the prior: 0.875 each
     _draft(verifier, [a, b])
     verifier.verified(a, 2)
     verifier.verified(b, 0)
-    assert (verifier.foreseen, verifier.realized, verifier.accepted) == (1.75, 2, 2)
+    assert (greedy.foreseen, greedy.realized, greedy.accepted) == (1.75, 2, 2)
 
     assert verifier.drafting_pays([a, b], 3)  # every slot, at no cost
     verifier.verified(a, 1)  # a row of a round drafted before this decision
-    assert verifier.foreseen == 1.75
+    assert greedy.foreseen == 1.75
     assert verifier.drafting_pays([a], 3)  # decided again, for a alone, and then drafted
     _draft(verifier, [a])
     verifier.verified(a, 0)
     verifier.verified(b, 3)  # b's round was never drafted on the decision that counted it
-    assert math.isclose(verifier.foreseen, 2.625) and verifier.realized == 2
-    assert math.isclose(verifier.draft_calibration, (2 + 8) / (2.625 + 8))
+    assert math.isclose(greedy.foreseen, 2.625) and greedy.realized == 2
+    assert math.isclose(greedy.draft_calibration, (2 + 8) / (2.625 + 8))
 
-    verifier.expected = 10.0  # survival admitted by plans so far; 2 + 1 + 0 + 3 accepted
-    assert verifier.accepted == 6
-    assert math.isclose(verifier.calibration, (6 + 8) / (10 + 8))
-    verifier.expected = 1.0
-    assert verifier.calibration == 1.0  # never above 1
+    greedy.expected = 10.0  # survival admitted by plans so far; 2 + 1 + 0 + 3 accepted
+    assert greedy.accepted == 6
+    assert math.isclose(greedy.calibration, (6 + 8) / (10 + 8))
+    greedy.expected = 1.0
+    assert greedy.calibration == 1.0  # never above 1
 
 
 def test_a_round_not_drafted_ages_what_was_learnt() -> None:
@@ -87,20 +90,40 @@ def test_a_round_not_drafted_ages_what_was_learnt() -> None:
     decision moves the mean survivals and the counts 1/128 of the way to the prior."""
     cost = StepCost.by_tokens(VerifyCost.from_table({1: 100.0}), VerifyCost.from_table({1: 1.0}))
     verifier = AdaptiveVerifier(cost)
-    verifier._learn([0.9, 0.1, 0.0])  # the prior moved 1/32 of the way to this row
+    greedy = verifier.learnt[False]  # the tests' requests are greedy
+    greedy.learn([0.9, 0.1, 0.0])  # the prior moved 1/32 of the way to this row
     learnt = [0.5 + 0.4 / 32, 0.25 - 0.15 / 32, 0.125 - 0.125 / 32]
-    assert all(map(math.isclose, verifier.mean_survival, learnt))
-    verifier.expected, verifier.accepted, verifier.foreseen, verifier.realized = 32, 16, 8, 0
+    assert all(map(math.isclose, greedy.mean_survival, learnt))
+    greedy.expected, greedy.accepted, greedy.foreseen, greedy.realized = 32, 16, 8, 0
     assert not verifier.drafting_pays([_request("a")], 3)
     aged = [
         0.5 + 0.4 / 32 * 127 / 128,
         0.25 - 0.15 / 32 * 127 / 128,
         0.125 - 0.125 / 32 * 127 / 128,
     ]
-    assert all(map(math.isclose, verifier.mean_survival, aged))
-    assert (verifier.expected, verifier.accepted) == (31.75, 15.875)
-    assert (verifier.foreseen, verifier.realized) == (7.9375, 0.0)
+    assert all(map(math.isclose, greedy.mean_survival, aged))
+    assert (greedy.expected, greedy.accepted) == (31.75, 15.875)
+    assert (greedy.foreseen, greedy.realized) == (7.9375, 0.0)
     assert verifier.skipped == 1
+
+
+def test_greedy_and_sampled_requests_learn_apart() -> None:
+    """The costs of the next test. Sampled rounds that kept little (survivals 0.2, 0.04,
+    0.008) stop sampled requests from drafting, while greedy ones still draft on the prior;
+    turning the sampled round down ages only what was learnt of sampled requests, and a
+    sampled row's verification counts in the sampled calibration only."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
+    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}))
+    greedy, noisy = verifier.learnt[False], verifier.learnt[True]
+    noisy.mean_survival = [0.2, 0.04, 0.008]
+    hot = [_request("s1", temperature=1.0), _request("s2", temperature=1.0)]
+    assert not verifier.drafting_pays(hot, 3)
+    assert greedy.mean_survival == []  # untouched: still the prior
+    assert math.isclose(noisy.mean_survival[0], 0.2 + (0.5 - 0.2) / 128)  # aged
+    assert verifier.drafting_pays([_request("g1"), _request("g2")], 3)
+    _draft(verifier, hot)
+    verifier.verified(hot[0], 2)
+    assert (noisy.accepted, greedy.accepted) == (2, 0)
 
 
 def test_drafting_pays_against_the_plain_step_of_its_rows() -> None:
@@ -110,9 +133,10 @@ def test_drafting_pays_against_the_plain_step_of_its_rows() -> None:
     (2 + 2 * 0.248) / 1.7 = 1.47, and no fewer drafts do better, so it is not drafted."""
     cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
     verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}))
+    greedy = verifier.learnt[False]  # the tests' requests are greedy
     a, b = _request("a"), _request("b")
     assert verifier.drafting_pays([a, b], 3) and verifier.skipped == 0  # the prior
-    verifier.mean_survival = [0.2, 0.04, 0.008]
+    greedy.mean_survival = [0.2, 0.04, 0.008]
     assert not verifier.drafting_pays([a, b], 3) and verifier.skipped == 1
 
 
@@ -155,10 +179,11 @@ def test_the_steps_host_work_is_priced() -> None:
     cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
     overhead = StepOverhead(rounds=PROBE_ROUNDS)  # the probe rounds are over (next test)
     verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}), overhead)
-    verifier.mean_survival = [0.2, 0.04, 0.008]
+    greedy = verifier.learnt[False]  # the tests' requests are greedy
+    greedy.mean_survival = [0.2, 0.04, 0.008]
     a, b = _request("a"), _request("b")
     assert not verifier.drafting_pays([a, b], 3)
-    verifier.mean_survival = [0.2, 0.04, 0.008]  # as before the decision's aging
+    greedy.mean_survival = [0.2, 0.04, 0.008]  # as before the decision's aging
     overhead.plain = 4.0
     assert verifier.drafting_pays([a, b], 3)
     overhead.round = 6.0
@@ -175,9 +200,11 @@ def test_rounds_are_probed_until_their_host_work_is_measured() -> None:
     a, b = _request("a"), _request("b")
     for drafting, probed in ((0.2, True), (2.0, False)):
         verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: drafting}), overhead)
-        verifier.mean_survival = [0.2, 0.04, 0.008]
+        greedy = verifier.learnt[False]  # the tests' requests are greedy
+        greedy.mean_survival = [0.2, 0.04, 0.008]
         assert verifier.drafting_pays([a, b], 3) == probed
     overhead.rounds = PROBE_ROUNDS
     verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}), overhead)
-    verifier.mean_survival = [0.2, 0.04, 0.008]
+    greedy = verifier.learnt[False]  # the tests' requests are greedy
+    greedy.mean_survival = [0.2, 0.04, 0.008]
     assert not verifier.drafting_pays([a, b], 3)

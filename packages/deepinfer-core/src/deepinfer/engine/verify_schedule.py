@@ -17,11 +17,12 @@ Drafting costs time before any of that is known (:mod:`.draft_cost`), so before 
 drafted :meth:`AdaptiveVerifier.drafting_pays` asks whether it is worth it at all. The round's
 drafts do not exist yet, and a request's own last round says next to nothing of its next one
 (their survivals hardly correlate, while a round's survivals do predict what it keeps), so the
-estimate is the mean survival per position over the rounds drafted lately, all requests
-together (:data:`PRIOR_SURVIVAL`'s before any), calibrated by what the rounds drafted on it
-then had accepted. When drafting does not pay, the round is not drafted, its requests run plain
-decode steps, and what was learnt ages back towards the prior (:data:`AGING`), so that drafting
-is tried again once in a while. The other schedules are ``"fixed"`` (every draft) and DSpark's
+estimate is the mean survival per position over the rounds drafted lately, all requests of a
+sampling regime together (greedy and sampled requests keep their own: :mod:`.survival_memory`,
+with its prior before any), calibrated by what the rounds drafted on it then had accepted. When
+drafting does not pay, the round is not drafted, its requests run plain decode steps, and what
+was learnt of their regimes ages back towards the prior, so that drafting is tried again once in
+a while. The other schedules are ``"fixed"`` (every draft) and DSpark's
 ``confidence_threshold``.
 """
 
@@ -39,6 +40,7 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.spec_config import CostTable
 from deepinfer.engine.step_overhead import StepOverhead
+from deepinfer.engine.survival_memory import Learnt, sampled
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
 from deepinfer.engine.verify_plan import (
     StepLoad,
@@ -53,18 +55,6 @@ from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.state import ModelState
 
-#: Pseudo-drafts, accepted as predicted, that calibration starts from.
-CALIBRATION_PRIOR = 8.0
-#: Survivals before any round has been drafted: each draft half as likely as the one before
-#: to be accepted (a guess under which a round of one request pays on a fast drafter and a
-#: large batch's does not: the first rounds are no free trial).
-PRIOR_SURVIVAL = 0.5
-#: The weight of each drafted row in the mean survival per position that drafting is decided on.
-MEAN_WEIGHT = 1 / 32
-#: The share by which each round not drafted moves what was learnt (the mean survivals, the
-#: calibrations' counts) back towards the prior: what came of drafting a while ago says less
-#: of the text now, and an engine that never drafts again would never learn so.
-AGING = 1 / 128
 #: How much better than a plain step (a fraction of its tokens a second) verifying or
 #: drafting must look to be chosen (TRT-LLM's ``confidence_min_predicted_gain``): the host work
 #: of a speculative step beyond its pass and draws is not in the step cost.
@@ -165,9 +155,9 @@ def _profiled_steps(
 
 
 class AdaptiveVerifier:
-    """Holds the cost tables, each request's confidences for its pending drafts, the mean
-    survivals of the rows drafted lately (what drafting is decided on), and what it planned
-    and what came of it (its calibrations)."""
+    """Holds the cost tables, each request's confidences for its pending drafts, and, per
+    sampling regime, the mean survivals of the rows drafted lately (what drafting is decided
+    on) and what it planned and what came of it (its calibrations)."""
 
     def __init__(
         self,
@@ -182,8 +172,8 @@ class AdaptiveVerifier:
         #: costs are taken as they are).
         self.overhead = overhead
         self.confidence: dict[Request, list[float]] = {}
-        #: Mean survival per draft position over the rows drafted lately (see the module).
-        self.mean_survival: list[float] = []
+        #: What drafting taught, per sampling regime (True: sampled), see the module.
+        self.learnt = {False: Learnt(), True: Learnt()}
         #: Drafts verified per request in the latest planned step, by request id.
         self.last: dict[str, int] = {}
         #: Over the engine's life: verification rows planned, drafts they were offered, and
@@ -195,19 +185,14 @@ class AdaptiveVerifier:
         self.planned = 0
         self.skipped = 0
         self.dropped = 0
-        #: Survival the plans admitted, and drafts verification then accepted (the runner
-        #: reports them, :meth:`verified`): their ratio calibrates the confidences.
-        self.expected = 0.0
-        self.accepted = 0.0
-        #: Survival that drafting decisions counted on (past survivals, over the drafts they
-        #: expected to verify), and drafts those rounds then had accepted: their ratio
-        #: calibrates the decision to draft (see :attr:`draft_calibration`).
-        self.foreseen = 0.0
-        self.realized = 0.0
         #: What the latest decision to draft counted on, per request (kept once drafted),
         #: and what the rounds drafted so and not verified yet count on.
         self._decided: dict[Request, float] = {}
         self._foreseen: dict[Request, float] = {}
+
+    def of(self, req: Request) -> Learnt:
+        """What was learnt of ``req``'s sampling regime."""
+        return self.learnt[sampled(req.params.temperature)]
 
     @property
     def mean_planned(self) -> float:
@@ -261,75 +246,42 @@ class AdaptiveVerifier:
             return -PROBE_LOSS
         return MIN_PREDICTED_GAIN
 
-    def _expected(self, n: int) -> list[float]:
-        """The survivals a round of ``n`` drafts is expected to have: the mean over the rows
-        drafted lately, :data:`PRIOR_SURVIVAL`'s where there is none."""
-        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(n)]
-        return self.mean_survival[:n] + prior[len(self.mean_survival) :]
-
-    def _learn(self, row: Sequence[float]) -> None:
-        """Take a drafted row's survivals into the mean (:data:`MEAN_WEIGHT`)."""
-        mean = self._expected(max(len(row), len(self.mean_survival)))
-        for j, a in enumerate(row):
-            mean[j] += (a - mean[j]) * MEAN_WEIGHT
-        self.mean_survival = mean
-
-    def _age(self, k: int) -> None:
-        """Move what was learnt towards the prior by :data:`AGING` (see there)."""
-        keep = 1 - AGING
-        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(k)]
-        mean = self._expected(k)
-        self.mean_survival = [p + (a - p) * keep for a, p in zip(mean, prior, strict=True)]
-        self.expected, self.accepted = self.expected * keep, self.accepted * keep
-        self.foreseen, self.realized = self.foreseen * keep, self.realized * keep
-
-    @property
-    def calibration(self) -> float:
-        """Accepted drafts per unit of admitted survival so far, at most 1, with a prior of
-        :data:`CALIBRATION_PRIOR` drafts as predicted: an over-confident head would otherwise
-        buy drafts that do not pay (an under-confident one only leaves some unbought)."""
-        prior = CALIBRATION_PRIOR
-        return min(1.0, (self.accepted + prior) / (self.expected + prior))
-
-    @property
-    def draft_calibration(self) -> float:
-        """Drafts accepted per unit of survival the decisions to draft counted on, at most 1,
-        with the same prior: those decisions count on mean survivals, which the rounds they
-        draft then meet with their own (a round's plan verifies the drafts it finds worth it,
-        not the mean), so they are checked against what those rounds kept."""
-        prior = CALIBRATION_PRIOR
-        return min(1.0, (self.realized + prior) / (self.foreseen + prior))
-
     def drafting_pays(self, reqs: Sequence[Request], k: int) -> bool:
         """Whether drafting ``k`` tokens for each of ``reqs`` before a step of their decoding
         rows is worth its cost (:func:`.verify_plan.drafting_budget` on the survivals expected
-        of a round, both calibrations applied, see the module); counts the rounds it turns
-        down (and ages what was learnt, :data:`AGING`), and remembers what the others count
-        on."""
-        expected = self._expected(k)
-        scale = min(self.calibration, self.draft_calibration)
-        past = [[a * scale for a in expected]] * len(reqs)
-        noisy = tuple(req.params.temperature > 0 for req in reqs)
-        load = StepLoad(len(reqs), len(reqs), sum(noisy), noisy)
+        of a round of each request's regime, both its calibrations applied, see the module);
+        counts the rounds it turns down (and ages what was learnt of their regimes), and
+        remembers what the others count on."""
+        regimes = [sampled(req.params.temperature) for req in reqs]
+        expected = {g: self.learnt[g].survivals(k) for g in set(regimes)}
+        scale = {
+            g: min(self.learnt[g].calibration, self.learnt[g].draft_calibration) for g in expected
+        }
+        past = [[a * scale[g] for a in expected[g]] for g in regimes]
+        load = StepLoad(len(reqs), len(reqs), sum(regimes), tuple(regimes))
         seconds = self.step_seconds(len(reqs))
         drafting = self.draft_seconds(len(reqs))
         budget = drafting_budget(past, load, seconds, drafting, self._margin())
         if budget is None:
             self.skipped += 1
-            self._age(k)
+            for g in expected:
+                self.learnt[g].age(k)
             return False
         lengths = allocate(past, budget)
-        self._decided = {req: sum(expected[:n]) for req, n in zip(reqs, lengths, strict=True)}
+        self._decided = {
+            req: sum(expected[g][:n]) for req, g, n in zip(reqs, regimes, lengths, strict=True)
+        }
         return True
 
     def verified(self, req: Request, kept: int) -> None:
         """Take in that ``req``'s verification row kept ``kept`` drafts (none: a row whose
         drafts the plan dropped, or a plain step's)."""
-        self.accepted += kept
+        learnt = self.of(req)
+        learnt.accepted += kept
         foreseen = self._foreseen.pop(req, None)
         if foreseen is not None:
-            self.foreseen += foreseen
-            self.realized += kept
+            learnt.foreseen += foreseen
+            learnt.realized += kept
 
     def trim(self, out: SchedulerOutput, drafts: dict[Request, list[int]]) -> None:
         """Cut ``drafts`` of the requests that verify in ``out`` to this step's plan, made on
@@ -340,19 +292,20 @@ class AdaptiveVerifier:
         for req in verifying:
             n = len(drafts[req])
             predicted.append(survival([(self.confidence.pop(req, None) or [1.0] * n)[:n]])[0])
-        scale = self.calibration
-        current = [[a * scale for a in row] for row in predicted]
+        scales = [self.of(req).calibration for req in verifying]
+        current = [[a * c for a in row] for row, c in zip(predicted, scales, strict=True)]
         seconds = self.step_seconds(len(out.scheduled))
         chosen = plan(current, load, seconds, margin=self._margin())
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
         self.last = {}
         for req, row, length in zip(verifying, predicted, chosen.lengths, strict=True):
-            self._learn(row)
+            learnt = self.of(req)
+            learnt.learn(row)
+            learnt.expected += sum(row[:length])
             self.last[req.request_id] = length
             req.metrics.spec_trimmed_tokens += len(drafts[req]) - length
             self.offered += len(drafts[req])
-            self.expected += sum(row[:length])
             drafts[req] = drafts[req][:length]
         self.rows += len(verifying)
         self.planned += sum(chosen.lengths)

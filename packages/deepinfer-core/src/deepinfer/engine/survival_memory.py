@@ -1,0 +1,89 @@
+"""What drafting has taught the adaptive schedule, kept apart per sampling regime.
+
+The schedule (:mod:`.verify_schedule`) decides whether to draft a round on the mean survival
+per draft position of the rows drafted lately, and scales the drafter's confidences by how its
+predictions have fared (two calibrations). Acceptance depends on how a request samples: a
+greedy request keeps a draft iff it is the target's argmax, a sampled one with the target's
+probability of it, so the same drafter's rounds keep fewer drafts under sampling. Learnt from
+one mean over all requests, a run of sampled requests would teach the schedule that drafting
+does not pay and keep greedy requests that come after from drafting for a long while (what was
+learnt ages back slowly, :data:`AGING`), and the other way round. So each regime, greedy
+(temperature 0) and sampled, has its own :class:`Learnt`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Pseudo-drafts, accepted as predicted, that calibration starts from.
+CALIBRATION_PRIOR = 8.0
+#: Survivals before any round has been drafted: each draft half as likely as the one before
+#: to be accepted (a guess under which a round of one request pays on a fast drafter and a
+#: large batch's does not: the first rounds are no free trial).
+PRIOR_SURVIVAL = 0.5
+#: The weight of each drafted row in the mean survival per position that drafting is decided on.
+MEAN_WEIGHT = 1 / 32
+#: The share by which each round not drafted moves what was learnt (the mean survivals, the
+#: calibrations' counts) back towards the prior: what came of drafting a while ago says less
+#: of the text now, and an engine that never drafts again would never learn so.
+AGING = 1 / 128
+
+
+def sampled(temperature: float) -> bool:
+    """The regime of a request sampling at ``temperature``: True for sampled, False for greedy."""
+    return temperature > 0
+
+
+@dataclass
+class Learnt:
+    """One regime's mean survivals and calibration counts."""
+
+    #: Mean survival per draft position over the rows drafted lately.
+    mean_survival: list[float] = field(default_factory=list)
+    #: Survival the plans admitted, and drafts verification then accepted: their ratio
+    #: calibrates the confidences (:attr:`calibration`).
+    expected: float = 0.0
+    accepted: float = 0.0
+    #: Survival that decisions to draft counted on, and drafts those rounds then had accepted
+    #: (:attr:`draft_calibration`).
+    foreseen: float = 0.0
+    realized: float = 0.0
+
+    def survivals(self, n: int) -> list[float]:
+        """The survivals a round of ``n`` drafts is expected to have: the mean over the rows
+        drafted lately, :data:`PRIOR_SURVIVAL`'s where there is none."""
+        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(n)]
+        return self.mean_survival[:n] + prior[len(self.mean_survival) :]
+
+    def learn(self, row: list[float]) -> None:
+        """Take a drafted row's survivals into the mean (:data:`MEAN_WEIGHT`)."""
+        mean = self.survivals(max(len(row), len(self.mean_survival)))
+        for j, a in enumerate(row):
+            mean[j] += (a - mean[j]) * MEAN_WEIGHT
+        self.mean_survival = mean
+
+    def age(self, k: int) -> None:
+        """Move what was learnt towards the prior by :data:`AGING` (see there)."""
+        keep = 1 - AGING
+        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(k)]
+        mean = self.survivals(k)
+        self.mean_survival = [p + (a - p) * keep for a, p in zip(mean, prior, strict=True)]
+        self.expected, self.accepted = self.expected * keep, self.accepted * keep
+        self.foreseen, self.realized = self.foreseen * keep, self.realized * keep
+
+    @property
+    def calibration(self) -> float:
+        """Accepted drafts per unit of admitted survival so far, at most 1, with a prior of
+        :data:`CALIBRATION_PRIOR` drafts as predicted: an over-confident head would otherwise
+        buy drafts that do not pay (an under-confident one only leaves some unbought)."""
+        prior = CALIBRATION_PRIOR
+        return min(1.0, (self.accepted + prior) / (self.expected + prior))
+
+    @property
+    def draft_calibration(self) -> float:
+        """Drafts accepted per unit of survival the decisions to draft counted on, at most 1,
+        with the same prior: those decisions count on mean survivals, which the rounds they
+        draft then meet with their own (a round's plan verifies the drafts it finds worth it,
+        not the mean), so they are checked against what those rounds kept."""
+        prior = CALIBRATION_PRIOR
+        return min(1.0, (self.realized + prior) / (self.foreseen + prior))
