@@ -104,6 +104,7 @@ def rank_outputs(ep: ExpertParallel) -> dict[str, Any]:
         agreed.append(ep.step.rows)
     out["agreed"] = agreed
     ep.step.rows = None
+    out["captures"] = capture_rounds(ep)
     v4 = random_tiny_model(torch.float32, seed=0)
     shard_routed_experts(v4, ep)
     out["v4"] = v4.forward_logits(prompt(ep.rank, v4.cfg))
@@ -111,6 +112,43 @@ def rank_outputs(ep: ExpertParallel) -> dict[str, Any]:
     out["v41"] = v41.forward_logits(prompt(ep.rank, v41.cfg))
     out["shape.v41"] = tuple(v41.layers[0].ffn.experts.w13.shape)
     return out
+
+
+#: Decode graphs each rank's steps wanted (key, bucket), by rank: ranks want different
+#: buckets, two want one of the same, a rank wants nothing.
+WANTED = {0: [("a", 8), ("b", 16)], 1: [("c", 16)], 2: [], 3: [("d", 4)]}
+
+
+def capture_rounds(ep: ExpertParallel) -> dict[str, Any]:
+    """``DecodeGraphs.capture_wanted`` with this rank's :data:`WANTED` graphs, its capture
+    replaced by the warm-ups alone (no GPU here): each warm-up and each partner forward is one
+    SUM all-reduce of a one, so a collective that lost its partner pairs with another kind (the
+    agreement's MAX) and shows up in the sums, or never returns. Returns the graphs this rank
+    captured in order, the rows each saw, and every sum."""
+    from deepinfer.models.graphs import CAPTURE_WARMUPS, DecodeGraphs
+
+    graphs = DecodeGraphs(16)
+    graphs.expert_parallel = ep
+    graphs.capture_on_use = False
+    sums: list[int] = []
+
+    def collective() -> None:  # stands for a forward through the MoE layers
+        one = torch.ones(1)
+        dist.all_reduce(one, group=ep.group)
+        sums.append(int(one[0]))
+
+    captured: list[tuple[str, int, int | None]] = []
+
+    def capture(key: Any, bucket: int, fn: Any, inputs: Any) -> None:
+        for _ in range(CAPTURE_WARMUPS):
+            fn()
+        captured.append((key, bucket, ep.step.rows))
+
+    graphs._capture = capture  # type: ignore[method-assign]
+    for key, bucket in WANTED.get(ep.rank, []):
+        graphs._wanted[key, bucket] = (collective, ())
+    n = graphs.capture_wanted(collective)
+    return {"captured": captured, "count": n, "sums": sums, "rows_after": ep.step.rows}
 
 
 def rank_main(rank: int, world: int, store: str, out_dir: str) -> None:

@@ -55,6 +55,29 @@ def single_models() -> dict[str, Any]:
     return {"v4": random_tiny_model(torch.float32, seed=0), "v41": v41_model()}
 
 
+def test_graphs_wanted_are_captured_by_every_rank_together(ranks: Any) -> None:
+    """Each round the ranks agree on the largest bucket wanted; the ranks wanting it capture
+    (largest first, one at a time), the others partner their warm-ups one for one: every
+    collective meets one of its kind (each SUM of ones is the world size) and every rank
+    leaves at the same round."""
+    from _ep_ranks import WANTED
+
+    from deepinfer.models.graphs import CAPTURE_WARMUPS
+
+    world, outs = ranks
+    wanted = {r: WANTED[r] for r in range(world)}
+    buckets = sorted({b for w in wanted.values() for _, b in w}, reverse=True)
+    rounds = [
+        b for b in buckets for _ in range(max(sum(x == b for _, x in w) for w in wanted.values()))
+    ]
+    for rank, out in enumerate(outs):
+        got = out["captures"]
+        mine = sorted(wanted[rank], key=lambda kb: -kb[1])
+        assert got["captured"] == [(k, b, b) for k, b in mine]  # at its rows, largest first
+        assert got["count"] == len(mine) and got["rows_after"] is None
+        assert got["sums"] == [world] * (CAPTURE_WARMUPS * len(rounds))
+
+
 def _gamma(n: int) -> float:
     return n * U32 / (1 - n * U32)
 

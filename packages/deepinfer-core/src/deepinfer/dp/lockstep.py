@@ -12,6 +12,11 @@ layers' exchange for that forward (:meth:`~deepinfer.parallel.ExpertParallel.agr
 up to a decode-graph batch bucket: every rank's forward then runs at the rows of a captured graph
 (its own, padded, or an eager step at the same rows), so their collectives match.
 
+Decode graphs missing under expert parallelism (past the entries captured at startup) are
+captured at the start of a step, every rank together (:meth:`~deepinfer.models.graphs.
+DecodeGraphs.capture_wanted`; a rank with nothing to capture runs :meth:`RankStepper.
+capture_partner` forwards beside the others' warm-ups).
+
 MTP speculation adds passes of the MTP layer, whose MoE is a collective too: a rank that drafts
 agrees on its ``k`` passes from inside its step (:meth:`~deepinfer.parallel.ExpertParallel.
 agree_passes`); a rank whose step drafted nothing agrees on none after it, and runs as many dummy
@@ -56,6 +61,7 @@ class RankStepper:
         model = engine.model
         self.expert_load = ExpertLoadTracker(model)
         inner: Callable[..., Any] = model.forward
+        self._inner = inner
         self.ep = ep = find_expert_parallel(model)
         spec = SpeculativeConfig.parse(engine.config.speculative_config)
         #: whether steps may draft through the MTP layer (passes every rank must match)
@@ -87,6 +93,16 @@ class RankStepper:
         with self.expert_load.paused():
             model(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
         self.dummy_steps += 1
+
+    @torch.inference_mode()
+    def capture_partner(self) -> None:
+        """One token through the model at the rows the ranks agreed on (set by the caller),
+        neither counted as the step's forward nor agreed on again: the partner of another
+        rank's graph warm-up (:meth:`~deepinfer.models.graphs.DecodeGraphs.capture_wanted`)."""
+        if self._scratch is None or self._scratch.pos >= BLOCK_SIZE:
+            self._scratch = self.engine.model.new_state(1)
+        with self.expert_load.paused():
+            self._inner(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
 
     @torch.inference_mode()
     def match_draft_passes(self) -> None:
@@ -131,6 +147,9 @@ class RankStepper:
                 for s in command.new
             ]
             engine.submit(built)
+        graphs = engine.runner.graphs
+        if graphs is not None and self.ep is not None:  # graphs a step wanted, captured together
+            graphs.capture_wanted(self.capture_partner)
         before = self.forwards
         if engine.has_unfinished_requests():
             reply.outputs += engine.step(final_only=command.final_only, watch=command.watch)

@@ -29,8 +29,8 @@ def capture_decode_graphs(
 
     Under expert parallelism every rank captures the same graphs in the same order, each at its
     bucket's rows of the fixed-shape exchange (buckets past :data:`GATHER_MAX_TOKENS` take the
-    all-to-all, which reads counts on the host: no graph), and none later (see
-    :mod:`deepinfer.models.graphs`)."""
+    all-to-all, which reads counts on the host: no graph), and none on first use: later ones
+    are captured by all ranks together between steps (see :mod:`deepinfer.models.graphs`)."""
     ep = find_expert_parallel(model)
     table = slots.page_table
     lengths = [1]

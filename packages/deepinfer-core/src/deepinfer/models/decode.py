@@ -63,7 +63,7 @@ def run_decode(
         num_tokens, addresses = graph_shape(found, num_tokens, template, history)
         key = ("step", num_tokens, *addresses)
         fn = lambda *a: (step(*a, num_tokens),)  # noqa: E731
-        logits = graphs.run(key, fn, ids, positions, slots)[0]
+        logits = graphs.run(key, fn, ids, positions, slots, defer=True)[0]
     else:
         logits = step(ids, positions, slots, num_tokens)
     for s in states:  # the layers' counters follow when next read (ModelState.layers)

@@ -16,9 +16,14 @@ bucket's whole step at startup, as vLLM does, so no run pays for it.
 Under expert parallelism every MoE layer is a collective whose shapes a graph bakes in, so
 every rank's step runs in the bucket of the rows the ranks agreed on for it
 (:attr:`DecodeGraphs.expert_parallel`'s ``step.rows``; eagerly when they agreed on the
-all-to-all), and graphs are captured only at startup, by every rank in the same order: a capture
-on first use would run its warm-up forwards on one rank alone
-(:attr:`DecodeGraphs.capture_on_use` off, a step without its graph runs eagerly).
+all-to-all), and graphs are captured by every rank together: at startup, in the same order; a
+capture on first use would run its warm-up forwards on one rank alone
+(:attr:`DecodeGraphs.capture_on_use` off). A decode step whose graph is missing then runs
+eagerly and is remembered (``run(..., defer=True)``), and between steps
+:meth:`DecodeGraphs.capture_wanted` has the ranks capture what any of them wants, one bucket
+at a time, the largest first: a rank with a wanted graph of the agreed bucket captures it, the
+others run as many dummy forwards at those rows as a capture runs warm-ups, so the
+collectives pair up (the capture itself records them without running them).
 
 Memory: the graphs share one memory pool for their intermediates, and their static inputs and
 outputs live in buffers of ``max_batch`` rows shared by every graph whose i-th input (output)
@@ -38,6 +43,10 @@ from torch import Tensor
 from deepinfer.parallel.expert_parallel import ExpertParallel
 
 GraphFn = Callable[..., tuple[Tensor, ...]]
+
+#: Eager runs of a step before its capture (kernels compile, lazy probes and workspaces
+#: settle); under expert parallelism the ranks not capturing run as many dummy forwards.
+CAPTURE_WARMUPS = 2
 
 
 def entry_buckets(pages_per_slot: int) -> list[int]:
@@ -84,16 +93,23 @@ class DecodeGraphs:
         #: The group whose agreed rows pick each step's bucket (None: its own batch does).
         self.expert_parallel: ExpertParallel | None = None
         #: Whether a bucket without a graph captures one (off under expert parallelism, once
-        #: the startup captures are done: it then runs eagerly).
+        #: the startup captures are done: it then runs eagerly, and is captured later by
+        #: :meth:`capture_wanted` if the step asked to ``defer`` it).
         self.capture_on_use = True
+        self._wanted: dict[tuple[Hashable, int], tuple[GraphFn, tuple[Tensor, ...]]] = {}
 
     @property
     def num_captured(self) -> int:
         return len(self._captured)
 
-    def run(self, key: Hashable, fn: GraphFn, *inputs: Tensor) -> tuple[Tensor, ...]:
+    def run(
+        self, key: Hashable, fn: GraphFn, *inputs: Tensor, defer: bool = False
+    ) -> tuple[Tensor, ...]:
         """``fn(*inputs)`` through the graph of ``key`` for this batch's bucket (captured on
-        first use). Every input has the batch as its first dim; so does every output."""
+        first use). Every input has the batch as its first dim; so does every output.
+        ``defer``: under expert parallelism, a missing graph is captured later, with the other
+        ranks (:meth:`capture_wanted`); ``fn`` must then be a whole forward through the model's
+        MoE layers, as the dummy forwards the other ranks pair it with are."""
         b = rows = inputs[0].shape[0]
         ep = self.expert_parallel
         if ep is not None:
@@ -106,6 +122,8 @@ class DecodeGraphs:
         entry = self._captured.get((key, bucket))
         if entry is None:
             if not self.capture_on_use:
+                if defer and ep is not None:
+                    self._wanted.setdefault((key, bucket), (fn, inputs))
                 return fn(*inputs)
             entry = self._capture(key, bucket, fn, inputs)
         for static, t in zip(entry.inputs, inputs, strict=True):
@@ -113,6 +131,32 @@ class DecodeGraphs:
             static[b:].zero_()  # padding rows: zeros (slot 0 is the slot tensors' padding row)
         entry.graph.replay()
         return tuple(out[:b] for out in entry.outputs)
+
+    def capture_wanted(self, dummy_forward: Callable[[], object]) -> int:
+        """Under expert parallelism, called by every rank at the same point between steps:
+        capture the graphs any rank's steps wanted (see the module). Per round the ranks agree
+        on the largest wanted bucket (a host-side all-reduce; 0 ends it); each rank with a
+        wanted graph of that bucket captures one, the others call ``dummy_forward`` (a forward
+        through the model's MoE layers, at the rows set here) :data:`CAPTURE_WARMUPS` times.
+        Returns how many graphs this rank captured."""
+        ep = self.expert_parallel
+        if ep is None:
+            return 0
+        captured = 0
+        while bucket := ep.most(max((b for _, b in self._wanted), default=0)):
+            mine = next((item for item in self._wanted if item[1] == bucket), None)
+            ep.step.rows = bucket
+            try:
+                if mine is None:
+                    for _ in range(CAPTURE_WARMUPS):
+                        dummy_forward()
+                else:
+                    fn, inputs = self._wanted.pop(mine)
+                    self._capture(mine[0], bucket, fn, inputs)
+                    captured += 1
+            finally:
+                ep.step.rows = None
+        return captured
 
     def _buffer(self, kind: str, index: int, like: Tensor, bucket: int) -> Tensor:
         """The first ``bucket`` rows of the shared buffer for ``like``'s row shape and dtype."""
@@ -134,7 +178,7 @@ class DecodeGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
+            for _ in range(CAPTURE_WARMUPS):
                 warm = fn(*static)
         torch.cuda.current_stream().wait_stream(side)
         outputs = tuple(self._buffer("out", i, t, bucket) for i, t in enumerate(warm))

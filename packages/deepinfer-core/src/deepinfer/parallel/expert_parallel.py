@@ -102,7 +102,7 @@ class ExpertParallel:
         exchange at that many rows, which reads nothing on the host (:attr:`step`).
         ``rows_for`` rounds the most up (to a captured decode graph's batch bucket, so that
         every rank's forward runs at rows a graph was captured with)."""
-        rows = self._most(tokens)
+        rows = self.most(tokens)
         if rows_for is not None:
             rows = rows_for(rows)
         self.step.rows = rows if rows <= GATHER_MAX_TOKENS else None
@@ -123,9 +123,9 @@ class ExpertParallel:
         this rank's. Each pass is a collective, so a rank that runs fewer makes up the rest with
         dummy passes (:mod:`deepinfer.dp.lockstep`)."""
         self.step.passes_agreed = True
-        return self._most(passes)
+        return self.most(passes)
 
-    def _most(self, value: int) -> int:
+    def most(self, value: int) -> int:
         """The largest ``value`` any rank passes (one host-side all-reduce)."""
         most = torch.tensor([value], dtype=torch.int64)
         group = self.cpu_group if self.cpu_group is not None else self.group
