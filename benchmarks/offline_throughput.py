@@ -278,6 +278,21 @@ def _median_ms(fn: Any, device: str, repeats: int = 10) -> float:
     return statistics.median(times[2:]) * 1e3
 
 
+def _prefilled(llm: Any, prompts: torch.Tensor) -> list[Any]:
+    """States as the engine keeps them (rows of shared slot tensors), after prefilling
+    ``prompts``."""
+    model = llm.engine.model
+    slots = StateSlots(
+        lambda: model.new_state(1),
+        max_slots=prompts.shape[0],
+        max_len=llm.engine.max_model_len,
+        initial_slots=prompts.shape[0],
+    )
+    states = [slots.new_state() for _ in range(prompts.shape[0])]
+    model(ForwardBatch.build(list(prompts), states))
+    return states
+
+
 @torch.no_grad()
 def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[str, float]:
     """One decode step of each model after prefilling ``prompts``, and DeepInfer's matmul floor.
@@ -288,29 +303,14 @@ def decode_steps(hf: Any, llm: Any, prompts: torch.Tensor, device: str) -> dict[
     model = llm.engine.model
     ids = prompts[:, -1]
     with torch.inference_mode():
-        # States as the engine keeps them: rows of shared slot tensors.
-        slots = StateSlots(
-            lambda: model.new_state(1),
-            max_slots=prompts.shape[0],
-            max_len=llm.engine.max_model_len,
-            initial_slots=prompts.shape[0],
-        )
-        states = [slots.new_state() for _ in range(prompts.shape[0])]
-        model(ForwardBatch.build(list(prompts), states))
+        states = _prefilled(llm, prompts)
         # Each timed call advances the states by one token; the step's cost does not depend on it.
         graphs = llm.engine.runner.graphs  # as the engine runs it (CUDA graphs on a GPU)
         ours = _median_ms(lambda: model(ForwardBatch.decode(ids, states), graphs).logits, device)
     # The floor is captured outside inference mode, where composite ops (linear, einsum) reach
     # the dispatch mode already lowered to the matmuls it records; on slot rows as above (states
     # of their own would run the rows one after another, each with its own matmuls).
-    slots = StateSlots(
-        lambda: model.new_state(1),
-        max_slots=prompts.shape[0],
-        max_len=llm.engine.max_model_len,
-        initial_slots=prompts.shape[0],
-    )
-    states = [slots.new_state() for _ in range(prompts.shape[0])]
-    model(ForwardBatch.build(list(prompts), states))
+    states = _prefilled(llm, prompts)
     capture = _CaptureMatmuls()
     with capture:
         model(ForwardBatch.decode(ids, states))

@@ -275,42 +275,15 @@ def test_async_scheduling_equals_one_process(dp_llm: LLM, single: LLM) -> None:
     assert not dist.is_initialized()
 
 
-def test_dspark_speculation_equals_one_process(dp_llm: LLM, single: LLM) -> None:
-    """DSpark drafts with layers of its own (no collective), so a step still runs one target
-    forward on every rank: greedy outputs stay the single process's without speculation
-    (lossless), and seeded sampling the single process's with the same speculation."""
-    dp_llm.engine.shutdown()  # one process group at a time
-    spec = {"method": "dspark", "num_speculative_tokens": 3}
-    greedy = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
-    seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=7)
-    want_seeded = _tokens(
-        LLM("tiny", speculative_config=spec, **OPTIONS).generate(
-            PROMPTS[:3], seeded, use_tqdm=False
-        )
-    )
-    llm = LLM(
-        "tiny",
-        data_parallel_size=2,
-        enable_expert_parallel=True,
-        speculative_config=spec,
-        dp_timeout_s=60,
-        **OPTIONS,
-    )
-    try:
-        assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == greedy
-        assert _tokens(llm.generate(PROMPTS[:3], seeded, use_tqdm=False)) == want_seeded
-    finally:
-        llm.engine.shutdown()
-    assert not dist.is_initialized()
-
-
-def test_mtp_speculation_equals_one_process(dp_llm: LLM, single: LLM) -> None:
-    """MTP drafts through the MTP layer, whose MoE is a collective: the ranks match their
+@pytest.mark.parametrize(("method", "k"), [("dspark", 3), ("mtp", 2)])
+def test_speculation_equals_one_process(dp_llm: LLM, single: LLM, method: str, k: int) -> None:
+    """One target forward a step on every rank: DSpark drafts with layers of its own (no
+    collective); MTP through the MTP layer, whose MoE is a collective, so the ranks match their
     drafting passes (a rank drafting nothing runs dummy passes). Greedy outputs stay the single
-    process's without speculation (lossless), and seeded sampling the single process's with
-    the same speculation; one request on two ranks leaves a rank idle while the other drafts."""
+    process's without speculation (lossless), seeded sampling the single process's with the
+    same speculation; one request on two ranks leaves a rank idle while the other drafts."""
     dp_llm.engine.shutdown()  # one process group at a time
-    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    spec = {"method": method, "num_speculative_tokens": k}
     greedy = _tokens(single.generate(PROMPTS, GREEDY, use_tqdm=False))
     seeded = SamplingParams(max_tokens=8, temperature=0.9, seed=7)
     want_seeded = _tokens(
