@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -29,6 +30,7 @@ from deepinfer.assets import TINY_TOKENIZER, random_tiny_model, tiny_config
 from deepinfer.cache.prefix import BLOCK_SIZE
 from deepinfer.dp.frontend import DataParallelEngine, DataParallelError
 from deepinfer.models.layers.moe import MoE
+from deepinfer.sampling_params import StructuredOutputsParams
 
 #: Small enough that prompts above it are prefilled in several chunks.
 CHUNK = 64
@@ -109,6 +111,25 @@ def test_seeded_sampling_matches_one_process(dp_llm: LLM, single: LLM) -> None:
     prompts = PROMPTS[:3]
     want = _tokens(single.generate(prompts, params, use_tqdm=False))
     assert _tokens(dp_llm.generate(prompts, params, use_tqdm=False)) == want
+
+
+def test_structured_outputs_equal_one_process(dp_llm: LLM, single: LLM) -> None:
+    """Each rank's engine masks its requests' draws by their grammars: the constrained
+    outputs are the single process's, and they satisfy their constraints."""
+    kinds = [
+        StructuredOutputsParams(
+            json={"type": "array", "items": {"type": "boolean"}, "maxItems": 3}
+        ),
+        StructuredOutputsParams(regex=r"[a-z]{3}-[0-9]{2}"),
+        StructuredOutputsParams(choice=["yes", "no", "maybe"]),
+    ]
+    params = [SamplingParams(max_tokens=24, temperature=0, structured_outputs=k) for k in kinds]
+    want = [o.outputs[0] for o in single.generate(PROMPTS[:3], params, use_tqdm=False)]
+    got = [o.outputs[0] for o in dp_llm.generate(PROMPTS[:3], params, use_tqdm=False)]
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    array, code, choice = (c.text for c in got)
+    assert got[0].finish_reason == "stop" and isinstance(json.loads(array), list)
+    assert re.fullmatch(r"[a-z]{3}-[0-9]{2}", code) and choice in ("yes", "no", "maybe")
 
 
 def test_balancer_keeps_shared_prefixes_together(dp_llm: LLM) -> None:
