@@ -155,7 +155,7 @@ class Sm100Backend(TorchBackend):
 
         return rms_norm(x, weight, eps)
 
-    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Fp8Activation]:
+    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> Fp8Output:
         from deepinfer_kernels_sm100.elementwise import rms_norm_fp8
 
         y, q, s = rms_norm_fp8(x, weight, eps)

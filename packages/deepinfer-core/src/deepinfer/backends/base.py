@@ -163,7 +163,7 @@ class Backend(ABC):
         """RMSNorm over the last dim, fp32 statistics; ``weight=None`` is the unweighted form."""
 
     @abstractmethod
-    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Fp8Activation]:
+    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> Fp8Output:
         """:meth:`rms_norm`, and its output (in ``x``'s dtype) quantised as :meth:`fp8_linear`
         quantises its input: for the FP8 projections that read a norm's output."""
 

@@ -106,7 +106,7 @@ class TorchBackend(Backend):
             y = weight.float() * y
         return y.to(x.dtype)
 
-    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Fp8Activation]:
+    def rms_norm_fp8(self, x: Tensor, weight: Tensor, eps: float) -> Fp8Output:
         y = self.rms_norm(x, weight, eps)
         return y, Fp8Activation(*quantize_act_fp8(y))
 
