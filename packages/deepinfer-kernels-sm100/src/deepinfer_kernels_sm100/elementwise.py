@@ -76,10 +76,20 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     tl.store(out_ptr + row.to(tl.int64) * dim + cols, y, mask=mask)
 
 
-def _norm_rows(x: Tensor) -> Tensor:
-    """``x`` as [rows, dim] whose rows may be slices of wider ones (a fused projection's)."""
-    flat = x.reshape(-1, x.shape[-1])
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as [rows, width] with unit column stride; rows may be slices of wider ones (a
+    fused projection's), which stay views."""
+    flat = t.reshape(-1, t.shape[-1])
     return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def _codes(flat: Tensor) -> tuple[Tensor, Tensor]:
+    """Empty e4m3 codes and fp32 scales for ``flat`` [rows, width] quantised per group."""
+    q = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=flat.device)
+    s = torch.empty(
+        flat.shape[0], flat.shape[1] // ACT_GROUP, dtype=torch.float32, device=flat.device
+    )
+    return q, s
 
 
 def _launch_norm(
@@ -112,7 +122,7 @@ def _launch_norm(
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm over the last dim of ``x``; fp32 statistics, output in ``x``'s dtype."""
-    flat = _norm_rows(x)
+    flat = _rows(x)
     out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
     _launch_norm(flat, weight, eps, out, None)
     return out.view(x.shape)
@@ -125,10 +135,9 @@ def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor,
     dim = x.shape[-1]
     if dim % ACT_GROUP:
         raise ValueError(f"rms_norm_fp8: the last dim ({dim}) is not a multiple of {ACT_GROUP}")
-    flat = _norm_rows(x)
+    flat = _rows(x)
     out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
-    q = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(flat.shape[0], dim // ACT_GROUP, dtype=torch.float32, device=x.device)
+    q, s = _codes(flat)
     _launch_norm(flat, weight, eps, out, (q, s))
     lead = x.shape[:-1]
     return out.view(x.shape), q.view(x.shape), s.view(*lead, dim // ACT_GROUP)
@@ -242,12 +251,6 @@ def _swiglu_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
 SWIGLU_BLOCK = 1024
 
 
-def _rows(t: Tensor) -> Tensor:
-    """``t`` as [rows, width] with unit column stride (row slices stay views)."""
-    flat = t.reshape(-1, t.shape[-1])
-    return flat if flat.stride(-1) == 1 else flat.contiguous()
-
-
 def _launch_swiglu(
     gate: Tensor, up: Tensor, limit: float, out: Tensor, quant: tuple[Tensor, Tensor] | None
 ) -> None:
@@ -291,8 +294,7 @@ def swiglu_fp8(
         raise ValueError(f"swiglu_fp8: the width ({width}) is not a multiple of {ACT_GROUP}")
     g, u = _rows(gate), _rows(up)
     out = torch.empty(g.shape, dtype=out_dtype, device=g.device)
-    q = torch.empty(g.shape, dtype=torch.float8_e4m3fn, device=g.device)
-    s = torch.empty(g.shape[0], width // ACT_GROUP, dtype=torch.float32, device=g.device)
+    q, s = _codes(g)
     _launch_swiglu(g, u, limit, out, (q, s))
     lead = gate.shape[:-1]
     return out.view(gate.shape), q.view(gate.shape), s.view(*lead, width // ACT_GROUP)

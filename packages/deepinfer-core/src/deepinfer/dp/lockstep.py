@@ -87,22 +87,22 @@ class RankStepper:
     def dummy_forward(self) -> None:
         """One token through the model on a scratch state (renewed every block, so it stays
         small); its logits are dropped, its MoE layers meet the other ranks'."""
-        model = self.engine.model
-        if self._scratch is None or self._scratch.pos >= BLOCK_SIZE:
-            self._scratch = model.new_state(1)
-        with self.expert_load.paused():
-            model(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
+        self._one_token(self.engine.model)
         self.dummy_steps += 1
 
     @torch.inference_mode()
     def capture_partner(self) -> None:
-        """One token through the model at the rows the ranks agreed on (set by the caller),
-        neither counted as the step's forward nor agreed on again: the partner of another
-        rank's graph warm-up (:meth:`~deepinfer.models.graphs.DecodeGraphs.capture_wanted`)."""
+        """:meth:`dummy_forward` at the rows the ranks agreed on (set by the caller), neither
+        counted as the step's forward nor agreed on again: the partner of another rank's graph
+        warm-up (:meth:`~deepinfer.models.graphs.DecodeGraphs.capture_wanted`)."""
+        self._one_token(self._inner)
+
+    def _one_token(self, forward: Callable[..., Any]) -> None:
+        """``forward`` of one token on the scratch state, outside the expert-load counts."""
         if self._scratch is None or self._scratch.pos >= BLOCK_SIZE:
             self._scratch = self.engine.model.new_state(1)
         with self.expert_load.paused():
-            self._inner(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
+            forward(ForwardBatch.of(torch.zeros(1, 1, dtype=torch.long), self._scratch))
 
     @torch.inference_mode()
     def match_draft_passes(self) -> None:
@@ -116,13 +116,15 @@ class RankStepper:
             return
         model = self.engine.model
         cfg = model.cfg
+        streams = torch.zeros(
+            1, 1, cfg.hc_mult, cfg.hidden_size, dtype=model.dtype, device=model.device
+        )
+        ids = torch.zeros(1, 1, dtype=torch.long)
         for _ in range(ep.agree_passes(0)):
             if self._mtp_scratch is None or self._mtp_scratch.mtp_pos >= BLOCK_SIZE:
                 self._mtp_scratch = model.new_state(1)
-            streams = torch.zeros(1, 1, cfg.hc_mult, cfg.hidden_size, dtype=model.dtype)
-            ids = torch.zeros(1, 1, dtype=torch.long)
             with ep.forward(1), self.expert_load.paused():
-                model.mtp_forward(streams.to(model.device), ids, self._mtp_scratch)
+                model.mtp_forward(streams, ids, self._mtp_scratch)
         ep.step.passes_agreed = False
 
     def run(self, command: StepCommand) -> StepReply:
