@@ -159,6 +159,7 @@ def main() -> int:
         default=1,
         help="requests per batch slot: batch x waves requests, at most batch running at once",
     )
+    ap.add_argument("--arms", nargs="+", default=None, help="only these arms (none is kept)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.threads:
@@ -175,6 +176,8 @@ def main() -> int:
     if args.device.startswith("cuda"):  # the drafter's rounds from CUDA graphs, and not
         arms["dspark_k5_eager_draft"] = {"method": "dspark", "num_speculative_tokens": 5,
                                          "enforce_eager": True}  # fmt: skip
+    if args.arms:
+        arms = {name: spec for name, spec in arms.items() if name == "none" or name in args.arms}
     result: dict[str, Any] = {
         "benchmark": "speculative",
         "device": args.device,

@@ -31,6 +31,7 @@ from deepinfer.engine.spec_sampling import PositionTargets
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
 from deepinfer.engine.verify_plan import (
     StepLoad,
+    StepSeconds,
     allocate,
     best_budget,
     drafting_pays,
@@ -112,6 +113,65 @@ def test_the_budget_is_the_best_of_every_allocation(
         assert math.isclose(sum(sum(a[r][:n]) for r, n in enumerate(top)), tau, rel_tol=1e-9)
     # the plan is that best allocation
     assert plan(a, load, step, draft).lengths == lengths
+
+
+def _every_budget(
+    a: list[list[float]], load: StepLoad, step: StepSeconds, draft: float
+) -> list[float]:
+    """Θ of every budget b (index b), scored one by one: the top-b slots by survival (ties
+    by request, then position), τ and the noisy draws summed from them."""
+    ranked = sorted((-x, r, j) for r, row in enumerate(a) for j, x in enumerate(row) if x > 0)
+    flags = [r < len(load.noisy_rows) and load.noisy_rows[r] for r in range(len(a))]
+    values = []
+    for b in range(len(ranked) + 1):
+        top = ranked[:b]
+        tau = load.samples + math.fsum(-x for x, _, _ in top)
+        noisy = load.noisy + sum(flags[r] for _, r, _ in top)
+        values.append(tau / (draft + step(load.tokens + b, noisy)))
+    return values
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(
+    st.integers(1, 96),
+    st.lists(confidence, min_size=1, max_size=6),
+    st.lists(st.lists(confidence, min_size=0, max_size=6), max_size=8),
+    st.integers(1, 40),
+    st.floats(0.0, 0.5),
+    st.sampled_from([0.0, 1e-4, 0.01]),
+    st.sampled_from([0.0, 0.02, 0.5]),
+    st.data(),
+)
+def test_large_batches_find_the_budget_of_scoring_every_count(  # noqa: PLR0917
+    copies: int,
+    shared: list[float],
+    others: list[list[float]],
+    width: int,
+    jump: float,
+    slope: float,
+    draft: float,
+    data: st.DataObject,
+) -> None:
+    """Batches of up to a hundred requests (many sharing one row of survivals, as a regime's
+    requests do when a round is priced before its drafts exist), some drawn with noise, on
+    staircase costs: the budget and Θ are those of scoring every budget, and only the
+    budget's top slots are admitted."""
+    a = _survivals([*[shared] * copies, *others])
+    noisy_rows = tuple(data.draw(st.lists(st.booleans(), max_size=len(a) + 2)))
+    load = StepLoad(len(a), len(a), sum(noisy_rows[: len(a)]), noisy_rows)
+
+    def step(tokens: int, noisy: int) -> float:
+        return 1.0 + jump * -(-tokens // width) + slope * tokens + 0.003 * noisy
+
+    budget, theta = best_budget(a, load, step, draft)
+    every = _every_budget(a, load, step, draft)
+    assert math.isclose(theta, max(every), rel_tol=1e-12)
+    assert math.isclose(every[budget], max(every), rel_tol=1e-12)
+    lengths = allocate(a, budget)
+    assert sum(lengths) == budget
+    admitted = [a[r][j] for r, n in enumerate(lengths) for j in range(n)]
+    left = [a[r][j] for r, n in enumerate(lengths) for j in range(n, len(a[r]))]
+    assert min(admitted, default=1.0) >= max(left, default=0.0)
 
 
 @SETTINGS

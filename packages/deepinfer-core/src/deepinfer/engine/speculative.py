@@ -200,8 +200,9 @@ class SpeculativeRunner:
 
     def _plain(self, rows: list[Request]) -> bool:
         """Hand the step of ``rows`` to the engine's plain path (False: not speculative)."""
-        for req in rows:
-            self.forget(req)
+        if self.drafts or self.pending:  # (a run of plain steps has neither)
+            for req in rows:
+                self.forget(req)
         self.plain_steps += 1
         return False
 

@@ -32,9 +32,13 @@ never by value, so a plan is a function of the survivals alone.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 #: Seconds of a step of that many tokens, that many of its positions drawn with noise (at a
 #: temperature above 0), its rows given (:meth:`.verify_cost.StepCost.seconds`).
@@ -72,11 +76,37 @@ def survival(confidences: Sequence[Sequence[float]]) -> list[list[float]]:
     return [list(itertools.accumulate(row, lambda a, c: a * c)) for row in confidences]
 
 
-def ranked_slots(survivals: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
-    """Every slot (request, position) of positive survival, best first; equal survivals in
-    (request, position) order, so the rank never depends on which tokens were drafted."""
-    slots = [(r, j) for r, row in enumerate(survivals) for j, a in enumerate(row) if a > 0]
-    return sorted(slots, key=lambda s: (-survivals[s[0]][s[1]], s[0], s[1]))
+#: Slots past which :func:`ranked_slots` sorts in numpy (below, its fixed costs dominate).
+NUMPY_SLOTS = 64
+
+
+class Ranked(NamedTuple):
+    """Slots best first (:func:`ranked_slots`): each one's request and survival."""
+
+    owners: list[int]
+    gains: list[float]
+
+
+def ranked_slots(survivals: Sequence[Sequence[float]]) -> Ranked:
+    """Every slot (request, position) of positive survival, best first, as the request and
+    the survival of each; equal survivals in (request, position) order, so the rank never
+    depends on which tokens were drafted (a stable sort, by survival alone, of the slots
+    listed in that order). A request's slots come in position order: survival never grows
+    along a row. A step of 256 requests has over a thousand slots: those sort in numpy."""
+    flat = list(itertools.chain.from_iterable(survivals))
+    owner = [r for r, row in enumerate(survivals) for _ in row]
+    if len(flat) <= NUMPY_SLOTS:
+        worse = [-a for a in flat]
+        order = sorted([i for i, a in enumerate(flat) if a > 0], key=worse.__getitem__)
+        return Ranked([owner[i] for i in order], [flat[i] for i in order])
+    values = np.array(flat)
+    positive = np.flatnonzero(values > 0)
+    picked = positive[np.argsort(-values[positive], kind="stable")]
+    return Ranked(np.array(owner)[picked].tolist(), values[picked].tolist())
+
+
+#: Budgets a search range holds at most before they are scored one by one.
+SCAN = 8
 
 
 def best_budget(
@@ -87,32 +117,66 @@ def best_budget(
 ) -> tuple[int, float]:
     """The number of drafts ``B`` whose top-``B`` allocation maximises Θ, over every ``B``
     from none to all positive slots (the smallest on a tie), and that Θ, for a round whose
-    drafting took ``draft_seconds``. The walk stops once no larger count can win: every later
-    count adds at most the survivals left to a step that costs no less (steps with drafts
-    never get cheaper with more tokens or more noisy draws), which at a large batch ends it
-    after a few rows' worth of slots rather than all of them."""
-    tau, noisy, rows = float(load.samples), load.noisy, load.noisy_rows
-    best, theta = 0, tau / (draft_seconds + step_seconds(load.tokens, noisy))
-    slots = ranked_slots(survivals)
-    gains = [survivals[r][j] for r, j in slots]
-    left = list(itertools.accumulate(reversed(gains), initial=0.0))[::-1]  # sum(gains[i:])
-    for b, (r, _) in enumerate(slots, start=1):
-        tau += gains[b - 1]
-        noisy += r < len(rows) and rows[r]
-        seconds = draft_seconds + step_seconds(load.tokens + b, noisy)
-        value = tau / seconds
-        if value > theta:
-            best, theta = b, value
-        if (tau + left[b]) / seconds <= theta:
-            break
-    return best, theta
+    drafting took ``draft_seconds``.
+
+    The step is priced at few counts, not at every one (a step of 256 rows has over a
+    thousand, and pricing them all took a large share of a GPU step's host time): a branch
+    and bound over ranges of counts. A range ``[lo, hi]`` can score at most its largest τ
+    over its cheapest step, ``τ(hi) / seconds(lo)`` (τ never shrinks as slots are admitted;
+    steps with drafts never get cheaper with more tokens or more noisy draws); ranges are
+    opened most promising first, halved, scored one by one once small, and dropped once
+    their bound cannot beat the best count found, a larger Θ or an equal one at a smaller
+    count. So the result is exactly that of scoring every count."""
+    return _best(ranked_slots(survivals), len(survivals), load, step_seconds, draft_seconds)
+
+
+def _best(
+    ranked: Ranked,
+    num_requests: int,
+    load: StepLoad,
+    step_seconds: StepSeconds,
+    draft_seconds: float,
+) -> tuple[int, float]:
+    """:func:`best_budget` on slots ranked already."""
+    owners, gains = ranked
+    tau = list(itertools.accumulate(gains, initial=float(load.samples)))
+    noisy = [load.noisy] * (len(gains) + 1)
+    if any(load.noisy_rows):  # whether each request's draws are noisy
+        flags = [*load.noisy_rows[:num_requests], *[False] * num_requests]
+        noisy = list(itertools.accumulate([flags[r] for r in owners], initial=load.noisy))
+
+    def seconds(b: int) -> float:
+        return draft_seconds + step_seconds(load.tokens + b, noisy[b])
+
+    best = (tau[0] / seconds(0), 0)  # (Θ, -B): the larger wins
+
+    def bounded(lo: int, hi: int) -> tuple[float, int, int]:
+        return (-tau[hi] / seconds(lo), lo, hi)
+
+    ranges = [bounded(1, len(gains))] if gains else []
+    while ranges:
+        bound, lo, hi = heapq.heappop(ranges)
+        if (-bound, -lo) <= best:
+            break  # nor can any range left: none has a larger bound
+        if hi - lo < SCAN:
+            best = max(best, *((tau[b] / seconds(b), -b) for b in range(lo, hi + 1)))
+            continue
+        mid = (lo + hi) // 2
+        heapq.heappush(ranges, bounded(lo, mid))
+        heapq.heappush(ranges, bounded(mid + 1, hi))
+    return -best[1], best[0]
 
 
 def allocate(survivals: Sequence[Sequence[float]], budget: int) -> list[int]:
     """Per request, how many of its drafts the top-``budget`` slots admit (a prefix of its
     row: fewer than ``budget`` in all when fewer slots have positive survival)."""
-    lengths = [0] * len(survivals)
-    for r, _ in ranked_slots(survivals)[: max(0, budget)]:
+    return _admit(ranked_slots(survivals), len(survivals), budget)
+
+
+def _admit(ranked: Ranked, num_requests: int, budget: int) -> list[int]:
+    """:func:`allocate` on slots ranked already."""
+    lengths = [0] * num_requests
+    for r in ranked.owners[: max(0, budget)]:
         lengths[r] += 1
     return lengths
 
@@ -127,20 +191,21 @@ def plan(
     """Lengths for this step: the budget that maximises Θ on ``survivals`` (one row per
     request that verifies), admitted by the same survivals; none at all unless some count of
     drafts beats the step without them by ``margin`` (a fraction of its Θ)."""
-    budget, theta = best_budget(survivals, load, step_seconds, draft_seconds)
+    ranked, n = ranked_slots(survivals), len(survivals)
+    budget, theta = _best(ranked, n, load, step_seconds, draft_seconds)
     plain = load.samples / (draft_seconds + step_seconds(load.tokens, load.noisy))
     if theta <= plain * (1 + margin):
         budget, theta = 0, plain
-    return Plan(allocate(survivals, budget), budget, theta)
+    return Plan(_admit(ranked, n, budget), budget, theta)
 
 
-def drafting_budget(
+def drafting_plan(
     survivals: Sequence[Sequence[float]],
     load: StepLoad,
     step_seconds: StepSeconds,
     draft_seconds: float,
     margin: float = 0.0,
-) -> int | None:
+) -> Plan | None:
     """The drafts a round would verify if drafting it is worth its cost, None if it is not:
     the best Θ of a round that drafts (its ``draft_seconds`` spent, the budget chosen on
     ``survivals``, an estimate made before the round's drafts exist) must beat a plain
@@ -151,8 +216,9 @@ def drafting_budget(
     most = load.samples + sum(map(sum, survivals))
     if most / (draft_seconds + step_seconds(load.tokens + 1, load.noisy)) <= plain * (1 + margin):
         return None
-    budget, theta = best_budget(survivals, load, step_seconds, draft_seconds)
-    return budget if theta > plain * (1 + margin) else None
+    ranked, n = ranked_slots(survivals), len(survivals)
+    budget, theta = _best(ranked, n, load, step_seconds, draft_seconds)
+    return Plan(_admit(ranked, n, budget), budget, theta) if theta > plain * (1 + margin) else None
 
 
 def drafting_pays(
@@ -161,5 +227,5 @@ def drafting_pays(
     step_seconds: StepSeconds,
     draft_seconds: float,
 ) -> bool:
-    """Whether drafting a round is worth its cost (:func:`drafting_budget`)."""
-    return drafting_budget(survivals, load, step_seconds, draft_seconds) is not None
+    """Whether drafting a round is worth its cost (:func:`drafting_plan`)."""
+    return drafting_plan(survivals, load, step_seconds, draft_seconds) is not None

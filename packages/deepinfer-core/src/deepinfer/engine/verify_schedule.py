@@ -29,6 +29,7 @@ a while. The other schedules are ``"fixed"`` (every draft) and DSpark's
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -45,8 +46,7 @@ from deepinfer.engine.verify_cost import StepCost, VerifyCost
 from deepinfer.engine.verify_plan import (
     StepLoad,
     StepSeconds,
-    allocate,
-    drafting_budget,
+    drafting_plan,
     plan,
     survival,
 )
@@ -248,7 +248,7 @@ class AdaptiveVerifier:
 
     def drafting_pays(self, reqs: Sequence[Request], k: int) -> bool:
         """Whether drafting ``k`` tokens for each of ``reqs`` before a step of their decoding
-        rows is worth its cost (:func:`.verify_plan.drafting_budget` on the survivals expected
+        rows is worth its cost (:func:`.verify_plan.drafting_plan` on the survivals expected
         of a round of each request's regime, both its calibrations applied, see the module);
         counts the rounds it turns down (and ages what was learnt of their regimes), and
         remembers what the others count on."""
@@ -257,19 +257,21 @@ class AdaptiveVerifier:
         scale = {
             g: min(self.learnt[g].calibration, self.learnt[g].draft_calibration) for g in expected
         }
-        past = [[a * scale[g] for a in expected[g]] for g in regimes]
+        calibrated = {g: [a * scale[g] for a in expected[g]] for g in expected}
+        past = [calibrated[g] for g in regimes]  # a regime's requests share their row
         load = StepLoad(len(reqs), len(reqs), sum(regimes), tuple(regimes))
         seconds = self.step_seconds(len(reqs))
         drafting = self.draft_seconds(len(reqs))
-        budget = drafting_budget(past, load, seconds, drafting, self._margin())
-        if budget is None:
+        found = drafting_plan(past, load, seconds, drafting, self._margin())
+        if found is None:
             self.skipped += 1
             for g in expected:
                 self.learnt[g].age(k)
             return False
-        lengths = allocate(past, budget)
+        lengths = found.lengths
+        counted = {g: list(itertools.accumulate(expected[g], initial=0.0)) for g in expected}
         self._decided = {
-            req: sum(expected[g][:n]) for req, g, n in zip(reqs, regimes, lengths, strict=True)
+            req: counted[g][n] for req, g, n in zip(reqs, regimes, lengths, strict=True)
         }
         return True
 
