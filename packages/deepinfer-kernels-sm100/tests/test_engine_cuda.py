@@ -94,6 +94,35 @@ def test_dspark_rounds_replay_graphs_and_keep_greedy_outputs() -> None:
     assert llm.engine.spec.num_accepted > 0
 
 
+def test_mtp_chained_passes_replay_graphs_and_keep_greedy_outputs() -> None:
+    """MTP's chained drafts replay one graph per batch bucket (captured at start-up with the
+    decode steps, none during the run) and are the drafts the eager passes make: the same
+    drafts kept; the greedy tokens are the engine's without speculation, at 1 and 24
+    requests a step."""
+    plain = LLM("tiny", device="cuda", dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    llm = LLM("tiny", device="cuda", dtype="float32", speculative_config=spec)
+    eager = LLM("tiny", device="cuda", dtype="float32",
+                speculative_config={**spec, "enforce_eager": True})  # fmt: skip
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.num_captured == 4 * len(graphs.buckets)
+    assert eager.engine.spec is not None and eager.engine.spec.drafter.graphs is None  # type: ignore[attr-defined]
+    for batch in (1, 24):
+        prompts = (PROMPTS * 6)[:batch]
+        want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert got == want
+    for batch in (1, 24):
+        eager.generate((PROMPTS * 6)[:batch], params, use_tqdm=False)
+    runner, reference = llm.engine.spec, eager.engine.spec
+    assert runner is not None and runner.num_accepted > 0
+    assert (runner.num_drafts, runner.num_accepted) == (
+        reference.num_drafts,
+        reference.num_accepted,
+    )
+
+
 def test_adaptive_profile_prices_graphed_plain_steps() -> None:
     """The schedule's start-up profile times plain and verification steps from CUDA graphs of
     its own slots (kept apart from the engine's, which hold just their start-up captures)

@@ -22,7 +22,9 @@ class Drafter(Protocol):
     concatenated per position [N, F] (DSpark). It returns [requests, k] drafts; a row may end
     in -1s, drafts not worth verifying (DSpark's confidence threshold). Adaptive scheduling
     also needs their confidences (:class:`.verify_schedule.ConfidentDrafter`). A drafter
-    with ``use_graphs(graphs)`` is handed the engine's CUDA graphs to replay its rounds from.
+    with ``use_graphs(graphs)`` is handed the engine's CUDA graphs to replay its rounds from,
+    and one with ``capture_graphs(state)`` captures them at engine start over a throwaway
+    state of the engine's slots (graphs that read the slot tensors: MTP's).
     """
 
     k: int

@@ -138,6 +138,8 @@ class LLMEngine:
         self.num_steps = 0
         if graphs is not None:
             capture_decode_graphs(self.model, self.slots, graphs, self.max_model_len)
+            if self.spec is not None:
+                self.spec.capture_graphs(self.slots.new_state, self.slots.release)
 
     # -- requests -----------------------------------------------------------------------------
 

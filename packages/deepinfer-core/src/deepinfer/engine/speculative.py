@@ -143,6 +143,17 @@ class SpeculativeRunner:
         #: When the step in flight began, if its time teaches the verifier (decode-only).
         self._started: float | None = None
 
+    def capture_graphs(
+        self, new_state: Callable[[], ModelState], release: Callable[[ModelState], None]
+    ) -> None:
+        """Have a drafter whose graphs read the engine's slot tensors (MTP's chained passes)
+        capture them, over a throwaway state of the slots, now that those exist."""
+        capture = getattr(self.drafter, "capture_graphs", None)
+        if capture is not None:
+            state = new_state()
+            capture(state)
+            release(state)
+
     def step(
         self,
         out: SchedulerOutput,
