@@ -95,8 +95,8 @@ def test_dspark_rounds_replay_graphs_and_keep_greedy_outputs() -> None:
 
 
 def test_mtp_chained_passes_replay_graphs_and_keep_greedy_outputs() -> None:
-    """MTP's chained drafts replay one graph per batch bucket (captured at start-up with the
-    decode steps, none during the run) and are the drafts the eager passes make: the same
+    """MTP's drafting rounds replay one graph per batch bucket (captured at start-up with the
+    decode steps, none during the run) and draft what the eager passes draft: the same
     drafts kept; the greedy tokens are the engine's without speculation, at 1 and 24
     requests a step."""
     plain = LLM("tiny", device="cuda", dtype="float32")
@@ -107,7 +107,7 @@ def test_mtp_chained_passes_replay_graphs_and_keep_greedy_outputs() -> None:
                 speculative_config={**spec, "enforce_eager": True})  # fmt: skip
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.num_captured == 4 * len(graphs.buckets)
-    assert eager.engine.spec is not None and eager.engine.spec.drafter.graphs is None  # type: ignore[attr-defined]
+    assert eager.engine.spec is not None and eager.engine.spec.drafter.graphed is None  # type: ignore[attr-defined]
     for batch in (1, 24):
         prompts = (PROMPTS * 6)[:batch]
         want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]

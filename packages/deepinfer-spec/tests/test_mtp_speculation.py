@@ -17,6 +17,7 @@ from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer_spec.mtp import MTPDrafter
+from deepinfer_spec.mtp_graphed import GraphedMTPRounds
 from deepinfer_spec.speculative import speculative_generate
 
 
@@ -60,22 +61,22 @@ def test_a_drafter_needs_at_least_one_token(model: DeepseekCausalLM) -> None:
         MTPDrafter(model, 0)
 
 
-@pytest.mark.parametrize("chained", ["ragged", "decode"])
+@pytest.mark.parametrize("chained", ["ragged", "graphed"])
 def test_batched_drafts_equal_drafts_one_sequence_at_a_time(
     model: DeepseekCausalLM, chained: str
 ) -> None:
     """Sequences in the engine's slots draft in one ragged pass of the MTP layer per draft
-    (or, ``decode``, as with the engine's CUDA graphs: the chained drafts as decode passes
-    over the slotted rings, run eagerly on the CPU): the same drafts as each sequence
-    drafting on its own state, round after round (the second round continues from where the
-    first left the layer)."""
+    (or, ``graphed``, the passes a round's CUDA graph holds, run eagerly on the CPU: rows of
+    k + 1 verified positions after an eager pass over longer runs' earlier ones, then decode
+    passes): the same drafts as each sequence drafting on its own state, round after round
+    (the second round continues from where the first left the layer)."""
     k, g = 3, torch.Generator().manual_seed(9)
     slots = StateSlots(lambda: model.new_state(1, slack=k), max_slots=3, max_len=1024)
     shared = [slots.new_state() for _ in range(3)]
     own = [model.new_state(1, slack=k) for _ in range(3)]
     drafter = MTPDrafter(model, k)
-    if chained == "decode":  # (use_graphs keeps them eager off a GPU)
-        drafter.graphs = DecodeGraphs(4)
+    if chained == "graphed":  # use_graphs keeps rounds eager off a GPU, where graphs run eagerly
+        drafter.graphed = GraphedMTPRounds(model, DecodeGraphs(4), k)
     pending = [torch.randint(3, 8000, (n,), generator=g) for n in (5, 40, 130)]
     for _ in range(2):
         streams, after, want = [], [], []

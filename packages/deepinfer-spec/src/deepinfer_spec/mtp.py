@@ -12,12 +12,8 @@ target's streams once they are verified.
 Drafts are the MTP logits' argmax (a deterministic proposal), which verification accepts with
 the target's own probability of the token: lossless at any temperature.
 
-With the engine's CUDA graphs (:meth:`MTPDrafter.use_graphs`) the ``k - 1`` chained passes,
-one token a request each, are decode passes of the layer over its slotted rings, all of them
-replayed from one graph per batch bucket (captured at engine start, :meth:`capture_graphs`):
-run eagerly they are ``k - 1`` ragged passes of many small kernels each, several times a
-replayed verification step on a GPU. The first pass, of any number of verified positions a
-request, stays ragged and eager.
+With the engine's CUDA graphs (:meth:`MTPDrafter.use_graphs`) a whole round replays one graph
+per batch bucket (:mod:`.mtp_graphed`).
 
 Under expert parallelism the MTP layer's MoE is a collective, so a round first agrees with the
 other ranks on its ``k`` passes (ranks drafting nothing this step run dummy passes to match,
@@ -36,13 +32,11 @@ from torch import Tensor
 
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
-from deepinfer.models.layers.block import ForwardContext
-from deepinfer.models.layouts import SlotRows
 from deepinfer.models.mtp_pass import mtp_forward_ragged, mtp_slotted
 from deepinfer.models.rollback import rollback_mtp_layers
 from deepinfer.models.state import ModelState
 from deepinfer.parallel import find_expert_parallel
-from deepinfer.transfer import to_device
+from deepinfer_spec.mtp_graphed import GraphedMTPRounds
 
 
 @dataclass
@@ -61,30 +55,22 @@ class MTPDrafter:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
         self.model = model
         self.k = k
-        #: the engine's graphs, which replay the chained passes (None: eager)
-        self.graphs: DecodeGraphs | None = None
+        #: rounds replayed from the engine's CUDA graphs (None: eager passes)
+        self.graphed: GraphedMTPRounds | None = None
 
     def use_graphs(self, graphs: DecodeGraphs) -> None:
-        """Replay the chained passes from ``graphs`` (the engine's) on a GPU without expert
-        parallelism; else keep them eager."""
+        """Replay rounds from ``graphs`` (the engine's) on a GPU without expert parallelism;
+        else keep them eager."""
         model = self.model
-        if self.k > 1 and model.device.type == "cuda" and find_expert_parallel(model) is None:
-            self.graphs = graphs
+        if model.device.type == "cuda" and find_expert_parallel(model) is None:
+            self.graphed = GraphedMTPRounds(model, graphs, self.k)
 
-    @torch.no_grad()
     def capture_graphs(self, state: ModelState) -> None:
-        """Capture every batch bucket's chained passes now, over the MTP ring of ``state`` (a
+        """Capture every batch bucket's round now, over the MTP ring of ``state`` (a
         throwaway state of the engine's slots), as the engine captures its decode steps, so
-        no run pays for a capture. The made-up rounds run in the padding slot."""
-        if self.graphs is None or not mtp_slotted([state]):
-            return
-        model, cfg = self.model, self.model.cfg
-        for bucket in self.graphs.buckets:
-            zeros = torch.zeros(bucket, dtype=torch.long, device=model.device)
-            streams = torch.zeros(
-                bucket, cfg.hc_mult, cfg.hidden_size, dtype=model.dtype, device=model.device
-            )
-            self._chained(state, streams, zeros, zeros, zeros)
+        no run pays for a capture."""
+        if self.graphed is not None and mtp_slotted([state]):
+            self.graphed.capture(state)
 
     @torch.no_grad()
     def draft(self, state: ModelState, streams: Tensor, next_ids: Tensor) -> Draft:
@@ -116,6 +102,8 @@ class MTPDrafter:
         ragged pass of the layer per draft: span i feeds ``lengths[i]`` verified positions
         (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the other). Returns the
         drafts [n, k]."""
+        if self.graphed is not None and mtp_slotted(states):
+            return self.graphed.draft(states, streams, next_ids, list(lengths))
         model = self.model
         ep = find_expert_parallel(model)
         if ep is not None:
@@ -130,13 +118,6 @@ class MTPDrafter:
         ends = torch.tensor(list(lengths)).cumsum(0) - 1
         drafts = [logits.argmax(dim=-1)]
         out = out[ends.to(out.device)]
-        if self.graphs is not None and self.k > 1:
-            where = [(s.mtp_pos, s.mtp[0].swa.slot) for s in states]
-            at = to_device(torch.tensor(where), out.device)
-            chained = self._chained(states[0], out, drafts[0], at[:, 0], at[:, 1])
-            for state, length in zip(states, verified, strict=True):
-                rollback_mtp_layers(state, length)  # (the graph moved no host counter)
-            return torch.cat((drafts[0][:, None], chained), dim=1)
         for _ in range(self.k - 1):
             with moe_pass(len(states)):
                 logits, out = mtp_forward_ragged(model, states, out, drafts[-1], [1] * len(states))
@@ -144,27 +125,3 @@ class MTPDrafter:
         for state, length in zip(states, verified, strict=True):
             rollback_mtp_layers(state, length)
         return torch.stack(drafts, dim=1)
-
-    def _chained(
-        self, state: ModelState, out: Tensor, ids: Tensor, positions: Tensor, slots: Tensor
-    ) -> Tensor:
-        """The drafts [n, k - 1] after ``ids`` [n] (the first drafts), chained from the
-        layer's output streams ``out`` [n, hc, d] at ``positions`` [n] in the MTP ring rows
-        ``slots`` [n] of ``state``'s slot tensor, through the graph of this batch's bucket."""
-        pool = state.mtp[0].swa.pool
-        assert self.graphs is not None and pool is not None
-
-        def passes(out: Tensor, ids: Tensor, positions: Tensor, slots: Tensor) -> tuple[Tensor]:
-            model, block, drafts = self.model, self.model.mtp[0], []
-            for j in range(self.k - 1):
-                step = ids[:, None]
-                ctx = ForwardContext(model.ops, (positions + j)[:, None], step, model.rotary)
-                hidden, x = block.predict(
-                    out[:, None], model.embed(step), ctx, SlotRows(pool, slots)
-                )
-                ids, out = model.head(model.ops, hidden[:, 0]).argmax(dim=-1), x[:, 0]
-                drafts.append(ids)
-            return (torch.stack(drafts, dim=1),)
-
-        key = ("mtp", self.k, pool.data_ptr())
-        return self.graphs.run(key, passes, out, ids, positions, slots)[0].clone()
