@@ -2,15 +2,16 @@
 
 Arms, each timed in this process on the same prompts (windows of the held-out plays, so the
 drafter has not seen them): no speculation; MTP with k = 3 (the tiny model's own MTP layer,
-chained); DSpark with every draft verified (k = 5); DSpark with the static confidence threshold
-(``--threshold``); DSpark with confidence-scheduled, load-aware verification (``scheduling:
-"adaptive"``: each step verifies the drafts worth their cost on the cost table the engine
-profiles at start, outside the timed run); on a GPU, also DSpark k = 5 with the drafter's
-rounds run eagerly (``enforce_eager``) rather than replayed from CUDA graphs. For each batch
-size the engine generates ``--output-len`` greedy tokens per sequence (all submitted at once);
-with ``--waves w``, ``w * batch`` sequences with at most ``batch`` running at once, so a
-request that finishes early (speculation keeps more of its drafts) makes room for the next, as
-on a server, rather than leaving its slot idle until the batch's slowest request ends. Output
+chained), every draft verified or on the adaptive schedule; DSpark with every draft verified
+(k = 5); DSpark with the static confidence threshold (``--threshold``); DSpark with
+confidence-scheduled, load-aware verification (``scheduling: "adaptive"``: each step verifies
+the drafts worth their cost on the cost table the engine profiles at start, outside the timed
+run); on a GPU, also DSpark k = 5 with the drafter's rounds run eagerly (``enforce_eager``)
+rather than replayed from CUDA graphs. For each batch size the engine generates
+``--output-len`` greedy tokens per sequence (all submitted at once); with ``--waves w``,
+``w * batch`` sequences with at most ``batch`` running at once, so a request that finishes
+early (speculation keeps more of its drafts) makes room for the next, as on a server, rather
+than leaving its slot idle until the batch's slowest request ends. Output
 tok/s is ``sequences * output_len / wall seconds``: the median of ``--repeats`` runs of one
 engine an arm (built once for every batch; an untimed first run at each batch; the arms' runs
 interleaved, so the machine's drift lands on all of them; prefix caching off). tau is the mean
@@ -167,6 +168,8 @@ def main() -> int:
     arms: dict[str, dict[str, Any] | None] = {
         "none": None,
         "mtp_k3": {"method": "mtp", "num_speculative_tokens": 3},
+        "mtp_scheduled": {"method": "mtp", "num_speculative_tokens": 3,
+                          "scheduling": "adaptive"},
         "dspark_k5": {"method": "dspark", "num_speculative_tokens": 5},
         "dspark_threshold": {"method": "dspark", "num_speculative_tokens": 5,
                              "confidence_threshold": args.threshold},

@@ -220,7 +220,7 @@ def test_engine_dspark_confidence_threshold(tiny: DeepseekCausalLM) -> None:
     assert counts[0] > counts[1] > counts[2] == 0
     with pytest.raises(InvalidRequestError, match="confidence_threshold"):
         SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 2,
-                                 "confidence_threshold": 0.5})  # fmt: skip
+                                 "confidence_threshold": 1.5})  # fmt: skip
 
 
 def test_engine_dspark_seeded_sampling_equals_no_speculation(tiny: DeepseekCausalLM) -> None:

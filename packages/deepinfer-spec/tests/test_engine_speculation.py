@@ -163,15 +163,13 @@ def test_unsupported_options_are_refused(model: DeepseekCausalLM) -> None:
 def test_adaptive_scheduling_needs_a_drafter_with_confidences(
     model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """MTP has no confidence head, nor has a drafter that only drafts: adaptive scheduling is
+    """A drafter that only drafts has no confidences to plan with: adaptive scheduling is
     refused by name before any profiling, in either spelling."""
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: KnowingDrafter([]))
     for key, value in (("scheduling", "adaptive"), ("enable_adaptive_verification", True)):
         config = EngineConfig(speculative_config={**SPEC, key: value})
-        with pytest.raises(InvalidRequestError, match="adaptive scheduling needs a drafter"):
+        with pytest.raises(InvalidRequestError, match="KnowingDrafter gives none"):
             LLMEngine(model, tiny_tokenizer(), config)
-    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: KnowingDrafter([]))
-    with pytest.raises(InvalidRequestError, match="KnowingDrafter gives none"):
-        LLMEngine(model, tiny_tokenizer(), config)
 
 
 def test_bench_reports_the_acceptance(

@@ -69,7 +69,8 @@ def test_batched_drafts_equal_drafts_one_sequence_at_a_time(
     (or, ``graphed``, the passes a round's CUDA graph holds, run eagerly on the CPU: rows of
     k + 1 verified positions after an eager pass over longer runs' earlier ones, then decode
     passes): the same drafts as each sequence drafting on its own state, round after round
-    (the second round continues from where the first left the layer)."""
+    (the second round continues from where the first left the layer), with confidences that
+    are each draft's softmax probability under the MTP logits it was drafted from."""
     k, g = 3, torch.Generator().manual_seed(9)
     slots = StateSlots(lambda: model.new_state(1, slack=k), max_slots=3, max_len=1024)
     shared = [slots.new_state() for _ in range(3)]
@@ -79,17 +80,24 @@ def test_batched_drafts_equal_drafts_one_sequence_at_a_time(
         drafter.graphed = GraphedMTPRounds(model, DecodeGraphs(4), k)
     pending = [torch.randint(3, 8000, (n,), generator=g) for n in (5, 40, 130)]
     for _ in range(2):
-        streams, after, want = [], [], []
+        streams, after, want, sure = [], [], [], []
         for chunk, a, b in zip(pending, own, shared, strict=True):
             out_a = model(ForwardBatch.of(chunk, a, num_logits=1, return_streams=True))
             out_b = model(ForwardBatch.of(chunk, b, num_logits=1, return_streams=True))
             assert out_a.streams is not None and out_b.streams is not None
             nxt = torch.cat((chunk[1:], out_a.logits[-1:].argmax(dim=-1)))
-            want.append(drafter.draft(a, out_a.streams, nxt).tokens)
+            own_draft = drafter.draft(a, out_a.streams, nxt)
+            want.append(own_draft.tokens)
+            # each draft's probability under its own logits, in float64
+            probs = torch.softmax(own_draft.logits.double(), dim=-1)
+            sure.append(probs.gather(1, own_draft.tokens[:, None])[:, 0])
             streams.append(out_b.streams)
             after.append(nxt)
         lengths = [c.numel() for c in pending]
-        got = drafter.draft_batch(shared, torch.cat(streams), torch.cat(after), lengths)
+        got, confidence = drafter.draft_with_confidence(
+            shared, torch.cat(streams), torch.cat(after), lengths
+        )
         assert torch.equal(got, torch.stack(want))
+        torch.testing.assert_close(confidence.double(), torch.stack(sure), rtol=1e-4, atol=1e-6)
         assert [s.mtp_pos for s in shared] == [s.mtp_pos for s in own]
         pending = [torch.randint(3, 8000, (n,), generator=g) for n in (1, 7, 3)]

@@ -239,10 +239,10 @@ def _add_speculative_args(p: argparse.ArgumentParser) -> None:
         choices=("fixed", "adaptive"),
         default="fixed",
         help="drafts verified a round: all, or planned from their confidences and the step's "
-        "profiled cost (DSpark)",
+        "profiled cost",
     )
     p.add_argument("--confidence-threshold", type=float, default=0.0,
-                   help="DSpark: verify up to the first draft below this confidence")  # fmt: skip
+                   help="verify up to the first draft below this confidence")  # fmt: skip
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -10,7 +10,11 @@ back to the verified positions right after drafting; the next round feeds them a
 target's streams once they are verified.
 
 Drafts are the MTP logits' argmax (a deterministic proposal), which verification accepts with
-the target's own probability of the token: lossless at any temperature.
+the target's own probability of the token: lossless at any temperature. Each comes with a
+confidence, the MTP layer's own softmax probability of it (the chance it survives, as the layer
+sees it, if the drafts before it did): what the adaptive schedule plans with (the engine learns
+how far to trust it, ``engine/verify_schedule.py``) and the static ``confidence_threshold``
+cuts at. The cut depends on the drafter alone, so verification stays lossless.
 
 With the engine's CUDA graphs (:meth:`MTPDrafter.use_graphs`) a whole round replays one graph
 per batch bucket (:mod:`.mtp_graphed`).
@@ -24,6 +28,7 @@ chained passes then stay eager (a graph holds no agreement).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,7 +41,7 @@ from deepinfer.models.mtp_pass import mtp_forward_ragged, mtp_slotted
 from deepinfer.models.rollback import rollback_mtp_layers
 from deepinfer.models.state import ModelState
 from deepinfer.parallel import find_expert_parallel
-from deepinfer_spec.mtp_graphed import GraphedMTPRounds
+from deepinfer_spec.mtp_graphed import GraphedMTPRounds, confident
 
 
 @dataclass
@@ -48,13 +53,14 @@ class Draft:
 class MTPDrafter:
     """Proposes ``k`` tokens per round for one sequence from its MTP layer (see the module)."""
 
-    def __init__(self, model: DeepseekCausalLM, k: int) -> None:
+    def __init__(self, model: DeepseekCausalLM, k: int, confidence_threshold: float = 0.0) -> None:
         if not model.has_mtp:
             raise ValueError("the model has no MTP layers to draft with")
         if k < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
         self.model = model
         self.k = k
+        self.threshold = confidence_threshold
         #: rounds replayed from the engine's CUDA graphs (None: eager passes)
         self.graphed: GraphedMTPRounds | None = None
 
@@ -90,7 +96,12 @@ class MTPDrafter:
         rollback_mtp_layers(state, verified)
         return Draft(torch.tensor(tokens, device=model.device), torch.stack(rows))
 
-    @torch.no_grad()
+    @property
+    def profile_key(self) -> str:
+        """What a round's cost depends on besides the target (whether its rounds replay
+        graphs): the engine's start-up profile is cached under it."""
+        return json.dumps({"mtp": True, "graphed": self.graphed is not None})
+
     def draft_batch(
         self,
         states: Sequence[ModelState],
@@ -101,7 +112,23 @@ class MTPDrafter:
         """:meth:`draft` for many sequences whose MTP rings live in the engine's slots, as one
         ragged pass of the layer per draft: span i feeds ``lengths[i]`` verified positions
         (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the other). Returns the
-        drafts [n, k]."""
+        drafts [n, k]; with a threshold, -1 from the first whose confidence is below it."""
+        tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
+        if self.threshold > 0:  # a non-anticipating cut: the drafter's own confidences only
+            low = (confidence < self.threshold).cumsum(dim=1) > 0
+            tokens = tokens.masked_fill(low, -1)
+        return tokens
+
+    @torch.no_grad()
+    def draft_with_confidence(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> tuple[Tensor, Tensor]:
+        """The drafts [n, k] of :meth:`draft_batch` (none cut) and their confidences [n, k]
+        (fp32): what adaptive verification plans with."""
         if self.graphed is not None and mtp_slotted(states):
             return self.graphed.draft(states, streams, next_ids, list(lengths))
         model = self.model
@@ -116,12 +143,14 @@ class MTPDrafter:
             logits, out = mtp_forward_ragged(model, states, streams, next_ids, lengths)
         verified = [s.mtp_pos for s in states]
         ends = torch.tensor(list(lengths)).cumsum(0) - 1
-        drafts = [logits.argmax(dim=-1)]
+        picks = [confident(logits)]
         out = out[ends.to(out.device)]
         for _ in range(self.k - 1):
             with moe_pass(len(states)):
-                logits, out = mtp_forward_ragged(model, states, out, drafts[-1], [1] * len(states))
-            drafts.append(logits.argmax(dim=-1))
+                logits, out = mtp_forward_ragged(
+                    model, states, out, picks[-1][0], [1] * len(states)
+                )
+            picks.append(confident(logits))
         for state, length in zip(states, verified, strict=True):
             rollback_mtp_layers(state, length)
-        return torch.stack(drafts, dim=1)
+        return torch.stack([t for t, _ in picks], dim=1), torch.stack([c for _, c in picks], dim=1)

@@ -36,6 +36,13 @@ from deepinfer.models.state import ModelState
 from deepinfer.transfer import to_device
 
 
+def confident(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """The argmax of each row of MTP ``logits`` [n, V] and its softmax probability (fp32)."""
+    tokens = logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float(), dim=-1)
+    return tokens, probs.gather(1, tokens[:, None])[:, 0]
+
+
 class GraphedMTPRounds:
     """MTP drafting rounds of ``k`` drafts a request from graphs (see the module)."""
 
@@ -59,8 +66,9 @@ class GraphedMTPRounds:
 
     def draft(
         self, states: Sequence[ModelState], streams: Tensor, next_ids: Tensor, lengths: list[int]
-    ) -> Tensor:
-        """The drafts [n, k], as :meth:`~deepinfer_spec.mtp.MTPDrafter.draft_batch` (span i
+    ) -> tuple[Tensor, Tensor]:
+        """The drafts [n, k] and their confidences, as
+        :meth:`~deepinfer_spec.mtp.MTPDrafter.draft_with_confidence` (span i
         feeds ``lengths[i]`` rows of ``streams`` [N, hc, d] and ``next_ids`` [N]); each
         state's MTP layer ends at its verified positions."""
         m, model = self.rows, self.model
@@ -93,7 +101,7 @@ class GraphedMTPRounds:
             states[0], padded[rows], ids[rows], positions, tok_slots, *at[:, 3 * m :].T
         )
 
-    def _run(self, state: ModelState, *inputs: Tensor) -> Tensor:
+    def _run(self, state: ModelState, *inputs: Tensor) -> tuple[Tensor, Tensor]:
         """The round's graph of this batch's bucket over ``state``'s slot tensor."""
         pool = state.mtp[0].swa.pool
         assert pool is not None
@@ -106,23 +114,25 @@ class GraphedMTPRounds:
             tok_slots: Tensor,
             lengths: Tensor,
             slots: Tensor,
-        ) -> tuple[Tensor]:
+        ) -> tuple[Tensor, Tensor]:
             tokens = SlotTokens(positions, tok_slots, lengths)
             ctx = ForwardContext(model.ops, positions, ids, model.rotary)
             rows = SlotRows(pool, slots, tokens=tokens)
             hidden, x = block.predict(streams, model.embed(ids), ctx, rows)
             every, last = torch.arange(len(ids), device=ids.device), (lengths - 1).clamp(min=0)
             out, position = x[every, last], positions[every, last] + 1
-            drafts = [model.head(model.ops, hidden[every, last]).argmax(dim=-1)]
+            picks = [confident(model.head(model.ops, hidden[every, last]))]
             for j in range(k - 1):
-                step = drafts[-1][:, None]
+                step = picks[-1][0][:, None]
                 ctx = ForwardContext(model.ops, (position + j)[:, None], step, model.rotary)
                 hidden, x = block.predict(
                     out[:, None], model.embed(step), ctx, SlotRows(pool, slots)
                 )
                 out = x[:, 0]
-                drafts.append(model.head(model.ops, hidden[:, 0]).argmax(dim=-1))
-            return (torch.stack(drafts, dim=1),)
+                picks.append(confident(model.head(model.ops, hidden[:, 0])))
+            return torch.stack([t for t, _ in picks], 1), torch.stack([c for _, c in picks], 1)
 
         key = ("mtp", self.k, pool.data_ptr())
-        return self.graphs.run(key, passes, *inputs)[0].clone()
+        tokens, confidence = self.graphs.run(key, passes, *inputs)
+        # the graph's outputs are shared buffers the next replay overwrites
+        return tokens.clone(), confidence.clone()

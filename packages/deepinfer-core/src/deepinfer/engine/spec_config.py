@@ -101,7 +101,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     #: the drafter's directory (DSpark; None: the one shipped for the model, if any)
     model: str | None = None
-    #: DSpark's static threshold (``dspark.md`` §7): verify drafts up to the first whose
+    #: The static threshold (``dspark.md`` §7): verify drafts up to the first whose
     #: confidence is below it (0: every draft)
     confidence_threshold: float = 0.0
     scheduling: str = "fixed"
@@ -141,10 +141,9 @@ class SpeculativeConfig:
         threshold = raw.get("confidence_threshold", 0.0)
         if not isinstance(threshold, int | float) or isinstance(threshold, bool):
             raise InvalidRequestError("speculative_config", "confidence_threshold must be a number")
-        if (threshold and method != "dspark") or not 0.0 <= threshold <= 1.0:
+        if not 0.0 <= threshold <= 1.0:
             raise InvalidRequestError(
-                "speculative_config",
-                f"confidence_threshold is DSpark's, in [0, 1]; got {threshold!r} for {method!r}",
+                "speculative_config", f"confidence_threshold must be in [0, 1], got {threshold!r}"
             )
         eager = raw.get("enforce_eager", False)
         if not isinstance(eager, bool):
