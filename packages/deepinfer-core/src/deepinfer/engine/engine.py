@@ -80,9 +80,7 @@ class LLMEngine:
         graphs = None
         if not config.enforce_eager and model.ops.supports_cuda_graphs(model.dtype):
             graphs = DecodeGraphs(config.max_num_seqs)
-        #: Drafts tokens and verifies them (``speculative_config``); None: one token a step.
-        #: Its plain steps replay the decode graphs, its verification steps theirs (captured
-        #: on first use).
+        #: Drafts and verifies tokens (``speculative_config``; None: one token a step).
         self.spec = speculation(config, model, graphs=graphs)
         slack = self.spec.k if self.spec is not None else 0
         # Captured decode steps bake in the slot and page tensors' addresses, which move when
