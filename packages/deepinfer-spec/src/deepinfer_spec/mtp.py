@@ -41,7 +41,8 @@ from deepinfer.models.mtp_pass import mtp_forward_ragged, mtp_slotted
 from deepinfer.models.rollback import rollback_mtp_layers
 from deepinfer.models.state import ModelState
 from deepinfer.parallel import find_expert_parallel
-from deepinfer_spec.mtp_graphed import GraphedMTPRounds, confident
+from deepinfer_spec.confidence import confident, cut_below
+from deepinfer_spec.mtp_graphed import GraphedMTPRounds
 
 
 @dataclass
@@ -114,10 +115,7 @@ class MTPDrafter:
         (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the other). Returns the
         drafts [n, k]; with a threshold, -1 from the first whose confidence is below it."""
         tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
-        if self.threshold > 0:  # a non-anticipating cut: the drafter's own confidences only
-            low = (confidence < self.threshold).cumsum(dim=1) > 0
-            tokens = tokens.masked_fill(low, -1)
-        return tokens
+        return cut_below(tokens, confidence, self.threshold)
 
     @torch.no_grad()
     def draft_with_confidence(

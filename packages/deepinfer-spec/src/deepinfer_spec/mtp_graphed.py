@@ -34,13 +34,7 @@ from deepinfer.models.layouts import SlotRows, SlotTokens
 from deepinfer.models.mtp_pass import mtp_forward_ragged
 from deepinfer.models.state import ModelState
 from deepinfer.transfer import to_device
-
-
-def confident(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """The argmax of each row of MTP ``logits`` [n, V] and its softmax probability (fp32)."""
-    tokens = logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float(), dim=-1)
-    return tokens, probs.gather(1, tokens[:, None])[:, 0]
+from deepinfer_spec.confidence import confident
 
 
 class GraphedMTPRounds:

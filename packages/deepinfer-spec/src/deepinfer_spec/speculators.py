@@ -23,6 +23,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 from deepinfer.plugins import Availability
+from deepinfer_spec.confidence import cut_below
 from deepinfer_spec.dspark.batch import absorb_all, propose_batch
 from deepinfer_spec.dspark.draft import DraftContext
 from deepinfer_spec.dspark.graphed import GraphedRounds
@@ -99,10 +100,7 @@ class DSparkSpeculator:
         verified positions, ``next_ids`` the token after each (the last: the anchor). With a
         threshold, -1 from the first draft whose confidence is below it."""
         tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
-        if self.threshold > 0:  # a non-anticipating cut: the drafter's own confidences only
-            low = (confidence < self.threshold).cumsum(dim=1) > 0
-            tokens = tokens.masked_fill(low, -1)
-        return tokens
+        return cut_below(tokens, confidence, self.threshold)
 
     @torch.no_grad()
     def draft_with_confidence(
