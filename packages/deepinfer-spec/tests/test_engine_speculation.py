@@ -172,12 +172,34 @@ def test_adaptive_scheduling_needs_a_drafter_with_confidences(
             LLMEngine(model, tiny_tokenizer(), config)
 
 
+def test_draft_and_verify_times_count_each_pass(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a clock that advances one second per reading, every verification step and every
+    drafting pass lasts exactly a second: a request's verification time is its rounds, its
+    drafting time its rounds or one more (the pass after its last tokens), and the engine's
+    totals count each pass once (so at most the requests' sums)."""
+    ticks = itertools.count()
+    monkeypatch.setattr(speculative_module, "perf_counter", lambda: float(next(ticks)))
+    _, engine, outs = _run(model, _prompts(4, 7), GREEDY, spec=True)
+    runner = engine.spec
+    assert runner is not None and runner.verify_seconds > 0
+    metrics = [o.metrics for o in outs if o.metrics is not None]
+    for m in metrics:
+        assert m.spec_verify_time == m.spec_rounds
+        assert m.spec_rounds <= m.spec_draft_time <= m.spec_rounds + 1
+    assert runner.verify_seconds <= sum(m.spec_verify_time for m in metrics)
+    assert runner.draft_seconds <= sum(m.spec_draft_time for m in metrics)
+    assert runner.verify_seconds >= max(m.spec_verify_time for m in metrics)
+
+
 def test_bench_reports_the_acceptance(
     model: DeepseekCausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``deepinfer bench --speculative-method mtp`` on a V4 model (dummy weights from a
-    config.json) and on the V4.1 tiny model (its trained MTP layer) reports tau and the
-    acceptance per draft position."""
+    config.json) and on the V4.1 tiny model (its trained MTP layer) reports tau, the
+    acceptance per draft position and the seconds spent drafting and verifying (some, and
+    less than the run)."""
     raw = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(model.cfg) if f.init}
     raw = {k: v for k, v in raw.items() if v is not None}
     raw.update(model_type="deepseek_v4", vocab_size=129280)  # the dummy tokenizer's size
@@ -191,6 +213,9 @@ def test_bench_reports_the_acceptance(
         result = json.loads(out.read_text())
         assert result["spec_acceptance_length"] >= 1
         assert len(result["spec_acceptance_per_position"]) == 3
+        spent = result["spec_draft_seconds"] + result["spec_verify_seconds"]
+        assert result["spec_draft_seconds"] > 0 and result["spec_verify_seconds"] > 0
+        assert spent < result["seconds"]
     assert result["spec_acceptance_length"] > 1.2  # the tiny model's trained layer keeps some
 
 

@@ -90,6 +90,7 @@ def run_bench(args: argparse.Namespace) -> int:
     ]
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     check_interrupted()
+    spent = spec_seconds(llm.engine.spec)
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -116,7 +117,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "cuda_graphs": graphs.num_captured if graphs is not None else 0,
     }
     if llm.engine.spec is not None:
-        result.update(acceptance(outs))
+        result.update(acceptance(outs, llm.engine.spec, spent))
     width = max(len(k) for k in result)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in result.items()))
     if args.json:
@@ -142,13 +143,21 @@ def speculative_config(args: argparse.Namespace) -> dict[str, object] | None:
     return config
 
 
-def acceptance(outs: list[Any]) -> dict[str, object]:
-    """Speculative decoding's acceptance over the run: tau (tokens a verification row
-    emitted, on average), the drafts a row verified (fewer than drafted under a confidence
-    schedule) and the share of rows that kept a draft at each position."""
+def spec_seconds(runner: Any) -> tuple[float, float]:
+    """The speculative runner's drafting and verification seconds so far (none without)."""
+    return (runner.draft_seconds, runner.verify_seconds) if runner is not None else (0.0, 0.0)
+
+
+def acceptance(outs: list[Any], runner: Any, before: tuple[float, float]) -> dict[str, object]:
+    """Speculative decoding over the run: tau (tokens a verification row emitted, on
+    average), the drafts a row verified (fewer than drafted under a confidence schedule), the
+    share of rows that kept a draft at each position, and the seconds the run spent drafting
+    and in verification steps (``runner``'s totals since ``before``: each pass once)."""
+    draft, verify = (now - then for now, then in zip(spec_seconds(runner), before, strict=True))
+    times = {"spec_draft_seconds": round(draft, 4), "spec_verify_seconds": round(verify, 4)}
     metrics = [o.metrics for o in outs if o.metrics is not None and o.metrics.spec_rounds]
     if not metrics:  # no round verified a draft (a schedule may find none worth it)
-        return {"spec_rounds": 0}
+        return {"spec_rounds": 0, **times}
     rounds = sum(m.spec_rounds for m in metrics)
     kept = sum(m.spec_accepted_tokens for m in metrics)
     width = max(len(m.spec_accepted_per_position) for m in metrics)
@@ -161,4 +170,5 @@ def acceptance(outs: list[Any]) -> dict[str, object]:
         "spec_acceptance_length": round((kept + rounds) / rounds, 3),
         "spec_verified_per_round": round(sum(m.spec_draft_tokens for m in metrics) / rounds, 3),
         "spec_acceptance_per_position": [round(c / rounds, 3) for c in per],
+        **times,
     }

@@ -26,6 +26,12 @@ class RequestMetrics:
     #: Drafts proposed that the confidence schedule left unverified (``scheduling:
     #: "adaptive"``; 0 otherwise).
     spec_trimmed_tokens: int = 0
+    #: Wall seconds of the drafting passes and of the verification steps this request was
+    #: part of, each batched pass counted whole for every request in it (as vLLM's
+    #: per-request model times are); the engine's own totals count each pass once
+    #: (``SpeculativeRunner.draft_seconds``, ``verify_seconds``).
+    spec_draft_time: float = 0.0
+    spec_verify_time: float = 0.0
 
     @property
     def spec_acceptance_length(self) -> float | None:

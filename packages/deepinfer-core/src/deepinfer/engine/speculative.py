@@ -27,8 +27,7 @@ step (every logit of the chunk kept), its step's requests drafting again after i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from time import perf_counter
 
 import torch
 from torch import Tensor
@@ -40,6 +39,7 @@ from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
+from deepinfer.engine.spec_step import PendingPositions, Recorder, SpecStep
 from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
@@ -82,40 +82,6 @@ def speculation(
     return SpeculativeRunner(model, drafter, verifier, graphs)
 
 
-class Recorder(Protocol):
-    """The runner's prefix-cache recording, as a speculative step uses it."""
-
-    def boundaries(self, req: Request, end: int) -> list[int]: ...
-
-    def record_block(self, req: Request, state: ModelState) -> None: ...
-
-    def maybe_record(self, req: Request) -> None: ...
-
-
-@dataclass
-class SpecStep:
-    """What a speculative step hands the engine."""
-
-    num_computed: dict[Request, int] = field(default_factory=dict)
-    #: Per request, the tokens it emits this step with their logprobs, in order.
-    tokens: dict[Request, list[tuple[int, float]]] = field(default_factory=dict)
-    #: Whether the step ran as a plain decode step (single-token rows only: no verification).
-    plain: bool = False
-    #: Positions the step's pass ran, and requests drafted after it.
-    positions: int = 0
-    drafted: int = 0
-
-
-@dataclass
-class _Pending:
-    """A request's verified positions the drafter has not read yet, for the state they are
-    in (a preempted request starts again with a new state)."""
-
-    state: ModelState | None
-    streams: list[Tensor] = field(default_factory=list)  # [m, hc, d] pieces
-    next_ids: list[int] = field(default_factory=list)
-
-
 class SpeculativeRunner:
     """Runs speculative steps (see the module) for the engine's runner."""
 
@@ -134,12 +100,15 @@ class SpeculativeRunner:
         self.verifier = verifier
         self.k = drafter.k
         self.drafts: dict[Request, list[int]] = {}
-        self.pending: dict[Request, _Pending] = {}
+        self.pending: dict[Request, PendingPositions] = {}
         #: Drafts proposed and kept, over the engine's life (acceptance statistics).
         self.num_drafts = 0
         self.num_accepted = 0
         #: Steps that ran as plain decode steps, here or as the engine's (:meth:`runs`).
         self.plain_steps = 0
+        #: Wall seconds spent drafting and in steps that verified drafts (each pass once).
+        self.draft_seconds = 0.0
+        self.verify_seconds = 0.0
         #: When the step in flight began, if its time teaches the verifier (decode-only).
         self._started: float | None = None
 
@@ -217,10 +186,10 @@ class SpeculativeRunner:
         self.plain_steps += 1
         return False
 
-    def _pending(self, req: Request) -> _Pending:
+    def _pending(self, req: Request) -> PendingPositions:
         found = self.pending.get(req)
         if found is None or found.state is not req.state:
-            found = self.pending[req] = _Pending(req.state)
+            found = self.pending[req] = PendingPositions(req.state)
         return found
 
     def forget(self, req: Request) -> None:
@@ -270,6 +239,7 @@ class SpeculativeRunner:
         batch = ForwardBatch.build(chunks, states, keep, marks, return_streams=streams)  # type: ignore[arg-type]
         result.plain = len(batch.decode_rows) == len(batch.spans)
         self.plain_steps += result.plain
+        begin = perf_counter()
         output, per_token = self._forward(batch)
         logits = output.split(batch)
         ends = [s.start + s.num_tokens for s in batch.spans]
@@ -283,7 +253,9 @@ class SpeculativeRunner:
             cfg.image_token_id,
             self.model.ops,
         )
-        targets = dict(zip(draws, found, strict=True))
+        targets = dict(zip(draws, found, strict=True))  # (read on the host: the pass is done)
+        if not result.plain:  # a step that verified drafts (its prefill chunks beside them)
+            self._timed(begin, [r for r, row in zip(reqs, rows, strict=True) if row], "verify")
         for i, req in enumerate(reqs):
             span, streams = batch.spans[i], per_token[batch.offsets[i] :][: len(ids[i])]
             if rows[i]:
@@ -295,6 +267,21 @@ class SpeculativeRunner:
             runner.maybe_record(req)
         self._draft(result)
         return result
+
+    def _timed(self, begin: float, reqs: list[Request], kind: str) -> None:
+        """Count the seconds since ``begin`` as a drafting pass or verification step, once
+        for the engine and whole for each of ``reqs`` (their metrics)."""
+        seconds = perf_counter() - begin
+        if kind == "draft":
+            self.draft_seconds += seconds
+        else:
+            self.verify_seconds += seconds
+        for req in reqs:
+            metrics = req.metrics
+            if kind == "draft":
+                metrics.spec_draft_time += seconds
+            else:
+                metrics.spec_verify_time += seconds
 
     def _forward(self, batch: ForwardBatch) -> tuple[ForwardOutput, Tensor]:
         """Run ``batch`` (verification rows through the engine's graphs); with every
@@ -383,10 +370,12 @@ class SpeculativeRunner:
         lengths = [len(p.next_ids) for p in pieces]
         states = [r.state for r in reqs]
         result.drafted = len(reqs)
+        begin = perf_counter()
         if self.verifier is not None:  # the drafts and, for the schedule, their confidences
             drafts = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
         else:
             drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
+        self._timed(begin, reqs, "draft")  # (the drafts are on the host: their pass is done)
         for req, row in zip(reqs, drafts, strict=True):
             room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
             kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying
