@@ -62,9 +62,9 @@ class GraphedMTPRounds:
         self, states: Sequence[ModelState], streams: Tensor, next_ids: Tensor, lengths: list[int]
     ) -> tuple[Tensor, Tensor]:
         """The drafts [n, k] and their confidences, as
-        :meth:`~deepinfer_spec.mtp.MTPDrafter.draft_with_confidence` (span i
-        feeds ``lengths[i]`` rows of ``streams`` [N, hc, d] and ``next_ids`` [N]); each
-        state's MTP layer ends at its verified positions."""
+        :meth:`~deepinfer_spec.mtp.MTPDrafter.draft_with_confidence` (span i feeds
+        ``lengths[i]`` rows of ``streams`` [N, hc, d] and ``next_ids`` [N]); each state's MTP
+        layer ends at its verified positions."""
         m, model = self.rows, self.model
         offsets = [0, *itertools.accumulate(lengths)]
         long = [i for i, n in enumerate(lengths) if n > m]
