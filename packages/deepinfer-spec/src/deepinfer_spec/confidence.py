@@ -9,15 +9,21 @@ on the target, so verification stays lossless.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
+from deepinfer.models.state import ModelState
+
 
 def confident(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """The argmax of each row of MTP ``logits`` [n, V] and its softmax probability (fp32)."""
+    """The argmax of each row of MTP ``logits`` [n, V] and its softmax probability (fp32),
+    ``exp(logit - logsumexp)``: one pass over the vocabulary, no [n, V] probabilities."""
+    logits = logits.float()
     tokens = logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float(), dim=-1)
-    return tokens, probs.gather(1, tokens[:, None])[:, 0]
+    top = logits.gather(1, tokens[:, None])[:, 0]
+    return tokens, torch.exp(top - torch.logsumexp(logits, dim=-1))
 
 
 def cut_below(tokens: Tensor, confidence: Tensor, threshold: float) -> Tensor:
@@ -27,3 +33,31 @@ def cut_below(tokens: Tensor, confidence: Tensor, threshold: float) -> Tensor:
         return tokens
     low = (confidence < threshold).cumsum(dim=1) > 0
     return tokens.masked_fill(low, -1)
+
+
+class ThresholdDrafter:
+    """A drafter whose ``draft_batch`` is its ``draft_with_confidence`` cut at its static
+    ``threshold`` (what the engine calls when it plans no cut itself)."""
+
+    threshold: float
+
+    def draft_with_confidence(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def draft_batch(
+        self,
+        states: Sequence[ModelState],
+        streams: Tensor,
+        next_ids: Tensor,
+        lengths: Sequence[int],
+    ) -> Tensor:
+        """[requests, k] drafts; with a threshold, -1 from each row's first draft whose
+        confidence is below it (a non-anticipating cut: the drafter's own confidences only)."""
+        tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
+        return cut_below(tokens, confidence, self.threshold)

@@ -41,7 +41,7 @@ from deepinfer.models.mtp_pass import mtp_forward_ragged, mtp_slotted
 from deepinfer.models.rollback import rollback_mtp_layers
 from deepinfer.models.state import ModelState
 from deepinfer.parallel import find_expert_parallel
-from deepinfer_spec.confidence import confident, cut_below
+from deepinfer_spec.confidence import ThresholdDrafter, confident
 from deepinfer_spec.mtp_graphed import GraphedMTPRounds
 
 
@@ -51,7 +51,7 @@ class Draft:
     logits: Tensor  # [k, V] fp32: the MTP logits each was the argmax of
 
 
-class MTPDrafter:
+class MTPDrafter(ThresholdDrafter):
     """Proposes ``k`` tokens per round for one sequence from its MTP layer (see the module)."""
 
     def __init__(self, model: DeepseekCausalLM, k: int, confidence_threshold: float = 0.0) -> None:
@@ -103,20 +103,6 @@ class MTPDrafter:
         graphs): the engine's start-up profile is cached under it."""
         return json.dumps({"mtp": True, "graphed": self.graphed is not None})
 
-    def draft_batch(
-        self,
-        states: Sequence[ModelState],
-        streams: Tensor,
-        next_ids: Tensor,
-        lengths: Sequence[int],
-    ) -> Tensor:
-        """:meth:`draft` for many sequences whose MTP rings live in the engine's slots, as one
-        ragged pass of the layer per draft: span i feeds ``lengths[i]`` verified positions
-        (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the other). Returns the
-        drafts [n, k]; with a threshold, -1 from the first whose confidence is below it."""
-        tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
-        return cut_below(tokens, confidence, self.threshold)
-
     @torch.no_grad()
     def draft_with_confidence(
         self,
@@ -125,8 +111,11 @@ class MTPDrafter:
         next_ids: Tensor,
         lengths: Sequence[int],
     ) -> tuple[Tensor, Tensor]:
-        """The drafts [n, k] of :meth:`draft_batch` (none cut) and their confidences [n, k]
-        (fp32): what adaptive verification plans with."""
+        """:meth:`draft` for many sequences whose MTP rings live in the engine's slots, as one
+        ragged pass of the layer per draft (or a round's graph): span i feeds ``lengths[i]``
+        verified positions (``streams`` [N, hc, d] and ``next_ids`` [N], spans one after the
+        other). Returns the drafts [n, k] (none cut) and their confidences [n, k] (fp32): what
+        adaptive verification plans with; ``draft_batch`` cuts them at the threshold."""
         if self.graphed is not None and mtp_slotted(states):
             return self.graphed.draft(states, streams, next_ids, list(lengths))
         model = self.model

@@ -23,7 +23,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 from deepinfer.plugins import Availability
-from deepinfer_spec.confidence import cut_below
+from deepinfer_spec.confidence import ThresholdDrafter
 from deepinfer_spec.dspark.batch import absorb_all, propose_batch
 from deepinfer_spec.dspark.draft import DraftContext
 from deepinfer_spec.dspark.graphed import GraphedRounds
@@ -34,7 +34,7 @@ from deepinfer_spec.mtp import MTPDrafter
 DUMMY_CONTEXT = 128
 
 
-class DSparkSpeculator:
+class DSparkSpeculator(ThresholdDrafter):
     """DSpark in the engine: a block of drafts per request and round, its first ``k`` verified.
 
     Drafts are the drafter's greedy choices (deterministic drafts, which verification keeps
@@ -89,19 +89,6 @@ class DSparkSpeculator:
             )
             self.graphed.capture(DUMMY_CONTEXT)
 
-    def draft_batch(
-        self,
-        states: Sequence[ModelState],
-        streams: Tensor,
-        next_ids: Tensor,
-        lengths: Sequence[int],
-    ) -> Tensor:
-        """[requests, k] drafts; ``streams`` are the feature rows of each request's newly
-        verified positions, ``next_ids`` the token after each (the last: the anchor). With a
-        threshold, -1 from the first draft whose confidence is below it."""
-        tokens, confidence = self.draft_with_confidence(states, streams, next_ids, lengths)
-        return cut_below(tokens, confidence, self.threshold)
-
     @torch.no_grad()
     def draft_with_confidence(
         self,
@@ -110,8 +97,10 @@ class DSparkSpeculator:
         next_ids: Tensor,
         lengths: Sequence[int],
     ) -> tuple[Tensor, Tensor]:
-        """[requests, k] drafts (as :meth:`draft_batch`, none cut) and [requests, k] their
-        confidences: what adaptive verification plans with (``scheduling: "adaptive"``)."""
+        """[requests, k] drafts (none cut) and [requests, k] their confidences: what adaptive
+        verification plans with (``scheduling: "adaptive"``); ``draft_batch`` cuts them at the
+        threshold. ``streams`` are the feature rows of each request's newly verified
+        positions, ``next_ids`` the token after each (the last: the anchor)."""
         if self.graphed is not None and self.graphed.covers(states):
             tokens, confidence = self.graphed.draft(states, streams, next_ids, list(lengths))
             return tokens[:, : self.k], confidence[:, : self.k].float()
