@@ -255,7 +255,10 @@ class SpeculativeRunner:
         )
         targets = dict(zip(draws, found, strict=True))  # (read on the host: the pass is done)
         if not result.plain:  # a step that verified drafts (its prefill chunks beside them)
-            self._timed(begin, [r for r, row in zip(reqs, rows, strict=True) if row], "verify")
+            seconds = perf_counter() - begin
+            self.verify_seconds += seconds
+            for req in (r for r, row in zip(reqs, rows, strict=True) if row):
+                req.metrics.spec_verify_time += seconds
         for i, req in enumerate(reqs):
             span, streams = batch.spans[i], per_token[batch.offsets[i] :][: len(ids[i])]
             if rows[i]:
@@ -267,21 +270,6 @@ class SpeculativeRunner:
             runner.maybe_record(req)
         self._draft(result)
         return result
-
-    def _timed(self, begin: float, reqs: list[Request], kind: str) -> None:
-        """Count the seconds since ``begin`` as a drafting pass or verification step, once
-        for the engine and whole for each of ``reqs`` (their metrics)."""
-        seconds = perf_counter() - begin
-        if kind == "draft":
-            self.draft_seconds += seconds
-        else:
-            self.verify_seconds += seconds
-        for req in reqs:
-            metrics = req.metrics
-            if kind == "draft":
-                metrics.spec_draft_time += seconds
-            else:
-                metrics.spec_verify_time += seconds
 
     def _forward(self, batch: ForwardBatch) -> tuple[ForwardOutput, Tensor]:
         """Run ``batch`` (verification rows through the engine's graphs); with every
@@ -375,7 +363,10 @@ class SpeculativeRunner:
             drafts = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
         else:
             drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
-        self._timed(begin, reqs, "draft")  # (the drafts are on the host: their pass is done)
+        seconds = perf_counter() - begin  # (the drafts are on the host: their pass is done)
+        self.draft_seconds += seconds
+        for req in reqs:
+            req.metrics.spec_draft_time += seconds
         for req, row in zip(reqs, drafts, strict=True):
             room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
             kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying
