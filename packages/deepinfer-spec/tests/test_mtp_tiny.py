@@ -26,9 +26,23 @@ def test_mtp_speculation_on_the_tiny_model_keeps_greedy_outputs() -> None:
     assert runner.num_accepted / runner.num_drafts > 0.2  # a trained layer: about 0.4 here
 
 
+SPEC: dict[str, Any] = {"method": "mtp", "num_speculative_tokens": 3}
+
+
 def _greedy(llm: LLM) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def references() -> tuple[list[list[int]], int]:
+    """The greedy tokens without speculation, and the drafts MTP verifies when it verifies
+    every one."""
+    want = _greedy(LLM("tiny", max_num_seqs=4, speculative_config=None))
+    every = LLM("tiny", max_num_seqs=4, speculative_config=SPEC)
+    _greedy(every)
+    assert every.engine.spec is not None
+    return want, every.engine.spec.num_drafts
 
 
 @pytest.mark.parametrize(
@@ -39,23 +53,22 @@ def _greedy(llm: LLM) -> list[list[int]]:
         {"scheduling": "adaptive", "verify_cost": {1: 1.0, 16: 1.2}, "draft_cost": {1: 0.1}},
     ],
 )
-def test_mtp_confidences_schedule_its_drafts(options: dict[str, Any]) -> None:
+def test_mtp_confidences_schedule_its_drafts(
+    options: dict[str, Any], references: tuple[list[list[int]], int]
+) -> None:
     """MTP drafts come with confidences (the MTP layer's probability of each draft), so the
     static threshold and the adaptive schedule apply to it, and the greedy outputs stay the
     engine's without speculation. A threshold of 1 verifies nothing (no probability reaches
     it), 0.5 fewer drafts than verifying every one; the adaptive schedule, on tables that make
     verifying cheap, verifies some."""
-    spec: dict[str, Any] = {"method": "mtp", "num_speculative_tokens": 3}
-    want = _greedy(LLM("tiny", max_num_seqs=4, speculative_config=None))
-    every = LLM("tiny", max_num_seqs=4, speculative_config=spec)
-    llm = LLM("tiny", max_num_seqs=4, speculative_config={**spec, **options})
+    want, every = references
+    llm = LLM("tiny", max_num_seqs=4, speculative_config={**SPEC, **options})
     assert _greedy(llm) == want
-    _greedy(every)
-    runner, all_drafts = llm.engine.spec, every.engine.spec
-    assert runner is not None and all_drafts is not None
+    runner = llm.engine.spec
+    assert runner is not None
     if options.get("confidence_threshold") == 1.0:
         assert runner.num_drafts == 0
     elif "confidence_threshold" in options:
-        assert 0 < runner.num_drafts < all_drafts.num_drafts
+        assert 0 < runner.num_drafts < every
     else:
         assert runner.num_drafts > 0
