@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.models import causal_lm
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 pytestmark = pytest.mark.gpu
@@ -134,6 +137,34 @@ def test_adaptive_profile_prices_graphed_plain_steps() -> None:
     assert graphs is not None and graphs.num_captured == 4 * len(graphs.buckets)
     want = _greedy(LLM("tiny", device="cuda", dtype="float32", max_num_seqs=8), PROMPTS)
     assert _greedy(llm, PROMPTS) == want
+
+
+def test_the_profile_pads_verification_rows_as_the_rounds_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verification rows the start-up profile times and those the engine's rounds run
+    are padded to one width, k + 1 (a graph bakes it in, and one row more can switch a
+    library GEMM to a kernel several times slower), though the profile's states keep one
+    token more of slack."""
+    monkeypatch.setenv("DEEPINFER_CACHE", str(tmp_path))  # profiled now, not read back
+    widths: dict[str, set[int | None]] = {"profile": set(), "engine": set()}
+    phase = ["profile"]
+    real = causal_lm.run_verify
+
+    def recording(  # noqa: PLR0917
+        model: Any, chunks: Any, states: Any, graphs: Any, width: Any = None, capture: Any = ()
+    ) -> Any:
+        widths[phase[0]].add(width)
+        return real(model, chunks, states, graphs, width, capture)
+
+    monkeypatch.setattr(causal_lm, "run_verify", recording)
+    spec = {"method": "dspark", "num_speculative_tokens": 3}
+    adaptive = {**spec, "scheduling": "adaptive"}
+    LLM("tiny", device="cuda", dtype="float32", max_num_seqs=4, speculative_config=adaptive)
+    phase[0] = "engine"
+    llm = LLM("tiny", device="cuda", dtype="float32", max_num_seqs=4, speculative_config=spec)
+    _greedy(llm, PROMPTS)
+    assert widths["profile"] - {1} == widths["engine"] - {1} == {4}
 
 
 def test_async_scheduling_changes_no_token() -> None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.engine import verify_schedule
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.spec_config import TINY_SPECULATION, default_speculation
+from deepinfer.engine.verify_profile import profile_step_cost
+from deepinfer.models import causal_lm
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed any further, hear me speak."]
@@ -99,3 +102,50 @@ def test_the_default_applies_to_the_embedded_model_with_synchronous_steps() -> N
     assert default_speculation("tiny", EngineConfig(), True, "cpu") is None
     assert default_speculation("tiny", EngineConfig(batch_invariant=True), False, "cpu") is None
     assert default_speculation("tiny", EngineConfig(async_scheduling=True), False, "cpu") is None
+
+
+class WidthRecorder:
+    """Each verification pass's row width (what a graph pads its rows to; None: unpadded)
+    and longest row, by phase."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.phase = "engine"
+        self.widths: dict[str, set[int | None]] = {}
+        self.longest: dict[str, int] = {}
+        real = causal_lm.run_verify
+
+        def recording(  # noqa: PLR0917
+            model: object,
+            chunks: list[torch.Tensor],
+            states: object,
+            graphs: object,
+            width: int | None = None,
+            capture: tuple[int, ...] = (),
+        ) -> object:
+            self.widths.setdefault(self.phase, set()).add(width)
+            longest = max(int(c.numel()) for c in chunks)
+            self.longest[self.phase] = max(self.longest.get(self.phase, 0), longest)
+            return real(model, chunks, states, graphs, width, capture)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(causal_lm, "run_verify", recording)
+
+
+def test_the_profile_pads_verification_rows_to_the_engines_longest(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With CUDA graphs every verification row is padded to one width, which the graph bakes
+    in, and a library GEMM may pick a kernel several times slower for one row more: so the
+    start-up profile's passes are padded to the engine's width, k + 1, the longest row the
+    engine verifies (its last token and k drafts), although the profile's states keep one
+    token more of slack. A CPU runs graphs eagerly: the profile is asked for them here."""
+    recorder = WidthRecorder(monkeypatch)
+    fixed = {**TINY_SPECULATION, "scheduling": "fixed"}
+    llm = LLM("tiny", device="cpu", max_num_seqs=2, speculative_config=fixed)
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    spec = llm.engine.spec
+    assert spec is not None
+    recorder.phase = "profile"
+    layers = tuple(getattr(spec.drafter, "feature_layers", ()))
+    profile_step_cost(llm.engine.model, spec.k, 2, layers, repeats=1, cuda_graphs=True)
+    assert recorder.longest["engine"] == spec.k + 1
+    assert recorder.widths["profile"] == {spec.k + 1}

@@ -33,7 +33,7 @@ from deepinfer.models.causal_lm import DeepseekCausalLM
 logger = logging.getLogger(__name__)
 
 #: Bumped when the saved layout (or what a profile measures) changes.
-FORMAT = 1
+FORMAT = 2
 
 
 def cache_dir() -> Path:

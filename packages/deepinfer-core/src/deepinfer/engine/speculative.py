@@ -93,8 +93,11 @@ class SpeculativeRunner:
         graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
-        #: The engine's CUDA graphs: verification steps replay theirs (None: eager).
+        #: The engine's CUDA graphs: verification steps replay theirs (None: eager), rows
+        #: padded to the longest, k + 1 tokens.
         self.graphs = graphs
+        if graphs is not None:
+            graphs.verify_width = drafter.k + 1
         self.drafter = drafter
         #: Trims each step's drafts to a confidence schedule (None: verify what was drafted).
         self.verifier = verifier

@@ -83,6 +83,8 @@ def profile_step_cost(
     )
     shapes = {r: [(r, d) for d in (0, *draft_counts(r, k))] for r in levels}
     graphs = DecodeGraphs(levels[-1]) if cuda_graphs else None
+    if graphs is not None:  # the engine's rows (the states here keep one more token)
+        graphs.verify_width = k + 1
     steps = _DummySteps(model, levels[-1], k, feature_layers, graphs)
     # draws with noise cost close to linearly in positions: 1, 8, 64, ... suffice
     positions = power_points(min(levels[-1] * (k + 1), PROFILE_MAX_DRAWS), base=8)

@@ -170,7 +170,9 @@ class DeepseekCausalLM(nn.Module):
             self._check_text(batch.input_ids)
             chunks = [batch.span_ids(i)[0] for i in range(len(spans))]
             single = all(s.num_tokens == 1 for s in spans)
-            width = None if graphs is None else 1 if single else max(s.slack for s in states) + 1
+            width = None
+            if graphs is not None:
+                width = 1 if single else graphs.verify_width or max(s.slack for s in states) + 1
             out = run_verify(self, chunks, states, graphs, width, capture)
             return ForwardOutput(out.logits, [()] * len(spans), out.streams, out.features)
         if not capture:

@@ -97,6 +97,11 @@ class DecodeGraphs:
         #: :meth:`capture_wanted` if the step asked to ``defer`` it).
         self.capture_on_use = True
         self._wanted: dict[tuple[Hashable, int], tuple[GraphFn, tuple[Tensor, ...]]] = {}
+        #: Tokens every verification row is padded to (None: its states' slack + 1). A
+        #: speculative engine sets k + 1, its longest row, and so does its start-up profile,
+        #: whose states keep more slack: the profiled passes must have the engine's shapes,
+        #: since a library GEMM may pick a kernel several times slower for one row more.
+        self.verify_width: int | None = None
 
     @property
     def num_captured(self) -> int:
