@@ -7,7 +7,9 @@ Its parts, written together to ``benchmarks/results/low_precision_<device>.json`
   4096, against ``torch._scaled_mm`` with row-wise scales on pre-quantised operands (the
   vendor's FP8 GEMM, given its quantisation for free) and a bf16 ``torch.matmul``: TFLOP/s,
   and for small M the weight bytes read per second as a fraction of the measured copy
-  bandwidth.
+  bandwidth. Past 64 rows also the GEMM alone on activations quantised ahead, as
+  ``_scaled_mm`` is timed: the kernel the launch picks (Hopper: the Gluon wgmma kernel) and
+  the Triton TMA kernel (:func:`gemm_only`).
 * ``experts``: the FP4 routed experts at decode (256 experts, top-6, batch 1 .. 256): bytes of
   the experts a step touches per second, as a fraction of the copy bandwidth, with the scales
   known to fit (``scales_fit``, as the loader finds them) and, beside it, unchecked.
@@ -181,9 +183,45 @@ def gemm(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
                 vendor = graph_s(vendor_fns, args.repeats)
                 row["scaled_mm_tflops"] = round(flops / vendor / 1e12, 2)
                 row["fp8_over_scaled_mm"] = round(vendor / ours, 3)
+                if m > 64:  # prefill tiles: the GEMM alone, as scaled_mm is timed
+                    row.update(gemm_only(x, fp8, vendor, args.repeats))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows
+
+
+def gemm_only(
+    x: Tensor, fp8: list[tuple[Tensor, Tensor]], vendor: float, repeats: int
+) -> dict[str, float]:
+    """The prefill GEMM alone on activations quantised ahead, as ``torch._scaled_mm`` is
+    given them: the kernel the launch picks (on Hopper the Gluon wgmma kernel) and the Triton
+    TMA kernel, each over ``fp8``'s weight copies; their times and ratios to ``vendor``."""
+    from deepinfer_kernels_sm100 import fp8_wgmma
+    from deepinfer_kernels_sm100.fp8_linear import quantize_act_fp8
+    from deepinfer_kernels_sm100.fp8_prefill import fp8_prefill_gemm
+
+    a, sa = quantize_act_fp8(x)
+    m, n = x.shape[0], fp8[0][0].shape[0]
+    tile = (64, 128 if m >= 1024 else 64, 128)  # the Triton kernel's, as fp8_linear picks
+    outs = [torch.empty(m, n, dtype=torch.bfloat16, device=x.device) for _ in fp8]
+    fns = [
+        partial(fp8_prefill_gemm, a, sa, q, s, o, (128, 128), tile, 1, ue8m0=True,
+                num_warps=4, num_stages=4)
+        for (q, s), o in zip(fp8, outs, strict=True)
+    ]  # fmt: skip
+    picked = graph_s(fns, repeats)
+    usable = fp8_wgmma.usable
+    fp8_wgmma.usable = lambda *_: False  # type: ignore[assignment]
+    try:
+        triton_kernel = graph_s(fns, repeats)
+    finally:
+        fp8_wgmma.usable = usable
+    return {
+        "gemm_only_us": round(picked * 1e6, 2),
+        "gemm_only_over_scaled_mm": round(vendor / picked, 3),
+        "triton_gemm_only_us": round(triton_kernel * 1e6, 2),
+        "triton_gemm_only_over_scaled_mm": round(vendor / triton_kernel, 3),
+    }
 
 
 #: prefill tiles tried by ``gemm_tiles``: (BLOCK_M, BLOCK_N, warps, stages); BLOCK_K is the

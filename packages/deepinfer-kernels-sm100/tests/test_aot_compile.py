@@ -11,9 +11,10 @@ for DeepSeek-V4-Flash shapes (hidden 4096, 64 heads of 512, 256 experts of 2048,
 heads of 128, 4 hyper-connection streams): ``AOT_SPECS`` below, one entry per launch
 configuration whose generated code differs (dtype, constexpr branch, tile shape, warps).
 
-A kernel that a launch site calls (``kernel[grid](...)``) without an entry fails
-``test_every_launched_kernel_has_an_aot_spec``; ``@triton.jit`` helpers called only from other
-kernels are compiled as part of those.
+Gluon kernels (``@gluon.jit``, Hopper-only ones listed for sm_90a alone) go through the same
+stages from Gluon's own AST source. A kernel that a launch site calls (``kernel[grid](...)``)
+without an entry fails ``test_every_launched_kernel_has_an_aot_spec``; ``@triton.jit`` helpers
+called only from other kernels are compiled as part of those.
 
 The compiles run in subprocesses, one per target and in parallel. On a machine without a GPU
 the root conftest sets ``TRITON_INTERPRET=1``, under which ``triton.jit`` makes interpreter
@@ -501,6 +502,35 @@ def _fp8_linear_specs() -> Iterator[AotSpec]:
             num_warps=4,
             num_stages=4,
         )  # fmt: skip
+    # Hopper's prefill GEMM (Gluon, async wgmma: sm_90a only): 128-row tiles on eight warps
+    # from fp8_wgmma.WIDE_M rows, 64-row tiles on four below; host descriptors carry their
+    # shared layouts.
+    from deepinfer_kernels_sm100 import fp8_wgmma
+
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    wgmma = (
+        ("prefill-4096-ue8m0", 4096, 4096, 4096, 1, True, "bf16"),
+        ("prefill256-wq_b-fp32-scales", 256, 32768, 1024, 1, False, "bf16"),
+        ("prefill256-wkv-narrow", 256, 512, 4096, 1, True, "bf16"),
+        ("prefill-4096-fp32-out", 4096, 4096, 4096, 1, True, "fp32"),
+        ("prefill-wo_a-grouped", 4096, 8192, 4096, 8, True, "bf16"),
+    )
+    for variant, m, n, k, groups, ue8m0, out in wgmma:
+        block_m, block_n, warps = fp8_wgmma.tile(m, n, 132)  # an H100/H200's SMs
+        a_l, w_l, o_l = fp8_wgmma.shared_layouts(block_m, block_n, dtypes[out])
+        yield AotSpec(
+            "fp8_wgmma._fp8_wgmma_kernel",
+            variant,
+            {"a_desc": f"tensordesc<fp8e4nv[{block_m}, 128],{a_l!r}>",
+             "w_desc": f"tensordesc<fp8e4nv[{block_n}, 128],{w_l!r}>",
+             "out_desc": f"tensordesc<{out}[{block_m}, {block_n}],{o_l!r}>",
+             "as_ptr": "*fp32", "ws_ptr": "*u8" if ue8m0 else "*fp32", "m": m, "n": n,
+             "k": k, "lda": groups * k, "group_n": n // groups, "SCALE_UE8M0": ue8m0,
+             "W_BN": 128, "W_BK": 128, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 128,
+             "STAGES": fp8_wgmma.STAGES, "GROUP_M": fp8_wgmma.GROUP_M, "num_warps": warps},
+            num_warps=warps,
+            archs=(90,),
+        )  # fmt: skip
     # the split partial sums, added in order and rounded to the output's dtype
     for out in ("bf16", "fp32"):
         yield AotSpec(
@@ -628,6 +658,7 @@ def _compile_one(fn: JITFunction[Any], spec: AotSpec, arch: int, cubin: bool) ->
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
     signature, constexprs, attrs = _bind(fn, spec)
     options: dict[str, Any] = {"num_warps": spec.num_warps}
@@ -635,7 +666,8 @@ def _compile_one(fn: JITFunction[Any], spec: AotSpec, arch: int, cubin: bool) ->
         options["num_stages"] = spec.num_stages
     if not cubin:
         options["ptx_version"] = 87  # PTX 8.7 (CUDA 12.8) knows both sm_90a and sm_100a
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    src = source(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     ptx = kernel.asm["ptx"]
     target = re.search(r"^\.target\s+(\S+)", ptx, re.MULTILINE)

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from deepinfer.models.quant import decode_scale, dequant_fp8_block, quant_fp8_block
-from deepinfer_kernels_sm100 import fp8_linear, fp8_split
+from deepinfer_kernels_sm100 import fp8_linear, fp8_split, fp8_wgmma
 from deepinfer_kernels_sm100.fp8_linear import (
     fp8_block_grouped_linear,
     fp8_block_linear,
@@ -265,6 +265,32 @@ def test_split_launches_repeat_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> N
     for _ in range(20):
         assert torch.equal(fp8_block_linear(x, wq, ws, out_dtype=torch.float32), first)
     assert not fp8_split.split_counters(first.device).any()
+
+
+@pytest.mark.skipif(
+    not fp8_wgmma.usable(torch.device(DEVICE), (128, 128), 128), reason="a Hopper GPU's kernel"
+)
+@pytest.mark.parametrize(("fmt", "out_dtype"), [("ue8m0", torch.bfloat16), ("fp32", torch.float32)])
+@pytest.mark.parametrize("k", [384, 512])
+@pytest.mark.parametrize(("m", "n"), [(65, N), (300, N), (1000, 2048), (1100, N)])
+def test_hopper_wgmma_kernel_gives_the_triton_kernels_bits(  # noqa: PLR0917
+    m: int, n: int, k: int, fmt: str, out_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Gluon kernel (async wgmma, each step's promotion overlapped with the next step)
+    sums the Triton kernel's products in its order: the same bits, within the float64 bound;
+    64 x 64, 64 x 128 and 128 x 128 tiles (:func:`.fp8_wgmma.tile`), odd and even step
+    counts, a grouped launch."""
+    x = _activations(m, k, seed=90 + m)
+    _, wq, ws = _weight(n, k, fmt, seed=90 + k)
+    dev = [t.to(DEVICE) for t in (x, wq, ws)]
+    grouped = dev[0][: m // 2 * 2].view(m // 2, 2, k)
+    got = fp8_block_linear(*dev, out_dtype=out_dtype)
+    got_grouped = fp8_block_grouped_linear(grouped, dev[1], dev[2], out_dtype=out_dtype)
+    monkeypatch.setattr(fp8_wgmma, "usable", lambda *args: False)
+    assert torch.equal(got, fp8_block_linear(*dev, out_dtype=out_dtype))
+    want = fp8_block_grouped_linear(grouped, dev[1], dev[2], out_dtype=out_dtype)
+    assert torch.equal(got_grouped, want)
+    _check_against_float64(x, wq, ws, (128, 128), out_dtype, got=got.cpu())
 
 
 @pytest.mark.parametrize("m", [2, 300])

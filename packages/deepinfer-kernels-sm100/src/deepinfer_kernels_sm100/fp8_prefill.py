@@ -11,7 +11,10 @@ the same order, so both kernels give the same bits. Rows past M come back as zer
 copy and are never stored.
 
 Every GPU this backend runs on (compute capability 9.0 and up) has TMA; Triton's interpreter
-emulates the descriptors, so the tests run this kernel on the CPU as well.
+emulates the descriptors, so the tests run this kernel on the CPU as well. On Hopper the
+launch takes :mod:`.fp8_wgmma`'s kernel instead where it applies: the same sums, with each K
+step's promotion overlapped with the next step's tensor-core work, which ``tl.dot`` cannot
+express.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from deepinfer_kernels_sm100 import fp8_wgmma
 from deepinfer_kernels_sm100.fp8_quant import ACT_GROUP, EMULATE_CAST, ue8m0_to_fp32
 from deepinfer_kernels_sm100.fp8_split import store_rounded
 
@@ -87,8 +91,12 @@ def fp8_prefill_gemm(  # noqa: PLR0917
 ) -> None:
     """Write ``out`` [M, N] from quantised activations ``a`` [M, groups * K] with their scales
     and the checked weight operands of :func:`~.fp8_linear._weight_operands`, in ``tile`` =
-    (BLOCK_M, BLOCK_N, BLOCK_K) tiles, ``num_stages`` copies in flight."""
+    (BLOCK_M, BLOCK_N, BLOCK_K) tiles, ``num_stages`` copies in flight (on Hopper, by
+    :mod:`.fp8_wgmma` where it applies: its own tiles)."""
     (n, k), m = w.shape, a.shape[0]
+    if fp8_wgmma.usable(a.device, block, n // groups):
+        fp8_wgmma.fp8_wgmma_gemm(a, a_scale, w, ws, out, block, groups, ue8m0=ue8m0)
+        return
     block_m, block_n, block_k = tile
     _fp8_prefill_kernel[(n // block_n, triton.cdiv(m, block_m))](
         TensorDescriptor.from_tensor(a, [block_m, block_k]),
