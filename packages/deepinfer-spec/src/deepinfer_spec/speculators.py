@@ -27,7 +27,7 @@ from deepinfer_spec.confidence import ThresholdDrafter
 from deepinfer_spec.dspark.batch import absorb_all, propose_batch
 from deepinfer_spec.dspark.draft import DraftContext
 from deepinfer_spec.dspark.graphed import GraphedRounds
-from deepinfer_spec.dspark.weights import SHIPPED, load_drafter
+from deepinfer_spec.dspark.weights import SHIPPED, load_acceptance, load_drafter
 from deepinfer_spec.mtp import MTPDrafter
 
 #: Context positions of each made-up request of :meth:`DSparkSpeculator.dummy_draft`.
@@ -63,7 +63,11 @@ class DSparkSpeculator(ThresholdDrafter):
         path: str | None = None,
         confidence_threshold: float = 0.0,
     ) -> None:
-        self.drafter = load_drafter(Path(path) if path else SHIPPED, model)
+        where = Path(path) if path else SHIPPED
+        self.drafter = load_drafter(where, model)
+        #: What the adaptive schedule expects of a round before it has drafted any: this
+        #: drafter's acceptance per position on held-out text, as trained (None: unknown).
+        self.acceptance_prior = load_acceptance(where)
         block = self.drafter.c.block_size
         if num_speculative_tokens > block:
             raise ValueError(

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 #: Pseudo-drafts, accepted as predicted, that calibration starts from.
 CALIBRATION_PRIOR = 8.0
-#: Survivals before any round has been drafted: each draft half as likely as the one before
+#: Survivals before any round has been drafted, for a drafter that brings no measured
+#: acceptance of its own (``acceptance_prior``): each draft half as likely as the one before
 #: to be accepted (a guess under which a round of one request pays on a fast drafter and a
 #: large batch's does not: the first rounds are no free trial).
 PRIOR_SURVIVAL = 0.5
@@ -34,12 +35,21 @@ def sampled(temperature: float) -> bool:
     return temperature > 0
 
 
+def geometric_prior(n: int) -> list[float]:
+    """:data:`PRIOR_SURVIVAL`'s survivals of ``n`` drafts."""
+    return [PRIOR_SURVIVAL ** (j + 1) for j in range(n)]
+
+
 @dataclass
 class Learnt:
     """One regime's mean survivals and calibration counts."""
 
     #: Mean survival per draft position over the rows drafted lately.
     mean_survival: list[float] = field(default_factory=list)
+    #: Survivals expected before any round: the drafter's acceptance per position measured
+    #: on held-out text where it brings one (a guess that says drafting does not pay would
+    #: never be put to the test), :func:`geometric_prior` past it.
+    prior: list[float] = field(default_factory=list)
     #: Survival the plans admitted, and drafts verification then accepted: their ratio
     #: calibrates the confidences (:attr:`calibration`).
     expected: float = 0.0
@@ -51,9 +61,12 @@ class Learnt:
 
     def survivals(self, n: int) -> list[float]:
         """The survivals a round of ``n`` drafts is expected to have: the mean over the rows
-        drafted lately, :data:`PRIOR_SURVIVAL`'s where there is none."""
-        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(n)]
-        return self.mean_survival[:n] + prior[len(self.mean_survival) :]
+        drafted lately, the prior's where there is none."""
+        return self.mean_survival[:n] + self.prior_survivals(n)[len(self.mean_survival) :]
+
+    def prior_survivals(self, n: int) -> list[float]:
+        """The prior's survivals of ``n`` drafts."""
+        return (self.prior + geometric_prior(n)[len(self.prior) :])[:n]
 
     def learn(self, row: list[float]) -> None:
         """Take a drafted row's survivals into the mean (:data:`MEAN_WEIGHT`)."""
@@ -65,7 +78,7 @@ class Learnt:
     def age(self, k: int) -> None:
         """Move what was learnt towards the prior by :data:`AGING` (see there)."""
         keep = 1 - AGING
-        prior = [PRIOR_SURVIVAL ** (j + 1) for j in range(k)]
+        prior = self.prior_survivals(k)
         mean = self.survivals(k)
         self.mean_survival = [p + (a - p) * keep for a, p in zip(mean, prior, strict=True)]
         self.expected, self.accepted = self.expected * keep, self.accepted * keep

@@ -19,7 +19,8 @@ drafts do not exist yet, and a request's own last round says next to nothing of 
 (their survivals hardly correlate, while a round's survivals do predict what it keeps), so the
 estimate is the mean survival per position over the rounds drafted lately, all requests of a
 sampling regime together (greedy and sampled requests keep their own: :mod:`.survival_memory`,
-with its prior before any), calibrated by what the rounds drafted on it then had accepted. When
+with its prior before any: the drafter's acceptance per position measured on held-out text
+where it brings one), calibrated by what the rounds drafted on it then had accepted. When
 drafting does not pay, the round is not drafted, its requests run plain decode steps, and what
 was learnt of their regimes ages back towards the prior, so that drafting is tried again once in
 a while. The other schedules are ``"fixed"`` (every draft) and DSpark's
@@ -106,6 +107,21 @@ def adaptive_verifier(  # noqa: PLR0917
             f"adaptive scheduling needs a drafter with confidences; "
             f"{type(drafter).__name__} gives none",
         )
+    verifier = _priced(drafter, model, max_num_seqs, table, draft_table, plain_table, cuda_graphs)
+    verifier.expect(getattr(drafter, "acceptance_prior", None))
+    return verifier
+
+
+def _priced(  # noqa: PLR0917
+    drafter: ConfidentDrafter,
+    model: DeepseekCausalLM,
+    max_num_seqs: int,
+    table: CostTable | None,
+    draft_table: CostTable | None,
+    plain_table: CostTable | None,
+    cuda_graphs: bool,
+) -> AdaptiveVerifier:
+    """:func:`adaptive_verifier`'s verifier, its costs given or profiled."""
     if table is plain_table is draft_table is None:  # all measured: host work learnt on top
         return AdaptiveVerifier(*startup_profile(drafter, model, max_num_seqs, cuda_graphs))
     plain = None if plain_table is None else VerifyCost.from_table(dict(plain_table))
@@ -189,6 +205,12 @@ class AdaptiveVerifier:
         #: and what the rounds drafted so and not verified yet count on.
         self._decided: dict[Request, float] = {}
         self._foreseen: dict[Request, float] = {}
+
+    def expect(self, prior: Mapping[bool, Sequence[float]] | None) -> None:
+        """Start each regime (True: sampled) from the drafter's own acceptance per position
+        (``acceptance_prior``, measured on held-out text), where it has one."""
+        for regime, survivals in (prior or {}).items():
+            self.learnt[regime].prior = [float(a) for a in survivals]
 
     def of(self, req: Request) -> Learnt:
         """What was learnt of ``req``'s sampling regime."""

@@ -1,8 +1,11 @@
 """DSpark drafter files: ``config.json`` (:class:`DSparkConfig`) and ``model.safetensors``
-(the drafter's own weights; the target's embedding and head are not in it)."""
+(the drafter's own weights; the target's embedding and head are not in it), and where the
+drafter was trained by ``tools/train_dspark.py``, ``train_log.json`` with its evaluation on
+held-out text."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -24,6 +27,27 @@ def load_drafter(path: Path, target: DeepseekCausalLM) -> DSparkDrafter:
     drafter = DSparkDrafter(config)
     drafter.load_state_dict(load_file(str(path / "model.safetensors")))
     return drafter.to(device=target.device, dtype=target.dtype).eval()
+
+
+def load_acceptance(path: Path) -> dict[bool, list[float]] | None:
+    """The acceptance per draft position (the share of rounds that kept position j) the
+    drafter at ``path`` reached on held-out text when it was trained (``train_log.json``'s
+    ``eval``): greedy (False) and at temperature 1 (True, for every sampled request); None
+    where the directory records none."""
+    try:
+        found = json.loads((path / "train_log.json").read_text()).get("eval", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    prior: dict[bool, list[float]] = {}
+    for regime, name in ((False, "greedy"), (True, "temperature_1")):
+        rates = found.get(name, {}).get("accept_rate_at_k") if isinstance(found, dict) else None
+        if (
+            isinstance(rates, list)
+            and rates
+            and all(isinstance(r, int | float) and 0 <= r <= 1 for r in rates)
+        ):
+            prior[regime] = [float(r) for r in rates]
+    return prior or None
 
 
 def save_drafter(drafter: DSparkDrafter, path: Path, dtype: torch.dtype = torch.bfloat16) -> None:
