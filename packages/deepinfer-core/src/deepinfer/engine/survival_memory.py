@@ -44,7 +44,9 @@ def geometric_prior(n: int) -> list[float]:
 class Learnt:
     """One regime's mean survivals and calibration counts."""
 
-    #: Mean survival per draft position over the rows drafted lately.
+    #: Mean survival per draft position over the rows drafted lately, each row's confidences
+    #: as :attr:`calibration` scaled them when it was planned: drafts expected to be kept,
+    #: the units of :attr:`prior` (a measured acceptance).
     mean_survival: list[float] = field(default_factory=list)
     #: Survivals expected before any round: the drafter's acceptance per position measured
     #: on held-out text where it brings one (a guess that says drafting does not pay would

@@ -17,7 +17,8 @@ Drafting costs time before any of that is known (:mod:`.draft_cost`), so before 
 drafted :meth:`AdaptiveVerifier.drafting_pays` asks whether it is worth it at all. The round's
 drafts do not exist yet, and a request's own last round says next to nothing of its next one
 (their survivals hardly correlate, while a round's survivals do predict what it keeps), so the
-estimate is the mean survival per position over the rounds drafted lately, all requests of a
+estimate is the mean survival per position over the rounds drafted lately (their confidences
+as calibrated when their rows were planned: drafts expected to be kept), all requests of a
 sampling regime together (greedy and sampled requests keep their own: :mod:`.survival_memory`,
 with its prior before any: the drafter's acceptance per position measured on held-out text
 where it brings one), calibrated by what the rounds drafted on it then had accepted. When
@@ -271,14 +272,13 @@ class AdaptiveVerifier:
     def drafting_pays(self, reqs: Sequence[Request], k: int) -> bool:
         """Whether drafting ``k`` tokens for each of ``reqs`` before a step of their decoding
         rows is worth its cost (:func:`.verify_plan.drafting_plan` on the survivals expected
-        of a round of each request's regime, both its calibrations applied, see the module);
+        of a round of each request's regime, its draft calibration applied: the mean is of
+        survivals the confidences' calibration already scaled, see the module);
         counts the rounds it turns down (and ages what was learnt of their regimes), and
         remembers what the others count on."""
         regimes = [sampled(req.params.temperature) for req in reqs]
         expected = {g: self.learnt[g].survivals(k) for g in set(regimes)}
-        scale = {
-            g: min(self.learnt[g].calibration, self.learnt[g].draft_calibration) for g in expected
-        }
+        scale = {g: self.learnt[g].draft_calibration for g in expected}
         calibrated = {g: [a * scale[g] for a in expected[g]] for g in expected}
         past = [calibrated[g] for g in regimes]  # a regime's requests share their row
         load = StepLoad(len(reqs), len(reqs), sum(regimes), tuple(regimes))
@@ -323,9 +323,10 @@ class AdaptiveVerifier:
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
         self.last = {}
-        for req, row, length in zip(verifying, predicted, chosen.lengths, strict=True):
+        rows = zip(verifying, predicted, current, chosen.lengths, strict=True)
+        for req, row, calibrated, length in rows:
             learnt = self.of(req)
-            learnt.learn(row)
+            learnt.learn(calibrated)  # in the units of the prior: drafts expected to be kept
             learnt.expected += sum(row[:length])
             self.last[req.request_id] = length
             req.metrics.spec_trimmed_tokens += len(drafts[req]) - length
