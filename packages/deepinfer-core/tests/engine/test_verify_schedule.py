@@ -91,20 +91,39 @@ def test_a_round_not_drafted_ages_what_was_learnt() -> None:
     cost = StepCost.by_tokens(VerifyCost.from_table({1: 100.0}), VerifyCost.from_table({1: 1.0}))
     verifier = AdaptiveVerifier(cost)
     greedy = verifier.learnt[False]  # the tests' requests are greedy
-    greedy.learn([0.9, 0.1, 0.0])  # the prior moved 1/32 of the way to this row
-    learnt = [0.5 + 0.4 / 32, 0.25 - 0.15 / 32, 0.125 - 0.125 / 32]
+    greedy.learn([0.9, 0.1, 0.0])  # the prior, as 4 rows, averaged with this row
+    learnt = [0.5 + 0.4 / 5, 0.25 - 0.15 / 5, 0.125 - 0.125 / 5]
     assert all(map(math.isclose, greedy.mean_survival, learnt))
     greedy.expected, greedy.accepted, greedy.foreseen, greedy.realized = 32, 16, 8, 0
     assert not verifier.drafting_pays([_request("a")], 3)
     aged = [
-        0.5 + 0.4 / 32 * 127 / 128,
-        0.25 - 0.15 / 32 * 127 / 128,
-        0.125 - 0.125 / 32 * 127 / 128,
+        0.5 + 0.4 / 5 * 127 / 128,
+        0.25 - 0.15 / 5 * 127 / 128,
+        0.125 - 0.125 / 5 * 127 / 128,
     ]
     assert all(map(math.isclose, greedy.mean_survival, aged))
+    assert math.isclose(greedy.rows, 4 + 127 / 128)  # back towards the prior's 4 rows
     assert (greedy.expected, greedy.accepted) == (31.75, 15.875)
     assert (greedy.foreseen, greedy.realized) == (7.9375, 0.0)
     assert verifier.skipped == 1
+
+
+def test_the_mean_averages_the_prior_with_the_rows_then_moves_by_a_32nd() -> None:
+    """The guessed prior counts as 4 rows: after n rows of survival 1 the mean of position 1
+    is (4 * 0.5 + n) / (4 + n) until it holds 32 rows, then each row moves it 1/32 of the way.
+    A measured prior (``expect``) counts as 32 rows from the start."""
+    verifier = AdaptiveVerifier(StepCost.by_tokens(VerifyCost.from_table({1: 1.0}), None))
+    greedy, noisy = verifier.learnt[False], verifier.learnt[True]
+    for n in range(1, 29):
+        greedy.learn([1.0])
+        assert math.isclose(greedy.mean_survival[0], (2 + n) / (4 + n))
+    before = greedy.mean_survival[0]
+    greedy.learn([1.0])
+    assert math.isclose(greedy.mean_survival[0], before + (1 - before) / 32)
+    verifier.expect({True: [0.6, 0.3]})
+    assert noisy.survivals(3) == [0.6, 0.3, 0.125]  # the guess past the measured positions
+    noisy.learn([1.0, 1.0])
+    assert math.isclose(noisy.mean_survival[0], 0.6 + 0.4 / 32)  # a full mean already
 
 
 def test_greedy_and_sampled_requests_learn_apart() -> None:

@@ -22,8 +22,14 @@ CALIBRATION_PRIOR = 8.0
 #: to be accepted (a guess under which a round of one request pays on a fast drafter and a
 #: large batch's does not: the first rounds are no free trial).
 PRIOR_SURVIVAL = 0.5
-#: The weight of each drafted row in the mean survival per position that drafting is decided on.
+#: The least weight of a drafted row in the mean survival per position that drafting is
+#: decided on: the mean averages the prior, counted as so many rows, with the rows drafted
+#: since, until it holds ``1 / MEAN_WEIGHT`` of them, and then moves by this much a row.
 MEAN_WEIGHT = 1 / 32
+#: Rows the prior counts as: the guess a few (a handful of probe rounds then teach the mean
+#: most of what a drafter really keeps), a measured acceptance a full mean's worth.
+GUESS_ROWS = 4.0
+MEASURED_ROWS = 1 / MEAN_WEIGHT
 #: The share by which each round not drafted moves what was learnt (the mean survivals, the
 #: calibrations' counts) back towards the prior: what came of drafting a while ago says less
 #: of the text now, and an engine that never drafts again would never learn so.
@@ -52,6 +58,11 @@ class Learnt:
     #: on held-out text where it brings one (a guess that says drafting does not pay would
     #: never be put to the test), :func:`geometric_prior` past it.
     prior: list[float] = field(default_factory=list)
+    #: Rows the prior counts as (:data:`GUESS_ROWS`, or :data:`MEASURED_ROWS` for a measured
+    #: acceptance), and rows the mean holds: the prior's and those learnt since, aged back
+    #: towards the prior's like the rest.
+    prior_rows: float = GUESS_ROWS
+    rows: float = GUESS_ROWS
     #: Survival the plans admitted, and drafts verification then accepted: their ratio
     #: calibrates the confidences (:attr:`calibration`).
     expected: float = 0.0
@@ -71,10 +82,12 @@ class Learnt:
         return (self.prior + geometric_prior(n)[len(self.prior) :])[:n]
 
     def learn(self, row: list[float]) -> None:
-        """Take a drafted row's survivals into the mean (:data:`MEAN_WEIGHT`)."""
+        """Take a drafted row's survivals into the mean (at least :data:`MEAN_WEIGHT`)."""
+        self.rows += 1
+        weight = max(MEAN_WEIGHT, 1 / self.rows)
         mean = self.survivals(max(len(row), len(self.mean_survival)))
         for j, a in enumerate(row):
-            mean[j] += (a - mean[j]) * MEAN_WEIGHT
+            mean[j] += (a - mean[j]) * weight
         self.mean_survival = mean
 
     def age(self, k: int) -> None:
@@ -83,6 +96,7 @@ class Learnt:
         prior = self.prior_survivals(k)
         mean = self.survivals(k)
         self.mean_survival = [p + (a - p) * keep for a, p in zip(mean, prior, strict=True)]
+        self.rows = self.prior_rows + (self.rows - self.prior_rows) * keep
         self.expected, self.accepted = self.expected * keep, self.accepted * keep
         self.foreseen, self.realized = self.foreseen * keep, self.realized * keep
 

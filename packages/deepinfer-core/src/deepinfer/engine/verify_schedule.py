@@ -43,7 +43,7 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.spec_config import CostTable
 from deepinfer.engine.step_overhead import StepOverhead
-from deepinfer.engine.survival_memory import Learnt, sampled
+from deepinfer.engine.survival_memory import MEASURED_ROWS, Learnt, sampled
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
 from deepinfer.engine.verify_plan import (
     StepLoad,
@@ -211,7 +211,9 @@ class AdaptiveVerifier:
         """Start each regime (True: sampled) from the drafter's own acceptance per position
         (``acceptance_prior``, measured on held-out text), where it has one."""
         for regime, survivals in (prior or {}).items():
-            self.learnt[regime].prior = [float(a) for a in survivals]
+            learnt = self.learnt[regime]
+            learnt.prior = [float(a) for a in survivals]
+            learnt.prior_rows = learnt.rows = MEASURED_ROWS
 
     def of(self, req: Request) -> Learnt:
         """What was learnt of ``req``'s sampling regime."""
