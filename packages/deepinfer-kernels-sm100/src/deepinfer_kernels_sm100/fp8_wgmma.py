@@ -56,6 +56,10 @@ try:  # Gluon ships with Triton 3.5 and later
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel serves
     HAVE_GLUON = False
 
+#: Triton releases whose Gluon this kernel is written for (Gluon's API still changes between
+#: releases): 3.6 runs it on the H200, CI compiles it with 3.7; on others the Triton kernel
+#: serves.
+GLUON_RELEASES = ("3.6.", "3.7.")
 #: Rows from which the 128-row tiles on eight warps run (each weight tile serves twice the
 #: rows, one program to an SM); below, 64-row tiles on four warps give more programs.
 WIDE_M = 1024
@@ -74,9 +78,11 @@ _OUT_GL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: 
 
 def usable(device: torch.device, block: tuple[int, int], group_n: int) -> bool:
     """Whether this kernel runs the prefill GEMM: a Hopper GPU (compute capability 9.x, not
-    the interpreter), weight blocks of whole 128-column steps and 128-row tiles, and column
-    groups of whole tiles."""
+    the interpreter) under a Triton of :data:`GLUON_RELEASES`, weight blocks of whole
+    128-column steps and 128-row tiles, and column groups of whole tiles."""
     if not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if not triton.__version__.startswith(GLUON_RELEASES):
         return False
     if _capability(device)[0] != 9:
         return False
