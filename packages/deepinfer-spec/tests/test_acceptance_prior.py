@@ -18,6 +18,7 @@ import pytest
 from deepinfer import LLM, SamplingParams
 from deepinfer.assets import tiny_tokenizer
 from deepinfer_spec import speculators
+from deepinfer_spec.dspark.weights import load_acceptance
 
 TOOLS = Path(__file__).resolve().parents[3] / "tools"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
@@ -86,3 +87,16 @@ def test_the_prior_lets_a_paying_schedule_draft(monkeypatch: pytest.MonkeyPatch)
     guessed = LLM("tiny", device="cpu", max_num_seqs=1, speculative_config=PRICED)
     assert _generate(guessed, prompts) == want
     assert guessed.engine.spec is not None and guessed.engine.spec.num_drafts == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["not json", "[1, 2]", '{"eval": 3}', '{"eval": {"greedy": 1}}',
+     '{"eval": {"greedy": {"accept_rate_at_k": [0.5, 1.5]}}}'],
+)  # fmt: skip
+def test_a_train_log_without_a_usable_evaluation_gives_no_prior(tmp_path: Path, text: str) -> None:
+    """A drafter directory's log that does not hold acceptance rates in [0, 1] (or none at
+    all) leaves the schedule on its guess rather than failing the engine."""
+    assert load_acceptance(tmp_path) is None
+    (tmp_path / "train_log.json").write_text(text)
+    assert load_acceptance(tmp_path) is None

@@ -35,12 +35,14 @@ def load_acceptance(path: Path) -> dict[bool, list[float]] | None:
     ``eval``): greedy (False) and at temperature 1 (True, for every sampled request); None
     where the directory records none."""
     try:
-        found = json.loads((path / "train_log.json").read_text()).get("eval", {})
-    except (OSError, ValueError, AttributeError):
+        log = json.loads((path / "train_log.json").read_text())
+    except (OSError, ValueError):
         return None
+    found = log.get("eval") if isinstance(log, dict) else None
     prior: dict[bool, list[float]] = {}
     for regime, name in ((False, "greedy"), (True, "temperature_1")):
-        rates = found.get(name, {}).get("accept_rate_at_k") if isinstance(found, dict) else None
+        entry = found.get(name) if isinstance(found, dict) else None
+        rates = entry.get("accept_rate_at_k") if isinstance(entry, dict) else None
         if (
             isinstance(rates, list)
             and rates
