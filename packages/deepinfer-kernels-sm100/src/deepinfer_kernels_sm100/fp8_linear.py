@@ -40,7 +40,6 @@ and stays capturable in a CUDA graph.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +48,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.models.quant import is_ue8m0_dtype
+from deepinfer_kernels_sm100.devices import sm_count
 from deepinfer_kernels_sm100.fp8_prefill import fp8_prefill_gemm
 from deepinfer_kernels_sm100.fp8_quant import (
     ACT_GROUP,
@@ -200,14 +200,10 @@ def _tiles(m: int, n: int, k: int, block_k_weight: int, programs: int, *, fused:
     return _Tiles(block_m, 64, block_k, 4, 3, fused, splits, k_split, reduce_in_kernel)
 
 
-@functools.cache
 def _programs(device: torch.device) -> int:
     """Programs a decode GEMM launch should have to keep every SM streaming: four per SM
-    (132 SMs when not on a GPU, as an H100/H200, so the interpreter runs the split path)."""
-    sms = 132
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return 4 * sms
+    (an H100/H200's off a GPU, so the interpreter runs the split path)."""
+    return 4 * sm_count(device)
 
 
 #: quantise decode activations inside the GEMM (each column program redoes it) rather than

@@ -1,14 +1,12 @@
 """The FP8 block-scaled linear's prefill tiles on Hopper, written in Gluon around async wgmma.
 
-Block scaling multiplies each 128-wide K step's product by its own scales before adding it
-to the fp32 sum (:mod:`.fp8_linear`). In Triton (:mod:`.fp8_prefill`) that is
-``acc += tl.dot(a, w.T) * scale``: each step waits for its own wgmma before the scaling, so
-the tensor cores idle while the CUDA cores promote, and the kernel reaches about 0.55-0.7 of
-``torch._scaled_mm`` at prefill sizes (``benchmarks/results/low_precision_h200.json``). Here,
-as DeepGEMM does on Hopper, step i's wgmma is issued asynchronously into a fresh accumulator
-and step i - 1's is retired (``warpgroup_mma_wait(1)``) and promoted while step i runs. Gluon
-(Triton's explicit-layout dialect) exposes the asynchronous wgmma and its wait, which
-``tl.dot`` hides.
+Block scaling multiplies each 128-wide K step's product by its scales before adding it to
+the fp32 sum (:mod:`.fp8_linear`). Triton's ``acc += tl.dot(a, w.T) * scale``
+(:mod:`.fp8_prefill`) waits for each step's wgmma before scaling it, so the tensor cores idle
+while the CUDA cores promote (``benchmarks/results/low_precision_h200.json``). Here, as
+DeepGEMM does, step i's wgmma is issued asynchronously into a fresh accumulator and step
+i - 1's retired (``warpgroup_mma_wait(1)``) and promoted while step i runs: Gluon (Triton's
+explicit-layout dialect) exposes the asynchronous wgmma and its wait, which ``tl.dot`` hides.
 
 * Operands arrive by TMA into a ring of ``STAGES`` shared-memory slots, one mbarrier each; a
   slot is refilled once the wgmma that read it has retired, so ``STAGES - 1`` steps are in
@@ -21,24 +19,22 @@ and step i - 1's is retired (``warpgroup_mma_wait(1)``) and promoted while step 
   programs; two fit an SM), 64 x 64 where even those would leave SMs idle. Rows past M come
   back from TMA as zeros and the TMA store of the output clips them.
 
-The sums are the Triton kernel's: each K step's product from zero in the tensor cores,
-multiplied by the product of its two scales and added to the fp32 sum in step order, so both
-give the same bits (``test_fp8_linear_kernel.py`` checks it on a GPU). Gluon kernels do not
-run in Triton's interpreter, so CI compiles this one ahead of time for sm_90a
-(``test_aot_compile.py``); the interpreter tests run the Triton kernel. Blackwell (sm_100a)
-has no wgmma and takes the Triton kernel too. Weight blocks narrower than 128 (V4.1's 32 x 32)
-also do: one step spans several of their scales.
+The sums are the Triton kernel's, in its order: the same bits (``test_fp8_linear_kernel.py``
+on a GPU). Gluon kernels do not run in Triton's interpreter, so CI compiles this one for
+sm_90a (``test_aot_compile.py``) and the interpreter tests run the Triton kernel, which also
+serves Blackwell (no wgmma) and weight blocks narrower than a step (V4.1's 32 x 32).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
 import torch
 import triton
 from torch import Tensor
+
+from deepinfer_kernels_sm100.devices import capability_major, sm_count
 
 try:  # Gluon ships with Triton 3.5 and later
     from triton.experimental import gluon
@@ -56,47 +52,39 @@ try:  # Gluon ships with Triton 3.5 and later
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel serves
     HAVE_GLUON = False
 
-#: Triton releases whose Gluon this kernel is written for (Gluon's API still changes between
-#: releases): 3.6 runs it on the H200, CI compiles it with 3.7; on others the Triton kernel
-#: serves.
+#: Triton releases whose Gluon (its API still changes) this kernel is written for: 3.6 ran it
+#: on the H200, CI compiles it with 3.7; under others the Triton kernel serves.
 GLUON_RELEASES = ("3.6.", "3.7.")
 #: Rows from which the 128-row tiles on eight warps run (each weight tile serves twice the
 #: rows, one program to an SM); below, 64-row tiles on four warps give more programs.
 WIDE_M = 1024
-#: Copies in flight (shared-memory slots of one A and one W tile each).
-STAGES = 4
+STAGES = 4  # copies in flight (shared-memory slots of one A and one W tile each)
 #: Row tiles that walk down one column tile before the next (the weight tile stays in L2).
 GROUP_M = 8
 #: K columns per step: one activation group, and the weight block's width or a divisor.
 BLOCK_K = 128
-#: Tile columns; 64 where 128-column tiles would leave SMs idle (a few output columns over a
-#: short batch), so more programs share the weight.
+#: Tile columns; 64 where 128 would leave SMs idle (few columns, a short batch).
 BLOCK_N = 128
 NARROW_N = 64
 _OUT_GL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+#: Whether this process can run the kernel at all: Gluon of :data:`GLUON_RELEASES`, and not
+#: Triton's interpreter (read once, as the kernel modules read it when their kernels are made).
+READY = (
+    HAVE_GLUON
+    and triton.__version__.startswith(GLUON_RELEASES)
+    and os.environ.get("TRITON_INTERPRET") != "1"
+)
+
+
 def usable(device: torch.device, block: tuple[int, int], group_n: int) -> bool:
-    """Whether this kernel runs the prefill GEMM: a Hopper GPU (compute capability 9.x, not
-    the interpreter) under a Triton of :data:`GLUON_RELEASES`, weight blocks of whole
-    128-column steps and 128-row tiles, and column groups of whole tiles."""
-    if not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if not triton.__version__.startswith(GLUON_RELEASES):
-        return False
-    if _capability(device)[0] != 9:
+    """Whether this kernel runs the prefill GEMM: :data:`READY` on a Hopper GPU (compute
+    capability 9.x), weight blocks of whole 128-column steps and 128-row tiles, and column
+    groups of whole tiles."""
+    if not READY or capability_major(device) != 9:
         return False
     return block[0] % BLOCK_N == 0 and block[1] % BLOCK_K == 0 and group_n % BLOCK_N == 0
-
-
-@functools.cache
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
 
 
 if HAVE_GLUON:
@@ -386,7 +374,7 @@ def fp8_wgmma_gemm(  # noqa: PLR0917
     and the checked weight operands (as :func:`.fp8_prefill.fp8_prefill_gemm` takes them);
     :func:`usable` must hold."""
     (n, k), m = w.shape, a.shape[0]
-    block_m, block_n, warps = tile(m, n, _sms(a.device))
+    block_m, block_n, warps = tile(m, n, sm_count(a.device))
     a_layout, w_layout, out_layout = shared_layouts(block_m, block_n, out.dtype)
     grid = (triton.cdiv(m, block_m) * (n // block_n),)
     _fp8_wgmma_kernel[grid](
