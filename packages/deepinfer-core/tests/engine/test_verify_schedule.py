@@ -26,11 +26,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from deepinfer.engine import step_overhead
+from deepinfer.engine import step_overhead, verify_schedule
 from deepinfer.engine.request import Request
 from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
-from deepinfer.engine.verify_schedule import PROBE_ROUNDS, AdaptiveVerifier
+from deepinfer.engine.verify_schedule import PROBE_ROUNDS, QUIET_STEPS, AdaptiveVerifier
 from deepinfer.outputs import RequestMetrics
 from deepinfer.sampling_params import SamplingParams
 
@@ -83,6 +83,25 @@ def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None
     assert math.isclose(greedy.calibration, (6 + 8) / (10 + 8))
     greedy.expected = 1.0
     assert greedy.calibration == 1.0  # never above 1
+
+
+def test_a_measured_prior_weighs_in_the_draft_calibration_as_its_rows() -> None:
+    """With a measured acceptance (32 rows of 1.66 drafts kept a round: 53.1 drafts), three
+    rounds foreseen to keep 5 drafts that kept 1 move the draft calibration to
+    (1 + 53.1) / (5 + 53.1) = 0.93, where the guess's prior of 8 drafts would give 0.69; at
+    costs under which a round that keeps 1.66 drafts pays by a third (a verification step of
+    1.4 plain steps, drafting 0.6), the next round is still drafted."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.0, 6: 1.4}))
+    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.6}))
+    verifier.expect({False: [0.628, 0.427, 0.273, 0.186, 0.144]})
+    greedy = verifier.learnt[False]
+    greedy.foreseen, greedy.realized = 5.0, 1.0
+    prior = 32 * 1.658
+    assert math.isclose(greedy.draft_calibration, (1 + prior) / (5 + prior))
+    assert verifier.drafting_pays([_request("a")], 5)
+    guessed = verifier.learnt[True]  # no measured prior for sampled requests here
+    guessed.foreseen, guessed.realized = 5.0, 1.0
+    assert math.isclose(guessed.draft_calibration, (1 + 8) / (5 + 8))
 
 
 def test_a_round_not_drafted_ages_what_was_learnt() -> None:
@@ -202,11 +221,50 @@ def test_the_steps_host_work_is_priced() -> None:
     greedy.mean_survival = [0.2, 0.04, 0.008]
     a, b = _request("a"), _request("b")
     assert not verifier.drafting_pays([a, b], 3)
-    greedy.mean_survival = [0.2, 0.04, 0.008]  # as before the decision's aging
+    assert not verifier.drafting_pays([a, b], 3)  # a quiet step after it (next test)
+    greedy.mean_survival = [0.2, 0.04, 0.008]  # as before the decisions' aging
     overhead.plain = 4.0
     assert verifier.drafting_pays([a, b], 3)
     overhead.round = 6.0
     assert not verifier.drafting_pays([a, b], 3)
+
+
+def test_a_batch_found_not_to_pay_is_weighed_again_after_quiet_spells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rows, costs and survivals of the test above, without host work: drafting never
+    pays. The batch is weighed at steps 0, 2, 5, 10, 19 and 28: quiet spells of 1, 2, 4 and
+    then QUIET_STEPS = 8 steps, every step counted as a round not drafted and aged alike. A
+    batch of other rows is weighed at once, and a batch found to pay ends the spells."""
+    assert QUIET_STEPS == 8
+    weighed: list[int] = []
+    now = [0]
+    plan = verify_schedule.drafting_plan
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        weighed.append(now[0])
+        return plan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify_schedule, "drafting_plan", recorded)
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
+    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}))
+    greedy = verifier.learnt[False]
+    a, b, c = _request("a"), _request("b"), _request("c")
+
+    def pays(reqs: list[Request], step: int, survivals: list[float]) -> bool:
+        now[0] = step
+        greedy.mean_survival = survivals  # set anew: aging would move it
+        return verifier.drafting_pays(reqs, 3)
+
+    low, high = [0.2, 0.04, 0.008], [1.0, 1.0, 1.0]
+    assert not any(pays([a, b], step, low) for step in range(29))
+    assert weighed == [0, 2, 5, 10, 19, 28] and verifier.skipped == 29
+    assert not pays([a, b, c], 29, low) and weighed[-1] == 29  # other rows: weighed at once
+    assert not pays([a, b, c], 30, high) and weighed[-1] == 29  # its quiet step
+    assert pays([a, b, c], 31, high) and weighed[-1] == 31
+    assert not pays([a, b, c], 32, low) and weighed[-1] == 32
+    assert not pays([a, b, c], 33, low) and weighed[-1] == 32  # the spells anew: one step
+    assert not pays([a, b, c], 34, low) and weighed[-1] == 34
 
 
 def test_rounds_are_probed_until_their_host_work_is_measured() -> None:

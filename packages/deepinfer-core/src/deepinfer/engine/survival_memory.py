@@ -113,6 +113,10 @@ class Learnt:
         """Drafts accepted per unit of survival the decisions to draft counted on, at most 1,
         with the same prior: those decisions count on mean survivals, which the rounds they
         draft then meet with their own (a round's plan verifies the drafts it finds worth it,
-        not the mean), so they are checked against what those rounds kept."""
-        prior = CALIBRATION_PRIOR
+        not the mean), so they are checked against what those rounds kept. Its prior is the
+        stronger of :data:`CALIBRATION_PRIOR` and the drafts the prior's own rows expect: a
+        round keeps anything from none to every draft, so with a measured acceptance behind
+        the mean a few unlucky rounds must not outweigh it (they would stop drafting for as
+        long as aging takes to bring it back)."""
+        prior = max(CALIBRATION_PRIOR, self.prior_rows * sum(self.prior))
         return min(1.0, (self.realized + prior) / (self.foreseen + prior))

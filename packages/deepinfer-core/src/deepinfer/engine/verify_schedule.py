@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -68,6 +68,12 @@ MIN_PREDICTED_GAIN = 0.04
 #: :data:`PROBE_ROUNDS` rounds that come this close are drafted and timed.
 PROBE_LOSS = 0.5
 PROBE_ROUNDS = 4
+#: After drafting was found not to pay, the same batch (as many rows, as many of them
+#: sampled) is not weighed again for one step, then for twice as many after each such finding
+#: in a row for it, up to this many: weighing a batch costs host time in proportion to its rows at
+#: every step (a share of a plain step at large batches on a GPU), while its answer moves only
+#: as fast as aging moves what was learnt back towards the prior.
+QUIET_STEPS = 8
 
 
 @runtime_checkable
@@ -206,6 +212,11 @@ class AdaptiveVerifier:
         #: and what the rounds drafted so and not verified yet count on.
         self._decided: dict[Request, float] = {}
         self._foreseen: dict[Request, float] = {}
+        #: The batch (rows, sampled rows, k) last found not to pay, steps it is not weighed
+        #: again for, and the length of the latest such quiet spell (:data:`QUIET_STEPS`).
+        self._quiet: tuple[int, int, int] | None = None
+        self._quiet_left = 0
+        self._quiet_steps = 0
 
     def expect(self, prior: Mapping[bool, Sequence[float]] | None) -> None:
         """Start each regime (True: sampled) from the drafter's own acceptance per position
@@ -277,8 +288,14 @@ class AdaptiveVerifier:
         of a round of each request's regime, its draft calibration applied: the mean is of
         survivals the confidences' calibration already scaled, see the module);
         counts the rounds it turns down (and ages what was learnt of their regimes), and
-        remembers what the others count on."""
+        remembers what the others count on. A batch found not to pay is not weighed again
+        for a few steps (:data:`QUIET_STEPS`)."""
         regimes = [sampled(req.params.temperature) for req in reqs]
+        batch = (len(reqs), sum(regimes), k)
+        if self._quiet_left and batch == self._quiet:
+            self._quiet_left -= 1
+            self._skip(set(regimes), k)
+            return False
         expected = {g: self.learnt[g].survivals(k) for g in set(regimes)}
         scale = {g: self.learnt[g].draft_calibration for g in expected}
         calibrated = {g: [a * scale[g] for a in expected[g]] for g in expected}
@@ -288,16 +305,24 @@ class AdaptiveVerifier:
         drafting = self.draft_seconds(len(reqs))
         found = drafting_plan(past, load, seconds, drafting, self._margin())
         if found is None:
-            self.skipped += 1
-            for g in expected:
-                self.learnt[g].age(k)
+            self._skip(expected, k)
+            spell = self._quiet_steps if batch == self._quiet else 0
+            self._quiet_steps = min(2 * spell or 1, QUIET_STEPS)
+            self._quiet, self._quiet_left = batch, self._quiet_steps
             return False
+        self._quiet_steps = self._quiet_left = 0
         lengths = found.lengths
         counted = {g: list(itertools.accumulate(expected[g], initial=0.0)) for g in expected}
         self._decided = {
             req: counted[g][n] for req, g, n in zip(reqs, regimes, lengths, strict=True)
         }
         return True
+
+    def _skip(self, regimes: Iterable[bool], k: int) -> None:
+        """Count a round not drafted, and age what was learnt of its ``regimes``."""
+        self.skipped += 1
+        for g in regimes:
+            self.learnt[g].age(k)
 
     def verified(self, req: Request, kept: int) -> None:
         """Take in that ``req``'s verification row kept ``kept`` drafts (none: a row whose
