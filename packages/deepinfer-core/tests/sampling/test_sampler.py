@@ -6,6 +6,7 @@ import torch
 from scipy import stats
 
 from deepinfer.sampling import SamplingTensors, filter_mask, rng, sample
+from deepinfer.sampling.sampler import greedy
 
 
 def _tensors(b: int, **kw: object) -> SamplingTensors:
@@ -127,6 +128,21 @@ def test_greedy_breaks_ties_towards_lower_id() -> None:
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0]])
     out = sample(logits, _tensors(1, temperature=0.0))
     assert out.token_ids.item() == 1
+
+
+def test_the_greedy_shortcut_is_the_samplers_greedy_draw() -> None:
+    """``greedy`` (a verification step's draws when every row is greedy) gives the token ids
+    and logprobs of ``sample`` on greedy rows, bit for bit: ties to the lower id, and the
+    logprob the float64 log-softmax gives within fp32 rounding."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 300, generator=g).mul(4).round().div(4)  # many ties
+    logits[2, 7] = logits[2, 8] = logits[2].max() + 1
+    want = sample(logits, _tensors(9, temperature=0.0))
+    got = greedy(logits)
+    assert torch.equal(got.token_ids, want.token_ids) and got.token_ids[2].item() == 7
+    assert torch.equal(got.logprobs, want.logprobs)
+    exact = torch.log_softmax(logits.double(), dim=-1).gather(-1, want.token_ids[:, None])
+    assert torch.allclose(got.logprobs.double(), exact.squeeze(-1), atol=1e-5)
 
 
 def test_seeded_draws_do_not_depend_on_the_batch() -> None:

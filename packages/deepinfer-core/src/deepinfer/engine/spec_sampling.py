@@ -39,7 +39,7 @@ from deepinfer.engine.sampling_rows import (
     processes_logits,
     sampling_tensors,
 )
-from deepinfer.sampling.sampler import sample
+from deepinfer.sampling.sampler import greedy, sample
 
 
 @dataclass(frozen=True)
@@ -159,10 +159,11 @@ def _draw(
             for req, (drafts, masks), _ in block
             for j in range(len(drafts) + 1)
         ]
-        tensors = sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device)
+        out = sample(raw, sampling_tensors(rows, raw.shape[-1], eos_token_ids, raw.device), ops=ops)
+    elif all(req.params.temperature == 0 for req in reqs):
+        out = greedy(raw)  # what sample draws for greedy rows, without building its inputs
     else:  # the common case: nothing but temperature and filters, built without rows
-        tensors = position_tensors(reqs, counts, raw.device)
-    out = sample(raw, tensors, ops=ops)
+        out = sample(raw, position_tensors(reqs, counts, raw.device), ops=ops)
     tokens, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
     targets, at = [], 0
     for (_, (drafts, _), _), n in zip(block, counts, strict=True):

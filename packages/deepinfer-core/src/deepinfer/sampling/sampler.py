@@ -112,6 +112,16 @@ def filter_mask(
     return keep
 
 
+def greedy(logits: Tensor) -> SamplerOutput:
+    """:func:`sample`'s draws and logprobs where every row is greedy and nothing processes
+    the logits: the argmax, in a few kernels and without the sampler's inputs (which a
+    verification step would otherwise build on the host for every position)."""
+    raw = logits.float()
+    token_ids = torch.argmax(raw, dim=-1)
+    logp = torch.log_softmax(raw, dim=-1)
+    return SamplerOutput(token_ids, logp.gather(-1, token_ids[:, None]).squeeze(-1))
+
+
 def sample(
     logits: Tensor, t: SamplingTensors, num_logprobs: int = 0, ops: Backend | None = None
 ) -> SamplerOutput:
