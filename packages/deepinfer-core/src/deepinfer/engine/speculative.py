@@ -165,17 +165,20 @@ class SpeculativeRunner:
         logprobs is always the engine's plain step (in fixed scheduling too)."""
         if not out.scheduled:
             return True
-        asking = [r for r in out.scheduled if r.prompt_logprobs is not None]
-        if any(not is_decoding(r, out.scheduled[r]) for r in asking):
-            # prompt logprobs: every logit of the chunk, which the plain step keeps
-            return self._plain(list(out.scheduled))
+        decode_only = True  # one pass over the rows: this runs before every step
+        for req, n in out.scheduled.items():
+            if not is_decoding(req, n):
+                decode_only = False
+                if req.prompt_logprobs is not None:
+                    # prompt logprobs: every logit of the chunk, which the plain step keeps
+                    return self._plain(list(out.scheduled))
         if self.verifier is None:
             return True
         rows, overhead = list(out.scheduled), self.verifier.overhead
-        decode_only = all(is_decoding(r, n) for r, n in out.scheduled.items())
         start = overhead.begin(decode_only) if overhead is not None else 0.0
         self._started = start if overhead is not None and decode_only else None
-        if any(self.drafts.get(r) for r in rows) or self.verifier.drafting_pays(rows, self.k):
+        drafted = self.drafts and any(self.drafts.get(r) for r in rows)
+        if drafted or self.verifier.drafting_pays(rows, self.k):
             return True
         if overhead is not None and decode_only:
             overhead.launched(start, False, self.verifier.predicted(len(rows), len(rows), 0))
