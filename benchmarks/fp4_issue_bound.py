@@ -13,6 +13,8 @@ K loop in the SASS and counts its instructions. From them:
 and, at half a byte plus 1/32 of a scale byte per weight, the fraction of the copy bandwidth
 that issue rate allows even if every cycle issued. ``low_precision.py --parts experts``
 measures what the kernels reach; the ratio of the two is the issue efficiency they get.
+The Triton kernels (``fp4_moe``) and Hopper's Gluon kernels (``fp4_gluon``, launch shapes as
+``fp4_gluon.pick_tiles`` takes them) are both counted; a Gluon K loop holds ``stages`` K steps.
 
     python benchmarks/fp4_issue_bound.py [--copy-gb-s 4122] [--sms 132] [--clock-ghz 1.98]
 """
@@ -42,7 +44,8 @@ def _launches() -> list[dict[str, Any]]:
     """The kernels' launch configurations at V4-Flash shapes (hidden 4096, experts of 2048),
     as ``moe_experts_fp4`` picks them: decode (16-row tiles; 32 columns for gate/up with at most
     8 pairs) and prefill (64-row tiles), with every scale byte known to be at most 128 (as the
-    loader finds for the checkpoints' scales), and decode without that knowledge."""
+    loader finds for the checkpoints' scales), and decode without that knowledge; then the
+    Gluon kernels (Hopper's decode path) at batches 1, 8 and 512."""
     out = []
     for name, block_m, gate_up_n, down_n, stages, listed, fit in (
         ("decode", 16, 64, 64, 3, True, True),
@@ -53,32 +56,67 @@ def _launches() -> list[dict[str, Any]]:
         common = {"IEEE": False, "WIDEN": False, "EVEN": True, "CLAMP": True, "SCALES_FIT": fit}
         tiles = {"BLOCK_M": block_m, "BLOCK_K": 128, "LISTED": listed}
         out.append({
-            "launch": name, "kernel": "_fp4_gate_up_kernel", "tiles": 2, "num_stages": stages,
+            "launch": name, "kernel": "_fp4_gate_up_kernel", "num_stages": stages,
+            "weights": 2 * gate_up_n * 128 / (4 * LANES),
             "args": {"x_ptr": "*bf16", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
                      "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32",
                      "h_ptr": "*bf16", "inter": 2048, "k_dim": 4096, "limit": 10.0},
             "constexprs": {**common, **tiles, "BLOCK_N": gate_up_n},
         })  # fmt: skip
         out.append({
-            "launch": name, "kernel": "_fp4_down_kernel", "tiles": 1, "num_stages": 3,
+            "launch": name, "kernel": "_fp4_down_kernel", "num_stages": 3,
+            "weights": down_n * 128 / (4 * LANES),
             "args": {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
                      "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32",
                      "d_out": 4096, "inter": 2048},
             "constexprs": {k: v for k, v in {**common, **tiles, "BLOCK_N": down_n}.items()
                            if k != "CLAMP"},
         })  # fmt: skip
+    return out + _gluon_launches()
+
+
+def _gluon_launches() -> list[dict[str, Any]]:
+    """Hopper's Gluon kernels as ``fp4_gluon.launch`` picks their shapes. A thread's K step
+    covers 32 elements of rows g and g + 8 of each row set (gate and up: two)."""
+    from deepinfer_kernels_sm100 import fp4_gluon
+
+    out = []
+    for batch in (1, 8, 512):
+        pairs, slots = 6 * batch, min(256, 6 * batch)
+        for kernel, k_dim, rows, sets in (("gate_up", 4096, 2048, 2), ("down", 2048, 4096, 1)):
+            t = fp4_gluon.pick_tiles(k_dim, rows, pairs, slots, sets, 132)
+            args = {"x_ptr": "*bf16", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
+                    "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32",
+                    "h_ptr": "*bf16", "inter": 2048, "k_dim": 4096, "limit": 10.0}  # fmt: skip
+            if kernel == "down":
+                args = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
+                        "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32",
+                        "d_out": 4096, "inter": 2048}  # fmt: skip
+            constexprs = {"LISTED": slots < 256, "PAIRED": True, "WARPS_N": t.warps_n,
+                          "SPLIT_K": t.split_k, "N_TILES": t.n_tiles,
+                          "STAGES": t.stages}  # fmt: skip
+            if kernel == "gate_up":
+                constexprs["CLAMP"] = True
+            out.append({
+                "launch": f"gluon-decode{batch}", "kernel": f"_fp4_{kernel}_gluon",
+                "module": "fp4_gluon", "num_warps": t.warps_n * t.split_k,
+                "maxnreg": t.maxnreg, "weights": t.stages * sets * 2 * 32,
+                "tiles": t._asdict(), "args": args, "constexprs": constexprs,
+            })  # fmt: skip
     return out
 
 
 def _compile(spec: dict[str, Any]) -> Any:
     """The kernel compiled for sm_90a with the launch's argument types and constexprs."""
+    import importlib
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
-    from deepinfer_kernels_sm100 import fp4_moe
-
-    fn = getattr(fp4_moe, spec["kernel"])
+    module = importlib.import_module(f"deepinfer_kernels_sm100.{spec.get('module', 'fp4_moe')}")
+    fn = getattr(module, spec["kernel"])
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for i, p in enumerate(fn.params):
@@ -95,8 +133,13 @@ def _compile(spec: dict[str, Any]) -> Any:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[p.name] = "fp32"
-    src = ASTSource(fn=fn, signature=signature, constexprs=spec["constexprs"], attrs=attrs)
-    options = {"num_warps": 4, "num_stages": spec["num_stages"]}
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    src = source(fn=fn, signature=signature, constexprs=spec["constexprs"], attrs=attrs)
+    options: dict[str, Any] = {"num_warps": spec.get("num_warps", 4)}
+    if "num_stages" in spec:
+        options["num_stages"] = spec["num_stages"]
+    if spec.get("maxnreg"):
+        options["maxnreg"] = spec["maxnreg"]
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -137,21 +180,40 @@ def analyse(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     kernel = _compile(spec)
     loop = _k_loop(_sass(kernel.asm["cubin"]))
     c = spec["constexprs"]
-    weights = spec["tiles"] * c["BLOCK_N"] * c["BLOCK_K"] / (4 * LANES)  # per thread, per step
+    weights = spec["weights"]  # per thread, per pass of the K loop
     per_weight = len(loop) / weights
     weights_per_s = args.sms * ISSUE_PER_CYCLE * LANES * args.clock_ghz * 1e9 / per_weight
     ops = collections.Counter(_opcode(i) for i in loop)
     bound = weights_per_s * BYTES_PER_WEIGHT / (args.copy_gb_s * 1e9)
+    tiles = spec.get("tiles") or {k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
     return {
         "launch": spec["launch"],
         "kernel": spec["kernel"],
-        "tiles": {k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+        "tiles": tiles,
+        "registers": _registers(kernel.asm["cubin"]),
         "k_loop_instructions": len(loop),
-        "weights_per_thread_per_step": weights,
+        "weights_per_thread_per_loop": weights,
         "instructions_per_weight": round(per_weight, 2),
         "issue_bound_bw_fraction": round(bound, 3),
-        "top_opcodes": dict(ops.most_common(12)),
-    }
+        "top_opcodes": dict(ops.most_common(16)),
+        "shuffles_or_shared_in_loop": sum(n for op, n in ops.items() if op.split(".")[0]
+                                          in {"SHFL", "LDS", "STS", "LDSM", "BAR"}),
+    }  # fmt: skip
+
+
+def _registers(cubin: bytes) -> int | None:
+    """Registers a thread of the cubin's kernel takes (cuobjdump's resource usage)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    found = re.search(r"REG:(\d+)", text)
+    return int(found.group(1)) if found else None
 
 
 def _measured_copy_gb_s() -> float:
@@ -179,9 +241,10 @@ def main() -> int:
     rows = [analyse(spec, args) for spec in _launches()]
     for r in rows:
         print(
-            f"{r['launch']:24s} {r['kernel']:20s} {r['k_loop_instructions']:4d} instr/step "
+            f"{r['launch']:24s} {r['kernel']:20s} {r['k_loop_instructions']:5d} instr/loop "
             f"{r['instructions_per_weight']:5.2f}/weight -> at most "
-            f"{r['issue_bound_bw_fraction']:.2f} of the copy bandwidth"
+            f"{r['issue_bound_bw_fraction']:.2f} of the copy bandwidth "
+            f"({r['registers']} registers)"
         )
     result = {
         "benchmark": "fp4_issue_bound",

@@ -12,7 +12,11 @@ Its parts, written together to ``benchmarks/results/low_precision_<device>.json`
   the Triton TMA kernel (:func:`gemm_only`).
 * ``experts``: the FP4 routed experts at decode (256 experts, top-6, batch 1 .. 256): bytes of
   the experts a step touches per second, as a fraction of the copy bandwidth, with the scales
-  known to fit (``scales_fit``, as the loader finds them) and, beside it, unchecked.
+  known to fit (``scales_fit``, as the loader finds them) for the kernels the launch picks
+  and, side by side, the Triton kernels and on Hopper the Gluon ones (:mod:`fp4_gluon`), and
+  the Triton kernels with the scales unchecked.
+* ``experts_sweep`` (only when named): the Gluon kernels under each launch shape of
+  ``GLUON_SWEEP``, one kernel at a time, at each ``--experts-batches``.
 * ``gemm_tiles``: the FP8 linear at the prefill sizes of ``--m`` (above 64 rows) under each
   tile shape of ``TILE_CANDIDATES``, beside the activation quantisation alone and
   ``torch._scaled_mm``.
@@ -27,6 +31,7 @@ Its parts, written together to ``benchmarks/results/low_precision_<device>.json`
 
     python benchmarks/low_precision.py --device cuda [--parts gemm experts floor model]
     python benchmarks/low_precision.py --device cpu --small   # a check of the code paths
+    python benchmarks/low_precision.py --parts experts experts_sweep --experts-batches 1 8 64 256
 
 On the GPU the kernels are timed in CUDA graphs (:func:`graph_s`: no host launch overhead, as
 in a decode step's graph, and weights read from HBM, not L2), medians over ``--repeats``
@@ -336,10 +341,10 @@ def floor(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
     return result
 
 
-def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
-    """FP4 routed experts at decode: the bytes of the experts a step touches per second."""
-    ops, device = kernel_ops(args.device), args.device
-    e, d, inter, top = (16, 256, 128, 2) if args.small else (256, 4096, 2048, 6)
+def expert_weights(device: str, small: bool) -> tuple[dict[str, Tensor], tuple[int, ...]]:
+    """Random FP4 experts (every scale byte at most 128, as ``scales_fit`` promises) of
+    V4-Flash's shapes, or tiny ones (``small``), and (experts, d, I, top-k)."""
+    e, d, inter, top = (16, 256, 128, 2) if small else (256, 4096, 2048, 6)
     g = torch.Generator().manual_seed(0)
 
     def codes(*shape: int) -> Tensor:
@@ -349,36 +354,127 @@ def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
         return torch.randint(112, 120, shape, dtype=torch.uint8, generator=g).to(device)
 
     w = {
-        "w13": codes(e, 2 * inter, d // 2),
+        "w13_packed": codes(e, 2 * inter, d // 2),
         "w13_scale": scales(e, 2 * inter, d // 32),
-        "w2": codes(e, d, inter // 2),
+        "w2_packed": codes(e, d, inter // 2),
         "w2_scale": scales(e, d, inter // 32),
     }
+    return w, (e, d, inter, top)
+
+
+def expert_routing(b: int, shape: tuple[int, ...], device: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(x, router weights, indices) of a batch of ``b`` tokens, top-k distinct experts each,
+    for ``shape`` = (experts, d, I, top-k) (seeded by ``b``)."""
+    e, d, _, top = shape
+    g = torch.Generator().manual_seed(b)
+    x = torch.randn(b, d, generator=g).to(torch.bfloat16).to(device)
+    indices = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(b)]).to(device)
+    weights = torch.softmax(torch.randn(b, top, generator=g), dim=-1).to(device)
+    return x, weights, indices
+
+
+def experts(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
+    """FP4 routed experts at decode: the bytes of the experts a step touches per second, for
+    the kernels the launch picks (``us``) and, side by side in one process, the Triton and the
+    Gluon (Hopper) kernels with ``scales_fit``, and the Triton kernels without."""
+    from deepinfer_kernels_sm100 import fp4_gluon
+    from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
+
+    device, cuda = args.device, args.device.startswith("cuda")
+    w, shape = expert_weights(device, args.small)
     per_expert = sum(t[0].numel() for t in w.values())
     rows = []
     for b in [1, 4] if args.small else args.experts_batches:
-        x = torch.randn(b, d, generator=g).to(torch.bfloat16).to(device)
-        indices = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(b)]).to(device)
-        weights = torch.softmax(torch.randn(b, top, generator=g), dim=-1).to(device)
-        cuda = device.startswith("cuda")
-        timed: dict[bool, float] = {}
-        for fit in (False, True):  # as the engine runs these scales (all fit), and unchecked
-            run = partial(
-                ops.moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, scales_fit=fit, **w
-            )
-            timed[fit] = (
-                graph_s([run], args.repeats) if cuda else median_s(run, device, args.repeats)
-            )
-        seconds = timed[True]
+        x, weights, indices = expert_routing(b, shape, device)
         touched = int(torch.unique(indices).numel()) * per_expert
-        row = {
+        gluon = fp4_gluon.usable(x, w["w13_packed"], w["w2_packed"], scales_fit=True,
+                                 decode=True)  # fmt: skip
+        timed: dict[str, float] = {}
+        for name, fit, kernel in (("auto", True, "auto"), ("triton", True, "triton"),
+                                  ("triton_scales_unchecked", False, "triton"),
+                                  ("gluon", True, "gluon")):  # fmt: skip
+            if kernel == "gluon" and not gluon:
+                continue
+            run = partial(moe_experts_fp4, x, weights, indices, swiglu_limit=10.0,
+                          scales_fit=fit, kernel=kernel, **w)  # fmt: skip
+            timed[name] = graph_s([run], args.repeats) if cuda else median_s(run, device, 3)
+        row: dict[str, Any] = {"batch": b, "experts_touched": touched // per_expert}
+        for name, seconds in timed.items():
+            suffix = "" if name == "auto" else f"_{name}"
+            row[f"us{suffix}"] = round(seconds * 1e6, 1)
+            row[f"bw_fraction{suffix}"] = round(touched / seconds / bandwidth, 3)
+        if "gluon" in timed:
+            row["gluon_speedup"] = round(timed["triton"] / timed["gluon"], 3)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+#: launch shapes tried by ``experts_sweep`` for one Gluon kernel while the other keeps its
+#: pick: (warps_n, split_k, n_tiles, stages, maxnreg)
+GLUON_SWEEP = [
+    (4, 1, 1, 1, None),
+    (4, 1, 1, 2, None),
+    (4, 1, 1, 4, None),
+    (4, 1, 1, 2, 168),
+    (4, 1, 2, 2, None),
+    (2, 1, 1, 2, None),
+    (1, 1, 1, 2, None),
+    (8, 1, 1, 2, None),
+    (2, 2, 1, 2, 168),
+    (2, 2, 1, 1, 128),
+    (1, 4, 1, 1, 168),
+    (4, 2, 1, 2, 128),
+]
+
+
+def experts_sweep(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
+    """The Gluon kernels' constexpr knobs (:data:`GLUON_SWEEP`), one kernel at a time with the
+    other at its pick, at each batch: us and fraction of the copy bandwidth, best first."""
+    from deepinfer_kernels_sm100 import fp4_gluon
+    from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
+
+    device = args.device
+    if not device.startswith("cuda"):
+        raise SystemExit("the experts_sweep part times the Gluon kernels: it needs a Hopper GPU")
+    w, shape = expert_weights(device, args.small)
+    _, d, inter, _ = shape
+    per_expert = sum(t[0].numel() for t in w.values())
+    rows = []
+    for b in args.experts_batches:
+        x, weights, indices = expert_routing(b, shape, device)
+        touched = int(torch.unique(indices).numel()) * per_expert
+        run = partial(moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, scales_fit=True,
+                      kernel="gluon", **w)  # fmt: skip
+        picked = graph_s([run], args.repeats)
+        row: dict[str, Any] = {
             "batch": b,
-            "experts_touched": int(torch.unique(indices).numel()),
-            "us": round(seconds * 1e6, 1),
-            "bytes_per_s": round(touched / seconds),
-            "bw_fraction": round(touched / seconds / bandwidth, 3),
-            "us_scales_unchecked": round(timed[False] * 1e6, 1),
+            "picked_us": round(picked * 1e6, 1),
+            "picked_bw_fraction": round(touched / picked / bandwidth, 3),
         }
+        for kernel, k_dim, n_rows in (("gate_up", d, inter), ("down", inter, d)):
+            tried = {}
+            for knobs in GLUON_SWEEP:
+                tiles = fp4_gluon.Tiles(*knobs)
+                steps = k_dim // fp4_gluon.STEP_K
+                if n_rows % (16 * tiles.warps_n) or steps % (tiles.split_k * tiles.stages):
+                    continue
+                fp4_gluon.OVERRIDE = {kernel: tiles}
+                try:
+                    seconds = graph_s([run], args.repeats)
+                except Exception as err:  # a shape that does not compile or launch
+                    tried["w{}k{}n{}s{}r{}".format(*knobs)] = f"failed: {type(err).__name__}"
+                    continue
+                finally:
+                    fp4_gluon.OVERRIDE = {}
+                tried["w{}k{}n{}s{}r{}".format(*knobs)] = {
+                    "us": round(seconds * 1e6, 1),
+                    "bw_fraction": round(touched / seconds / bandwidth, 3),
+                }
+            ok = {k: v for k, v in tried.items() if isinstance(v, dict)}
+            row[kernel] = dict(sorted(ok.items(), key=lambda kv: kv[1]["us"])) | {
+                k: v for k, v in tried.items() if k not in ok
+            }
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     return rows
@@ -511,6 +607,8 @@ def main() -> int:
         result["gemm"] = gemm(args, bandwidth)
     if "experts" in args.parts:
         result["experts"] = experts(args, bandwidth)
+    if "experts_sweep" in args.parts:
+        result["experts_sweep"] = experts_sweep(args, bandwidth)
     if "gemm_tiles" in args.parts:
         result["gemm_tiles"] = gemm_tiles(args)
     if "floor" in args.parts:

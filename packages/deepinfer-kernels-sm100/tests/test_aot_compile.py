@@ -309,6 +309,41 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
         )  # fmt: skip
 
 
+def _fp4_gluon_specs() -> Iterator[AotSpec]:
+    # Hopper's decode-size FP4 expert kernels (Gluon, mma.sync with hand-placed registers:
+    # sm_90a only), in the launch shapes fp4_gluon.pick_tiles takes at V4-Flash's sizes for
+    # batches of 1 (6 pairs on a slot list: gate/up splits K), 8 and 512 (3072 pairs on a
+    # slot per expert: two token tiles a pass); the hidden activation in pair order.
+    from deepinfer_kernels_sm100 import fp4_gluon
+
+    for batch in (1, 8, 512):
+        pairs = 6 * batch
+        slots = min(256, pairs)
+        listed = slots < 256
+        up = fp4_gluon.pick_tiles(4096, 2048, pairs, slots, 2, 132)
+        down = fp4_gluon.pick_tiles(2048, 4096, pairs, slots, 1, 132)
+        for kernel, tiles in (("gate_up", up), ("down", down)):
+            flags = {"LISTED": listed, "PAIRED": True, "WARPS_N": tiles.warps_n,
+                     "SPLIT_K": tiles.split_k, "N_TILES": tiles.n_tiles,
+                     "STAGES": tiles.stages}  # fmt: skip
+            if kernel == "gate_up":
+                params = {"x_ptr": "*bf16", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
+                          "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32",
+                          "h_ptr": "*bf16", "inter": 2048, "k_dim": 4096, "limit": 10.0,
+                          "CLAMP": True, **flags}  # fmt: skip
+            else:
+                params = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
+                          "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32",
+                          "d_out": 4096, "inter": 2048, **flags}  # fmt: skip
+            yield AotSpec(
+                f"fp4_gluon._fp4_{kernel}_gluon",
+                f"decode{batch}-w{tiles.warps_n}-k{tiles.split_k}-n{tiles.n_tiles}-s{tiles.stages}",
+                params,
+                num_warps=tiles.warps_n * tiles.split_k,
+                archs=(90,),
+            )
+
+
 def _indexer_specs() -> Iterator[AotSpec]:
     # 16-bit queries and keys meet in tensor-core dots as they are; fp32 ones in IEEE dots.
     # Pages hold 128 / ratio entries: 32 for V4's ratio-4 layers, 128 for V4.1's ratio-1.
@@ -550,6 +585,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_mhc_specs(),
     *_moe_specs(),
     *_fp4_moe_specs(),
+    *_fp4_gluon_specs(),
     *_indexer_specs(),
     *_topk_specs(),
     *_attention_specs(),

@@ -28,6 +28,10 @@ Decoding: each weight tile is decoded in registers right before its dot (:mod:`.
 Under the interpreter (CI, no GPU) tiles are widened to fp32 before the dots (``moe._WIDEN``:
 its bf16 dots are wrong) and the fp32 -> bf16 rounding of the hidden activation is done in
 fp32 first (``fp8_quant.round_to_grid``: its conversion truncates).
+
+On Hopper, decode batches of bf16 activations with ``scales_fit`` run :mod:`.fp4_gluon`'s
+kernels instead: the same sums (up to the order of the K products) with every register placed
+by hand; the ``kernel`` argument forces either.
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.models.quant import is_ue8m0_dtype
+from deepinfer_kernels_sm100 import fp4_gluon
 from deepinfer_kernels_sm100.fp4_decode import _GROUP, GROUP, fp4_step
 from deepinfer_kernels_sm100.fp8_quant import round_to_grid
-from deepinfer_kernels_sm100.moe import _WIDEN, _slot_range, _tile, group_pairs
+from deepinfer_kernels_sm100.moe import _WIDEN, PairGroups, _slot_range, _tile, group_pairs
 
 #: up to this many pairs per expert on average, row tiles of 16; past it the prefill tiles.
 #: Decode tiles cost in proportion to their count, prefill tiles about the same from one row
@@ -244,6 +249,7 @@ def moe_experts_fp4(
     w2_scale: Tensor,
     swiglu_limit: float,
     scales_fit: bool = False,
+    kernel: str = "auto",
 ) -> Tensor:
     """The backend's ``moe_experts`` on FP4 experts: fp32 [N, d] weighted sum of each token's
     experts, for ``x`` [N, d] bf16 or fp32 and routing ``weights``/``indices`` [N, k] (an
@@ -257,71 +263,96 @@ def moe_experts_fp4(
     most 12): bf16 decoding on a GPU then takes one bf16x2 product per two weights fewer. Not
     checked here (that would read every scale byte each call): a byte above 128 then gives
     wrong weights. The caller checks once, when the weights are loaded.
+    ``kernel``: "auto" takes :mod:`.fp4_gluon`'s kernels where they apply (decode batches on
+    Hopper, bf16, ``scales_fit``), else the Triton kernels; "triton" or "gluon" forces one
+    (ValueError where the Gluon kernels do not apply).
     """
     _check_routing(x, weights, indices)
     w13, w13_s, w2, w2_s = _operands(x, w13_packed, w13_scale, w2_packed, w2_scale)
     num_experts, d_in = w13.shape[0], x.shape[1]
     inter, d_out = w13.shape[1] // 2, d_in
+    x, pairs = x.contiguous(), indices.numel()
+    decode = pairs <= SMALL_PAIRS_PER_EXPERT * num_experts
+    gluon = fp4_gluon.usable(x, w13, w2, scales_fit=scales_fit, decode=decode)
+    if kernel not in {"auto", "triton", "gluon"} or (kernel == "gluon" and not gluon):
+        raise ValueError(f"kernel {kernel!r}: not 'auto', 'triton' or a usable 'gluon'")
     groups = group_pairs(weights, indices, num_experts)
-    pairs, slots = groups.rows.shape[0], groups.experts.shape[0]
-    ieee = x.dtype == torch.float32
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     # Pairs without an expert are never computed: their rows stay zero.
     y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
-    if pairs:
-        decode = pairs <= SMALL_PAIRS_PER_EXPERT * num_experts
-        # Prefill tiles: bf16 reuses each decoded weight tile over 128 rows on 8 warps (the
-        # accumulators need the registers of two warp groups); fp32 dots keep 64 rows.
-        block_m = 16 if decode else 64 if ieee else 128
-        warps = 8 if block_m == 128 else 4
-        flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m, "LISTED": slots < num_experts,
-                 "SCALES_FIT": scales_fit}  # fmt: skip
-        # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
-        # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
-        # Decode (16-row tiles) streams each expert's weight through 64-column tiles; prefill
-        # reuses each decoded tile over its rows. With a handful of pairs (one token's experts)
-        # few programs have work, so gate/up splits its columns finer, four K steps in flight.
-        most_k = GROUP if ieee else 4 * GROUP
-        most_n = 64 if ieee or block_m == 16 else 128
-        few = not ieee and pairs <= FEW_PAIRS
-        bn, bk = _tile(inter, most_n // 2 if few else most_n), _tile(d_in, most_k)
-        _fp4_gate_up_kernel[(slots, triton.cdiv(inter, bn))](
-            x.contiguous(),
-            groups.rows,
-            w13,
-            w13_s,
-            groups.scale,
-            groups.ends,
-            groups.experts,
-            h,
-            inter,
-            d_in,
-            float(swiglu_limit),
-            CLAMP=swiglu_limit > 0,
-            EVEN=d_in % bk == 0 and inter % bn == 0,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            num_stages=4 if few else 3,
-            num_warps=warps,
-            **flags,
-        )
-        bn, bk = _tile(d_out, most_n), _tile(inter, most_k)
-        even = inter % bk == 0 and d_out % bn == 0
-        _fp4_down_kernel[(slots, triton.cdiv(d_out, bn))](
-            h,
-            w2,
-            w2_s,
-            groups.ends,
-            groups.experts,
-            groups.order,
-            y,
-            d_out,
-            inter,
-            EVEN=even,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            num_warps=warps,
-            **flags,
-        )
+    if pairs and gluon and kernel != "triton":
+        fp4_gluon.launch(x, groups, w13, w13_s, w2, w2_s, h, y, swiglu_limit)
+    elif pairs:
+        _triton_experts(x, groups, (w13, w13_s, w2, w2_s), h, y, swiglu_limit, scales_fit)
     # Each token's k slots summed in slot order, as the reference's combine does.
     return y.view(-1, indices.shape[-1], d_out).sum(dim=1)
+
+
+def _triton_experts(  # noqa: PLR0917
+    x: Tensor,
+    groups: PairGroups,
+    operands: tuple[Tensor, Tensor, Tensor, Tensor],
+    h: Tensor,
+    y: Tensor,
+    swiglu_limit: float,
+    scales_fit: bool,
+) -> None:
+    """Both Triton kernels over the pairs of ``groups``, into ``h`` and ``y``."""
+    w13, w13_s, w2, w2_s = operands
+    num_experts, d_in, inter = w13.shape[0], x.shape[1], h.shape[1]
+    pairs, slots, d_out = groups.rows.shape[0], groups.experts.shape[0], d_in
+    ieee = x.dtype == torch.float32
+    decode = pairs <= SMALL_PAIRS_PER_EXPERT * num_experts
+    # Prefill tiles: bf16 reuses each decoded weight tile over 128 rows on 8 warps (the
+    # accumulators need the registers of two warp groups); fp32 dots keep 64 rows.
+    block_m = 16 if decode else 64 if ieee else 128
+    warps = 8 if block_m == 128 else 4
+    flags = {"IEEE": ieee, "WIDEN": _WIDEN, "BLOCK_M": block_m, "LISTED": slots < num_experts,
+             "SCALES_FIT": scales_fit}  # fmt: skip
+    # fp32 dots run on the FMA units, whose operands all sit in registers: one group per
+    # K step keeps them there; bf16 tiles go to the tensor cores four groups at a time.
+    # Decode (16-row tiles) streams each expert's weight through 64-column tiles; prefill
+    # reuses each decoded tile over its rows. With a handful of pairs (one token's experts)
+    # few programs have work, so gate/up splits its columns finer, four K steps in flight.
+    most_k = GROUP if ieee else 4 * GROUP
+    most_n = 64 if ieee or block_m == 16 else 128
+    few = not ieee and pairs <= FEW_PAIRS
+    bn, bk = _tile(inter, most_n // 2 if few else most_n), _tile(d_in, most_k)
+    _fp4_gate_up_kernel[(slots, triton.cdiv(inter, bn))](
+        x,
+        groups.rows,
+        w13,
+        w13_s,
+        groups.scale,
+        groups.ends,
+        groups.experts,
+        h,
+        inter,
+        d_in,
+        float(swiglu_limit),
+        CLAMP=swiglu_limit > 0,
+        EVEN=d_in % bk == 0 and inter % bn == 0,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_stages=4 if few else 3,
+        num_warps=warps,
+        **flags,
+    )
+    bn, bk = _tile(d_out, most_n), _tile(inter, most_k)
+    even = inter % bk == 0 and d_out % bn == 0
+    _fp4_down_kernel[(slots, triton.cdiv(d_out, bn))](
+        h,
+        w2,
+        w2_s,
+        groups.ends,
+        groups.experts,
+        groups.order,
+        y,
+        d_out,
+        inter,
+        EVEN=even,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=warps,
+        **flags,
+    )
