@@ -318,7 +318,12 @@ def slot_windows(
     pool, slots, phase = rows.pool, rows.slots, at.phase
     if pool.hist_kv_buf is not None:
         assert pool.hist_score_buf is not None
-        row = (at.index * rows.ratio + phase) % pool.hist_kv_buf.shape[1]  # position % keep
+        keep = pool.hist_kv_buf.shape[1]
+
+        def ring_row() -> Tensor:  # position % keep, once a step for every ring of its shape
+            return (at.index * rows.ratio + phase) % keep
+
+        row = rows.step_memo.get(("history row", rows.ratio, keep), ring_row)
         pool.hist_kv_buf[slots, row] = kv[:, 0]
         pool.hist_score_buf[slots, row] = score[:, 0]
     if rows.ratio == 1:  # every token is a whole window: nothing to buffer
