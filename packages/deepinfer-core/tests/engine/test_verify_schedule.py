@@ -26,13 +26,21 @@ import pytest
 import torch
 from torch import Tensor
 
-from deepinfer.engine import step_overhead, verify_schedule
+from deepinfer.engine import decision_spells, step_overhead
 from deepinfer.engine.request import Request
 from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
-from deepinfer.engine.verify_schedule import PROBE_ROUNDS, QUIET_STEPS, AdaptiveVerifier
+from deepinfer.engine.verify_schedule import PROBE_ROUNDS, AdaptiveVerifier
 from deepinfer.outputs import RequestMetrics
 from deepinfer.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def _weigh_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check each weighing: no finding stands for later steps
+    (test_decision_spells.py checks the spells)."""
+    monkeypatch.setattr(decision_spells, "QUIET_STEPS", 0)
+    monkeypatch.setattr(decision_spells, "STEADY_STEPS", 0)
 
 
 def _request(name: str, temperature: float = 0.0) -> Request:
@@ -221,50 +229,11 @@ def test_the_steps_host_work_is_priced() -> None:
     greedy.mean_survival = [0.2, 0.04, 0.008]
     a, b = _request("a"), _request("b")
     assert not verifier.drafting_pays([a, b], 3)
-    assert not verifier.drafting_pays([a, b], 3)  # a quiet step after it (next test)
-    greedy.mean_survival = [0.2, 0.04, 0.008]  # as before the decisions' aging
+    greedy.mean_survival = [0.2, 0.04, 0.008]  # as before the decision's aging
     overhead.plain = 4.0
     assert verifier.drafting_pays([a, b], 3)
     overhead.round = 6.0
     assert not verifier.drafting_pays([a, b], 3)
-
-
-def test_a_batch_found_not_to_pay_is_weighed_again_after_quiet_spells(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The rows, costs and survivals of the test above, without host work: drafting never
-    pays. The batch is weighed at steps 0, 2, 5, 10, 19 and 28: quiet spells of 1, 2, 4 and
-    then QUIET_STEPS = 8 steps, every step counted as a round not drafted and aged alike. A
-    batch of other rows is weighed at once, and a batch found to pay ends the spells."""
-    assert QUIET_STEPS == 8
-    weighed: list[int] = []
-    now = [0]
-    plan = verify_schedule.drafting_plan
-
-    def recorded(*args: object, **kwargs: object) -> object:
-        weighed.append(now[0])
-        return plan(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(verify_schedule, "drafting_plan", recorded)
-    cost = StepCost.by_tokens(VerifyCost.from_table({1: 1.5}), VerifyCost.from_table({1: 1.0}))
-    verifier = AdaptiveVerifier(cost, VerifyCost.from_table({1: 0.2}))
-    greedy = verifier.learnt[False]
-    a, b, c = _request("a"), _request("b"), _request("c")
-
-    def pays(reqs: list[Request], step: int, survivals: list[float]) -> bool:
-        now[0] = step
-        greedy.mean_survival = survivals  # set anew: aging would move it
-        return verifier.drafting_pays(reqs, 3)
-
-    low, high = [0.2, 0.04, 0.008], [1.0, 1.0, 1.0]
-    assert not any(pays([a, b], step, low) for step in range(29))
-    assert weighed == [0, 2, 5, 10, 19, 28] and verifier.skipped == 29
-    assert not pays([a, b, c], 29, low) and weighed[-1] == 29  # other rows: weighed at once
-    assert not pays([a, b, c], 30, high) and weighed[-1] == 29  # its quiet step
-    assert pays([a, b, c], 31, high) and weighed[-1] == 31
-    assert not pays([a, b, c], 32, low) and weighed[-1] == 32
-    assert not pays([a, b, c], 33, low) and weighed[-1] == 32  # the spells anew: one step
-    assert not pays([a, b, c], 34, low) and weighed[-1] == 34
 
 
 def test_rounds_are_probed_until_their_host_work_is_measured() -> None:

@@ -38,6 +38,7 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor
 
 from deepinfer.engine import profile_cache
+from deepinfer.engine.decision_spells import DecisionSpells, Finding
 from deepinfer.engine.draft_cost import ProfiledDrafter, profile_draft_cost
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
@@ -68,12 +69,6 @@ MIN_PREDICTED_GAIN = 0.04
 #: :data:`PROBE_ROUNDS` rounds that come this close are drafted and timed.
 PROBE_LOSS = 0.5
 PROBE_ROUNDS = 4
-#: After drafting was found not to pay, the same batch (as many rows, as many of them
-#: sampled) is not weighed again for one step, then for twice as many after each such finding
-#: in a row for it, up to this many: weighing a batch costs host time in proportion to its rows at
-#: every step (a share of a plain step at large batches on a GPU), while its answer moves only
-#: as fast as aging moves what was learnt back towards the prior.
-QUIET_STEPS = 8
 
 
 @runtime_checkable
@@ -212,11 +207,8 @@ class AdaptiveVerifier:
         #: and what the rounds drafted so and not verified yet count on.
         self._decided: dict[Request, float] = {}
         self._foreseen: dict[Request, float] = {}
-        #: The batch (rows, sampled rows, k) last found not to pay, steps it is not weighed
-        #: again for, and the length of the latest such quiet spell (:data:`QUIET_STEPS`).
-        self._quiet: tuple[int, int, int] | None = None
-        self._quiet_left = 0
-        self._quiet_steps = 0
+        #: How long the latest decision to draft (or not) stands (:mod:`.decision_spells`).
+        self.spells = DecisionSpells()
 
     def expect(self, prior: Mapping[bool, Sequence[float]] | None) -> None:
         """Start each regime (True: sampled) from the drafter's own acceptance per position
@@ -288,12 +280,15 @@ class AdaptiveVerifier:
         of a round of each request's regime, its draft calibration applied: the mean is of
         survivals the confidences' calibration already scaled, see the module);
         counts the rounds it turns down (and ages what was learnt of their regimes), and
-        remembers what the others count on. A batch found not to pay is not weighed again
-        for a few steps (:data:`QUIET_STEPS`)."""
+        remembers what the others count on. A finding stands for a few steps of the same
+        batch (:mod:`.decision_spells`)."""
         regimes = [sampled(req.params.temperature) for req in reqs]
         batch = (len(reqs), sum(regimes), k)
-        if self._quiet_left and batch == self._quiet:
-            self._quiet_left -= 1
+        standing = self.spells.standing(batch)
+        if standing is not None and standing.pays:
+            self._decide(reqs, regimes, standing.counted or {}, standing.lengths or [])
+            return True
+        if standing is not None:
             self._skip(set(regimes), k)
             return False
         expected = {g: self.learnt[g].survivals(k) for g in set(regimes)}
@@ -306,17 +301,25 @@ class AdaptiveVerifier:
         found = drafting_plan(past, load, seconds, drafting, self._margin())
         if found is None:
             self._skip(expected, k)
-            spell = self._quiet_steps if batch == self._quiet else 0
-            self._quiet_steps = min(2 * spell or 1, QUIET_STEPS)
-            self._quiet, self._quiet_left = batch, self._quiet_steps
+            self.spells.found(Finding(batch))
             return False
-        self._quiet_steps = self._quiet_left = 0
-        lengths = found.lengths
         counted = {g: list(itertools.accumulate(expected[g], initial=0.0)) for g in expected}
+        self.spells.found(Finding(batch, counted, found.lengths))
+        self._decide(reqs, regimes, counted, found.lengths)
+        return True
+
+    def _decide(
+        self,
+        reqs: Sequence[Request],
+        regimes: Sequence[bool],
+        counted: Mapping[bool, list[float]],
+        lengths: Sequence[int],
+    ) -> None:
+        """Remember what drafting ``lengths`` for ``reqs`` counts on (by each regime's
+        cumulative survivals ``counted``), for the draft calibration."""
         self._decided = {
             req: counted[g][n] for req, g, n in zip(reqs, regimes, lengths, strict=True)
         }
-        return True
 
     def _skip(self, regimes: Iterable[bool], k: int) -> None:
         """Count a round not drafted, and age what was learnt of its ``regimes``."""
