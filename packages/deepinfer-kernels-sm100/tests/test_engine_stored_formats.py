@@ -47,9 +47,10 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
-from deepinfer.models.stored_formats import hold_fp4, hold_fp8
+from deepinfer.models.stored_formats import hold_fp4, hold_fp8, note_fp4_scale_range
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
+from deepinfer_kernels_sm100 import fp4_gluon
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -136,13 +137,14 @@ def _re_rounded(seed: int) -> _ReRounded:
     return ops
 
 
-def _stored_formats_model() -> DeepseekV4ForCausalLM:
-    """The tiny V4 model of ``test_model_on_kernels``: FP8 projections, FP4 routed experts,
-    the kernels' op table."""
-    model = DeepseekV4ForCausalLM(tiny_fp8_config(), dtype=torch.float32, device=DEVICE)
+def _stored_formats_model(dtype: torch.dtype = torch.float32) -> DeepseekV4ForCausalLM:
+    """The tiny V4 model of ``test_model_on_kernels``: FP8 projections, FP4 routed experts
+    (their scale range noted, as the loader notes it), the kernels' op table."""
+    model = DeepseekV4ForCausalLM(tiny_fp8_config(), dtype=dtype, device=DEVICE)
     quant = QuantSettings(quant_method="fp8", weight_block_size=(128, 128), expert_dtype="fp4")
     assert hold_fp8(model, quant) and hold_fp4(model, quant)
     fill_dummy_weights(model, seed=3)
+    note_fp4_scale_range(model)
     model.ops = _bind(Sm100Backend)
     return model.eval()
 
@@ -330,6 +332,26 @@ def test_batch_invariant_engine_equals_the_loop_exactly(
     got, _ = _engine_greedy(model, prompts, workload, batch_invariant=True)
     want = [_greedy_loop(model, p, workload.max_tokens, one_by_one=True)[0] for p in prompts]
     assert got == want
+
+
+@pytest.mark.skipif(
+    DEVICE != "cuda" or not fp4_gluon.READY or torch.cuda.get_device_capability()[0] != 9,
+    reason="the Gluon FP4 expert kernels run on Hopper only",
+)
+def test_bf16_engine_on_the_gluon_experts_equals_the_loop_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In bf16, with scales that fit, every token's routed experts run fp4_gluon's kernels
+    (their launches counted); batch-invariant, the engine's greedy tokens equal the loop's
+    feeding one token a step, exactly, prefix-cache hits included."""
+    model = _stored_formats_model(torch.bfloat16)
+    launches = []
+    launch = fp4_gluon.launch
+    monkeypatch.setattr(fp4_gluon, "launch", lambda *a, **k: launches.append(1) or launch(*a, **k))
+    prompts = _prompts(model, WORKLOAD)
+    got, _ = _engine_greedy(model, prompts, WORKLOAD, batch_invariant=True)
+    want = [_greedy_loop(model, p, WORKLOAD.max_tokens, one_by_one=True)[0] for p in prompts]
+    assert launches and got == want
 
 
 def test_a_divergence_at_a_clear_gap_fails(
