@@ -60,7 +60,7 @@ class DecisionSpells:
         if finding.pays:
             self._quiet, self._left = 0, STEADY_STEPS
         else:
-            again = self.latest is not None and not self.latest.pays
-            spell = self._quiet if again and self.latest.batch == finding.batch else 0  # type: ignore[union-attr]
-            self._quiet = self._left = min(2 * spell or 1, QUIET_STEPS)
+            latest = self.latest
+            again = latest is not None and not latest.pays and latest.batch == finding.batch
+            self._quiet = self._left = min(2 * self._quiet if again else 1, QUIET_STEPS)
         self.latest = finding
