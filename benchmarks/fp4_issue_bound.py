@@ -143,18 +143,22 @@ def _compile(spec: dict[str, Any]) -> Any:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def _sass(cubin: bytes) -> list[tuple[int, str]]:
-    """(address, instruction) of the cubin's SASS, by the cuobjdump in Triton's wheel."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """The output of the cuobjdump in Triton's wheel run with ``flag`` on ``cubin``."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run(
-            [str(tool), "-sass", f.name], capture_output=True, text=True, check=True
+        return subprocess.run(
+            [str(tool), flag, f.name], capture_output=True, text=True, check=True
         ).stdout
-    found = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)
+
+
+def _sass(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) of the cubin's SASS."""
+    found = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", _cuobjdump(cubin, "-sass"))
     return [(int(a, 16), ins.strip()) for a, ins in found]
 
 
@@ -203,16 +207,7 @@ def analyse(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 def _registers(cubin: bytes) -> int | None:
     """Registers a thread of the cubin's kernel takes (cuobjdump's resource usage)."""
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run(
-            [str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    found = re.search(r"REG:(\d+)", text)
+    found = re.search(r"REG:(\d+)", _cuobjdump(cubin, "-res-usage"))
     return int(found.group(1)) if found else None
 
 
