@@ -50,7 +50,7 @@ from deepinfer.models.dummy_weights import fill_dummy_weights
 from deepinfer.models.stored_formats import hold_fp4, hold_fp8, note_fp4_scale_range
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
-from deepinfer_kernels_sm100 import fp4_gluon
+from deepinfer_kernels_sm100 import fp4_gluon, gluon_support
 from deepinfer_kernels_sm100.backend import Sm100Backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -335,7 +335,7 @@ def test_batch_invariant_engine_equals_the_loop_exactly(
 
 
 @pytest.mark.skipif(
-    DEVICE != "cuda" or not fp4_gluon.READY or torch.cuda.get_device_capability()[0] != 9,
+    not gluon_support.on_hopper(torch.device(DEVICE)),
     reason="the Gluon FP4 expert kernels run on Hopper only",
 )
 def test_bf16_engine_on_the_gluon_experts_equals_the_loop_exactly(

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.models.quant import dequant_fp4_e2m1
-from deepinfer_kernels_sm100 import fp4_gluon, fp4_moe
+from deepinfer_kernels_sm100 import fp4_gluon, fp4_moe, gluon_support
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 U32 = 2.0**-24
@@ -319,8 +319,8 @@ GLUON_TILES = {
 
 
 def _hopper_gluon() -> None:
-    if not (fp4_gluon.READY and torch.cuda.get_device_capability()[0] == 9):
-        pytest.skip("the Gluon kernels run on Hopper with Gluon of fp4_gluon.GLUON_RELEASES")
+    if not gluon_support.on_hopper(torch.device(DEVICE)):
+        pytest.skip("the Gluon kernels run on Hopper with Gluon of gluon_support.GLUON_RELEASES")
 
 
 def _gluon_against_references(

@@ -31,14 +31,13 @@ prefill tiles, scales past 128, other GPUs) run the Triton kernels.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
-import triton
 from torch import Tensor
 
-from deepinfer_kernels_sm100.devices import capability_major, sm_count
+from deepinfer_kernels_sm100.devices import sm_count
+from deepinfer_kernels_sm100.gluon_support import on_hopper
 
 try:  # Gluon ships with Triton 3.5 and later
     from triton.experimental import gluon
@@ -48,14 +47,6 @@ try:  # Gluon ships with Triton 3.5 and later
 except ImportError:  # pragma: no cover - older Triton: the Triton kernels serve
     HAVE_GLUON = False
 
-#: Triton releases whose Gluon these kernels are written for (as :mod:`.fp8_wgmma`'s).
-GLUON_RELEASES = ("3.6.", "3.7.")
-#: Whether this process can run the kernels: Gluon of :data:`GLUON_RELEASES`, not the interpreter.
-READY = (
-    HAVE_GLUON
-    and triton.__version__.startswith(GLUON_RELEASES)
-    and os.environ.get("TRITON_INTERPRET") != "1"
-)
 #: K elements a warp takes per step (one scale group a lane), and output features a warp
 STEP_K, WARP_ROWS = 128, 16
 #: The hidden activation stored with each 8 columns in the decoding's pair order, so the down
@@ -80,12 +71,13 @@ OVERRIDE: dict[str, Tiles] = {}
 
 
 def usable(x: Tensor, w13: Tensor, w2: Tensor, *, scales_fit: bool, decode: bool) -> bool:
-    """Whether these kernels run the experts: :data:`READY` on a Hopper GPU (compute capability
-    9.x), bf16 activations, scale bytes known to fit, the decode batches' 16-row tiles, d and I
-    multiples of a K step, and 16-byte aligned operands."""
-    if not READY or not decode or not scales_fit or x.dtype != torch.bfloat16:
+    """Whether these kernels run the experts: on a Hopper GPU with Gluon
+    (:func:`.gluon_support.on_hopper`), bf16 activations, scale bytes known to fit, the
+    decode batches' 16-row tiles, d and I multiples of a K step, and 16-byte aligned
+    operands."""
+    if not decode or not scales_fit or x.dtype != torch.bfloat16 or not on_hopper(x.device):
         return False
-    if capability_major(x.device) != 9 or x.shape[1] % STEP_K or 2 * w2.shape[2] % STEP_K:
+    if x.shape[1] % STEP_K or 2 * w2.shape[2] % STEP_K:
         return False
     return all(t.data_ptr() % 16 == 0 for t in (x, w13, w2))
 

@@ -27,14 +27,14 @@ serves Blackwell (no wgmma) and weight blocks narrower than a step (V4.1's 32 x 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import triton
 from torch import Tensor
 
-from deepinfer_kernels_sm100.devices import capability_major, sm_count
+from deepinfer_kernels_sm100.devices import sm_count
+from deepinfer_kernels_sm100.gluon_support import on_hopper
 
 try:  # Gluon ships with Triton 3.5 and later
     from triton.experimental import gluon
@@ -52,9 +52,6 @@ try:  # Gluon ships with Triton 3.5 and later
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel serves
     HAVE_GLUON = False
 
-#: Triton releases whose Gluon (its API still changes) this kernel is written for: 3.6 ran it
-#: on the H200, CI compiles it with 3.7; under others the Triton kernel serves.
-GLUON_RELEASES = ("3.6.", "3.7.")
 #: Rows from which the 128-row tiles on eight warps run (each weight tile serves twice the
 #: rows, one program to an SM); below, 64-row tiles on four warps give more programs.
 WIDE_M = 1024
@@ -69,20 +66,11 @@ NARROW_N = 64
 _OUT_GL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-#: Whether this process can run the kernel at all: Gluon of :data:`GLUON_RELEASES`, and not
-#: Triton's interpreter (read once, as the kernel modules read it when their kernels are made).
-READY = (
-    HAVE_GLUON
-    and triton.__version__.startswith(GLUON_RELEASES)
-    and os.environ.get("TRITON_INTERPRET") != "1"
-)
-
-
 def usable(device: torch.device, block: tuple[int, int], group_n: int) -> bool:
-    """Whether this kernel runs the prefill GEMM: :data:`READY` on a Hopper GPU (compute
-    capability 9.x), weight blocks of whole 128-column steps and 128-row tiles, and column
-    groups of whole tiles."""
-    if not READY or capability_major(device) != 9:
+    """Whether this kernel runs the prefill GEMM: on a Hopper GPU with Gluon
+    (:func:`.gluon_support.on_hopper`), weight blocks of whole 128-column steps and 128-row
+    tiles, and column groups of whole tiles."""
+    if not on_hopper(device):
         return False
     return block[0] % BLOCK_N == 0 and block[1] % BLOCK_K == 0 and group_n % BLOCK_N == 0
 
@@ -114,21 +102,12 @@ if HAVE_GLUON:
         )
 
     @gluon.jit
-    def _load_step(  # noqa: PLR0917
-        a_desc,
-        w_desc,
-        a_bufs,
-        w_bufs,
-        ready,
-        kb,
-        k_tiles,
-        off_m,
-        a_col,
-        off_n,
-        STAGES: gl.constexpr,
-        BLOCK_K: gl.constexpr,
-    ):
-        """Start the copies of K step ``kb`` into slot ``kb % STAGES`` (none past the last)."""
+    def _load_step(src, ring, kb, k_tiles, STAGES: gl.constexpr, BLOCK_K: gl.constexpr):  # noqa: PLR0917
+        """Start the copies of K step ``kb`` into slot ``kb % STAGES`` (none past the last).
+        ``src``: (A's descriptor, W's, the tile's row, A's first column, the tile's column);
+        ``ring``: (A's slots, W's slots, their barriers)."""
+        a_desc, w_desc, off_m, a_col, off_n = src
+        a_bufs, w_bufs, ready = ring
         s = kb % STAGES
         pred = kb < k_tiles
         bar = ready.index(s)
@@ -141,20 +120,19 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _issue_step(  # noqa: PLR0917
-        a_bufs,
-        w_bufs,
-        ready,
+        ring,
         acc,
         kb,
-        a_scales,
-        row_ok,
-        w_scales,
+        scales,
         STAGES: gl.constexpr,
         STEPS_PER_W: gl.constexpr,
         SCALE_UE8M0: gl.constexpr,
     ):
         """Wait for step ``kb``'s operands, start its wgmma from zero into ``acc``'s registers
-        and load its scales per row (needed once the wgmma retires: the load hides behind)."""
+        and load its scales per row (needed once the wgmma retires: the load hides behind).
+        ``scales``: (the rows' activation scales, which rows are in range, the weight's)."""
+        a_bufs, w_bufs, ready = ring
+        a_scales, row_ok, w_scales = scales
         s = kb % STAGES
         mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
         acc = warpgroup_mma(
@@ -165,6 +143,34 @@ if HAVE_GLUON:
             w_scale = _ue8m0_to_fp32(w_scale)
         scale = gl.load(a_scales + kb, mask=row_ok, other=0.0) * w_scale
         return acc, scale
+
+    @gluon.jit
+    def _turn(  # noqa: PLR0917
+        src,
+        ring,
+        scales,
+        acc,
+        kb,
+        held,
+        held_scale,
+        total,
+        k_tiles,
+        STAGES: gl.constexpr,
+        STEPS_PER_W: gl.constexpr,
+        SCALE_UE8M0: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+    ):
+        """One half of the unrolled loop: issue step ``kb`` into ``acc``, retire the step
+        before it (``held``, issued into the other accumulator, whose registers come back
+        for its next step) and promote it into ``total``, then refill that step's slot with
+        step ``kb - 1 + STAGES``."""
+        acc, scale = _issue_step(ring, acc, kb, scales, STAGES, STEPS_PER_W, SCALE_UE8M0)
+        held = warpgroup_mma_wait(num_outstanding=1, deps=(held,))
+        total = _pin(total + held * held_scale[:, None])
+        # step kb - 1's slot is free: its wgmma retired (and, by the barrier Triton puts
+        # before the copy, the other warpgroup's too)
+        _load_step(src, ring, kb - 1 + STAGES, k_tiles, STAGES, BLOCK_K)
+        return acc, scale, held, total
 
     @gluon.jit(do_not_specialize=["m"])
     def _fp8_wgmma_kernel(  # noqa: PLR0917 (Gluon kernels take positional arguments)
@@ -209,120 +215,37 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
         fence_async_shared()  # the barriers' init visible to the copy engine
+        src = (a_desc, w_desc, off_m, a_col, off_n)
+        ring = (a_bufs, w_bufs, ready)
         for i in gl.static_range(STAGES):
-            _load_step(
-                a_desc,
-                w_desc,
-                a_bufs,
-                w_bufs,
-                ready,
-                i,
-                k_tiles,
-                off_m,
-                a_col,
-                off_n,
-                STAGES,
-                BLOCK_K,
-            )
+            _load_step(src, ring, i, k_tiles, STAGES, BLOCK_K)
 
         rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         row_ok = rows < m
         a_scales = as_ptr + rows.to(gl.int64) * (lda // BLOCK_K) + a_col // BLOCK_K
         w_scales = ws_ptr + off_n // W_BN * gl.cdiv(k, W_BK)
+        scales = (a_scales, row_ok, w_scales)
+        per_w: gl.constexpr = W_BK // BLOCK_K
 
         # X and Y take turns: one computes step kb while the other, holding kb - 1, is
         # promoted into ``total``. Step 0 is peeled: X in flight on entry to each iteration.
         acc_x = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=layout)
         acc_y = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=layout)
         total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=layout)
-        acc_x, scale_x = _issue_step(
-            a_bufs,
-            w_bufs,
-            ready,
-            acc_x,
-            0,
-            a_scales,
-            row_ok,
-            w_scales,
-            STAGES,
-            W_BK // BLOCK_K,
-            SCALE_UE8M0,
-        )
+        acc_x, scale_x = _issue_step(ring, acc_x, 0, scales, STAGES, per_w, SCALE_UE8M0)
         for kb in range(1, k_tiles - 1, 2):
-            acc_y, scale_y = _issue_step(
-                a_bufs,
-                w_bufs,
-                ready,
-                acc_y,
-                kb,
-                a_scales,
-                row_ok,
-                w_scales,
-                STAGES,
-                W_BK // BLOCK_K,
-                SCALE_UE8M0,
-            )
-            acc_x = warpgroup_mma_wait(num_outstanding=1, deps=(acc_x,))
-            total = _pin(total + acc_x * scale_x[:, None])
-            # step kb - 1's slot is free: its wgmma retired (and, by the barrier Triton puts
-            # before the copy, the other warpgroup's too)
-            _load_step(
-                a_desc,
-                w_desc,
-                a_bufs,
-                w_bufs,
-                ready,
-                kb - 1 + STAGES,
-                k_tiles,
-                off_m,
-                a_col,
-                off_n,
-                STAGES,
-                BLOCK_K,
-            )
-            acc_x, scale_x = _issue_step(
-                a_bufs,
-                w_bufs,
-                ready,
-                acc_x,
-                kb + 1,
-                a_scales,
-                row_ok,
-                w_scales,
-                STAGES,
-                W_BK // BLOCK_K,
-                SCALE_UE8M0,
-            )
-            acc_y = warpgroup_mma_wait(num_outstanding=1, deps=(acc_y,))
-            total = _pin(total + acc_y * scale_y[:, None])
-            _load_step(
-                a_desc,
-                w_desc,
-                a_bufs,
-                w_bufs,
-                ready,
-                kb + STAGES,
-                k_tiles,
-                off_m,
-                a_col,
-                off_n,
-                STAGES,
-                BLOCK_K,
-            )
+            acc_y, scale_y, acc_x, total = _turn(
+                src, ring, scales, acc_y, kb, acc_x, scale_x, total, k_tiles,
+                STAGES, per_w, SCALE_UE8M0, BLOCK_K,
+            )  # fmt: skip
+            acc_x, scale_x, acc_y, total = _turn(
+                src, ring, scales, acc_x, kb + 1, acc_y, scale_y, total, k_tiles,
+                STAGES, per_w, SCALE_UE8M0, BLOCK_K,
+            )  # fmt: skip
         # X holds the last step issued; with an even step count one more is left
         if k_tiles % 2 == 0:
             last, last_scale = _issue_step(
-                a_bufs,
-                w_bufs,
-                ready,
-                acc_y,
-                k_tiles - 1,
-                a_scales,
-                row_ok,
-                w_scales,
-                STAGES,
-                W_BK // BLOCK_K,
-                SCALE_UE8M0,
+                ring, acc_y, k_tiles - 1, scales, STAGES, per_w, SCALE_UE8M0
             )
             part_x = warpgroup_mma_wait(num_outstanding=1, deps=(acc_x,))
             total += part_x * scale_x[:, None]
