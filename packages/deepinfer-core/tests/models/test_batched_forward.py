@@ -66,6 +66,37 @@ def test_slotted_states_equal_separate_forwards(model: DeepseekV4ForCausalLM) ->
     )
 
 
+def test_states_made_together_are_fresh_and_their_own(model: DeepseekV4ForCausalLM) -> None:
+    """``new_states(n)`` resets the rows of every slot it hands out at once (slots that held
+    other sequences, and slots the pool grew for): each state equals one the model builds,
+    in every slotted tensor and counter, its Python objects are its own, and its sequence then
+    runs as it does in a state of its own tensors."""
+    slots = StateSlots(
+        lambda: model.new_state(1, slack=3), max_slots=8, max_len=4096, initial_slots=2
+    )
+    gen = torch.Generator().manual_seed(5)
+    used = slots.new_states(3)
+    model(ForwardBatch.build([text_ids(model, gen, 70) for _ in used], used))
+    for state in used:
+        slots.release(state)
+    fresh = slots.new_states(5)  # three recycled slots, two the pool grows for
+    reference = model.new_state(1, slack=3)
+    for state in fresh:
+        assert state.pos == 0 and state.slot > 0
+        for f in slots.fields:
+            got, want = getattr(f.owner(state), f.name), getattr(f.owner(reference), f.name)
+            assert torch.equal(got, want), f
+        for layer, ref in zip(state.layers, reference.layers, strict=True):
+            assert layer.swa.length == ref.swa.length == 0
+    first, second = fresh[0].layers[0], fresh[1].layers[0]
+    assert first is not second and first.swa is not second.swa
+    assert first.swa.marks is not second.swa.marks
+    chunks = [text_ids(model, gen, n) for n in (1, 17, 40, 70, 129)]
+    got = model(ForwardBatch.build(chunks, fresh)).logits
+    want = torch.stack([model.step(c[None], model.new_state(1, slack=3))[0, -1] for c in chunks])
+    assert float((want - got).abs().max()) < 5e-5
+
+
 def _check_against_separate(
     model: DeepseekV4ForCausalLM,
     new_state: Callable[[int], ModelState],

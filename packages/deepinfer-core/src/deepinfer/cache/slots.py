@@ -13,8 +13,14 @@ preempted. Row 0 is never handed out: padding rows of a captured batch write the
 tensors grow (doubling, up to ``max_slots`` sequences) as more sequences run at once, so
 memory follows the peak number of running sequences, which the engine's ``max_num_seqs``
 bounds; growing moves the tensors (a captured step is keyed by their addresses). A slot's
-rows are initialised from the state handed in, so nothing of an earlier sequence remains
-visible even to a masked read.
+rows are initialised from the state handed in, or for a fresh state from a template's, so
+nothing of an earlier sequence remains visible even to a masked read.
+
+Fresh states (:meth:`StateSlots.new_states`) are not built by the model and copied in: a
+state's Python objects are copied from a template state's, and the rows of every slot handed
+out at once are reset together, one copy per slotted tensor, where building and copying
+would cost one allocation and one copy per tensor and sequence (hundreds of tensors a state
+at V4-Flash's depth).
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from deepinfer.cache.pages import PageTable
-from deepinfer.models.state import BUFFERS, CompressorState, ModelState
+from deepinfer.models.state import BUFFERS, CompressorState, LayerState, ModelState
 from deepinfer.paging import PAGE_TOKENS, PageMap, pages_for
 
 
@@ -93,6 +100,32 @@ def _compressors(state: ModelState) -> dict[tuple[int, str], CompressorState]:
     }
 
 
+def _fresh_copy(comp: CompressorState | None) -> CompressorState | None:
+    if comp is None:
+        return None
+    new = copy.copy(comp)
+    new.marks = {}
+    if comp.entries_buf is not None:  # empty (a fresh state's): its own, grown on append
+        new.entries_buf = comp.entries_buf.clone()
+    return new
+
+
+def _fresh_layer(layer: LayerState) -> LayerState:
+    swa = copy.copy(layer.swa)
+    swa.marks = {}
+    return LayerState(swa, _fresh_copy(layer.compressor), _fresh_copy(layer.indexer))
+
+
+def _shell(template: ModelState) -> ModelState:
+    """A state with Python objects of its own, shaped and counted as the fresh ``template``:
+    its slotted tensors are the template's until :meth:`StateSlots._point` points them at a
+    slot (the template's are never written)."""
+    state = copy.copy(template)
+    state.layers = [_fresh_layer(layer) for layer in template.layers]
+    state.mtp = [_fresh_layer(layer) for layer in template.mtp]
+    return state
+
+
 class StateSlots:
     """Hands out slots of shared state tensors to single-sequence states (see the module).
 
@@ -114,11 +147,15 @@ class StateSlots:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self._new_state = new_state
         self.max_slots = max_slots
-        template = new_state()
+        self._template = template = new_state()
         if template.batch_size != 1:
             raise ValueError("StateSlots holds single-sequence states (batch_size 1)")
         rows = min(initial_slots, max_slots) + 1  # + the padding row
         self.fields = _fields(template)
+        #: A fresh state's rows, one per slotted tensor: what a new slot is reset to.
+        self._blank = [getattr(f.owner(template), f.name) for f in self.fields]
+        # An MTP layer with compressors keeps tensors of its own, which a shell would share.
+        self._shells = all(m.compressor is None and m.indexer is None for m in template.mtp)
         self.tensors: list[Tensor] = []
         for f in self.fields:
             t = getattr(f.owner(template), f.name)
@@ -152,7 +189,30 @@ class StateSlots:
 
     def new_state(self) -> ModelState:
         """A fresh single-sequence state whose fixed-size tensors live in a free slot."""
-        return self._adopt(self._new_state())
+        return self.new_states(1)[0]
+
+    def new_states(self, n: int) -> list[ModelState]:
+        """``n`` fresh single-sequence states in free slots (see the module): the slots'
+        rows reset together, one copy per slotted tensor."""
+        if not self._shells:
+            return [self._adopt(self._new_state()) for _ in range(n)]
+        slots = [self._take_slot() for _ in range(n)]  # (growing first: it moves the tensors)
+        if n == 1:
+            for t, blank in zip(self.tensors, self._blank, strict=True):
+                t[slots[0]].copy_(blank[0])
+        elif n:
+            index = torch.tensor(slots, device=self.tensors[0].device)
+            for t, blank in zip(self.tensors, self._blank, strict=True):
+                t.index_copy_(0, index, blank.expand(n, *blank.shape[1:]))
+        states = []
+        for slot in slots:
+            state = _shell(self._template)
+            self._live[slot] = state
+            self._point(state, slot)
+            if self.page_table is not None:
+                self.page_table.share(slot, [])
+            states.append(state)
+        return states
 
     def adopt(self, state: ModelState) -> ModelState:
         """Move ``state``, built on its own (``model.new_state(1)``, then run), into a free
@@ -202,9 +262,7 @@ class StateSlots:
         for t, f in zip(self.tensors, self.fields, strict=True):
             if getattr(f.owner(state), f.name).shape[1:] != t.shape[1:]:
                 raise ValueError("state layout differs from the pool's (model or slack)")
-        if not self._free:
-            self._grow()
-        slot = self._free.pop()
+        slot = self._take_slot()
         shared = shared or []
         first = len(shared) * PAGE_TOKENS  # tokens whose entries are in the shared pages
         comps = _compressors(state)
@@ -221,6 +279,11 @@ class StateSlots:
             comps[key].count = first // comps[key].ratio
             comps[key].append_entries(tail)
         return state
+
+    def _take_slot(self) -> int:
+        if not self._free:
+            self._grow()
+        return self._free.pop()
 
     def _grow(self) -> None:
         old = self.num_slots

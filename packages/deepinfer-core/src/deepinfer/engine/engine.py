@@ -99,7 +99,7 @@ class LLMEngine:
             self.slots.page_table.reclaim = self.prefix_cache.reclaim_page
         self.scheduler = Scheduler(
             self.pool,
-            self.slots.new_state,
+            self.slots.new_states,
             release_state=self.slots.release,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

@@ -40,7 +40,7 @@ class Scheduler:
     def __init__(
         self,
         pool: StatePool,
-        new_state: Callable[[], ModelState],
+        new_states: Callable[[int], list[ModelState]],
         *,
         release_state: Callable[[ModelState], None] | None = None,
         max_num_seqs: int,
@@ -48,7 +48,9 @@ class Scheduler:
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.pool = pool
-        self.new_state = new_state
+        #: ``new_states(n)``: fresh states for the requests a step admits, made together
+        #: (cheaper than one by one, see :meth:`.StateSlots.new_states`).
+        self.new_states = new_states
         self.release_state = release_state
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -157,6 +159,7 @@ class Scheduler:
             self._make_room(alone, min(alone.num_tokens, budget), out)
         elif out.preempted:  # the pool is full: admitting now would only thrash
             return out
+        fresh: list[Request] = []  # admitted without a cached prefix: their states come together
         for req in list(self.waiting):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
@@ -172,9 +175,9 @@ class Scheduler:
                     out.out_of_memory.append(req)
                 break
             if block is not None and self.prefix_cache is not None:
-                req.state = self.prefix_cache.restore(block, self.new_state)
+                req.state = self.prefix_cache.restore(block, lambda: self.new_states(1)[0])
             else:
-                req.state = self.new_state()
+                fresh.append(req)
             if self.prefix_cache is not None and req.metrics.first_scheduled_time is None:
                 # Counted once per request, at its first admission (not after preemptions).
                 req.metrics.num_cached_tokens = min(cached, req.num_prompt_tokens)
@@ -187,6 +190,8 @@ class Scheduler:
             self.running.append(req)
             out.scheduled[req] = n
             budget -= n
+        for req, state in zip(fresh, self.new_states(len(fresh)), strict=True):
+            req.state = state
         return out
 
     def _make_room(self, req: Request, num_tokens: int, out: SchedulerOutput) -> None:
