@@ -8,6 +8,7 @@ internals.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +41,10 @@ class PageMap(Protocol):
 
     def ensure(self, slot: int, num_tokens: int) -> None:
         """Give ``slot`` pages for the entries of its first ``num_tokens`` tokens."""
+        ...
+
+    def ensure_all(self, slots: Sequence[int], num_tokens: Sequence[int]) -> None:
+        """:meth:`ensure` for each of ``slots``, in one go."""
         ...
 
     def read(self, pages: Tensor, slot: int, start: int, stop: int) -> Tensor:

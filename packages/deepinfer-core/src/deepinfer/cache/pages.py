@@ -25,7 +25,7 @@ stays visible, even to a masked read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -90,32 +90,51 @@ class PageTable:
 
     def ensure(self, slot: int, num_tokens: int) -> None:
         """Give ``slot`` pages for the entries of its first ``num_tokens`` tokens."""
-        owned = self._owned.setdefault(slot, [])
-        need = pages_for(num_tokens)
-        if need <= len(owned):
-            return
-        if need > self.pages_per_slot:
-            raise RuntimeError(
-                f"{num_tokens} tokens exceed the entry pages' capacity of "
-                f"{self.pages_per_slot * PAGE_TOKENS} (the engine's max_model_len)"
+        self.ensure_all([slot], [num_tokens])
+
+    def ensure_all(self, slots: Sequence[int], num_tokens: Sequence[int]) -> None:
+        """:meth:`ensure` for each of ``slots``, the pages handed out zeroed and mapped
+        together: one copy to the device and one op per page tensor for the whole step (a
+        model has a page tensor per compressor), not per slot."""
+        new_pages: list[int] = []
+        cells: list[int] = []  # their table cells, flattened
+        for slot, n in zip(slots, num_tokens, strict=True):
+            owned = self._owned.setdefault(slot, [])
+            need = pages_for(n)
+            if need <= len(owned):
+                continue
+            if need > self.pages_per_slot:
+                raise RuntimeError(
+                    f"{n} tokens exceed the entry pages' capacity of "
+                    f"{self.pages_per_slot * PAGE_TOKENS} (the engine's max_model_len)"
+                )
+            self._take(need - len(owned))
+            new = [self._free.pop() for _ in range(need - len(owned))]
+            self._refs.update(dict.fromkeys(new, 1))
+            cells.extend(
+                range(slot * self.pages_per_slot + len(owned), slot * self.pages_per_slot + need)
             )
-        while need - len(owned) > self.num_free and self.reclaim is not None and self.reclaim():
+            owned.extend(new)
+            new_pages.extend(new)
+        if not new_pages:
+            return
+        index, where = to_device(torch.tensor([new_pages, cells]), self.table.device).unbind(0)
+        for pool in self.pools:
+            assert pool.pages is not None
+            pool.pages[index] = 0
+        self.table.view(-1)[where] = index
+
+    def _take(self, count: int) -> None:
+        """Have ``count`` free pages (reclaiming cached ones, growing), or RuntimeError."""
+        while count > self.num_free and self.reclaim is not None and self.reclaim():
             pass
-        if need - len(owned) > self.num_free:
+        if count > self.num_free:
             raise RuntimeError(
                 f"out of entry pages ({self.max_pages} in all): the state budget's accounting "
                 "should have preempted a sequence first"
             )
-        if need - len(owned) > len(self._free):
-            self._grow(need - len(owned))
-        new = [self._free.pop() for _ in range(need - len(owned))]
-        self._refs.update(dict.fromkeys(new, 1))
-        index = to_device(torch.tensor(new), self.table.device)
-        for pool in self.pools:
-            assert pool.pages is not None
-            pool.pages[index] = 0
-        self.table[slot, len(owned) : need] = index
-        owned.extend(new)
+        if count > len(self._free):
+            self._grow(count)
 
     def share(self, slot: int, pages: list[int]) -> None:
         """Map the first blocks of ``slot`` (which holds none yet) to existing ``pages``."""

@@ -44,9 +44,7 @@ def run_decode(
     history = states[0].history_pool
     found = page_table_of(states[0])
     if found is not None:  # the step writes each row's next entry by index: hold its page
-        ensure = found[0].ensure
-        for s in states:
-            ensure(s.slot, s.pos + 1)
+        found[0].ensure_all([s.slot for s in states], [s.pos + 1 for s in states])
     num_tokens = max(s.pos for s in states) + 1
 
     def step(ids: Tensor, positions: Tensor, slots: Tensor, num_tokens: int) -> Tensor:

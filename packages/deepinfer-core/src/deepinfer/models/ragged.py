@@ -62,10 +62,9 @@ def run_ragged(
         set_marks(states[i], spans[i].record_at)
     ids = to_device(torch.cat([c.reshape(-1) for c in chunks]), model.device)[None]
     engram: list[Tensor] | None = []
-    for s, chunk in zip(states, chunks, strict=True):
-        span_ids, s.token_history = model.engram_ids(
-            to_device(chunk.reshape(1, -1), model.device), s.token_history
-        )
+    for s, offset, n in zip(states, meta.offsets, meta.lengths, strict=True):
+        # (the span's ids as a view of the packed ones: a model without Engram reads none)
+        span_ids, s.token_history = model.engram_ids(ids[:, offset : offset + n], s.token_history)
         engram = None if span_ids is None or engram is None else [*engram, span_ids]
     keep, end = [], 0
     for s in spans:
@@ -99,8 +98,7 @@ def _meta(model: StepModel, spans: Sequence[SequenceSpan]) -> RaggedMeta:
     slot_ids = [s.state.slot for s in spans]
     found = page_table_of(spans[0].state)
     if found is not None:
-        for slot, start, n in zip(slot_ids, starts, lengths, strict=True):
-            found[0].ensure(slot, start + n)
+        found[0].ensure_all(slot_ids, [start + n for start, n in zip(starts, lengths, strict=True)])
     return ragged_meta(model.device, slot_ids, starts, lengths)
 
 

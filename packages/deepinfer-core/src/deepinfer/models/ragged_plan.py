@@ -26,10 +26,37 @@ from deepinfer.models.layouts import RaggedMeta
 from deepinfer.transfer import to_device
 
 
-def _on(device: torch.device, *parts: list[Tensor]) -> list[Tensor]:
-    """Each list of host tensors concatenated (long) and moved to ``device``."""
-    empty = torch.empty(0, dtype=torch.long)
-    return [to_device(torch.cat(p) if p else empty, device) for p in parts]
+def _upload(device: torch.device, *parts: Tensor) -> list[Tensor]:
+    """1-D long host tensors on ``device`` through one copy (each is a view of it)."""
+    packed = to_device(torch.cat(parts), device)
+    return list(packed.split([len(p) for p in parts]))
+
+
+@dataclass(frozen=True)
+class _SpanColumns:
+    """The spans' slots, starts, lengths and packed offsets as host tensors [n]."""
+
+    slot: Tensor
+    start: Tensor
+    length: Tensor
+    offset: Tensor
+
+
+def _columns(meta: RaggedMeta) -> _SpanColumns:
+    def make() -> _SpanColumns:
+        cols = [meta.slot_ids, meta.starts, meta.lengths, meta.offsets]
+        table = torch.tensor(cols, dtype=torch.long).reshape(4, meta.num_spans)
+        return _SpanColumns(*table.unbind(0))
+
+    return meta.step_memo.get("span columns", make)
+
+
+def _runs(counts: Tensor) -> tuple[Tensor, Tensor]:
+    """For runs of ``counts[i]`` items per span, in span order: each item's span and its
+    index within its run (``sum(counts)`` of each)."""
+    span = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    begin = torch.cumsum(counts, 0) - counts
+    return span, torch.arange(len(span)) - begin[span]
 
 
 @dataclass
@@ -75,19 +102,19 @@ def ring_writes(meta: RaggedMeta, capacity: int) -> RingWrites:
     """:class:`RingWrites` for rings of ``capacity`` rows (memoised in the step)."""
 
     def make() -> RingWrites:
-        tokens, slots, rows = [], [], []
-        for slot, start, length, offset in _spans(meta):
-            kept = torch.arange(max(0, length - capacity), length)
-            tokens.append(offset + kept)
-            slots.append(torch.full_like(kept, slot))
-            rows.append((start + kept) % capacity)
-        return RingWrites(*_on(meta.positions.device, tokens, slots, rows))
+        c = _columns(meta)
+        span, j = _runs(torch.clamp(c.length, max=capacity))
+        kept = torch.clamp(c.length - capacity, min=0)[span] + j  # token within its span
+        return RingWrites(
+            *_upload(
+                meta.positions.device,
+                c.offset[span] + kept,
+                c.slot[span],
+                (c.start[span] + kept) % capacity,
+            )
+        )
 
     return meta.step_memo.get(("ring writes", capacity), make)
-
-
-def _spans(meta: RaggedMeta) -> zip[tuple[int, int, int, int]]:
-    return zip(meta.slot_ids, meta.starts, meta.lengths, meta.offsets, strict=True)
 
 
 @dataclass
@@ -114,42 +141,43 @@ class ClosePlan:
 def close_plan(meta: RaggedMeta, ratio: int) -> ClosePlan:
     """:class:`ClosePlan` for compressors of ``ratio``: window e covers positions
     ``e*ratio ..``; a row before the span's start is still in its open window (row
-    ``position % ratio``), the rest are new."""
-    n, r = meta.num_spans, ratio
-    rows, entry, entry_slots, prev, last, last_slots = [], [], [], [], [], []
-    open_tokens, open_slots, open_rows, counts = [], [], [], []
-    done = 0  # windows planned so far
-    for i, (slot, start, length, offset) in enumerate(_spans(meta)):
-        end = start + length
-        first, stop = start // r, end // r
-        e = torch.arange(first, stop)
-        q = (e[:, None] * r + torch.arange(r)).flatten()
-        rows.append(torch.where(q >= start, n * r + offset + q - start, i * r + q % r))
-        entry.append(e)
-        entry_slots.append(torch.full_like(e, slot))
-        # The window before the span's first is its stored half (row W + i, fixed up below).
-        before = torch.arange(done - 1, done + len(e) - 1)
-        if len(e):
-            before[0] = -1 - i
-        prev.append(before)
-        done += len(e)
-        if len(e):
-            last.append(torch.tensor([done - 1]))
-            last_slots.append(torch.tensor([slot]))
-        tail = torch.arange(max(start, stop * r), end)
-        open_tokens.append(offset + tail - start)
-        open_slots.append(torch.full_like(tail, slot))
-        open_rows.append(tail % r)
-        counts.append(stop)
-    device = meta.positions.device
-    prev_all = torch.cat(prev) if prev else torch.empty(0, dtype=torch.long)
-    prev_all = torch.where(prev_all < 0, done - 1 - prev_all, prev_all)
-    out = _on(
-        device, rows, entry, entry_slots, last, last_slots, open_tokens, open_slots, open_rows
+    ``position % ratio``), the rest are new. Built for all spans at once (a few host ops
+    per step, not per span)."""
+    n, r, c = meta.num_spans, ratio, _columns(meta)
+    end = c.start + c.length
+    first, stop = c.start // r, end // r
+    # Windows the step completes: e in [first, stop) of each span, W in all.
+    span, j = _runs(stop - first)
+    done = len(span)
+    entry = first[span] + j
+    q = entry[:, None] * r + torch.arange(r)  # [W, r] positions
+    start = c.start[span][:, None]
+    rows = torch.where(
+        q >= start, n * r + c.offset[span][:, None] + q - start, span[:, None] * r + q % r
     )
-    return ClosePlan(
-        out[0].view(done, r), out[1], out[2], to_device(prev_all, device), *out[3:], counts
+    # The window before each: the previous one, or for a span's first its stored half (row
+    # W + span of [the W windows ; the n spans' stored halves]).
+    w = torch.arange(done)
+    prev = torch.where(j == 0, done + span, w - 1)
+    ends = torch.cumsum(stop - first, 0)
+    completes = stop > first
+    # New rows left in an open window: positions [max(start, stop * r), end).
+    low = torch.maximum(c.start, stop * r)
+    tail_span, k = _runs(end - low)
+    tail = low[tail_span] + k
+    out = _upload(
+        meta.positions.device,
+        rows.flatten(),
+        entry,
+        c.slot[span],
+        prev,
+        (ends - 1)[completes],
+        c.slot[completes],
+        c.offset[tail_span] + tail - c.start[tail_span],
+        c.slot[tail_span],
+        tail % r,
     )
+    return ClosePlan(out[0].view(done, r), *out[1:], counts=stop.tolist())
 
 
 @dataclass

@@ -98,8 +98,8 @@ def run_verify(  # noqa: PLR0917
     slots = where[1, :, 0]
     found = page_table_of(states[0])
     if found is not None:  # the rows write their entries by index: hold their pages
-        for s, n in zip(states, lengths, strict=True):
-            found[0].ensure(s.slot, s.pos + n)
+        ends = [s.pos + n for s, n in zip(states, lengths, strict=True)]
+        found[0].ensure_all([s.slot for s in states], ends)
     template = states[0].layers
     history = states[0].history_pool
     num_tokens = max(s.pos + n for s, n in zip(states, lengths, strict=True))
