@@ -16,7 +16,9 @@ tok/s is ``sequences * output_len / wall seconds``: the median of ``--repeats`` 
 engine an arm (built once for every batch; an untimed first run at each batch; the arms' runs
 interleaved, so the machine's drift lands on all of them; prefix caching off). tau is the mean
 acceptance length over the last run: drafts kept per verification round, plus one. The
-scheduled arm also records what its schedule prices a step of the batch at (``schedule_ms``).
+scheduled arm also records what its schedule prices a step of the batch at (``schedule_ms``),
+and each speculating arm how many drafting passes its last run made (``draft_passes``: a
+pass whose drafts the schedule then cut still costs its time).
 
     python benchmarks/speculative.py [--device cpu] [--batches 1 8 64]
 
@@ -76,7 +78,7 @@ def timed_run(engine: Any, prompts: list[list[int]], output_len: int) -> dict[st
     for p in prompts:
         engine.add_request(p, params)
     spec = engine.spec
-    before = (spec.num_drafts, spec.num_accepted) if spec else (0, 0)
+    before = (spec.num_drafts, spec.num_accepted, spec.draft_passes) if spec else (0, 0, 0)
     if engine.model.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -85,13 +87,14 @@ def timed_run(engine: Any, prompts: list[list[int]], output_len: int) -> dict[st
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     metrics = [o.metrics for o in done.values() if o.metrics is not None]
-    after = (spec.num_drafts, spec.num_accepted) if spec else (0, 0)
+    after = (spec.num_drafts, spec.num_accepted, spec.draft_passes) if spec else (0, 0, 0)
     return {
         "seconds": seconds,
         "rounds": sum(m.spec_rounds for m in metrics),
         "kept": sum(m.spec_accepted_tokens for m in metrics),
         "drafts": after[0] - before[0],
         "accepted": after[1] - before[1],
+        "draft_passes": after[2] - before[2],
     }
 
 
@@ -135,6 +138,7 @@ def run_batch(
         last = runs[name][-1]
         if engine.spec is not None:  # the last run's
             row["drafts_verified"] = last["drafts"]
+            row["draft_passes"] = last["draft_passes"]
             verifier = engine.spec.verifier
             if verifier is not None:  # drafts proposed (all runs), before the cut
                 row["drafts_offered"] = verifier.offered

@@ -109,6 +109,8 @@ class SpeculativeRunner:
         self.num_accepted = 0
         #: Steps that ran as plain decode steps, here or as the engine's (:meth:`runs`).
         self.plain_steps = 0
+        #: Drafting passes run (a round whose drafts a later trim drops still counts).
+        self.draft_passes = 0
         #: Wall seconds spent drafting and in steps that verified drafts (each pass once).
         self.draft_seconds = 0.0
         self.verify_seconds = 0.0
@@ -364,6 +366,7 @@ class SpeculativeRunner:
         lengths = [len(p.next_ids) for p in pieces]
         states = [r.state for r in reqs]
         result.drafted = len(reqs)
+        self.draft_passes += 1
         begin = perf_counter()
         if self.verifier is not None:  # the drafts and, for the schedule, their confidences
             drafts = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
