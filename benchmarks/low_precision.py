@@ -20,6 +20,9 @@ Its parts, written together to ``benchmarks/results/low_precision_<device>.json`
 * ``gemm_tiles``: the FP8 linear at the prefill sizes of ``--m`` (above 64 rows) under each
   tile shape of ``TILE_CANDIDATES``, beside the activation quantisation alone and
   ``torch._scaled_mm``.
+* ``gemm_gluon`` (only when named): the decode GEMM alone on activations quantised ahead, the
+  Triton kernel and on Hopper the Gluon one (:mod:`fp8_gluon`) side by side at ``--decode-m``
+  rows; with ``--gluon-sweep`` also the Gluon kernel's launch shapes at one row.
 * ``floor``: what one kernel can do at the ``gemm`` part's weight sizes: an empty launch, and
   a bare kernel that reads every weight byte once; the weight-bandwidth fraction of that read
   bounds any one-kernel linear at decode (ours is two or three dependent kernels).
@@ -227,6 +230,81 @@ def gemm_only(
         "triton_gemm_only_us": round(triton_kernel * 1e6, 2),
         "triton_gemm_only_over_scaled_mm": round(vendor / triton_kernel, 3),
     }
+
+
+def gluon_candidates(n: int, k: int) -> list[Any]:
+    """Launch shapes of the Gluon decode kernel tried by ``gemm_gluon`` at one row: the picked
+    one, K split half and twice as far, within a program only, and four steps in flight."""
+    from deepinfer_kernels_sm100 import fp8_gluon
+
+    pick = fp8_gluon.pick_tiles(n, k, 132)
+    split = pick.split_k * pick.splits
+    found = [pick]
+    for s in (split // 2, split, split * 2, split * 4):
+        if s < 1:
+            continue
+        for sk, stages in ((min(s, 4), 2), (min(s, 8), 2), (min(s, 16), 2), (min(s, 8), 4)):
+            wn = max(1, 4 // sk) if n % (16 * max(1, 4 // sk)) == 0 else 1
+            tiles = fp8_gluon.Tiles(wn, sk, max(1, s // sk), stages)
+            try:
+                fp8_gluon._checked(tiles, n, k, n)
+            except ValueError:
+                continue
+            if tiles not in found:
+                found.append(tiles)
+    return found[:8]
+
+
+def gemm_gluon(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
+    """The decode GEMM alone (activations quantised ahead, as the fused RMSNorm / SwiGLU hand
+    them over) on the Triton and the Gluon kernels side by side at ``--decode-m`` rows, and
+    with ``--gluon-sweep`` the Gluon kernel at one row under each of
+    :func:`gluon_candidates`."""
+    from deepinfer.models.quant import quant_fp8_block
+    from deepinfer_kernels_sm100 import fp8_gluon, fp8_linear
+    from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear, quantize_act_fp8
+
+    if not args.device.startswith("cuda"):
+        raise SystemExit("the gemm_gluon part times CUDA graphs: it needs a GPU")
+    default = fp8_linear.DECODE_KERNEL
+    rows = []
+    for name, n, k in FLASH_SHAPES:
+        w = (torch.randn(n, k) / k**0.5).to(torch.bfloat16)
+        wq, ws = quant_fp8_block(w, (128, 128), "ue8m0")
+        fp8 = [tuple(t.to(args.device) for t in (wq, ws)) for _ in range(copies_for(n * k))]
+        for m in args.decode_m:
+            x = torch.randn(m, k, device=args.device).to(torch.bfloat16)
+            pre = quantize_act_fp8(x)
+            fns = [partial(fp8_block_linear, x, q, s, quantized=pre) for q, s in fp8]
+            row: dict[str, Any] = {"shape": name, "m": m, "n": n, "k": k}
+            outs = {}
+            for kernel in ("triton", "gluon"):
+                fp8_linear.DECODE_KERNEL = kernel
+                outs[kernel] = fns[0]().float()
+                seconds = graph_s(fns, args.repeats)
+                row[f"{kernel}_us"] = round(seconds * 1e6, 2)
+                row[f"{kernel}_weight_bw_fraction"] = round(n * k / seconds / bandwidth, 3)
+            fp8_linear.DECODE_KERNEL = default
+            diff = (outs["gluon"] - outs["triton"]).abs().max().item()
+            row["max_rel_diff"] = round(diff / max(outs["triton"].abs().max().item(), 1e-30), 5)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        if not args.gluon_sweep:
+            continue
+        fp8_linear.DECODE_KERNEL = "gluon"
+        x = torch.randn(1, k, device=args.device).to(torch.bfloat16)
+        pre = quantize_act_fp8(x)
+        fns = [partial(fp8_block_linear, x, q, s, quantized=pre) for q, s in fp8]
+        for tiles in gluon_candidates(n, k):
+            fp8_gluon.OVERRIDE[(n, k)] = tiles
+            seconds = graph_s(fns, args.repeats)
+            row = {"shape": name, "m": 1, "tiles": list(tiles), "gluon_us": round(seconds * 1e6, 2),
+                   "gluon_weight_bw_fraction": round(n * k / seconds / bandwidth, 3)}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        fp8_gluon.OVERRIDE.clear()
+        fp8_linear.DECODE_KERNEL = default
+    return rows
 
 
 #: prefill tiles tried by ``gemm_tiles``: (BLOCK_M, BLOCK_N, warps, stages); BLOCK_K is the
@@ -573,6 +651,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--small", action="store_true", help="tiny shapes: a CPU check")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 256, 4096])
+    ap.add_argument("--decode-m", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--gluon-sweep", action="store_true", help="gemm_gluon: launch shapes too")
     ap.add_argument("--experts-batches", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--config", type=Path, default=FLASH_CONFIG, help="model part's config.json")
     ap.add_argument("--layers", type=int, default=4)
@@ -611,6 +691,8 @@ def main() -> int:
         result["experts_sweep"] = experts_sweep(args, bandwidth)
     if "gemm_tiles" in args.parts:
         result["gemm_tiles"] = gemm_tiles(args)
+    if "gemm_gluon" in args.parts:
+        result["gemm_gluon"] = gemm_gluon(args, bandwidth)
     if "floor" in args.parts:
         result["floor"] = floor(args, bandwidth)
     if "model" in args.parts:

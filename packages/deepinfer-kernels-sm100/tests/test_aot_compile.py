@@ -344,6 +344,39 @@ def _fp4_gluon_specs() -> Iterator[AotSpec]:
             )
 
 
+def _fp8_gluon_specs() -> Iterator[AotSpec]:
+    # Hopper's decode-size FP8 linear (Gluon, mma.sync on e4m3 registers: sm_90a only), in the
+    # launch shapes fp8_gluon.pick_tiles takes at V4-Flash's projections (K split across
+    # programs for wq_a and wkv), one, two and four token tiles a pass, ue8m0 and fp32 scales,
+    # the grouped wo_a, and V4.1's 32 x 32 blocks (8-byte loads, a scale per MMA).
+    from deepinfer_kernels_sm100 import fp8_gluon
+
+    cases = (  # (variant, rows, N, K, groups, ue8m0, weight block, out)
+        ("decode1-wq_a-ue8m0", 1, 1024, 4096, 1, True, 128, "bf16"),
+        ("decode1-wkv-ue8m0", 1, 512, 4096, 1, True, 128, "bf16"),
+        ("decode1-wq_b-fp32-scales", 1, 32768, 1024, 1, False, 128, "bf16"),
+        ("decode8-wo_b-ue8m0", 8, 4096, 8192, 1, True, 128, "bf16"),
+        ("decode16-shared_w13-ue8m0", 16, 4096, 4096, 1, True, 128, "bf16"),
+        ("decode64-shared_w2-fp32-out", 64, 4096, 2048, 1, True, 128, "fp32"),
+        ("decode1-wo_a-grouped", 1, 8192, 4096, 8, True, 128, "bf16"),
+        ("decode8-v41-block32", 8, 5120, 5120, 1, True, 32, "bf16"),
+    )
+    for variant, m, n, k, groups, ue8m0, wb, out in cases:
+        tiles = fp8_gluon.pick_tiles(n, k, 132)  # an H100/H200's SMs
+        yield AotSpec(
+            "fp8_gluon._fp8_decode_gluon",
+            f"{variant}-w{tiles.warps_n}-k{tiles.split_k}-p{tiles.splits}-s{tiles.stages}",
+            {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
+             "ws_ptr": "*u8" if ue8m0 else "*fp32", "out_ptr": f"*{out}", "part_ptr":
+             "*fp32" if tiles.splits > 1 else f"*{out}", "count_ptr": "*i32", "m": m, "n": n,
+             "k_dim": k, "lda": groups * k, "group_n": n // groups, "SCALE_UE8M0": ue8m0,
+             "W_BN": wb, "W_BK": wb, "WARPS_N": tiles.warps_n, "SPLIT_K": tiles.split_k,
+             "SPLITS": tiles.splits, "N_TILES": fp8_gluon.n_tiles(m), "STAGES": tiles.stages},
+            num_warps=tiles.warps_n * tiles.split_k,
+            archs=(90,),
+        )  # fmt: skip
+
+
 def _indexer_specs() -> Iterator[AotSpec]:
     # 16-bit queries and keys meet in tensor-core dots as they are; fp32 ones in IEEE dots.
     # Pages hold 128 / ratio entries: 32 for V4's ratio-4 layers, 128 for V4.1's ratio-1.
@@ -586,6 +619,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_moe_specs(),
     *_fp4_moe_specs(),
     *_fp4_gluon_specs(),
+    *_fp8_gluon_specs(),
     *_indexer_specs(),
     *_topk_specs(),
     *_attention_specs(),

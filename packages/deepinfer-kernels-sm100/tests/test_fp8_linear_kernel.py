@@ -25,16 +25,19 @@ scale):
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from deepinfer.models.quant import decode_scale, dequant_fp8_block, quant_fp8_block
-from deepinfer_kernels_sm100 import fp8_linear, fp8_split, fp8_wgmma
+from deepinfer_kernels_sm100 import fp8_gluon, fp8_linear, fp8_split, fp8_wgmma
 from deepinfer_kernels_sm100.fp8_linear import (
     fp8_block_grouped_linear,
     fp8_block_linear,
     quantize_act_fp8,
 )
+from deepinfer_kernels_sm100.gluon_support import on_hopper
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS_FP32 = 2.0**-23
@@ -67,9 +70,11 @@ def _dequant_act(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return q.double() * s.double().repeat_interleave(q.shape[-1] // s.shape[-1], dim=-1)
 
 
-def _kernel_bound(abs_sum: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """The arithmetic bound (module doc) plus the output rounding."""
-    arith = (K * EPS_FP32 + TENSOR_CORE_REL) * abs_sum
+def _kernel_bound(
+    abs_sum: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype, k: int = K
+) -> torch.Tensor:
+    """The arithmetic bound (module doc) for ``k`` terms plus the output rounding."""
+    arith = (k * EPS_FP32 + TENSOR_CORE_REL) * abs_sum
     if out_dtype == torch.bfloat16:
         return arith + U_BF16 * (y.abs() + arith)
     return arith + 2.0**-24 * (y.abs() + arith)
@@ -132,12 +137,12 @@ def _check_against_float64(
     if got is None:
         got = _run(x, wq, ws, block=block, out_dtype=out_dtype)
     assert got.dtype == out_dtype and got.shape == (*x.shape[:-1], wq.shape[0])
-    q, s = (t.cpu() for t in quantize_act_fp8(x.to(DEVICE)))
+    q, s = quantize_act_fp8(x.to(DEVICE))  # float64 sums on the test device
     a = _dequant_act(q, s).reshape(-1, x.shape[-1])
-    w = dequant_fp8_block(wq, ws, block, out_dtype=torch.float64)
+    w = dequant_fp8_block(wq.to(DEVICE), ws.to(DEVICE), block, out_dtype=torch.float64)
     want = a @ w.T
-    bound = _kernel_bound(a.abs() @ w.abs().T, want, out_dtype)
-    err = (got.double().reshape(want.shape) - want).abs()
+    bound = _kernel_bound(a.abs() @ w.abs().T, want, out_dtype, x.shape[-1])
+    err = (got.to(DEVICE).double().reshape(want.shape) - want).abs()
     assert (err <= bound).all(), f"max error {err.max():.3g}, max excess {(err - bound).max():.3g}"
 
 
@@ -245,6 +250,7 @@ def test_split_and_whole_k_are_within_the_bound(
     it."""
     monkeypatch.setattr(fp8_linear, "_programs", lambda device: programs)
     monkeypatch.setattr(fp8_linear, "FUSE_DECODE_QUANT", fused)
+    monkeypatch.setattr(fp8_linear, "DECODE_KERNEL", "triton")  # not the Hopper Gluon kernel
     tiles = fp8_linear._tiles(m, N, K, 128, programs, fused=fused)
     assert tiles.fused == fused
     assert tiles.splits == (1 if programs == 1 else K // 128 // fp8_linear.MIN_SPLIT_STEPS)
@@ -258,6 +264,7 @@ def test_split_launches_repeat_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> N
     """Whichever split program finishes last, it adds the partial sums in split order: many
     launches give the same bits, and each leaves the tile counters at zero for the next."""
     monkeypatch.setattr(fp8_linear, "_programs", lambda device: 4096)
+    monkeypatch.setattr(fp8_linear, "DECODE_KERNEL", "triton")  # not the Hopper Gluon kernel
     x = _activations(3, K, seed=80)
     _, wq, ws = _weight(N, K, "ue8m0", seed=80)
     x, wq, ws = (t.to(DEVICE) for t in (x, wq, ws))
@@ -317,3 +324,123 @@ def test_grouped_linear_rejects_bad_shapes(x_shape: tuple[int, ...], n: int) -> 
     _, wq, ws = _weight(n, 256, "ue8m0", seed=0)
     with pytest.raises(ValueError):
         fp8_block_grouped_linear(torch.zeros(x_shape, dtype=torch.bfloat16), wq, ws)
+
+
+# -- the Gluon decode kernel (Hopper) ------------------------------------------------------------
+
+#: V4-Flash's FP8 projections (N, K): wq_a, wkv (K split across programs), wq_b, wo_b,
+#: shared_w2
+FLASH_SHAPES = [(1024, 4096), (512, 4096), (32768, 1024), (4096, 8192), (4096, 2048)]
+_gluon_only = pytest.mark.skipif(
+    not on_hopper(torch.device(DEVICE)), reason="the Gluon decode kernel runs on Hopper GPUs"
+)
+
+
+@functools.cache
+def _device_weight(
+    n: int, k: int, fmt: str, block: tuple[int, int] = (128, 128)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random e4m3 weight and its scales on the test device (built once per shape)."""
+    _, wq, ws = _weight(n, k, fmt, seed=n + k, block=block)
+    return wq.to(DEVICE), ws.to(DEVICE)
+
+
+def _gluon(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, **kw: object) -> torch.Tensor:
+    """fp8_block_linear on the Gluon decode kernel (ValueError should it not take the call)."""
+    old, fp8_linear.DECODE_KERNEL = fp8_linear.DECODE_KERNEL, "gluon"
+    try:
+        return fp8_block_linear(x, wq, ws, **kw)  # type: ignore[arg-type]
+    finally:
+        fp8_linear.DECODE_KERNEL = old
+
+
+@_gluon_only
+@pytest.mark.parametrize("m", [1, 13, 64])
+@pytest.mark.parametrize(("n", "k"), FLASH_SHAPES, ids=["wq_a", "wkv", "wq_b", "wo_b", "w2"])
+def test_gluon_decode_matches_float64(n: int, k: int, m: int) -> None:
+    """The Gluon kernel at V4-Flash's shapes, one, two and four token tiles a pass (13 rows:
+    a ragged last tile), within the float64 bound; fp32 out for the bound without bf16."""
+    wq, ws = _device_weight(n, k, "ue8m0")
+    x = _activations(m, k, seed=100 + m).to(DEVICE)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        got = _gluon(x, wq, ws, out_dtype=out_dtype)
+        _check_against_float64(x, wq, ws, (128, 128), out_dtype, got=got)
+
+
+@_gluon_only
+@pytest.mark.parametrize("m", [1, 8, 30])
+@pytest.mark.parametrize(("n", "k"), [(512, 4096), (32768, 1024)], ids=["wkv", "wq_b"])
+def test_gluon_decode_fp32_scales(n: int, k: int, m: int) -> None:
+    wq, ws = _device_weight(n, k, "fp32")
+    x = _activations(m, k, seed=110 + m).to(DEVICE)
+    _check_against_float64(x, wq, ws, (128, 128), torch.bfloat16, got=_gluon(x, wq, ws))
+
+
+@_gluon_only
+@pytest.mark.parametrize("block", [(32, 32), (64, 64), (128, 256)], ids=str)
+@pytest.mark.parametrize("m", [3, 17])
+def test_gluon_decode_other_blocks(block: tuple[int, int], m: int) -> None:
+    """V4.1's 32 x 32 blocks (8-byte loads, a scale per MMA), 64-wide ones (a scale per two
+    MMAs) and blocks two steps wide, with ue8m0 scales."""
+    wq, ws = _device_weight(1024, 2048, "ue8m0", block)
+    x = _activations(m, 2048, seed=120 + m).to(DEVICE)
+    _check_against_float64(x, wq, ws, block, torch.bfloat16, got=_gluon(x, wq, ws, block=block))
+
+
+@_gluon_only
+@pytest.mark.parametrize("m", [1, 9])
+def test_gluon_grouped_decode_is_each_group_against_float64(m: int) -> None:
+    """V4-Flash's grouped wo_a (8 groups of 1024 rows over 4096 columns) on the Gluon kernel."""
+    groups, rows, k = 8, 1024, 4096
+    wq, ws = _device_weight(groups * rows, k, "ue8m0")
+    x = _activations(m * groups, k, seed=130 + m).view(m, groups, k).to(DEVICE)
+    old, fp8_linear.DECODE_KERNEL = fp8_linear.DECODE_KERNEL, "gluon"
+    try:
+        got = fp8_block_grouped_linear(x, wq, ws)
+    finally:
+        fp8_linear.DECODE_KERNEL = old
+    for j in range(groups):
+        part = slice(j * rows, (j + 1) * rows)
+        _check_against_float64(
+            x[:, j], wq[part], ws[j * 8 : (j + 1) * 8], (128, 128), torch.bfloat16, got=got[:, j]
+        )
+
+
+@_gluon_only
+@pytest.mark.parametrize(("n", "k"), FLASH_SHAPES, ids=["wq_a", "wkv", "wq_b", "wo_b", "w2"])
+def test_gluon_decode_is_batch_invariant(n: int, k: int) -> None:
+    """A row's output bits do not depend on M or on the other rows: each row of a 64-row call
+    equals the same row within shorter batches (ragged ones too) and computed alone."""
+    wq, ws = _device_weight(n, k, "ue8m0")
+    x = _activations(64, k, seed=140).to(DEVICE)
+    full = _gluon(x, wq, ws, out_dtype=torch.float32)
+    for m in (1, 2, 7, 8, 9, 16, 33, 63):
+        assert torch.equal(_gluon(x[:m], wq, ws, out_dtype=torch.float32), full[:m]), m
+    for r in (0, 5, 17, 63):
+        assert torch.equal(_gluon(x[r : r + 1], wq, ws, out_dtype=torch.float32), full[r : r + 1])
+    other = _activations(64, k, seed=141).to(DEVICE)
+    other[11] = x[11]
+    assert torch.equal(_gluon(other, wq, ws, out_dtype=torch.float32)[11], full[11])
+
+
+@_gluon_only
+@pytest.mark.parametrize(("n", "k"), [(512, 4096), (4096, 2048)], ids=["wkv", "w2"])
+def test_gluon_decode_repeats_bit_for_bit(n: int, k: int) -> None:
+    """Every launch gives the same bits (K split across programs for wkv: its last program adds
+    the partial sums in split order) and leaves the split counters at zero."""
+    assert fp8_gluon.pick_tiles(512, 4096, 132).splits > 1
+    wq, ws = _device_weight(n, k, "ue8m0")
+    x = _activations(5, k, seed=150).to(DEVICE)
+    first = _gluon(x, wq, ws, out_dtype=torch.float32)
+    for _ in range(20):
+        assert torch.equal(_gluon(x, wq, ws, out_dtype=torch.float32), first)
+    assert not fp8_split.split_counters(first.device).any()
+
+
+def test_gluon_launch_shape_depends_on_n_and_k_alone() -> None:
+    """Batch invariance needs the K split fixed by the weight: every V4-Flash shape's launch
+    shape divides its rows and K steps, whatever the batch."""
+    for n, k in [*FLASH_SHAPES, (8192, 4096), (5120, 5120)]:
+        tiles = fp8_gluon.pick_tiles(n, k, 132)
+        assert fp8_gluon._checked(tiles, n, k, n) == tiles
+        assert tiles.warps_n * tiles.split_k <= 16

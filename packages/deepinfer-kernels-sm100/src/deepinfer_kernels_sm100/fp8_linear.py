@@ -19,7 +19,10 @@ batch; a projection with few outputs (V4-Flash's wkv has 512) would give only a 
 whole weight to stream, so K is split across programs; each writes its fp32 partial sums, and
 they are added in split order, so every run adds them alike (:mod:`.fp8_split`): for row tiles
 of up to 16 by the last of a tile's programs to finish (saving a launch), for taller ones by a
-second kernel, which spreads the additions over many programs. Larger
+second kernel, which spreads the additions over many programs. :mod:`.fp8_gluon` holds a
+Hopper decode kernel (``mma.sync`` on the e4m3 registers as loaded, launch shape fixed by N
+and K, so batch invariant), taken only when :data:`DECODE_KERNEL` asks for it: it has not yet
+run on a GPU, so the Triton kernel stays the default until its tests pass on one. Larger
 batches (prefill) run 64-row tiles that reuse each weight tile, their operands brought in by
 the copy engine (:mod:`.fp8_prefill`). Both read activations that
 :func:`quantize_act_fp8` quantised once ahead of the GEMM. The kernel can also quantise a
@@ -48,6 +51,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.models.quant import is_ue8m0_dtype
+from deepinfer_kernels_sm100 import fp8_gluon
 from deepinfer_kernels_sm100.devices import sm_count
 from deepinfer_kernels_sm100.fp8_prefill import fp8_prefill_gemm
 from deepinfer_kernels_sm100.fp8_quant import (
@@ -206,6 +210,22 @@ def _programs(device: torch.device) -> int:
     return 4 * sm_count(device)
 
 
+#: the decode batches' kernel: "triton" (always :func:`_fp8_gemm_kernel`; the default until
+#: :mod:`.fp8_gluon` has passed its GPU tests), "auto" (:mod:`.fp8_gluon` where its ``usable``
+#: holds, Hopper) or "gluon" (ValueError where it cannot run)
+DECODE_KERNEL = "triton"
+
+
+def _gluon_decode(a: Tensor, w: Tensor, block: tuple[int, int], group_n: int) -> bool:
+    """Whether :data:`DECODE_KERNEL` and the operands send a decode batch to the Gluon kernel."""
+    if DECODE_KERNEL == "triton":
+        return False
+    usable = fp8_gluon.usable(a, w, block, group_n)
+    if DECODE_KERNEL == "gluon" and not usable:
+        raise ValueError("the Gluon decode kernel cannot run these operands on this device")
+    return usable
+
+
 #: quantise decode activations inside the GEMM (each column program redoes it) rather than
 #: once ahead of it
 FUSE_DECODE_QUANT = False
@@ -342,6 +362,10 @@ def _gemm(
         a, a_scale = pre[0].contiguous(), pre[1].contiguous()
     else:
         a, a_scale = (x2, w) if t.fused else quantize_act_fp8(x2)
+    if m <= SMALL_M and _gluon_decode(a, w, block, n // groups):
+        sms = sm_count(x2.device)
+        fp8_gluon.launch(a, a_scale, w, ws, out, block, groups, ue8m0=ue8m0, sms=sms)
+        return out
     if m > SMALL_M:
         tile = (t.block_m, t.block_n, t.block_k)
         fp8_prefill_gemm(
@@ -353,34 +377,12 @@ def _gemm(
     if t.splits > 1:
         part = torch.empty(t.splits, m, n, dtype=torch.float32, device=x2.device)
     _fp8_gemm_kernel[(n // t.block_n, triton.cdiv(m, t.block_m), t.splits)](
-        a,
-        a_scale,
-        w,
-        ws,
-        out,
-        part,
-        split_counters(x2.device),
-        m,
-        n,
-        k,
-        groups * k,
-        n // groups,
-        t.k_split,
-        t.splits,
-        FUSED=t.fused,
-        EMULATE=EMULATE_CAST,
-        SCALE_UE8M0=ue8m0,
-        SPLIT=t.splits > 1,
-        REDUCE=t.reduce_in_kernel,
-        GROUP=ACT_GROUP,
-        W_BN=block[0],
-        W_BK=block[1],
-        BLOCK_M=t.block_m,
-        BLOCK_N=t.block_n,
-        BLOCK_K=t.block_k,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
-    )
+        a, a_scale, w, ws, out, part, split_counters(x2.device), m, n, k, groups * k,
+        n // groups, t.k_split, t.splits, FUSED=t.fused, EMULATE=EMULATE_CAST,
+        SCALE_UE8M0=ue8m0, SPLIT=t.splits > 1, REDUCE=t.reduce_in_kernel, GROUP=ACT_GROUP,
+        W_BN=block[0], W_BK=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
     if t.splits > 1 and not t.reduce_in_kernel:
         block_size = 1024
         split_sum_kernel[(triton.cdiv(m * n, block_size),)](

@@ -1,4 +1,5 @@
-"""Whether this process can run the Gluon kernels (:mod:`.fp8_wgmma`, :mod:`.fp4_gluon`).
+"""Whether this process can run the Gluon kernels (:mod:`.fp8_wgmma`, :mod:`.fp4_gluon`,
+:mod:`.fp8_gluon`).
 
 Gluon is Triton's explicit-layout dialect (Triton 3.5 and later); its API still changes
 between releases, so the kernels run only under the releases they are written for, and never
