@@ -27,7 +27,12 @@ from torch import Tensor
 
 from deepinfer.cache.prefix import BLOCK_SIZE, PrefixCache, Snapshot
 from deepinfer.engine.request import Request
-from deepinfer.engine.sampling_rows import SamplingRow, sampling_tensors
+from deepinfer.engine.sampling_rows import (
+    SamplingRow,
+    plain_draws,
+    position_tensors,
+    sampling_tensors,
+)
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.models.batch import ForwardBatch, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
@@ -315,6 +320,8 @@ class ModelRunner:
         return self.last_sample
 
     def _sampling_tensors(self, reqs: list[Request], device: torch.device) -> SamplingTensors:
+        if plain_draws(reqs):  # no row processes its logits: built column by column
+            return position_tensors(reqs, [1] * len(reqs), device)
         rows = [
             SamplingRow.of(r, grammar=r.grammar.allowed() if r.grammar is not None else None)
             for r in reqs

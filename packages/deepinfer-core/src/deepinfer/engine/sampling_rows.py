@@ -77,14 +77,27 @@ def processes_logits(row: SamplingRow) -> bool:
     """Whether :func:`sampling_tensors` gives ``row`` anything that changes its logits before
     temperature and the filters: a bias, a penalty, a ban, a grammar (conservative:
     ``min_tokens`` counts while it lasts, whether or not it bans a token there)."""
-    p = row.params
+    return _processes(row.params, row.bad_words, row.grammar is not None, row.num_output_tokens)
+
+
+def plain_draws(reqs: Sequence[Request]) -> bool:
+    """Whether none of ``reqs``' next draws :func:`processes_logits` or has a grammar, so
+    :func:`position_tensors` builds their inputs without a row each (the common case)."""
+    return not any(
+        _processes(r.params, r.bad_words, r.grammar is not None, r.num_output_tokens) for r in reqs
+    )
+
+
+def _processes(
+    p: SamplingParams, bad_words: Sequence[Sequence[int]], grammar: bool, num_output_tokens: int
+) -> bool:
     return bool(
         p.penalized
         or p.logit_bias
         or p.allowed_token_ids
-        or row.bad_words
-        or row.grammar is not None
-        or row.num_output_tokens < p.min_tokens
+        or bad_words
+        or grammar
+        or num_output_tokens < p.min_tokens
     )
 
 

@@ -35,8 +35,8 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.runner import logprob_entry
 from deepinfer.engine.sampling_rows import (
     SamplingRow,
+    plain_draws,
     position_tensors,
-    processes_logits,
     sampling_tensors,
 )
 from deepinfer.sampling.sampler import greedy, sample
@@ -153,7 +153,7 @@ def _draw(
         # Never drawn, as in the runner: a generated image placeholder could not be fed back.
         # (a column by index: a token id uploaded here would make the host wait for the pass)
         raw[:, image_token_id] = float("-inf")
-    if any(processes_logits(SamplingRow.of(r)) or r.grammar is not None for r in reqs):
+    if not plain_draws(reqs):
         rows = [
             SamplingRow.of(req, drafts[:j], None if masks is None else masks[j])
             for req, (drafts, masks), _ in block
