@@ -105,12 +105,19 @@ class DeepseekCausalLM(nn.Module):
         """(fp32 logits at ``inputs.rows`` [B, R, V], final residual streams [B, S, hc, d])."""
         raise NotImplementedError
 
+    #: V4.1 Engram's look-back: raw ids a token's n-grams reach back (0: no Engram).
+    engram_history: int = 0
+
     def engram_ids(
         self, input_ids: Tensor, history: Tensor | None
     ) -> tuple[Tensor | None, Tensor | None]:
         """(V4.1 Engram's compressed ids with the look-back in front, the new look-back);
         (None, ``history``) for a model without Engram."""
         return None, history
+
+    def engram_map(self, raw: Tensor) -> Tensor:
+        """V4.1 Engram's compressed ids of raw token ids (any shape)."""
+        raise NotImplementedError("this model has no Engram layers")
 
     def check_ready(self) -> None:
         """Raise if the model cannot run yet (V4.1: Engram's token map missing)."""

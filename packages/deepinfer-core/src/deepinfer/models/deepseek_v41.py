@@ -115,7 +115,11 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
             return None, history
         assert history is not None and self.engram_token_map is not None
         raw = torch.cat((history, input_ids), dim=1)
-        return self.engram_token_map[raw], raw[:, -self.engram_history :].clone()
+        return self.engram_map(raw), raw[:, -self.engram_history :].clone()
+
+    def engram_map(self, raw: Tensor) -> Tensor:
+        assert self.engram_token_map is not None
+        return self.engram_token_map[raw]
 
     # -- state ------------------------------------------------------------------------------------
 

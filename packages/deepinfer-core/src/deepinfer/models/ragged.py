@@ -29,6 +29,7 @@ from deepinfer.models.layouts import (
     RaggedRows,
     page_table_of,
 )
+from deepinfer.models.ragged_plan import look_back_index
 from deepinfer.models.state import CompressorState, LayerState, ModelState, clone_or_none
 from deepinfer.models.state_views import clear_marks, set_marks, states_at
 from deepinfer.models.trunk import LayerInputs, StepModel, history_after
@@ -61,11 +62,7 @@ def run_ragged(
     for i in marked:
         set_marks(states[i], spans[i].record_at)
     ids = to_device(torch.cat([c.reshape(-1) for c in chunks]), model.device)[None]
-    engram: list[Tensor] | None = []
-    for s, offset, n in zip(states, meta.offsets, meta.lengths, strict=True):
-        # (the span's ids as a view of the packed ones: a model without Engram reads none)
-        span_ids, s.token_history = model.engram_ids(ids[:, offset : offset + n], s.token_history)
-        engram = None if span_ids is None or engram is None else [*engram, span_ids]
+    engram = _engram_windows(model, ids, states[0].history_pool, meta)
     keep, end = [], 0
     for s in spans:
         end += s.num_tokens
@@ -89,6 +86,23 @@ def run_ragged(
             view.token_history = history_after(history[i], chunks[i], n, model.device)
         out[i] = at
     return RaggedResult(logits[0], out, x[0] if streams else None)
+
+
+def _engram_windows(
+    model: StepModel, ids: Tensor, pool: Tensor | None, meta: RaggedMeta
+) -> Tensor | None:
+    """V4.1 Engram's look-back window of every packed token [1, N, history + 1] (compressed
+    ids, oldest first, the token last), and each span's slot row of ``pool`` (the raw look-back
+    ids) moved past its chunk: for all spans with a few ops, None without Engram."""
+    h = model.engram_history
+    if not h:
+        return None
+    assert pool is not None  # a ragged pass's states live in slots, their look-back too
+    before = pool.index_select(0, meta.slots)  # [n, h] raw ids before each span
+    raw = torch.cat((before.flatten(), ids[0]))  # span i's look-back at i * h, tokens after
+    window, after = look_back_index(meta, h)
+    pool[meta.slots] = raw[after]
+    return model.engram_map(raw[window])[None]
 
 
 def _meta(model: StepModel, spans: Sequence[SequenceSpan]) -> RaggedMeta:

@@ -117,6 +117,21 @@ def ring_writes(meta: RaggedMeta, capacity: int) -> RingWrites:
     return meta.step_memo.get(("ring writes", capacity), make)
 
 
+def look_back_index(meta: RaggedMeta, history: int) -> tuple[Tensor, Tensor]:
+    """Where each token's look-back window and each span's look-back after the step lie in
+    [the n spans' look-backs before the step (``history`` ids each) ; the N packed tokens]:
+    ([N, history + 1], the token last; [n, history]), built for all spans at once."""
+    n, h, c = meta.num_spans, history, _columns(meta)
+    span, j = _runs(c.length)
+    p = j[:, None] - h + torch.arange(h + 1)  # [N, h + 1] positions within the span
+    window = torch.where(p < 0, span[:, None] * h + h + p, n * h + c.offset[span][:, None] + p)
+    q = c.length[:, None] + torch.arange(h)  # [n, h]: the last h of [look-back ; chunk]
+    spans = torch.arange(n)[:, None]
+    after = torch.where(q < h, spans * h + q, n * h + c.offset[:, None] + q - h)
+    window_d, after_d = _upload(meta.positions.device, window.flatten(), after.flatten())
+    return window_d.view(-1, h + 1), after_d.view(n, h)
+
+
 @dataclass
 class ClosePlan:
     """One compression ratio's gathers and scatters for one ragged step."""

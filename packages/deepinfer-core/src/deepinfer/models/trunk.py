@@ -32,9 +32,10 @@ class LayerInputs:
     input_ids: Tensor  # [B, S] on the model's device
     positions: Tensor  # [S] for a chunk, [N] for packed spans, [B, 1] for decode rows
     layer_states: Sequence[LayerStates]  # one per layer, in the layout the rows need
-    #: V4.1 Engram: compressed ids with the look-back in front, [B, history + S] (one such
-    #: tensor per span when packed); None without Engram.
-    engram_ids: Tensor | list[Tensor] | None = None
+    #: V4.1 Engram: compressed ids with the look-back in front, [B, history + S], or for
+    #: packed spans each token's look-back window, [1, N, history + 1] (the token last);
+    #: None without Engram.
+    engram_ids: Tensor | None = None
     #: The positions whose logits to compute (:func:`take_rows`); None: all.
     rows: Tensor | None = None
     #: [B, S, d] token embeddings with any image embeddings in place (None: embed the ids).
@@ -60,10 +61,17 @@ class StepModel(Protocol):
         """(fp32 logits at ``inputs.rows`` [B, R, V], final residual streams [B, S, hc, d])."""
         ...
 
+    #: raw ids V4.1 Engram's n-grams reach back (0: no Engram)
+    engram_history: int
+
     def engram_ids(
         self, input_ids: Tensor, history: Tensor | None
     ) -> tuple[Tensor | None, Tensor | None]:
         """(compressed ids with the look-back in front, the look-back after ``input_ids``)."""
+        ...
+
+    def engram_map(self, raw: Tensor) -> Tensor:
+        """Engram's compressed ids of raw token ids."""
         ...
 
 

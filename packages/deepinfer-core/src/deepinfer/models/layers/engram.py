@@ -82,21 +82,17 @@ class Engram(nn.Module):
         )
         self.register_buffer("multipliers", multipliers.to(device), persistent=False)
 
-    def rows(self, compressed_ids: Tensor | list[Tensor], history: int) -> Tensor:
-        """Table rows [B, S, n_tables] for compressed ids with ``history`` look-back columns.
-
-        A ragged pass's spans pass one [1, history + S_i] tensor per span; their rows are
-        concatenated.
-        """
-        if isinstance(compressed_ids, list):
-            return torch.cat([self.rows(ids, history) for ids in compressed_ids], dim=1)
+    def rows(self, compressed_ids: Tensor, history: int) -> Tensor:
+        """Table rows [B, S, n_tables] for compressed ids [B, history + S] (``history``
+        look-back columns in front), or for look-back windows [B, S, history + 1] (each
+        token's own, the token last: a ragged pass's packed spans)."""
         return hash_rows(compressed_ids, history, self.multipliers, self.primes, self.offsets)
 
     def forward(
         self,
         ops: Backend,
         x: Tensor,
-        compressed_ids: Tensor | list[Tensor],
+        compressed_ids: Tensor,
         history: int,
         skip: Tensor | None,
     ) -> Tensor:

@@ -86,13 +86,16 @@ def hash_multipliers(layer_id: int, max_ngram: int, compressed_vocab: int, seed:
 def hash_rows(
     ids: Tensor, history: int, multipliers: Tensor, primes: Tensor, offsets: Tensor
 ) -> Tensor:
-    """Stacked-table row ids [B, S, n_tables] of compressed ``ids`` [B, history + S].
-
-    The first ``history`` columns are the look-back of the first new token. ``primes`` and
+    """Stacked-table row ids [B, S, n_tables] of compressed ``ids`` [B, history + S], whose
+    first ``history`` columns are the look-back of the first new token, or of look-back
+    windows [B, S, history + 1] (each token's, oldest first, the token last). ``primes`` and
     ``offsets`` are [n_sizes, n_heads] int64 (n-gram size 2 first).
     """
-    s = ids.shape[1] - history
-    shifted = [ids[:, history - k : history - k + s] for k in range(multipliers.shape[0])]
+    if ids.dim() == 3:  # shifted[k]: each token's id k positions back
+        shifted = [ids[..., history - k] for k in range(multipliers.shape[0])]
+    else:
+        s = ids.shape[1] - history
+        shifted = [ids[:, history - k : history - k + s] for k in range(multipliers.shape[0])]
     rows = []
     mix = shifted[0] * multipliers[0]
     for size_index in range(primes.shape[0]):

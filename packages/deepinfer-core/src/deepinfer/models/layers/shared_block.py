@@ -37,7 +37,7 @@ class V41Context:
     shared: SharedKV
     image_mask: Tensor | None  # [B, S] True at image-token positions
     #: [B, history + S] compressed ids with the look-back in front (one per span when packed)
-    engram_ids: Tensor | list[Tensor] | None
+    engram_ids: Tensor | None
     engram_history: int
 
     def __post_init__(self) -> None:
