@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -100,29 +101,41 @@ def _compressors(state: ModelState) -> dict[tuple[int, str], CompressorState]:
     }
 
 
-def _fresh_copy(comp: CompressorState | None) -> CompressorState | None:
+_T = TypeVar("_T")
+
+
+def _copy(obj: _T) -> _T:
+    """A shallow copy of a plain (dataclass) object: its attributes, no ``copy`` protocol."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    return new
+
+
+def _fresh_copy(comp: CompressorState | None, own_entries: bool) -> CompressorState | None:
     if comp is None:
         return None
-    new = copy.copy(comp)
+    new = _copy(comp)
     new.marks = {}
-    if comp.entries_buf is not None:  # empty (a fresh state's): its own, grown on append
+    if own_entries and comp.entries_buf is not None:  # empty: its own, grown on append
         new.entries_buf = comp.entries_buf.clone()
     return new
 
 
-def _fresh_layer(layer: LayerState) -> LayerState:
-    swa = copy.copy(layer.swa)
+def _fresh_layer(layer: LayerState, own_entries: bool) -> LayerState:
+    swa = _copy(layer.swa)
     swa.marks = {}
-    return LayerState(swa, _fresh_copy(layer.compressor), _fresh_copy(layer.indexer))
+    comp, index = layer.compressor, layer.indexer
+    return LayerState(swa, _fresh_copy(comp, own_entries), _fresh_copy(index, own_entries))
 
 
-def _shell(template: ModelState) -> ModelState:
+def _shell(template: ModelState, own_entries: bool) -> ModelState:
     """A state with Python objects of its own, shaped and counted as the fresh ``template``:
     its slotted tensors are the template's until :meth:`StateSlots._point` points them at a
-    slot (the template's are never written)."""
-    state = copy.copy(template)
-    state.layers = [_fresh_layer(layer) for layer in template.layers]
-    state.mtp = [_fresh_layer(layer) for layer in template.mtp]
+    slot (the template's are never written); ``own_entries``: its compressors keep their
+    entries in buffers of their own (else in the pool's pages)."""
+    state = _copy(template)
+    state.layers = [_fresh_layer(layer, own_entries) for layer in template.layers]
+    state.mtp = [_fresh_layer(layer, own_entries) for layer in template.mtp]
     return state
 
 
@@ -206,7 +219,7 @@ class StateSlots:
                 t.index_copy_(0, index, blank.expand(n, *blank.shape[1:]))
         states = []
         for slot in slots:
-            state = _shell(self._template)
+            state = _shell(self._template, own_entries=self.page_table is None)
             self._live[slot] = state
             self._point(state, slot)
             if self.page_table is not None:
