@@ -1,17 +1,17 @@
 """Incremental detokenization and stop-string handling.
 
-Decoding the whole output every step would be quadratic; instead each step decodes a short
-window (vLLM's prefix/read offsets) and emits only the text that is complete, holding back a
-trailing partial UTF-8 sequence until the next token finishes it.
+Decoding the whole output every step would be quadratic. Each request keeps a
+``tokenizers`` ``DecodeStream``, which extends the text by each new token: it decodes a short
+window of the latest tokens (vLLM's prefix/read offsets, in Rust) and emits only the text that
+is complete, holding back a trailing partial UTF-8 sequence until the next token finishes it.
 """
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from deepinfer.engine.request import Request
-
-_WINDOW = 6  # tokens of left context so merges across the boundary decode correctly
 
 
 class Detokenizer:
@@ -22,17 +22,14 @@ class Detokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def update(self, req: Request) -> str:
-        """Append the newly complete text of ``req``'s output to ``req.text``; return it."""
-        ids = req.output_token_ids
-        skip = req.params.skip_special_tokens
-        prefix = self.decode(ids[req.prefix_offset : req.read_offset], skip)
-        full = self.decode(ids[req.prefix_offset :], skip)
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
-            return ""  # an incomplete byte sequence (or nothing visible yet): wait
-        new = full[len(prefix) :]
+        """Append the text that ``req``'s newest output token completes to ``req.text``;
+        return it (empty while a character is still incomplete)."""
+        stream = req.decode_stream
+        if stream is None:
+            skip = req.params.skip_special_tokens
+            stream = req.decode_stream = DecodeStream(skip_special_tokens=skip)
+        new = stream.step(self.tokenizer, req.output_token_ids[-1]) or ""
         req.text += new
-        req.prefix_offset = max(req.prefix_offset, len(ids) - _WINDOW)
-        req.read_offset = len(ids)
         return new
 
 

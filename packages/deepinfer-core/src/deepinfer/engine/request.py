@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tokenizers.decoders import DecodeStream
+
 from deepinfer.cache.prefix import Block, Snapshot
 from deepinfer.models.state import ModelState
 from deepinfer.outputs import Logprobs, RequestMetrics
@@ -72,10 +74,10 @@ class Request:
     #: The state at a boundary whose block ends with a token still in flight: recorded once
     #: the host reads that token (asynchronous scheduling).
     pending_block: Snapshot | None = None
-    #: Text decoded so far and the detokenizer's offsets into output_token_ids.
+    #: Text decoded so far, and the incremental decoder that extends it by each output token
+    #: (:mod:`.detokenizer`; made at the first).
     text: str = ""
-    prefix_offset: int = 0
-    read_offset: int = 0
+    decode_stream: DecodeStream | None = field(default=None, repr=False, compare=False)
 
     @property
     def all_token_ids(self) -> list[int]:
