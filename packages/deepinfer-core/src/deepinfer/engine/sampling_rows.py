@@ -159,22 +159,18 @@ def position_tensors(
     verification row's: from the request's next position on), built column by column
     without a :class:`SamplingRow` per position. Only for requests none of whose rows
     :func:`processes_logits`: they need nothing but temperature, the filters and the noise."""
-    n = torch.tensor(counts, dtype=torch.int64)
     ps = [r.params for r in reqs]
-
-    def col(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
-        return torch.tensor(values, dtype=dtype).repeat_interleave(n)
-
-    temperature = col([p.temperature for p in ps], torch.float32)
-    first = torch.cumsum(n, 0) - n  # each request's first row
-    offsets = torch.arange(int(n.sum())) - first.repeat_interleave(n)
-    top_p = col([p.top_p for p in ps], torch.float32)
-    min_p = col([p.min_p for p in ps], torch.float32)
-    top_k = col([max(p.top_k, 0) for p in ps], torch.int64)
-    seeds = col([r.seed for r in reqs], torch.int64)
-    positions = col([r.num_tokens for r in reqs], torch.int64) + offsets
-    temp, top_p, min_p = rows_to_device([temperature, top_p, min_p], device)
-    top_k, seeds, positions = rows_to_device([top_k, seeds, positions], device)
+    floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
+    ints = [[max(p.top_k, 0) for p in ps], [r.seed for r in reqs], [r.num_tokens for r in reqs]]
+    float_cols, int_cols = torch.tensor(floats), torch.tensor(ints, dtype=torch.int64)
+    if any(c != 1 for c in counts):  # each request's columns repeated over its positions
+        n = torch.tensor(counts, dtype=torch.int64)
+        float_cols, int_cols = float_cols.repeat_interleave(n, 1), int_cols.repeat_interleave(n, 1)
+        first = torch.cumsum(n, 0) - n  # each request's first row
+        int_cols[2] += torch.arange(int(n.sum())) - first.repeat_interleave(n)
+    temperature = float_cols[0]
+    temp, top_p, min_p = rows_to_device(list(float_cols), device)
+    top_k, seeds, positions = rows_to_device(list(int_cols), device)
     return SamplingTensors(
         temperature=temp,
         top_k=top_k,
