@@ -40,7 +40,7 @@ from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
 from deepinfer.engine.spec_step import PendingPositions, Recorder, SpecStep
-from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
+from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
@@ -167,9 +167,11 @@ class SpeculativeRunner:
         logprobs is always the engine's plain step (in fixed scheduling too)."""
         if not out.scheduled:
             return True
-        decode_only = True  # one pass over the rows: this runs before every step
+        decode_only, noisy = True, 0  # one pass over the rows: this runs before every step
         for req, n in out.scheduled.items():
-            if not is_decoding(req, n):
+            noisy += req.params.temperature > 0
+            start = req.num_computed_tokens  # is_decoding, inlined
+            if n != 1 or start < len(req.prompt_token_ids) or start + 1 != req.num_tokens:
                 decode_only = False
                 if req.prompt_logprobs is not None:
                     # prompt logprobs: every logit of the chunk, which the plain step keeps
@@ -180,7 +182,7 @@ class SpeculativeRunner:
         start = overhead.begin(decode_only) if overhead is not None else 0.0
         self._started = start if overhead is not None and decode_only else None
         drafted = self.drafts and any(self.drafts.get(r) for r in rows)
-        if drafted or self.verifier.drafting_pays(rows, self.k):
+        if drafted or self.verifier.drafting_pays(rows, self.k, noisy):
             return True
         if overhead is not None and decode_only:
             overhead.launched(start, False, self.verifier.predicted(len(rows), len(rows), 0))

@@ -274,23 +274,25 @@ class AdaptiveVerifier:
             return -PROBE_LOSS
         return MIN_PREDICTED_GAIN
 
-    def drafting_pays(self, reqs: Sequence[Request], k: int) -> bool:
+    def drafting_pays(self, reqs: Sequence[Request], k: int, noisy: int | None = None) -> bool:
         """Whether drafting ``k`` tokens for each of ``reqs`` before a step of their decoding
         rows is worth its cost (:func:`.verify_plan.drafting_plan` on the survivals expected
         of a round of each request's regime, its draft calibration applied: the mean is of
-        survivals the confidences' calibration already scaled, see the module);
-        counts the rounds it turns down (and ages what was learnt of their regimes), and
-        remembers what the others count on. A finding stands for a few steps of the same
-        batch (:mod:`.decision_spells`)."""
-        regimes = [sampled(req.params.temperature) for req in reqs]
-        batch = (len(reqs), sum(regimes), k)
+        survivals the confidences' calibration already scaled, see the module); counts the
+        rounds it turns down (and ages what was learnt of their regimes), and remembers what
+        the others count on. A finding stands for a few steps of the same batch
+        (:mod:`.decision_spells`); ``noisy``: how many of ``reqs`` sample, if counted."""
+        if noisy is None:
+            noisy = sum(sampled(req.params.temperature) for req in reqs)
+        batch = (len(reqs), noisy, k)
         standing = self.spells.standing(batch)
-        if standing is not None and standing.pays:
+        if standing is not None and not standing.pays:
+            self._skip({g for g, m in ((True, noisy), (False, len(reqs) - noisy)) if m}, k)
+            return False
+        regimes = [sampled(req.params.temperature) for req in reqs]
+        if standing is not None:
             self._decide(reqs, regimes, standing.counted or {}, standing.lengths or [])
             return True
-        if standing is not None:
-            self._skip(set(regimes), k)
-            return False
         expected = {g: self.learnt[g].survivals(k) for g in set(regimes)}
         scale = {g: self.learnt[g].draft_calibration for g in expected}
         calibrated = {g: [a * scale[g] for a in expected[g]] for g in expected}
