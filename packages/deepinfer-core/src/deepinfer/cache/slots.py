@@ -36,6 +36,7 @@ from torch import Tensor
 from deepinfer.cache.pages import PageTable
 from deepinfer.models.state import BUFFERS, CompressorState, LayerState, ModelState
 from deepinfer.paging import PAGE_TOKENS, PageMap, pages_for
+from deepinfer.transfer import to_device
 
 
 @dataclass
@@ -214,7 +215,8 @@ class StateSlots:
             for t, blank in zip(self.tensors, self._blank, strict=True):
                 t[slots[0]].copy_(blank[0])
         elif n:
-            index = torch.tensor(slots, device=self.tensors[0].device)
+            # (through pinned memory: a plain upload would wait for the steps in flight)
+            index = to_device(torch.tensor(slots), self.tensors[0].device)
             for t, blank in zip(self.tensors, self._blank, strict=True):
                 t.index_copy_(0, index, blank.expand(n, *blank.shape[1:]))
         states = []
