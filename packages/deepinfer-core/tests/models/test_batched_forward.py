@@ -95,6 +95,10 @@ def test_states_made_together_are_fresh_and_their_own(model: DeepseekV4ForCausal
     got = model(ForwardBatch.build(chunks, fresh)).logits
     want = torch.stack([model.step(c[None], model.new_state(1, slack=3))[0, -1] for c in chunks])
     assert float((want - got).abs().max()) < 5e-5
+    # More states than the pool has room for: none is handed out, and the room stays.
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        slots.new_states(slots.max_slots - slots.num_used + 1)
+    assert len(slots.new_states(slots.max_slots - slots.num_used)) == 3
 
 
 def _check_against_separate(

@@ -210,7 +210,12 @@ class StateSlots:
         rows reset together, one copy per slotted tensor."""
         if not self._shells:
             return [self._adopt(self._new_state()) for _ in range(n)]
-        slots = [self._take_slot() for _ in range(n)]  # (growing first: it moves the tensors)
+        slots: list[int] = []
+        try:  # all slots first: growing moves the tensors
+            slots += (self._take_slot() for _ in range(n))
+        except RuntimeError:
+            self._free += reversed(slots)  # none of them handed out
+            raise
         if n == 1:
             for t, blank in zip(self.tensors, self._blank, strict=True):
                 t[slots[0]].copy_(blank[0])
