@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from deepinfer.cache.pools import StatePool
 from deepinfer.cache.prefix import Block, PrefixCache
@@ -69,8 +70,8 @@ class Scheduler:
     # -- queue management ---------------------------------------------------------------------
 
     def add(self, req: Request) -> None:
-        keys = [r.sort_key for r in self.waiting]
-        self.waiting.insert(bisect.bisect(keys, req.sort_key), req)
+        """Queue ``req`` in scheduling order (after requests of equal key: FCFS)."""
+        bisect.insort(self.waiting, req, key=attrgetter("sort_key"))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
