@@ -29,6 +29,7 @@ from deepinfer.models.layouts import page_table_of
 from deepinfer.models.rollback import seed_history
 from deepinfer.models.state import CompressorState, ModelState, SlotBuffers, clone_or_none
 from deepinfer.paging import PAGE_TOKENS
+from deepinfer.transfer import copy_all
 
 #: A block's compressed entries fill whole entry pages.
 BLOCK_SIZE = PAGE_TOKENS
@@ -141,6 +142,53 @@ def block_key(parent: bytes | None, tokens: list[int]) -> bytes:
     return h.digest()
 
 
+def _restore_layers(state: ModelState, block: Block, chain: list[Block], shared: int) -> None:
+    """Put the cached layers of ``block`` into ``state``'s (slot) tensors: every ring and
+    buffer copy of the state at once (:func:`.transfer.copy_all`: a few launches where one
+    copy per tensor would be hundreds at V4-Flash's depth), the entries past the ``shared`` pages
+    appended, and a history ring the snapshot lacks rebuilt from the buffers after."""
+    dst: list[Tensor] = []
+    src: list[Tensor] = []
+    seeds: list[CompressorState] = []
+    for i, layer in enumerate(state.layers):
+        snap = block.layers[i]
+        dst.append(layer.swa.kv)
+        src.append(snap.swa_kv)
+        layer.swa.length = block.end
+        for name in ("compressor", "indexer"):
+            comp: CompressorState | None = getattr(layer, name)
+            last: _CompressorSnap | None = getattr(snap, name)
+            if comp is None or last is None:
+                continue
+            comp.count = shared * BLOCK_SIZE // comp.ratio  # in the shared pages
+            pieces = [getattr(b.layers[i], name).block_entries(b.page) for b in chain[shared:]]
+            if pieces:
+                comp.append_entries(torch.cat(pieces, dim=1))
+            comp.fill = n = last.buf_kv.shape[1]
+            dst += [comp.kv_buf[:, :n], comp.score_buf[:, :n]]
+            src += [last.buf_kv, last.buf_score]
+            for buf, value, empty in (
+                (comp.prev_kv_buf, last.prev_kv, 0.0),
+                (comp.prev_score_buf, last.prev_score, float("-inf")),
+            ):
+                if buf is None:
+                    assert value is None, "only overlapping compressors keep a previous window"
+                elif value is None:
+                    buf.fill_(empty)
+                else:
+                    dst.append(buf)
+                    src.append(value)
+            if comp.hist_kv_buf is not None and last.hist_kv is not None:
+                assert comp.hist_score_buf is not None and last.hist_score is not None
+                dst += [comp.hist_kv_buf, comp.hist_score_buf]
+                src += [last.hist_kv, last.hist_score]
+            elif comp.keep:  # rebuilt from the buffers: a rollback reads no further back
+                seeds.append(comp)
+    copy_all(dst, src)
+    for comp in seeds:
+        seed_history(comp, block.end)
+
+
 @dataclass
 class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
@@ -195,30 +243,7 @@ class PrefixCache:
             # Pages for the rest now: reclaiming them may evict blocks of this very chain,
             # whose copies are still read below (the shared pages are the slot's already).
             table.ensure(slot, block.end)
-        for i, layer in enumerate(state.layers):
-            snap = block.layers[i]
-            layer.swa.kv.copy_(snap.swa_kv)
-            layer.swa.length = block.end
-            for name in ("compressor", "indexer"):
-                comp: CompressorState | None = getattr(layer, name)
-                last: _CompressorSnap | None = getattr(snap, name)
-                if comp is None or last is None:
-                    continue
-                comp.count = shared * BLOCK_SIZE // comp.ratio  # in the shared pages
-                pieces = [getattr(b.layers[i], name).block_entries(b.page) for b in chain[shared:]]
-                if pieces:
-                    comp.append_entries(torch.cat(pieces, dim=1))
-                comp.buf_kv, comp.buf_score = last.buf_kv.clone(), last.buf_score.clone()
-                comp.prev_kv, comp.prev_score = (
-                    clone_or_none(last.prev_kv),
-                    clone_or_none(last.prev_score),
-                )
-                if comp.hist_kv_buf is not None and last.hist_kv is not None:
-                    assert comp.hist_score_buf is not None and last.hist_score is not None
-                    comp.hist_kv_buf.copy_(last.hist_kv)
-                    comp.hist_score_buf.copy_(last.hist_score)
-                elif comp.keep:  # rebuilt from the buffers: a rollback reads no further back
-                    seed_history(comp, block.end)
+        _restore_layers(state, block, chain, shared)
         state.pos = block.end
         state.token_history = clone_or_none(block.token_history)
         return state

@@ -36,7 +36,7 @@ from torch import Tensor
 from deepinfer.cache.pages import PageTable
 from deepinfer.models.state import BUFFERS, CompressorState, LayerState, ModelState
 from deepinfer.paging import PAGE_TOKENS, PageMap, pages_for
-from deepinfer.transfer import to_device
+from deepinfer.transfer import copy_all, to_device
 
 
 @dataclass
@@ -216,9 +216,8 @@ class StateSlots:
         except RuntimeError:
             self._free += reversed(slots)  # none of them handed out
             raise
-        if n == 1:
-            for t, blank in zip(self.tensors, self._blank, strict=True):
-                t[slots[0]].copy_(blank[0])
+        if n == 1:  # (multi-tensor copies: a few launches, not one per tensor)
+            copy_all([t[slots[0]] for t in self.tensors], [b[0] for b in self._blank])
         elif n:
             # (through pinned memory: a plain upload would wait for the steps in flight)
             index = to_device(torch.tensor(slots), self.tensors[0].device)
