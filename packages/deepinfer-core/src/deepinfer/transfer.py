@@ -44,6 +44,8 @@ def copy_all(dst: Sequence[Tensor], src: Sequence[Tensor]) -> None:
         tuple[torch.device, torch.dtype, torch.dtype], tuple[list[Tensor], list[Tensor]]
     ] = {}
     for d, s in zip(dst, src, strict=True):
+        if not d.numel():  # nothing to copy (an empty open window)
+            continue
         ds, ss = groups.setdefault((d.device, d.dtype, s.dtype), ([], []))
         ds.append(d)
         ss.append(s)

@@ -52,16 +52,18 @@ class _CompressorSnap:
     pages: SlotBuffers | None = None  # the pool whose pages hold the block's entries
 
     @classmethod
-    def take(cls, comp: CompressorState, first: int, paged: bool) -> _CompressorSnap:
+    def take(
+        cls, comp: CompressorState, first: int, paged: bool, clones: _Clones
+    ) -> _CompressorSnap:
         return cls(
-            None if paged else _owned_copy(comp, first),
-            comp.buf_kv.clone(),
-            comp.buf_score.clone(),
-            clone_or_none(comp.prev_kv),
-            clone_or_none(comp.prev_score),
+            None if paged else _owned_copy(comp, first, clones),
+            clones.of(comp.buf_kv),
+            clones.of(comp.buf_score),
+            clones.of_or_none(comp.prev_kv),
+            clones.of_or_none(comp.prev_score),
             comp.num_entries,
-            clone_or_none(comp.hist_kv_buf),
-            clone_or_none(comp.hist_score_buf),
+            clones.of_or_none(comp.hist_kv_buf),
+            clones.of_or_none(comp.hist_score_buf),
             comp.pool if paged else None,
         )
 
@@ -77,20 +79,43 @@ class _CompressorSnap:
         return sum(_nbytes(t) for t in (*tensors, self.hist_kv, self.hist_score))
 
 
-def _owned_copy(comp: CompressorState, first: int) -> Tensor:
+class _Clones:
+    """Copies asked for one by one and made together (:meth:`make`: one multi-tensor copy
+    per dtype, :func:`.transfer.copy_all`), where a clone each would be a launch each:
+    a snapshot of a V4-Flash state has hundreds of tensors."""
+
+    def __init__(self) -> None:
+        self.sources: list[Tensor] = []
+        self.copies: list[Tensor] = []
+
+    def of(self, t: Tensor) -> Tensor:
+        """A tensor like ``t`` that holds its values once :meth:`make` has run."""
+        new = torch.empty_like(t)
+        self.sources.append(t)
+        self.copies.append(new)
+        return new
+
+    def of_or_none(self, t: Tensor | None) -> Tensor | None:
+        return None if t is None else self.of(t)
+
+    def make(self) -> None:
+        copy_all(self.copies, self.sources)
+
+
+def _owned_copy(comp: CompressorState, first: int, clones: _Clones) -> Tensor:
     """Entries ``first:`` as a tensor of their own (read from pages, they already are)."""
     entries = comp.entries_from(first)
-    return entries if comp.paged else entries.clone()
+    return entries if comp.paged else clones.of(entries)
 
 
 def _take(
-    comp: CompressorState | None, prev: _CompressorSnap | None, paged: bool
+    comp: CompressorState | None, prev: _CompressorSnap | None, paged: bool, clones: _Clones
 ) -> _CompressorSnap | None:
     """Snapshot ``comp`` keeping only the entries appended since the previous block (none
     when ``paged``: the block's page holds them)."""
     if comp is None:
         return None
-    return _CompressorSnap.take(comp, prev.num_entries if prev else 0, paged)
+    return _CompressorSnap.take(comp, prev.num_entries if prev else 0, paged, clones)
 
 
 @dataclass
@@ -258,15 +283,17 @@ class PrefixCache:
         if found is not None:
             page = found[0].hold(found[1], state.pos // BLOCK_SIZE - 1)
         layers: list[_LayerSnap] = []
+        clones, paged = _Clones(), page is not None
         for i, layer in enumerate(state.layers):
             prev = parent.layers[i] if parent else None
             layers.append(
                 _LayerSnap(
-                    layer.swa.kv.clone(),
-                    _take(layer.compressor, prev.compressor if prev else None, page is not None),
-                    _take(layer.indexer, prev.indexer if prev else None, page is not None),
+                    clones.of(layer.swa.kv),
+                    _take(layer.compressor, prev.compressor if prev else None, paged, clones),
+                    _take(layer.indexer, prev.indexer if prev else None, paged, clones),
                 )
             )
+        clones.make()
         nbytes = sum(
             _nbytes(s.swa_kv) + sum(c.nbytes() for c in (s.compressor, s.indexer) if c)
             for s in layers
