@@ -73,32 +73,24 @@ def banned_tokens(row: SamplingRow, eos_token_ids: Collection[int], vocab_size: 
     return {t for t in banned if t < vocab_size}
 
 
-def processes_logits(row: SamplingRow) -> bool:
-    """Whether :func:`sampling_tensors` gives ``row`` anything that changes its logits before
-    temperature and the filters: a bias, a penalty, a ban, a grammar (conservative:
-    ``min_tokens`` counts while it lasts, whether or not it bans a token there)."""
-    return _processes(row.params, row.bad_words, row.grammar is not None, row.num_output_tokens)
-
-
 def plain_draws(reqs: Sequence[Request]) -> bool:
-    """Whether none of ``reqs``' next draws :func:`processes_logits` or has a grammar, so
-    :func:`position_tensors` builds their inputs without a row each (the common case)."""
-    return not any(
-        _processes(r.params, r.bad_words, r.grammar is not None, r.num_output_tokens) for r in reqs
-    )
-
-
-def _processes(
-    p: SamplingParams, bad_words: Sequence[Sequence[int]], grammar: bool, num_output_tokens: int
-) -> bool:
-    return bool(
-        p.penalized
-        or p.logit_bias
-        or p.allowed_token_ids
-        or bad_words
-        or grammar
-        or num_output_tokens < p.min_tokens
-    )
+    """Whether :func:`sampling_tensors` would give none of ``reqs``' next draws anything that
+    changes its logits before temperature and the filters (a bias, a penalty, a ban, an
+    allowed list, a grammar; conservative: ``min_tokens`` counts while it lasts, whether or
+    not it bans a token there), so :func:`position_tensors` builds their inputs without a row
+    each (the common case)."""
+    for r in reqs:
+        p = r.params
+        if (
+            p.penalized
+            or p.logit_bias
+            or p.allowed_token_ids
+            or r.bad_words
+            or r.grammar is not None
+            or r.num_output_tokens < p.min_tokens
+        ):
+            return False
+    return True
 
 
 def sampling_tensors(
@@ -157,8 +149,8 @@ def position_tensors(
 ) -> SamplingTensors:
     """The sampler's inputs for ``counts[i]`` consecutive positions of each request (a
     verification row's: from the request's next position on), built column by column
-    without a :class:`SamplingRow` per position. Only for requests none of whose rows
-    :func:`processes_logits`: they need nothing but temperature, the filters and the noise."""
+    without a :class:`SamplingRow` per position. Only for requests whose draws are
+    :func:`plain_draws`: they need nothing but temperature, the filters and the noise."""
     ps = [r.params for r in reqs]
     floats = [[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]]
     ints = [[max(p.top_k, 0) for p in ps], [r.seed for r in reqs], [r.num_tokens for r in reqs]]
