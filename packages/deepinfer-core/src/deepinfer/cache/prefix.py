@@ -192,17 +192,7 @@ def _restore_layers(state: ModelState, block: Block, chain: list[Block], shared:
             comp.fill = n = last.buf_kv.shape[1]
             dst += [comp.kv_buf[:, :n], comp.score_buf[:, :n]]
             src += [last.buf_kv, last.buf_score]
-            for buf, value, empty in (
-                (comp.prev_kv_buf, last.prev_kv, 0.0),
-                (comp.prev_score_buf, last.prev_score, float("-inf")),
-            ):
-                if buf is None:
-                    assert value is None, "only overlapping compressors keep a previous window"
-                elif value is None:
-                    buf.fill_(empty)
-                else:
-                    dst.append(buf)
-                    src.append(value)
+            comp.prev_kv, comp.prev_score = last.prev_kv, last.prev_score  # (setters copy)
             if comp.hist_kv_buf is not None and last.hist_kv is not None:
                 assert comp.hist_score_buf is not None and last.hist_score is not None
                 dst += [comp.hist_kv_buf, comp.hist_score_buf]
