@@ -43,6 +43,13 @@ ARMS: dict[str, dict[str, Any] | None] = {
 }  # fmt: skip
 
 
+def submit(engine: Any, prompts: list[list[int]], output_len: int) -> None:
+    """Queue a run: ``output_len`` greedy tokens for each prompt."""
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for p in prompts:
+        engine.add_request(p, params)
+
+
 def _sync(engine: Any) -> None:
     if engine.model.device.type == "cuda":
         torch.cuda.synchronize()
@@ -63,9 +70,7 @@ def _kind(spec: Any, before: tuple[int, int, int]) -> str:
 def timed_steps(engine: Any, prompts: list[list[int]], output_len: int) -> tuple[list[float], str]:
     """Milliseconds of each step of one run of ``prompts``, synced before and after, and
     each step's kind (see the module)."""
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for p in prompts:
-        engine.add_request(p, params)
+    submit(engine, prompts, output_len)
     times, kinds, spec = [], [], engine.spec
     while engine.groups:
         before = (spec.plain_steps, spec.num_drafts, spec.draft_passes) if spec else (0, 0, 0)
@@ -104,9 +109,7 @@ def profiled_first_step(engine: Any, prompts: list[list[int]], output_len: int) 
     """The first step of a run profiled: CPU and GPU milliseconds, the top CPU ops."""
     from torch.profiler import ProfilerActivity, profile
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for p in prompts:
-        engine.add_request(p, params)
+    submit(engine, prompts, output_len)
     activities = [ProfilerActivity.CPU]
     if engine.model.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -140,9 +143,7 @@ def op_counts(engine: Any, prompts: list[list[int]], output_len: int) -> dict[st
     prompts' prefill) and its fourth (a decode step) call, from one more run."""
     from torch.profiler import ProfilerActivity, profile
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for p in prompts:
-        engine.add_request(p, params)
+    submit(engine, prompts, output_len)
     found: dict[str, Any] = {}
     step = 0
     while engine.groups:
@@ -166,9 +167,7 @@ def python_profile(engine: Any, prompts: list[list[int]], output_len: int) -> di
     import cProfile
     import pstats
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for p in prompts:
-        engine.add_request(p, params)
+    submit(engine, prompts, output_len)
     profiler = cProfile.Profile()
     profiler.enable()
     engine.step()
