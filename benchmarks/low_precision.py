@@ -232,12 +232,12 @@ def gemm_only(
     }
 
 
-def gluon_candidates(n: int, k: int) -> list[Any]:
+def gluon_candidates(n: int, k: int, sms: int) -> list[Any]:
     """Launch shapes of the Gluon decode kernel tried by ``gemm_gluon`` at one row: the picked
     one, K split half and twice as far, within a program only, and four steps in flight."""
     from deepinfer_kernels_sm100 import fp8_gluon
 
-    pick = fp8_gluon.pick_tiles(n, k, 132)
+    pick = fp8_gluon.pick_tiles(n, k, sms)
     split = pick.split_k * pick.splits
     found = [pick]
     for s in (split // 2, split, split * 2, split * 4):
@@ -262,6 +262,7 @@ def gemm_gluon(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any
     :func:`gluon_candidates`."""
     from deepinfer.models.quant import quant_fp8_block
     from deepinfer_kernels_sm100 import fp8_gluon, fp8_linear
+    from deepinfer_kernels_sm100.devices import sm_count
     from deepinfer_kernels_sm100.fp8_linear import fp8_block_linear, quantize_act_fp8
 
     if not args.device.startswith("cuda"):
@@ -295,7 +296,7 @@ def gemm_gluon(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any
         x = torch.randn(1, k, device=args.device).to(torch.bfloat16)
         pre = quantize_act_fp8(x)
         fns = [partial(fp8_block_linear, x, q, s, quantized=pre) for q, s in fp8]
-        for tiles in gluon_candidates(n, k):
+        for tiles in gluon_candidates(n, k, sm_count(torch.device(args.device))):
             fp8_gluon.OVERRIDE[(n, k)] = tiles
             seconds = graph_s(fns, args.repeats)
             row = {"shape": name, "m": 1, "tiles": list(tiles), "gluon_us": round(seconds * 1e6, 2),

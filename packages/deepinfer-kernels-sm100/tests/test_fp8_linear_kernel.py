@@ -26,6 +26,7 @@ scale):
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
@@ -345,11 +346,14 @@ def _device_weight(
     return wq.to(DEVICE), ws.to(DEVICE)
 
 
-def _gluon(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, **kw: object) -> torch.Tensor:
-    """fp8_block_linear on the Gluon decode kernel (ValueError should it not take the call)."""
+def _gluon(
+    x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, linear: Any = fp8_block_linear, **kw: Any
+) -> torch.Tensor:
+    """``linear`` (fp8_block_linear or the grouped one) on the Gluon decode kernel
+    (ValueError should it not take the call)."""
     old, fp8_linear.DECODE_KERNEL = fp8_linear.DECODE_KERNEL, "gluon"
     try:
-        return fp8_block_linear(x, wq, ws, **kw)  # type: ignore[arg-type]
+        return linear(x, wq, ws, **kw)
     finally:
         fp8_linear.DECODE_KERNEL = old
 
@@ -394,11 +398,7 @@ def test_gluon_grouped_decode_is_each_group_against_float64(m: int) -> None:
     groups, rows, k = 8, 1024, 4096
     wq, ws = _device_weight(groups * rows, k, "ue8m0")
     x = _activations(m * groups, k, seed=130 + m).view(m, groups, k).to(DEVICE)
-    old, fp8_linear.DECODE_KERNEL = fp8_linear.DECODE_KERNEL, "gluon"
-    try:
-        got = fp8_block_grouped_linear(x, wq, ws)
-    finally:
-        fp8_linear.DECODE_KERNEL = old
+    got = _gluon(x, wq, ws, fp8_block_grouped_linear)
     for j in range(groups):
         part = slice(j * rows, (j + 1) * rows)
         _check_against_float64(
