@@ -40,7 +40,7 @@ from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
 from deepinfer.engine.spec_step import PendingPositions, Recorder, SpecStep
-from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier
+from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
@@ -170,8 +170,7 @@ class SpeculativeRunner:
         decode_only, noisy = True, 0  # one pass over the rows: this runs before every step
         for req, n in out.scheduled.items():
             noisy += req.params.temperature > 0
-            start = req.num_computed_tokens  # is_decoding, inlined
-            if n != 1 or start < len(req.prompt_token_ids) or start + 1 != req.num_tokens:
+            if not is_decoding(req, n):
                 decode_only = False
                 if req.prompt_logprobs is not None:
                     # prompt logprobs: every logit of the chunk, which the plain step keeps
