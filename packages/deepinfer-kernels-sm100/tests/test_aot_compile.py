@@ -232,6 +232,17 @@ def _mhc_specs() -> Iterator[AotSpec]:
             {"x_ptr": f"*{dt}", "pre_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096,
              "N": 4, "NP": 4, "BLOCK_D": 512},
         )  # fmt: skip
+        # a sublayer's entry after the mixer's splits: gates, Sinkhorn mix and (V4) collapse
+        for collapse in (True, False):
+            yield AotSpec(
+                "mhc_fused._mhc_finish_kernel",
+                f"{dt}-hc4-{'collapse' if collapse else 'weights'}",
+                {"part_ptr": "*fp32", "squares_ptr": "*fp32", "base_ptr": "*fp32",
+                 "scale_ptr": "*fp32", "x_ptr": f"*{dt}", "pre_ptr": "*fp32",
+                 "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": f"*{dt}", "rows": 32,
+                 "splits": 128, "dim": 4096, "iters": 20, "norm_eps": 1e-6, "hc_eps": 1e-6,
+                 "N": 4, "NP": 4, "BLOCK_S": 128, "BLOCK_D": 512, "COLLAPSE": collapse},
+            )  # fmt: skip
 
 
 def _moe_specs() -> Iterator[AotSpec]:
@@ -504,6 +515,26 @@ def _compress_specs() -> Iterator[AotSpec]:
              "prev_score_ptr": "*fp32", "out_ptr": "*fp32", "n": 1, "r": r, "dim": 512,
              "stride_b": r * width, "stride_n": r * width, "stride_r": width,
              "OVERLAP": overlap, "HAS_PREV": prev, "BLOCK_R": block_r, "BLOCK_D": block_d},
+        )  # fmt: skip
+    # a decode step's windows over the slot buffers: the CSA kinds with and without rollback
+    # history, reading a fused wkv/wgate output in place, the HCA kind (int64 slots, phases and
+    # ring rows); V4's compressors add a position bias, V4.1's shared ones none
+    for variant, r, overlap, history, block_r, block_d in (
+        ("slots-ratio4-overlap", 4, True, False, 16, 128),
+        ("slots-ratio4-overlap-history", 4, True, True, 16, 128),
+        ("slots-ratio128", 128, False, False, 128, 32),
+    ):
+        yield AotSpec(
+            "compress._slot_pool_kernel",
+            variant,
+            {"kv_ptr": "*fp32", "score_ptr": "*fp32", "bias_ptr": "*fp32", "kv_buf_ptr": "*fp32",
+             "score_buf_ptr": "*fp32", "prev_kv_ptr": "*fp32", "prev_score_ptr": "*fp32",
+             "hist_kv_ptr": "*fp32", "hist_score_ptr": "*fp32", "slots_ptr": "*i64",
+             "phase_ptr": "*i64", "hist_row_ptr": "*i64", "out_ptr": "*fp32", "r": r,
+             "dim": 512, "keep": 14 if history else 1, "stride_in": 4 * 512 if overlap else 512,
+             "stride_slot": 2,
+             "OVERLAP": overlap, "HISTORY": history, "HAS_BIAS": overlap,
+             "BLOCK_R": block_r, "BLOCK_D": block_d},
         )  # fmt: skip
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer_kernels_sm100.compress import softmax_pool
+from deepinfer_kernels_sm100.compress import slot_pool, softmax_pool
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -76,3 +78,87 @@ def test_strided_windows() -> None:
     got = softmax_pool(kv.to(DEVICE), score.to(DEVICE), None, None, True).cpu()
     want = TorchBackend("cpu").compress(kv, score, None, None, True)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@dataclass
+class _Buffers:
+    """One compressor's slot buffers (the fields ``compress_slots`` reads)."""
+
+    kv_buf: torch.Tensor
+    score_buf: torch.Tensor
+    prev_kv_buf: torch.Tensor | None
+    prev_score_buf: torch.Tensor | None
+    hist_kv_buf: torch.Tensor | None
+    hist_score_buf: torch.Tensor | None
+    ratio: int
+
+    @classmethod
+    def random(  # noqa: PLR0917
+        cls, rows: int, r: int, d: int, overlap: bool, keep: int, g: torch.Generator
+    ) -> _Buffers:
+        width = 2 * d if overlap else d
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g).to(DEVICE)
+
+        prev = (rand(rows, r, d), rand(rows, r, d) * 3) if overlap else (None, None)
+        hist = (rand(rows, keep, width), rand(rows, keep, width)) if keep else (None, None)
+        return cls(rand(rows, r, width), rand(rows, r, width) * 3, *prev, *hist, r)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in vars(self).values() if isinstance(t, torch.Tensor)]
+
+    def copy(self) -> _Buffers:
+        fields = vars(self).values()
+        return _Buffers(*(t.clone() if isinstance(t, torch.Tensor) else t for t in fields))
+
+
+class _UnfusedKernels(TorchBackend):
+    """The reference's torch ops around the pooling kernel: the decode path before the fused
+    kernel, whose arithmetic the fused kernel must keep."""
+
+    def compress(self, kv, score, prev_kv, prev_score, overlap):
+        return softmax_pool(kv, score, prev_kv, prev_score, overlap)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(4, 40, True, 0, True), (4, 40, True, 11, False), (128, 24, False, 0, True),
+     (128, 24, False, 131, False)],
+    ids=["csa", "csa-history", "hca", "hca-history"],
+)  # fmt: skip
+def test_slot_pool_matches_the_unfused_ops(case: tuple[int, int, bool, int, bool]) -> None:
+    """Every row at every phase (the window completing or not), padding rows in slot 0, the
+    projections as two tensors or as halves of one fused GEMM's output: the pooled windows
+    equal the pooling kernel's on the gathered windows bit for bit, every buffer of every real
+    slot ends as the torch ops leave it, and the pooled windows agree with the torch
+    reference's pooling."""
+    r, d, overlap, keep, fused_input = case
+    g = torch.Generator().manual_seed(r + d + keep)
+    rows = 9
+    # 0: padding rows; a column of a [B, 2] upload, as the decode step takes it
+    where = torch.tensor([[9, 3], [0, 0], [4, 7], [2, 1], [0, 0], [1, 5], [6, 8], [3, 2]])
+    slots = where.to(DEVICE)[:, 1]
+    phase = torch.tensor([r - 1, 0, 0, 1, r - 1, r - 2, r - 1, 2], device=DEVICE) % r
+    history = torch.randint(0, max(keep, 1), (len(slots),), generator=g).to(DEVICE)
+    history_row = history if keep else None
+    width = 2 * d if overlap else d
+    both = torch.randn(len(slots), 2 * width, generator=g).to(DEVICE)
+    kv, score = both[:, :width], both[:, width:] * 3
+    if fused_input:
+        both[:, width:] *= 3
+        score = both[:, width:]  # a column slice, read in place
+    bias = torch.randn(r, width, generator=g).to(DEVICE)
+    start = _Buffers.random(rows, r, d, overlap, keep, g)
+    fused, unfused, reference = start.copy(), start.copy(), start.copy()
+    args = (kv, score, bias)
+    got = slot_pool(*args, fused, slots, phase, history_row, overlap=overlap)
+    want = _UnfusedKernels("cpu").compress_slots(*args, unfused, slots, phase, history_row, overlap)
+    ref = TorchBackend("cpu").compress_slots(*args, reference, slots, phase, history_row, overlap)
+    real = slots != 0
+    assert torch.equal(got[real], want[real])
+    torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=1e-5)
+    for a, b, c in zip(fused.tensors(), unfused.tensors(), reference.tensors(), strict=True):
+        assert torch.equal(a[1:], b[1:])  # row 0: the padding rows' writes, in any order
+        assert torch.equal(a[1:], c[1:])
+    assert not torch.equal(fused.kv_buf, start.kv_buf)  # the new rows went in

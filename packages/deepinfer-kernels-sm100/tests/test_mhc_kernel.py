@@ -51,3 +51,34 @@ def test_matches_float64_on_peaked_logits() -> None:
     torch.testing.assert_close(pre.cpu().double(), want_pre, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(post.cpu().double(), want_post, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(comb.cpu().double(), c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("lead", [(1,), (2, 3), (33,)], ids=["one", "batch-seq", "odd-rows"])
+def test_entry_in_two_kernels_matches_the_reference(
+    lead: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """The mixer, gates, Sinkhorn mix and collapse of :mod:`~deepinfer_kernels_sm100.mhc_fused`
+    (n * d = 800 columns: seven splits, not a power of two) against the torch reference's
+    ``mhc_weights`` and ``mhc_pre``."""
+    from deepinfer_kernels_sm100.mhc_fused import mhc_entry
+
+    g = torch.Generator().manual_seed(sum(lead))
+    hc, d, iters = 4, 200, 20
+    x = torch.randn(*lead, hc, d, generator=g).to(dtype)
+    fn = torch.randn((2 + hc) * hc, hc * d, generator=g) * 0.05
+    base = torch.randn((2 + hc) * hc, generator=g)
+    scale = torch.rand(3, generator=g) + 0.5
+    ref = TorchBackend("cpu")
+    kw = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": iters}
+    want = ref.mhc_weights(x, fn, base, scale, **kw)
+    u_want, _, _ = ref.mhc_pre(x, fn, base, scale, **kw)
+    args = [t.to(DEVICE) for t in (x, fn, base, scale)]
+    *got, u = mhc_entry(*args, 1e-6, 1e-6, iters, True)
+    *weights_only, none = mhc_entry(*args, 1e-6, 1e-6, iters, False)
+    assert none is None and u is not None
+    for name, a, b, c in zip(("pre", "post", "comb"), got, weights_only, want, strict=True):
+        assert torch.equal(a, b), name
+        torch.testing.assert_close(a.cpu(), c, atol=2e-5, rtol=2e-5, msg=name)
+    assert u.dtype == dtype
+    torch.testing.assert_close(u.cpu().float(), u_want.float(), atol=1e-2, rtol=1e-2)

@@ -22,10 +22,12 @@ from torch import Tensor
 from deepinfer.assets import random_tiny_model, tiny_fp8_config, tiny_model
 from deepinfer.backends.base import Fp8Activation, Fp8Output
 from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.cache.slots import StateSlots
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
+from deepinfer.models.layers.fused import fuse_projections
 from deepinfer.models.stored_formats import (
     fp32_projections,
     hold_bf16_projections,
@@ -79,6 +81,36 @@ def _run(model: DeepseekV4ForCausalLM) -> list[torch.Tensor]:
     prompts = [torch.randint(3, top, (n,), generator=g).to(DEVICE) for n in (37, 9)]
     steps = torch.randint(3, top, (2, 2), generator=g).to(DEVICE)
     states = [model.new_state(1) for _ in prompts]
+    out = [model(ForwardBatch.build(prompts, states)).logits]
+    out += [model(ForwardBatch.decode(ids, states)).logits for ids in steps]
+    return out
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_slot_rows_with_fused_projections_match_the_reference(name: str) -> None:
+    """The engine's layout: states in shared slot rows, a packed prefill, then decode steps
+    (every compressor's window kernel over the slot buffers), with the projections fused as a
+    load fuses them for this backend, give the reference's logits on its own slot rows."""
+    model = BUILDERS[name]()
+    want = _run_slots(model)
+    model.ops = _kernel_ops()
+    assert fuse_projections(model) > 0
+    got = _run_slots(model)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
+
+
+def _run_slots(model: DeepseekV4ForCausalLM) -> list[torch.Tensor]:
+    """:func:`_run`'s prompts and steps (five of them, so ratio-4 windows complete) over slot
+    rows."""
+    top = min(model.cfg.vocab_size, model.cfg.image_token_id or model.cfg.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, top, (n,), generator=g).to(DEVICE) for n in (37, 9)]
+    steps = torch.randint(3, top, (5, 2), generator=g).to(DEVICE)
+    slots = StateSlots(
+        lambda: model.new_state(1), max_slots=2, max_len=64, initial_slots=2, initial_pages=8
+    )
+    states = [slots.new_state() for _ in prompts]
     out = [model(ForwardBatch.build(prompts, states)).logits]
     out += [model(ForwardBatch.decode(ids, states)).logits for ids in steps]
     return out

@@ -1,5 +1,5 @@
-"""Attention's ``wq_a`` and ``wkv``, and the shared expert's ``w1`` and ``w3``, fused into one
-weight each give the separate projections' logits.
+"""Attention's ``wq_a`` and ``wkv``, the shared expert's ``w1`` and ``w3`` and each compressor's
+``wkv`` and ``wgate``, fused into one weight each, give the separate projections' logits.
 
 The fused weight is the two stacked (:mod:`deepinfer.models.layers.fused`): the model's logits
 must stay those of the unfused model (the same maths; only the GEMM's summation order may
@@ -17,6 +17,7 @@ from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
 from deepinfer.models.layers.attention import MQA
+from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.fused import fusable, fuse_projections
 from deepinfer.models.layers.moe import Expert
 from deepinfer.models.layers.norm import Linear
@@ -28,6 +29,7 @@ def _check_fused(model: DeepseekCausalLM, ids: torch.Tensor) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pairs = [(m, "wq_a", "wkv") for m in model.modules() if isinstance(m, MQA)]
     pairs += [(m, "w1", "w3") for m in model.modules() if isinstance(m, Expert)]
+    pairs += [(m, "wkv", "wgate") for m in model.modules() if isinstance(m, Compressor)]
     assert any(isinstance(m, Expert) for m, _, _ in pairs)
     assert fuse_projections(model) == len(pairs)
     after = model.state_dict()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
+from deepinfer.backends.compress_ref import WindowBuffers
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.paging import PagedEntries
 
@@ -117,6 +118,23 @@ class Sm100Backend(TorchBackend):
             scales_fit=scales_fit,
         )
 
+    def mhc_pre(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        from deepinfer_kernels_sm100.mhc_fused import mhc_entry
+
+        _, post, comb, u = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, True)
+        assert u is not None
+        return u, post, comb
+
     def mhc_weights(
         self,
         x: Tensor,
@@ -128,12 +146,10 @@ class Sm100Backend(TorchBackend):
         hc_eps: float,
         sinkhorn_iters: int,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        from deepinfer_kernels_sm100.mhc import mhc_weights_from_mix
+        from deepinfer_kernels_sm100.mhc_fused import mhc_entry
 
-        mix = self.hc_mix(x, fn, norm_eps)
-        return mhc_weights_from_mix(
-            mix, base, scale, hc=x.shape[-2], hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
-        )
+        pre, post, comb, _ = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, False)
+        return pre, post, comb
 
     def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
         from deepinfer_kernels_sm100.mhc import hc_mix
@@ -170,6 +186,24 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.attention import mqa_sink_attention
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
+
+    def compress_slots(  # noqa: PLR0917
+        self,
+        kv: Tensor,
+        score: Tensor,
+        bias: Tensor | None,
+        buffers: WindowBuffers,
+        slots: Tensor,
+        phase: Tensor,
+        history_row: Tensor | None,
+        overlap: bool,
+    ) -> Tensor:
+        rows = (kv, score, bias, buffers, slots, phase, history_row)
+        if buffers.ratio == 1:  # no open window to keep: the reference's few ops
+            return super().compress_slots(*rows, overlap)
+        from deepinfer_kernels_sm100.compress import slot_pool
+
+        return slot_pool(*rows, overlap=overlap)
 
     def compress(
         self,

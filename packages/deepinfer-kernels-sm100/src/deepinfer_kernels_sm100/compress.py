@@ -6,14 +6,24 @@ and the softmax over a strided dimension is slow in torch (a V4 decode step spen
 ratio-128 layer's softmax, at one row as at 32). Here one program takes one window's block of
 channels: it loads the window's scores and values (and, with overlap, the previous window's or the
 carried ``prev`` halves), and writes the pooled entry.
+
+A decode step's windows over the shared slot buffers (:func:`slot_pool`) take one kernel more
+for all of it: the new row written into the window and the history ring, the window read and
+pooled, the stored previous half replaced where the window completes. In torch ops that is
+about ten launches a compressor, in every compressor of every decode step.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from deepinfer.backends.compress_ref import WindowBuffers
 
 
 @triton.jit(do_not_specialize=["n", "r", "dim"])
@@ -113,6 +123,166 @@ def softmax_pool(
         kv.stride(2),
         OVERLAP=overlap,
         HAS_PREV=has_prev,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+    )
+    return out
+
+
+@triton.jit(do_not_specialize=["r", "dim", "keep"])
+def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    kv_ptr,
+    score_ptr,  # [B, c * dim] fp32, rows ``stride_in`` apart: each row's new projections
+    bias_ptr,  # [r, c * dim] fp32: the position bias added to the scores (HAS_BIAS)
+    kv_buf_ptr,
+    score_buf_ptr,  # [slots, r, c * dim] fp32: the open windows
+    prev_kv_ptr,
+    prev_score_ptr,  # [slots, r, dim] fp32: the stored first halves (OVERLAP)
+    hist_kv_ptr,
+    hist_score_ptr,  # [slots, keep, c * dim] fp32: the history rings (HISTORY)
+    slots_ptr,  # [B] int64, ``stride_slot`` apart (a column of the step's index upload)
+    phase_ptr,
+    hist_row_ptr,  # [B] int64, contiguous
+    out_ptr,  # [B, dim] fp32
+    r,
+    dim,
+    keep,
+    stride_in,
+    stride_slot,
+    OVERLAP: tl.constexpr,
+    HISTORY: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One row's block of entry channels: its window (the buffer's rows, the new one from the
+    inputs) pooled with ``_softmax_pool_kernel``'s arithmetic, then the new row, the history
+    row and, where the window completes, the previous half written."""
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, BLOCK_R)
+    width = 2 * dim if OVERLAP else dim
+    cmask = c < dim
+    mask = (j < r)[:, None] & cmask[None, :]
+    slot = tl.load(slots_ptr + b * stride_slot)
+    phase = tl.load(phase_ptr + b)
+    fresh = (j == phase)[:, None]  # the new row: from the inputs, not the buffer
+    kept = mask & ~fresh
+    own = c + dim if OVERLAP else c  # this window's channels: its second halves with overlap
+    rows = slot * r * width + j[:, None] * width
+    new_s = tl.load(score_ptr + b * stride_in + own, mask=cmask, other=0.0)
+    new_v = tl.load(kv_ptr + b * stride_in + own, mask=cmask, other=0.0)
+    if HAS_BIAS:
+        new_s += tl.load(bias_ptr + phase * width + own, mask=cmask, other=0.0)
+    s = tl.load(score_buf_ptr + rows + own[None, :], mask=kept, other=float("-inf"))
+    v = tl.load(kv_buf_ptr + rows + own[None, :], mask=kept, other=0.0)
+    s = tl.where(fresh, new_s[None, :], s)
+    v = tl.where(fresh, new_v[None, :], v)
+    s = tl.where(cmask[None, :], s, 0.0)  # columns past the entry: finite, never stored
+    top = tl.max(s, axis=0)
+    if OVERLAP:
+        carried = (slot * r + j[:, None]) * dim + c[None, :]
+        s0 = tl.load(prev_score_ptr + carried, mask=mask, other=0.0)
+        s0 = tl.where(mask, s0, float("-inf"))
+        v0 = tl.load(prev_kv_ptr + carried, mask=mask, other=0.0)
+        top = tl.maximum(top, tl.max(s0, axis=0))
+        e0 = tl.exp(s0 - top[None, :])
+        e = tl.exp(s - top[None, :])
+        denom = tl.sum(e0, axis=0) + tl.sum(e, axis=0)
+        total = tl.sum(e0 * v0, axis=0) + tl.sum(e * v, axis=0)
+    else:
+        e = tl.exp(s - top[None, :])
+        denom = tl.sum(e, axis=0)
+        total = tl.sum(e * v, axis=0)
+    tl.store(out_ptr + b * dim + c, total / denom, mask=cmask)
+    tl.debug_barrier()  # every thread has read the rows written below
+    at = slot * r * width + phase * width
+    tl.store(kv_buf_ptr + at + own, new_v, mask=cmask)
+    tl.store(score_buf_ptr + at + own, new_s, mask=cmask)
+    if HISTORY:
+        ring = (slot * keep + tl.load(hist_row_ptr + b)) * width
+        tl.store(hist_kv_ptr + ring + own, new_v, mask=cmask)
+        tl.store(hist_score_ptr + ring + own, new_s, mask=cmask)
+    if OVERLAP:
+        first_s = tl.load(score_ptr + b * stride_in + c, mask=cmask, other=0.0)
+        first_v = tl.load(kv_ptr + b * stride_in + c, mask=cmask, other=0.0)
+        if HAS_BIAS:
+            first_s += tl.load(bias_ptr + phase * width + c, mask=cmask, other=0.0)
+        tl.store(kv_buf_ptr + at + c, first_v, mask=cmask)
+        tl.store(score_buf_ptr + at + c, first_s, mask=cmask)
+        if HISTORY:
+            tl.store(hist_kv_ptr + ring + c, first_v, mask=cmask)
+            tl.store(hist_score_ptr + ring + c, first_s, mask=cmask)
+        if phase == r - 1:  # the window completes: its first halves are the next one's
+            f_s = tl.load(score_buf_ptr + rows + c[None, :], mask=kept, other=0.0)
+            f_v = tl.load(kv_buf_ptr + rows + c[None, :], mask=kept, other=0.0)
+            tl.store(prev_score_ptr + carried, tl.where(fresh, first_s[None, :], f_s), mask=mask)
+            tl.store(prev_kv_ptr + carried, tl.where(fresh, first_v[None, :], f_v), mask=mask)
+
+
+def slot_pool(  # noqa: PLR0917
+    kv: Tensor,
+    score: Tensor,
+    bias: Tensor | None,
+    buffers: WindowBuffers,
+    slots: Tensor,
+    phase: Tensor,
+    history_row: Tensor | None,
+    *,
+    overlap: bool,
+) -> Tensor:
+    """:meth:`deepinfer.backends.base.Backend.compress_slots` for ratios above 1, in one
+    kernel: ``kv``/``score`` [B, c * D] fp32 (row slices of one fused projection's output
+    are read in place) -> [B, 1, D] fp32."""
+    kv_buf, score_buf = buffers.kv_buf, buffers.score_buf
+    assert kv_buf is not None and score_buf is not None
+    b, width = kv.shape
+    r = buffers.ratio
+    dim = width // 2 if overlap else width
+    out = torch.empty(b, 1, dim, dtype=torch.float32, device=kv.device)
+    if b == 0:
+        return out
+    # a kernel argument the launch's constexprs leave unread gets the window buffer
+    prev_kv, prev_score = (
+        (buffers.prev_kv_buf, buffers.prev_score_buf) if overlap else (kv_buf,) * 2
+    )
+    history = history_row is not None
+    hist_kv, hist_score = (
+        (buffers.hist_kv_buf, buffers.hist_score_buf) if history else (kv_buf,) * 2
+    )
+    assert prev_kv is not None and prev_score is not None
+    assert hist_kv is not None and hist_score is not None
+    written = (kv_buf, score_buf, prev_kv, prev_score, hist_kv, hist_score)
+    if not all(t.is_contiguous() and t.dtype == torch.float32 for t in written):
+        raise ValueError("compress_slots needs contiguous fp32 buffers")
+    if kv.stride(-1) != 1 or score.stride(-1) != 1 or kv.stride(0) != score.stride(0):
+        kv, score = kv.contiguous(), score.contiguous()
+    phase = phase.contiguous()
+    history_row = None if history_row is None else history_row.contiguous()
+    block_r = max(16, triton.next_power_of_2(r))
+    block_d = max(16, min(128, triton.next_power_of_2(dim), 4096 // block_r))
+    _slot_pool_kernel[(b, triton.cdiv(dim, block_d))](
+        kv,
+        score,
+        kv_buf if bias is None else bias.contiguous(),
+        kv_buf,
+        score_buf,
+        prev_kv,
+        prev_score,
+        hist_kv,
+        hist_score,
+        slots,
+        phase,
+        history_row if history_row is not None else phase,
+        out,
+        r,
+        dim,
+        hist_kv.shape[1] if history else 1,
+        kv.stride(0),
+        slots.stride(0),
+        OVERLAP=overlap,
+        HISTORY=history,
+        HAS_BIAS=bias is not None,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
     )

@@ -231,17 +231,15 @@ HC_MIX_IEEE_TILES = (16, 64, 4)
 HC_MIX_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
-    """``rms_norm(flatten(x)) @ fn.T`` in fp32: the mixer logits [..., W] of streams [..., n, d]."""
-    lead = x.shape[:-2]
+def hc_mix_parts(x: Tensor, fn: Tensor, norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The mixer's first kernel: (the streams flattened [rows, n * d], each split's partial
+    products [splits, rows, W] and partial sums of squares [splits, rows])."""
     flat = x.reshape(-1, x.shape[-2] * x.shape[-1]).contiguous()
     rows, k_dim = flat.shape
     width = fn.shape[0]
     splits = triton.cdiv(k_dim, HC_MIX_SPLIT)
     out = torch.empty(splits, rows, width, dtype=torch.float32, device=x.device)
     squares = torch.empty(splits, rows, dtype=torch.float32, device=x.device)
-    mix = torch.empty(rows, width, dtype=torch.float32, device=x.device)
-    block_w = max(16, triton.next_power_of_2(width))
     parts = flat.dtype == torch.bfloat16
     if parts:
         block_r, block_k, warps = HC_MIX_BLOCK_R, HC_MIX_BLOCK_K, HC_MIX_WARPS
@@ -259,12 +257,21 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
             norm_eps,
             SPLIT=HC_MIX_SPLIT,
             BLOCK_R=block_r,
-            BLOCK_W=block_w,
+            BLOCK_W=max(16, triton.next_power_of_2(width)),
             BLOCK_K=min(block_k, HC_MIX_SPLIT),
             BF16_PARTS=parts,
             NATIVE=HC_MIX_NATIVE,
             num_warps=warps,
         )
+    return flat, out, squares
+
+
+def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+    """``rms_norm(flatten(x)) @ fn.T`` in fp32: the mixer logits [..., W] of streams [..., n, d]."""
+    flat, out, squares = hc_mix_parts(x, fn, norm_eps)
+    (rows, k_dim), (splits, _, width) = flat.shape, out.shape
+    mix = torch.empty(rows, width, dtype=torch.float32, device=x.device)
+    if rows:
         _hc_mix_finish_kernel[(rows,)](
             out,
             squares,
@@ -275,9 +282,9 @@ def hc_mix(x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
             width,
             norm_eps,
             BLOCK_S=triton.next_power_of_2(splits),
-            BLOCK_W=block_w,
+            BLOCK_W=max(16, triton.next_power_of_2(width)),
         )
-    return mix.view(*lead, width)
+    return mix.view(*x.shape[:-2], width)
 
 
 @triton.jit

@@ -9,43 +9,20 @@ reference to fall back on and to be tested against.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
 
+from deepinfer.backends.fp8_types import Fp8Activation, Fp8Output
 from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
 
 if TYPE_CHECKING:
+    from deepinfer.backends.compress_ref import WindowBuffers
     from deepinfer.paging import PagedEntries
 
 __all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output"]
-
-
-@dataclass(frozen=True)
-class Fp8Activation:
-    """Activations quantised as :meth:`Backend.fp8_linear` quantises its input: ``q`` [..., K]
-    e4m3 and ``scale`` [..., K / 128] fp32, per token and group of 128 columns.
-
-    The op that produces an FP8 projection's input (its RMSNorm, the shared expert's SwiGLU)
-    can quantise it while the values are in registers and hand this over, so the projection
-    skips its own quantisation pass: one launch and one read of the activations fewer.
-    """
-
-    q: Tensor
-    scale: Tensor
-
-    def flatten_rows(self) -> Fp8Activation:
-        """[..., K] -> [N, K], as a projection's caller flattens the activations themselves."""
-        return Fp8Activation(
-            self.q.reshape(-1, self.q.shape[-1]), self.scale.reshape(-1, self.scale.shape[-1])
-        )
-
-
-#: An op's output and the same values quantised for the FP8 projection that reads them.
-Fp8Output = tuple[Tensor, Fp8Activation]
 
 
 class Backend(ABC):
@@ -222,6 +199,33 @@ class Backend(ABC):
         window w; ``prev_kv``/``prev_score`` [B, r, D] supply window -1 (None: no such window).
         Returns [B, n, D] fp32.
         """
+
+    def compress_slots(  # noqa: PLR0917
+        self,
+        kv: Tensor,
+        score: Tensor,
+        bias: Tensor | None,
+        buffers: WindowBuffers,
+        slots: Tensor,
+        phase: Tensor,
+        history_row: Tensor | None,
+        overlap: bool,
+    ) -> Tensor:
+        """A decode step's compressor windows over shared buffers, one new token a row.
+
+        Row i's projections ``kv``/``score`` [B, c*D] fp32, with ``bias[phase[i]]`` (the
+        position bias [ratio, c*D], None: none) added to ``score``, go to row ``phase[i]`` of
+        slot ``slots[i]``'s open window and, with a history ring, to its row
+        ``history_row[i]``; the window, complete or not, is pooled as :meth:`compress` pools
+        it (overlap: with the stored previous half); where it completes (``phase[i] == ratio -
+        1``) its first half replaces the stored one. Returns [B, 1, D] fp32. One op, so a
+        backend can do all of it in one kernel: a decode step runs it in every compressor.
+        Here: torch ops around :meth:`compress`.
+        """
+        from deepinfer.backends.compress_ref import pool_slot_windows
+
+        rows = (kv, score, bias, buffers, slots, phase, history_row)
+        return pool_slot_windows(self.compress, *rows, overlap=overlap)
 
     @abstractmethod
     def indexer_topk(

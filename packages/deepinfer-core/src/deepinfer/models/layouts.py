@@ -153,6 +153,16 @@ LayerStates = LayerState | SlotRows | RaggedRows
 CompressorStates = CompressorState | CompressorRows | RaggedCompressor
 
 
+def memo_of(state: LayerStates | CompressorStates) -> StepMemo:
+    """The step memo shared by a pass's layers (a fresh one for a state of its own, whose
+    pass runs one layer call at a time)."""
+    if isinstance(state, SlotRows | CompressorRows):
+        return state.step_memo
+    if isinstance(state, RaggedRows | RaggedCompressor):
+        return state.meta.step_memo
+    return StepMemo()
+
+
 def page_table_of(state: ModelState) -> tuple[PageMap, int] | None:
     """The entry page table and slot of a state whose entries live in pages (one table for
     every compressor of the model); None otherwise."""

@@ -28,7 +28,13 @@ from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_mask
 from deepinfer.models.layers.window import chunk_window, ragged_window, verify_window, window_keys
-from deepinfer.models.layouts import LayerStates, RaggedRows, SlotRows, compressor_states
+from deepinfer.models.layouts import (
+    LayerStates,
+    RaggedRows,
+    SlotRows,
+    compressor_states,
+    memo_of,
+)
 from deepinfer.models.ring import SWARing
 from deepinfer.models.state import LayerState
 from deepinfer.paging import dense_entries
@@ -231,5 +237,5 @@ class Attention(MQA):
                 ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
             )
             return LongRange(entries, picks=picks, span_of=span_of)
-        visible = visible_mask(positions, self.ratio, n, x.shape[0])
+        visible = visible_mask(positions, self.ratio, n, x.shape[0], memo_of(state))
         return LongRange(entries, visible=visible, span_of=span_of)

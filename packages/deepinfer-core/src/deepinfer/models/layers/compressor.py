@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
+from deepinfer.models.layers.fused import pair
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.verify_windows import (
@@ -29,6 +30,10 @@ from deepinfer.paging import PagedEntries
 
 
 class Compressor(nn.Module):
+    #: ``wkv`` and ``wgate`` project one input: one GEMM where the backend fuses projections
+    #: (:mod:`.fused`); the decode step's kernel reads the two halves of its output in place.
+    FUSED_PAIRS = (("wkv", "wgate"),)
+
     def __init__(
         self,
         hidden: int,
@@ -79,8 +84,8 @@ class Compressor(nn.Module):
             return self._forward_slots(ops, x, positions, rotary, state)
         if isinstance(state, RaggedCompressor):
             return self._forward_ragged(ops, x, positions, rotary, state)
-        kv = self.wkv(ops, x)
-        score = self.wgate(ops, x) + self.ape[positions % self.ratio]
+        kv, score = pair(self, "wkv", "wgate", ops, x)
+        score = score + self.ape[positions % self.ratio]
         windows = close_windows(state, kv, score)
         if windows is None:
             return state.entries
@@ -115,22 +120,12 @@ class Compressor(nn.Module):
         """
         if rows.tokens is not None:
             return self._forward_verify(ops, x, positions, rotary, rows)
-        pool, slots = rows.pool, rows.slots
+        pool = rows.pool
         at = slot_phase(rows, positions)
-        kv = self.wkv(ops, x)
-        score = self.wgate(ops, x) + self.ape[at.phase[:, None]]
-        win_kv, win_score = slot_windows(rows, at, kv, score)
-        prev_kv = prev_score = None
-        if self.overlap:
-            assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
-            prev_kv = pool.prev_kv_buf.index_select(0, slots)
-            prev_score = pool.prev_score_buf.index_select(0, slots)
-            pool.prev_kv_buf[slots] = torch.where(at.closes, win_kv[..., : self.dim], prev_kv)
-            pool.prev_score_buf[slots] = torch.where(
-                at.closes, win_score[..., : self.dim], prev_score
-            )
-        pooled = ops.compress(
-            win_kv[:, None], win_score[:, None], prev_kv, prev_score, self.overlap
+        kv, score = pair(self, "wkv", "wgate", ops, x)
+        ring = history_row(rows, at)
+        pooled = ops.compress_slots(
+            kv[:, 0], score[:, 0], self.ape, pool, rows.slots, at.phase, ring, self.overlap
         )
         assert pool.pages is not None
         entries = self.norm(ops, pooled.to(pool.pages.dtype))  # [B, 1, D]
@@ -149,8 +144,8 @@ class Compressor(nn.Module):
         """A verification pass's tokens [B, T, d] over shared buffers (capturable): each row's
         candidate windows pooled in one op, those that close written (:mod:`.verify_windows`)."""
         pool = rows.pool
-        kv = self.wkv(ops, x)
-        score = self.wgate(ops, x) + self.ape[positions % self.ratio]
+        kv, score = pair(self, "wkv", "wgate", ops, x)
+        score = score + self.ape[positions % self.ratio]
         windows = verify_windows(rows, kv, score)
         prev_kv = prev_score = None
         if self.overlap:
@@ -176,8 +171,8 @@ class Compressor(nn.Module):
     ) -> PagedEntries:
         """The new tokens [1, N, d] of a ragged pass's spans: every completed window of every
         span pooled in one op, its entry written by index; returns every span's entries."""
-        kv = self.wkv(ops, x[0])
-        score = self.wgate(ops, x[0]) + self.ape[positions % self.ratio]
+        kv, score = pair(self, "wkv", "wgate", ops, x[0])
+        score = score + self.ape[positions % self.ratio]
         windows = ragged_windows(comp, kv, score, self.dim if self.overlap else 0)
         if windows.plan.num_windows:
             pooled = ops.compress(
@@ -293,7 +288,6 @@ class SlotPhase:
     phase: Tensor  # [B] p % ratio: the row's slot in its open window
     index: Tensor  # [B] p // ratio: the entry that window makes
     entry_pos: Tensor  # [B, 1] index * ratio: the position the entry is rotated at
-    closes: Tensor  # [B, 1, 1] bool: this token completes its window
 
 
 def slot_phase(rows: CompressorRows, positions: Tensor) -> SlotPhase:
@@ -304,33 +298,20 @@ def slot_phase(rows: CompressorRows, positions: Tensor) -> SlotPhase:
     def make() -> SlotPhase:
         p = positions[:, 0]
         phase, index = p % r, p // r
-        return SlotPhase(phase, index, (index * r)[:, None], (phase == r - 1)[:, None, None])
+        return SlotPhase(phase, index, (index * r)[:, None])
 
     return rows.step_memo.get(("phase", r), make)
 
 
-def slot_windows(
-    rows: CompressorRows, at: SlotPhase, kv: Tensor, score: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Put each row's new projections [B, 1, width] (slot ``at.phase`` [B] of its window)
-    into its open window (and, with rollback slack, its history ring) and return every row's
-    window [B, ratio, width], complete or not."""
-    pool, slots, phase = rows.pool, rows.slots, at.phase
-    if pool.hist_kv_buf is not None:
-        assert pool.hist_score_buf is not None
-        keep = pool.hist_kv_buf.shape[1]
-
-        def ring_row() -> Tensor:  # position % keep, once a step for every ring of its shape
-            return (at.index * rows.ratio + phase) % keep
-
-        row = rows.step_memo.get(("history row", rows.ratio, keep), ring_row)
-        pool.hist_kv_buf[slots, row] = kv[:, 0]
-        pool.hist_score_buf[slots, row] = score[:, 0]
-    if rows.ratio == 1:  # every token is a whole window: nothing to buffer
-        return kv, score
-    pool.kv_buf[slots, phase] = kv[:, 0]
-    pool.score_buf[slots, phase] = score[:, 0]
-    return pool.kv_buf.index_select(0, rows.slots), pool.score_buf.index_select(0, rows.slots)
+def history_row(rows: CompressorRows, at: SlotPhase) -> Tensor | None:
+    """Each row's history-ring row (position % keep) where the states keep rollback history
+    (None otherwise), once a step for every ring of its shape."""
+    if rows.pool.hist_kv_buf is None:
+        return None
+    keep = rows.pool.hist_kv_buf.shape[1]
+    return rows.step_memo.get(
+        ("history row", rows.ratio, keep), lambda: (at.index * rows.ratio + at.phase) % keep
+    )
 
 
 def write_slot_entries(rows: CompressorRows, at: SlotPhase, new: Tensor) -> PagedEntries:

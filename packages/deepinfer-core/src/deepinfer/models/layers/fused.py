@@ -1,10 +1,10 @@
 """Pairs of projections that read the same input, run as one (vLLM's merged column linear).
 
-Attention's ``wq_a`` and ``wkv`` both project the normed layer input, and the shared expert's
-``w1`` and ``w3`` (gate and up) its input (a module lists such pairs in ``FUSED_PAIRS``). Run
-apart, a pair costs two GEMM launches; at decode sizes those fixed costs, not the bytes, set
-their time. Each compressor's ``wkv`` and ``wgate`` read one input too, but are not listed:
-their outputs' consumers would first have to take row slices of a wider result.
+Attention's ``wq_a`` and ``wkv`` both project the normed layer input, the shared expert's
+``w1`` and ``w3`` (gate and up) its input, and each compressor's ``wkv`` and ``wgate`` the
+layer input (a module lists such pairs in ``FUSED_PAIRS``). Run apart, a pair costs two GEMM
+launches; at decode sizes those fixed costs, not the bytes, set their time. The two results
+are column slices of one tensor; a consumer that needs them contiguous copies them.
 
 Once the weights are in, :func:`fuse_projections` gives each pair one weight, its rows the
 first projection's over the second's, and points the two projections' weights at row slices

@@ -16,7 +16,7 @@ from deepinfer.models.layers.compressor import Compressor
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_count
-from deepinfer.models.layouts import CompressorStates, RaggedCompressor
+from deepinfer.models.layouts import CompressorStates, RaggedCompressor, memo_of
 from deepinfer.models.ragged_plan import ScoreGroup, by_score_group, group_entries
 from deepinfer.paging import dense_entries
 
@@ -52,7 +52,7 @@ class Indexer(nn.Module):
         cos, sin = rotary.cos_sin(positions)
         q = ops.rope(q, cos, sin)
         weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
-        visible = visible_count(positions, self.ratio)
+        visible = visible_count(positions, self.ratio, memo_of(state))
         if not isinstance(state, RaggedCompressor):
             return ops.indexer_topk(q, keys, weights, visible, self.topk)
         # Each span's queries against its own keys, spans of similar length as one batch.

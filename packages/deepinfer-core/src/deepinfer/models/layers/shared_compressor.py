@@ -15,9 +15,9 @@ from deepinfer.backends.base import Backend
 from deepinfer.models.layers.compressor import (
     SlotPhase,
     close_windows,
+    history_row,
     ragged_windows,
     slot_phase,
-    slot_windows,
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.verify_windows import VerifyWindows, verify_windows
@@ -85,8 +85,11 @@ class SharedCompressor(nn.Module):
         work."""
         kv, score = self._project(ops, x)
         at = slot_phase(rows, positions)
-        win_kv, win_score = slot_windows(rows, at, kv, score)
-        pooled = ops.compress(win_kv[:, None], win_score[:, None], None, None, False)
+        ring = history_row(rows, at)
+        slots = rows.slots
+        pooled = ops.compress_slots(
+            kv[:, 0], score[:, 0], None, rows.pool, slots, at.phase, ring, False
+        )
         assert rows.pool.pages is not None
         return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
 

@@ -11,15 +11,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def visible_count(positions: Tensor, ratio: int) -> Tensor:
-    """How many entries a query at each of ``positions`` sees (same shape)."""
-    return (positions + 1) // ratio
+from deepinfer.models.layouts import StepMemo
 
 
-def visible_mask(positions: Tensor, ratio: int, num_entries: int, batch: int) -> Tensor:
+def visible_count(positions: Tensor, ratio: int, memo: StepMemo | None = None) -> Tensor:
+    """How many entries a query at each of ``positions`` sees (same shape); the same for every
+    layer of a ratio, so computed once per step where the pass has a ``memo``."""
+    if memo is None:
+        return (positions + 1) // ratio
+    return memo.get(("visible", ratio), lambda: (positions + 1) // ratio)
+
+
+def visible_mask(
+    positions: Tensor, ratio: int, num_entries: int, batch: int, memo: StepMemo | None = None
+) -> Tensor:
     """[batch, S, num_entries] True where the query at ``positions`` ([S], or [B, 1] for a
-    decode batch) sees the entry."""
-    entries = torch.arange(num_entries, device=positions.device)
-    seen = entries < visible_count(positions, ratio)[..., None]
-    return seen.expand(batch, positions.shape[-1], num_entries)
+    decode batch) sees the entry (once per step and shape where the pass has a ``memo``)."""
+
+    def make() -> Tensor:
+        entries = torch.arange(num_entries, device=positions.device)
+        seen = entries < visible_count(positions, ratio, memo)[..., None]
+        return seen.expand(batch, positions.shape[-1], num_entries)
+
+    if memo is None:
+        return make()
+    return memo.get(("visible mask", ratio, num_entries, batch), make)

@@ -49,7 +49,8 @@ def window_keys(
     ``kv`` [B, 1, D] at ``positions`` [B, 1]; writes the rings. All on the device (capturable)."""
     ring, p = rows.ring, positions  # [B, 1]
     capacity = ring.shape[1]
-    ring[rows.slots, p[:, 0] % capacity] = kv[:, 0].to(ring.dtype)
+    row = rows.step_memo.get(("ring row", capacity), lambda: p[:, 0] % capacity)
+    ring[rows.slots, row] = kv[:, 0].to(ring.dtype)
     keys = ring.index_select(0, rows.slots)  # [B, capacity, D]
 
     def mask() -> Tensor:  # the same for every layer of the step with this ring shape

@@ -1,0 +1,254 @@
+"""Kernels a decode step launches, counted on the CPU: the B = 1 step's time on a GPU follows it.
+
+A captured decode step of config A at batch 1 is a chain of about 1,400 small kernels, and the
+GPU is idle between them for about 40% of the step (``model_speed.py``'s profile): each kernel
+removed saves its launch gap whatever it computes. This counts them without a GPU, so a change
+can be checked for what it removes before it is timed:
+
+* the ``sm100`` backend's Triton kernels, run in Triton's interpreter (``TRITON_INTERPRET=1``,
+  set here), each launch counted by kernel name;
+* every torch op that launches a kernel of its own on a GPU (everything but views, shape
+  queries and allocations), counted by op name, outside the Triton launches.
+
+Only the model's layers are counted (``run_layers``: what a captured step replays), over slot
+rows that continue a prefilled prompt, at the first decode step after it. The layers keep config
+A's (or V4-Flash's) schedule of layer kinds at a width the interpreter runs in seconds; widths do
+not change which ops run. cuBLAS may split a matmul into two kernels on a GPU, and a few
+kernels take another path under the interpreter (noted in the output): the counts are the
+model's launches, not a GPU trace.
+
+    python benchmarks/launch_count.py [--models config_a v4_flash] [--batches 1 8]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import argparse
+import collections
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import RESULTS, write_result
+from low_precision import FLASH_CONFIG, cut
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from deepinfer.assets import init_random_weights
+from deepinfer.cache.slots import StateSlots
+from deepinfer.config import ModelConfig
+from deepinfer.models import weights_loaded
+from deepinfer.models.batch import ForwardBatch
+from deepinfer.models.decode import run_decode
+from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.paging import pages_for
+
+#: Widths the interpreter runs in seconds (the layer schedule and routing stay the model's).
+NARROW: dict[str, Any] = {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "num_attention_heads": 8,
+    "head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 128,
+    "o_lora_rank": 128,
+    "moe_intermediate_size": 128,
+    "index_n_heads": 4,
+    "index_head_dim": 64,
+    "index_topk": 16,
+    "sliding_window": 32,
+}
+
+#: Torch ops that launch no kernel: views, metadata and allocations.
+NO_KERNEL = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "expand", "slice", "select", "as_strided",
+        "unsqueeze", "squeeze", "permute", "t", "transpose", "detach", "alias", "split",
+        "split_with_sizes", "unbind", "unflatten", "flatten", "view_as", "empty",
+        "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+        "_reshape_alias", "sym_size", "sym_stride", "sym_numel", "is_same_size", "dim",
+        "_has_compatible_shallow_copy_type", "chunk", "narrow", "diagonal", "movedim",
+        "set_", "resize_", "_local_scalar_dense",
+    }
+)  # fmt: skip
+
+
+def config_a() -> ModelConfig:
+    """Config A's layer schedule (two plain layers, seven ratio-4 and seven ratio-128 ones, an
+    MTP layer; three hash-routed layers, 16 experts top-4) at :data:`NARROW` widths."""
+    fields = dict(
+        n_routed_experts=16,
+        n_shared_experts=1,
+        num_experts_per_tok=4,
+        num_hidden_layers=16,
+        num_hash_layers=3,
+        o_groups=4,
+        hc_mult=4,
+        compress_ratios=[0, 0] + [4, 128] * 7 + [0],
+        num_nextn_predict_layers=1,
+    )
+    return ModelConfig(**{**NARROW, **fields})
+
+
+def v4_flash() -> ModelConfig:
+    """The published V4-Flash config cut to four layers, at :data:`NARROW` widths (its layers
+    in bf16: the stored formats' kernels are counted by ``low_precision.py``)."""
+    raw = cut(json.loads(FLASH_CONFIG.read_text()), 4) | NARROW
+    raw.pop("quantization_config", None)
+    return ModelConfig.from_dict(raw)
+
+
+MODELS = {"config_a": config_a, "v4_flash": v4_flash}
+
+
+class _Counter(TorchDispatchMode):
+    """Counts the torch ops that launch a kernel, by name (paused inside Triton launches)."""
+
+    def __init__(self, where: bool = False) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+        #: With ``where``: the same ops by the model code that called them.
+        self.sites: collections.Counter[str] = collections.Counter()
+        self.where = where
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.paused and name not in NO_KERNEL:
+            self.ops[name] += 1
+            if self.where:
+                self.sites[f"{name} @ {caller()}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def caller() -> str:
+    """The innermost frame of DeepInfer's own code on the stack (file:line function)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if "/deepinfer" in code.co_filename and "launch_count" not in code.co_filename:
+            return f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}"
+        frame = frame.f_back
+    return "?"
+
+
+@contextmanager
+def counting(counter: _Counter) -> Iterator[collections.Counter[str]]:
+    """Count Triton launches by kernel name (their inner torch ops not counted) and torch ops
+    by ``counter``, while inside."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches: collections.Counter[str] = collections.Counter()
+    original = InterpretedFunction.run
+
+    def run(self, *args, **kwargs):
+        launches[self.fn.__name__] += 1
+        counter.paused += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            counter.paused -= 1
+
+    InterpretedFunction.run = run  # type: ignore[method-assign]
+    try:
+        with counter:
+            yield launches
+    finally:
+        InterpretedFunction.run = original  # type: ignore[method-assign]
+
+
+def kernel_ops() -> Any:
+    """The ``sm100`` backend bound to the CPU, its kernels interpreted (no GPU check)."""
+    from deepinfer_kernels_sm100.backend import Sm100Backend
+
+    ops = object.__new__(Sm100Backend)
+    ops.device = torch.device("cpu")
+    return ops
+
+
+def count_step(cfg: ModelConfig, batch: int, prompt_len: int, where: bool) -> dict[str, Any]:
+    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill."""
+    model = DeepseekV4ForCausalLM(cfg, dtype=torch.float32, device="cpu")
+    init_random_weights(model, seed=0)
+    model.ops = kernel_ops()
+    weights_loaded(model)  # as a load does: projections of one input fused, on this backend
+    model.eval()
+    max_len = prompt_len + 4
+    slots = StateSlots(
+        lambda: model.new_state(1),
+        max_slots=batch,
+        max_len=max_len,
+        initial_slots=batch,
+        initial_pages=batch * pages_for(max_len),
+    )
+    states = [slots.new_state() for _ in range(batch)]
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g) for _ in states]
+    model(ForwardBatch.build(prompts, states))
+    counter = _Counter(where)
+    run_layers = model.run_layers
+    found: dict[str, collections.Counter[str]] = {}
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with counting(counter) as launches:
+            out = run_layers(*args, **kwargs)
+        found["triton"] = launches
+        return out
+
+    model.run_layers = counted  # type: ignore[method-assign]
+    ids = torch.randint(3, cfg.vocab_size, (batch,), generator=g)
+    run_decode(model, ids, states, None)
+    triton, aten = found["triton"], counter.ops
+    return {
+        "batch": batch,
+        "kernels": sum(triton.values()) + sum(aten.values()),
+        "triton_launches": sum(triton.values()),
+        "torch_ops": sum(aten.values()),
+        "triton": dict(triton.most_common()),
+        "torch": dict(aten.most_common()),
+        **({"torch_by_caller": dict(counter.sites.most_common())} if where else {}),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
+    ap.add_argument("--prompt-len", type=int, default=160)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--where", action="store_true", help="torch ops by the code calling them")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    result: dict[str, Any] = {
+        "note": (
+            "kernels of one decode step's layers: sm100 Triton launches (interpreted) and "
+            "kernel-launching torch ops; under the interpreter hc_mix and the attention "
+            "scores take their portable paths"
+        ),
+        "models": {},
+    }
+    for name in args.models:
+        cfg = MODELS[name]()
+        rows = [count_step(cfg, b, args.prompt_len, args.where) for b in args.batches]
+        result["models"][name] = {"layers": cfg.num_hidden_layers, "rows": rows}
+        for row in rows:
+            print(
+                f"{name} batch {row['batch']}: {row['kernels']} kernels "
+                f"({row['triton_launches']} Triton, {row['torch_ops']} torch)",
+                flush=True,
+            )
+    out = args.out or RESULTS / "launch_count_cpu.json"
+    runs = json.loads(out.read_text()) if out.exists() else {"benchmark": "launch_count"}
+    runs[args.label] = result
+    write_result(runs, out, "launch_count_cpu")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
