@@ -46,7 +46,7 @@ WORK = ROOT / ".train"
 
 @dataclass
 class TrainConfig:
-    steps: int = 800
+    steps: int = 6000
     batch: int = 4
     seq_len: int = 256
     anchors: int = 32
@@ -57,7 +57,7 @@ class TrainConfig:
     eval_prompts: int = 12
     eval_tokens: int = 96
     #: sequences the target writes for training (0: plain windows only)
-    regen: int = 512
+    regen: int = 2048
     regen_prompt: int = 32
     #: share of training rows drawn from the regenerated sequences
     regen_fraction: float = 0.75
