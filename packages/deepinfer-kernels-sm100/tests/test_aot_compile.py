@@ -86,6 +86,9 @@ class AotSpec:
     #: The targets whose launch sites pick this configuration (the wrapper may choose by
     #: compute capability).
     archs: tuple[int, ...] = ARCHS
+    #: The launch's ``enable_fp_fusion`` (FMA contraction; off where a kernel must match
+    #: another's bits).
+    fp_fusion: bool = True
 
     @property
     def id(self) -> str:
@@ -193,13 +196,6 @@ def _router_specs() -> Iterator[AotSpec]:
 
 
 def _mhc_specs() -> Iterator[AotSpec]:
-    yield AotSpec(
-        "mhc._mhc_weights_kernel",
-        "hc4",
-        {"mix_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
-         "post_ptr": "*fp32", "comb_ptr": "*fp32", "rows": 32, "iters": 20, "hc_eps": 1e-6,
-         "N": 4, "NP": 4, "BLOCK": 16},
-    )  # fmt: skip
     # streams [32, 4, 4096] flattened: 16384 columns in splits of 128, (2 + 4) * 4 outputs; bf16
     # streams meet fn as bf16 parts on tensor cores, fp32 streams keep IEEE fp32 dots
     for dt, parts, block_r, warps in (("bf16", True, 128, 8), ("fp32", False, 16, 4)):
@@ -515,6 +511,7 @@ def _compress_specs() -> Iterator[AotSpec]:
              "prev_score_ptr": "*fp32", "out_ptr": "*fp32", "n": 1, "r": r, "dim": 512,
              "stride_b": r * width, "stride_n": r * width, "stride_r": width,
              "OVERLAP": overlap, "HAS_PREV": prev, "BLOCK_R": block_r, "BLOCK_D": block_d},
+            fp_fusion=False,
         )  # fmt: skip
     # a decode step's windows over the slot buffers: the CSA kinds with and without rollback
     # history, reading a fused wkv/wgate output in place, the HCA kind (int64 slots, phases and
@@ -535,6 +532,7 @@ def _compress_specs() -> Iterator[AotSpec]:
              "stride_slot": 2,
              "OVERLAP": overlap, "HISTORY": history, "HAS_BIAS": overlap,
              "BLOCK_R": block_r, "BLOCK_D": block_d},
+            fp_fusion=False,
         )  # fmt: skip
 
 
@@ -762,7 +760,7 @@ def _compile_one(fn: JITFunction[Any], spec: AotSpec, arch: int, cubin: bool) ->
     from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
     signature, constexprs, attrs = _bind(fn, spec)
-    options: dict[str, Any] = {"num_warps": spec.num_warps}
+    options: dict[str, Any] = {"num_warps": spec.num_warps, "enable_fp_fusion": spec.fp_fusion}
     if spec.num_stages is not None:
         options["num_stages"] = spec.num_stages
     if not cubin:

@@ -1,4 +1,5 @@
-"""The fused mHC-weights kernel against the torch reference (Triton's interpreter off the GPU)."""
+"""A sublayer's mHC entry kernels against the torch reference and float64 (Triton's interpreter
+off the GPU)."""
 
 from __future__ import annotations
 
@@ -6,41 +7,29 @@ import pytest
 import torch
 
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer_kernels_sm100.mhc import mhc_weights_from_mix
+from deepinfer_kernels_sm100.mhc_fused import mhc_entry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("lead", [(1,), (3, 7), (37,)], ids=["one", "batch-seq", "odd-rows"])
-@pytest.mark.parametrize("iters", [1, 20])
-def test_matches_the_reference(lead: tuple[int, ...], iters: int) -> None:
-    g = torch.Generator().manual_seed(sum(lead) + iters)
-    hc, d = 4, 8
-    x = torch.randn(*lead, hc, d, generator=g)
-    fn = torch.randn((2 + hc) * hc, hc * d, generator=g) * 0.3
-    base = torch.randn((2 + hc) * hc, generator=g)
-    scale = torch.rand(3, generator=g) + 0.5
-    ref = TorchBackend("cpu")
-    want = ref.mhc_weights(x, fn, base, scale, norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=iters)
-    mix = ref.hc_mix(x, fn, 1e-6).to(DEVICE)
-    got = mhc_weights_from_mix(
-        mix, base.to(DEVICE), scale.to(DEVICE), hc=hc, hc_eps=1e-6, sinkhorn_iters=iters
-    )
-    for name, a, b in zip(("pre", "post", "comb"), got, want, strict=True):
-        assert a.shape == b.shape, name
-        torch.testing.assert_close(a.cpu(), b, atol=2e-6, rtol=2e-5, msg=name)
-
-
 def test_matches_float64_on_peaked_logits() -> None:
+    """Gates and a 20-iteration Sinkhorn mix from peaked logits (a slow-converging softmax),
+    recomputed in float64 from the streams. The float64 mixer output is the kernel's input
+    but for the fp32 rounding of sums of 128 products: its error is about 1e-6 relative, which
+    the sigmoid (slope <= 1/4) and the Sinkhorn steps (each divides by a sum near 1) carry to
+    the bounds below."""
     g = torch.Generator().manual_seed(5)
-    hc, iters, eps = 4, 20, 1e-6
-    mix = torch.randn(9, (2 + hc) * hc, generator=g) * 3  # peaked softmax, slow convergence
+    hc, d, iters, eps = 4, 32, 20, 1e-6
+    x = torch.randn(9, hc, d, generator=g)
+    fn = torch.randn((2 + hc) * hc, hc * d, generator=g) * (3 / (hc * d) ** 0.5)  # mix ~ N(0, 9)
     base = torch.randn((2 + hc) * hc, generator=g)
     scale = torch.rand(3, generator=g) + 0.5
-    pre, post, comb = mhc_weights_from_mix(
-        mix.to(DEVICE), base.to(DEVICE), scale.to(DEVICE), hc=hc, hc_eps=eps, sinkhorn_iters=iters
-    )
-    m, b, s = mix.double(), base.double(), scale.double()
+    args = [t.to(DEVICE) for t in (x, fn, base, scale)]
+    pre, post, comb, _ = mhc_entry(*args, eps, eps, iters, False)
+    flat = x.flatten(-2).double()
+    m = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps) @ fn.double().T
+    assert m.abs().max() > 6  # peaked: some softmax rows near one-hot
+    b, s = base.double(), scale.double()
     want_pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + eps
     want_post = 2 * torch.sigmoid(m[:, hc : 2 * hc] * s[1] + b[hc : 2 * hc])
     c = (m[:, 2 * hc :] * s[2] + b[2 * hc :]).view(-1, hc, hc).softmax(-1) + eps
@@ -48,23 +37,22 @@ def test_matches_float64_on_peaked_logits() -> None:
     for _ in range(iters - 1):
         c = c / (c.sum(-1, keepdim=True) + eps)
         c = c / (c.sum(-2, keepdim=True) + eps)
-    torch.testing.assert_close(pre.cpu().double(), want_pre, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(post.cpu().double(), want_post, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(comb.cpu().double(), c, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pre.cpu().double(), want_pre, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(post.cpu().double(), want_post, atol=4e-6, rtol=2e-6)
+    torch.testing.assert_close(comb.cpu().double(), c, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("iters", [1, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("lead", [(1,), (2, 3), (33,)], ids=["one", "batch-seq", "odd-rows"])
 def test_entry_in_two_kernels_matches_the_reference(
-    lead: tuple[int, ...], dtype: torch.dtype
+    lead: tuple[int, ...], dtype: torch.dtype, iters: int
 ) -> None:
-    """The mixer, gates, Sinkhorn mix and collapse of :mod:`~deepinfer_kernels_sm100.mhc_fused`
-    (n * d = 800 columns: seven splits, not a power of two) against the torch reference's
-    ``mhc_weights`` and ``mhc_pre``."""
-    from deepinfer_kernels_sm100.mhc_fused import mhc_entry
-
-    g = torch.Generator().manual_seed(sum(lead))
-    hc, d, iters = 4, 200, 20
+    """The mixer, gates, Sinkhorn mix (one iteration or twenty) and collapse of
+    :mod:`~deepinfer_kernels_sm100.mhc_fused` (n * d = 800 columns: seven splits, not a power
+    of two) against the torch reference's ``mhc_weights`` and ``mhc_pre``."""
+    g = torch.Generator().manual_seed(sum(lead) + iters)
+    hc, d = 4, 200
     x = torch.randn(*lead, hc, d, generator=g).to(dtype)
     fn = torch.randn((2 + hc) * hc, hc * d, generator=g) * 0.05
     base = torch.randn((2 + hc) * hc, generator=g)

@@ -11,6 +11,11 @@ A decode step's windows over the shared slot buffers (:func:`slot_pool`) take on
 for all of it: the new row written into the window and the history ring, the window read and
 pooled, the stored previous half replaced where the window completes. In torch ops that is
 about ten launches a compressor, in every compressor of every decode step.
+
+Both kernels pool through :func:`_pool_window`, whose sums over a window's rows have an order
+fixed by the window (not by the tile's layout, which the compiler picks per kernel), and both
+launch with FMA contraction off: a window pooled by a prefill chunk and by a decode step (or a
+verification row) gets the same bits, so no output depends on which path computed an entry.
 """
 
 from __future__ import annotations
@@ -24,6 +29,42 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from deepinfer.backends.compress_ref import WindowBuffers
+
+
+#: A launch option of both pooling kernels: every product rounded before it is added, so the
+#: compiler cannot fuse a product into whichever add the tile's layout puts next to it.
+NO_FMA = {"enable_fp_fusion": False}
+
+
+@triton.jit
+def _row_sum(x):
+    """``x`` [R, C] (R a power of two) summed over its rows by a pairwise tree fixed by R: row j
+    plus row j + R/2, then the same over the halves. Every add has two operands, so the bits do
+    not depend on the layout; ``tl.sum``'s order over R rows does, and the layouts differ between
+    kernels."""
+    for _ in tl.static_range(16):
+        if x.shape[0] > 1:
+            x = tl.sum(tl.reshape(x, (2, x.shape[0] // 2, x.shape[1])), axis=0)
+    return tl.reshape(x, (x.shape[1],))
+
+
+@triton.jit
+def _pool_window(s, v, s0, v0, OVERLAP: tl.constexpr):
+    """A window's softmax-weighted sum over its rows: scores ``s`` and values ``v`` [R, C]
+    fp32 (and, with ``OVERLAP``, the previous window's first halves ``s0``/``v0``), masked rows
+    at -inf score -> [C]."""
+    top = tl.max(s, axis=0)
+    if OVERLAP:
+        top = tl.maximum(top, tl.max(s0, axis=0))
+        e0 = tl.exp(s0 - top[None, :])
+        e = tl.exp(s - top[None, :])
+        denom = _row_sum(e0) + _row_sum(e)
+        total = _row_sum(e0 * v0) + _row_sum(e * v)
+    else:
+        e = tl.exp(s - top[None, :])
+        denom = _row_sum(e)
+        total = _row_sum(e * v)
+    return total / denom
 
 
 @triton.jit(do_not_specialize=["n", "r", "dim"])
@@ -56,7 +97,7 @@ def _softmax_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     s = tl.load(score_ptr + at, mask=mask, other=float("-inf")).to(tl.float32)
     v = tl.load(kv_ptr + at, mask=mask, other=0.0).to(tl.float32)
     s = tl.where((c < dim)[None, :], s, 0.0)  # columns past the entry: finite, never stored
-    top = tl.max(s, axis=0)
+    s0, v0 = s, v
     if OVERLAP:
         # the first halves of window i - 1: in this tensor, or the carried ones for i = 0
         before = base - stride_n + c[None, :]
@@ -72,16 +113,7 @@ def _softmax_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
             v0 = tl.where(
                 first, tl.load(prev_kv_ptr + carried, mask=first, other=0.0).to(tl.float32), v0
             )
-        top = tl.maximum(top, tl.max(s0, axis=0))
-        e0 = tl.exp(s0 - top[None, :])
-        e = tl.exp(s - top[None, :])
-        denom = tl.sum(e0, axis=0) + tl.sum(e, axis=0)
-        total = tl.sum(e0 * v0, axis=0) + tl.sum(e * v, axis=0)
-    else:
-        e = tl.exp(s - top[None, :])
-        denom = tl.sum(e, axis=0)
-        total = tl.sum(e * v, axis=0)
-    tl.store(out_ptr + row * dim + c, total / denom, mask=c < dim)
+    tl.store(out_ptr + row * dim + c, _pool_window(s, v, s0, v0, OVERLAP), mask=c < dim)
 
 
 def softmax_pool(
@@ -125,6 +157,7 @@ def softmax_pool(
         HAS_PREV=has_prev,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
+        **NO_FMA,
     )
     return out
 
@@ -179,22 +212,13 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     s = tl.where(fresh, new_s[None, :], s)
     v = tl.where(fresh, new_v[None, :], v)
     s = tl.where(cmask[None, :], s, 0.0)  # columns past the entry: finite, never stored
-    top = tl.max(s, axis=0)
+    s0, v0 = s, v
+    carried = (slot * r + j[:, None]) * dim + c[None, :]
     if OVERLAP:
-        carried = (slot * r + j[:, None]) * dim + c[None, :]
         s0 = tl.load(prev_score_ptr + carried, mask=mask, other=0.0)
         s0 = tl.where(mask, s0, float("-inf"))
         v0 = tl.load(prev_kv_ptr + carried, mask=mask, other=0.0)
-        top = tl.maximum(top, tl.max(s0, axis=0))
-        e0 = tl.exp(s0 - top[None, :])
-        e = tl.exp(s - top[None, :])
-        denom = tl.sum(e0, axis=0) + tl.sum(e, axis=0)
-        total = tl.sum(e0 * v0, axis=0) + tl.sum(e * v, axis=0)
-    else:
-        e = tl.exp(s - top[None, :])
-        denom = tl.sum(e, axis=0)
-        total = tl.sum(e * v, axis=0)
-    tl.store(out_ptr + b * dim + c, total / denom, mask=cmask)
+    tl.store(out_ptr + b * dim + c, _pool_window(s, v, s0, v0, OVERLAP), mask=cmask)
     tl.debug_barrier()  # every thread has read the rows written below
     at = slot * r * width + phase * width
     tl.store(kv_buf_ptr + at + own, new_v, mask=cmask)
@@ -285,5 +309,6 @@ def slot_pool(  # noqa: PLR0917
         HAS_BIAS=bias is not None,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
+        **NO_FMA,
     )
     return out

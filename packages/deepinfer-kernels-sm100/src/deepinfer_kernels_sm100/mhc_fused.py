@@ -1,13 +1,14 @@
 """A sublayer's mHC entry in two kernels: the mixer's split products, then one kernel for the rest.
 
 Done op by op, a sublayer's entry is four launches: the mixer's split products
-(``mhc._hc_mix_kernel``), their sum and normalisation (``_hc_mix_finish_kernel``), the weights
-(``_mhc_weights_kernel``: gates and Sinkhorn) and the streams' collapse
-(``_mhc_collapse_kernel``). All but the first work on one token's few numbers (a [n, n] mix
-and n gates) and its streams; at decode sizes each is a launch for a microsecond's work, in
-every sublayer of every step. Here one program per token adds the splits, computes the gates
-and the Sinkhorn mix with ``_mhc_weights_kernel``'s order of operations, and (``COLLAPSE``)
-collapses the token's streams with the new ``pre`` weights, as ``_mhc_collapse_kernel`` does.
+(``mhc._hc_mix_kernel``), their sum and normalisation (``mhc._hc_mix_finish_kernel``), the
+weights (gates and Sinkhorn) and the streams' collapse (``mhc._mhc_collapse_kernel``). All but
+the first work on one token's few numbers (a [n, n] mix and n gates) and its streams; at decode
+sizes each is a launch for a microsecond's work, in every sublayer of every step. Here one
+program per token adds the splits, computes the gates and the Sinkhorn mix with the torch
+reference's order of operations (``deepinfer.backends.mhc_ref``: softmax, + eps, column, then
+``iters - 1`` times row and column, each divided by sum + eps), and (``COLLAPSE``) collapses the
+token's streams with the new ``pre`` weights, as ``mhc._mhc_collapse_kernel`` does.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
     logits = tl.load(parts[:, None, None] + 2 * N + cell[None, :, :], mask=mat, other=0.0)
     logits = tl.sum(logits, axis=0) * norm
 
-    # the weights, as _mhc_weights_kernel computes them for one row
+    # the weights: gates, then the Sinkhorn mix in the reference's order
     b_pre = tl.load(base_ptr + i, mask=i < N, other=0.0)
     b_post = tl.load(base_ptr + N + i, mask=i < N, other=0.0)
     pre = tl.sigmoid(pre_l * tl.load(scale_ptr) + b_pre) + hc_eps
@@ -106,9 +107,8 @@ def mhc_entry(  # noqa: PLR0917
     collapse: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """(pre [..., n], post [..., n], comb [..., n, n] fp32, and with ``collapse`` the streams
-    ``x`` [..., n, d] collapsed by ``pre`` [..., d] in ``x``'s dtype, else None): the mixer
-    and :func:`~deepinfer_kernels_sm100.mhc.mhc_weights_from_mix` (and ``mhc_collapse``) in
-    two launches."""
+    ``x`` [..., n, d] collapsed by ``pre`` [..., d] in ``x``'s dtype, else None): the mixer,
+    the reference's ``mhc_weights_from_mix`` (and ``mhc_collapse``) in two launches."""
     lead, (n, dim) = x.shape[:-2], x.shape[-2:]
     flat, parts, squares = hc_mix_parts(x, fn, norm_eps)
     rows, splits = flat.shape[0], parts.shape[0]

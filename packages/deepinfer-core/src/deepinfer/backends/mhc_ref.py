@@ -7,8 +7,8 @@ nearly doubly stochastic by Sinkhorn normalisation.
 
 It is a module of its own, apart from :class:`~deepinfer.backends.torch_ref.TorchBackend`,
 because it is pure maths on the mixer's output: it is the float reference that fused kernels
-(``deepinfer_kernels_sm100.mhc.mhc_weights_from_mix``, same signature) are tested against, and
-:func:`sinkhorn` is checked on its own.
+(``deepinfer_kernels_sm100.mhc_fused.mhc_entry``) are tested against, and :func:`sinkhorn` is
+checked on its own.
 """
 
 from __future__ import annotations

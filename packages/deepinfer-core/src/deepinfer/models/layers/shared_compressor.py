@@ -86,9 +86,8 @@ class SharedCompressor(nn.Module):
         kv, score = self._project(ops, x)
         at = slot_phase(rows, positions)
         ring = history_row(rows, at)
-        slots = rows.slots
         pooled = ops.compress_slots(
-            kv[:, 0], score[:, 0], None, rows.pool, slots, at.phase, ring, False
+            kv[:, 0], score[:, 0], None, rows.pool, rows.slots, at.phase, ring, False
         )
         assert rows.pool.pages is not None
         return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
