@@ -496,6 +496,26 @@ def _attention_specs() -> Iterator[AotSpec]:
         )  # fmt: skip
 
 
+def _norm_rope_specs() -> Iterator[AotSpec]:
+    k = "norm_rope._norm_rope_kernel"
+    # query heads (unweighted), the kv row (a row slice of the fused wq_a / wkv output) and a
+    # compressed entry (weighted, one head)
+    for dt in ("bf16", "fp32"):
+        for variant, heads, stride, weighted, block_h in (
+            ("query-heads", 64, 64 * 512, False, 16),
+            ("kv-row", 1, 1536, True, 1),
+            ("entry", 1, 512, True, 1),
+        ):
+            yield AotSpec(
+                k,
+                f"{dt}-{variant}",
+                {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                 "out_ptr": f"*{dt}", "heads": heads, "dim": 512, "rot_start": 448, "half": 32,
+                 "x_stride": stride, "eps": 1e-6, "HAS_WEIGHT": weighted, "EMULATE": False,
+                 "BLOCK_H": block_h, "BLOCK_D": 512},
+            )  # fmt: skip
+
+
 def _compress_specs() -> Iterator[AotSpec]:
     # kv/score [B, n, r, c * 512] fp32: ratio 4 overlaps windows (c = 2), ratio 128 does not
     cases = (
@@ -652,6 +672,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_indexer_specs(),
     *_topk_specs(),
     *_attention_specs(),
+    *_norm_rope_specs(),
     *_compress_specs(),
     *_fp8_linear_specs(),
 )

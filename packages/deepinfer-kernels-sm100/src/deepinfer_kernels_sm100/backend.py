@@ -182,6 +182,13 @@ class Sm100Backend(TorchBackend):
 
         return rope(x, cos, sin, inverse)
 
+    def rms_norm_rope(
+        self, x: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin: Tensor
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.norm_rope import rms_norm_rope
+
+        return rms_norm_rope(x, weight, eps, cos, sin)
+
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
         from deepinfer_kernels_sm100.attention import mqa_sink_attention
 

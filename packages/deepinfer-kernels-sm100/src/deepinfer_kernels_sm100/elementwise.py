@@ -47,6 +47,21 @@ def _store_fp8(  # noqa: PLR0917 (Triton helpers take positional arguments)
 
 
 @triton.jit
+def normed(  # noqa: PLR0917 (Triton helpers take positional arguments)
+    x, inv, w_ptr, cols, mask, out_ptr, HAS_WEIGHT: tl.constexpr, EMULATE: tl.constexpr
+):
+    """RMSNorm's output in ``out_ptr``'s dtype from fp32 ``x`` and its rows' ``inv`` (1 / rms,
+    broadcast against ``x``), weighted by ``w_ptr`` at ``cols``: one rounding, as the
+    reference's cast of its fp32 result."""
+    y = x * inv
+    if HAS_WEIGHT:
+        y = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * y
+    if EMULATE and out_ptr.dtype.element_ty == tl.bfloat16:
+        y = round_to_grid(y, 7, -119)  # the interpreter's conversion truncates (fp8_quant)
+    return y.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
     w_ptr,
@@ -65,12 +80,8 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / dim + eps)
-    if HAS_WEIGHT:
-        y = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * y
-    if EMULATE and out_ptr.dtype.element_ty == tl.bfloat16:
-        y = round_to_grid(y, 7, -119)  # the interpreter's conversion truncates (fp8_quant)
-    y = y.to(out_ptr.dtype.element_ty)
+    y = normed(x, tl.rsqrt(tl.sum(x * x, axis=0) / dim + eps), w_ptr, cols, mask, out_ptr,
+                HAS_WEIGHT, EMULATE)  # fmt: skip
     if QUANT:  # the values the output holds are the ones quantised, as a later pass would
         _store_fp8(y.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, dim, EMULATE, BLOCK)
     tl.store(out_ptr + row.to(tl.int64) * dim + cols, y, mask=mask)
@@ -144,6 +155,34 @@ def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor,
 
 
 @triton.jit
+def rope_pairs(d, rot_start):
+    """(rotated, pair, odd, partner) of columns ``d`` whose rope channels start at
+    ``rot_start``: whether each is rotated, its channel pair, whether it is the pair's odd
+    channel and the column of the other."""
+    rotated = d >= rot_start
+    rel = tl.where(rotated, d - rot_start, 0)
+    is_odd = (rel % 2) == 1
+    partner = tl.where(rotated, tl.where(is_odd, d - 1, d + 1), d)
+    return rotated, rel // 2, is_odd, partner
+
+
+@triton.jit
+def turn(x, xp, cos_ptr, sin_ptr, at, pair, rotated, is_odd, sign):  # noqa: PLR0917
+    """``x`` [H, D] with its rotated channels turned by the angles at ``at + pair`` (``sign``
+    -1: inverse), ``xp`` holding each channel's partner: fp32 rotation, cast back to ``x``'s
+    dtype; the other channels unchanged."""
+    c = tl.load(cos_ptr + at + pair, mask=rotated, other=0.0).to(tl.float32)
+    s = sign * tl.load(sin_ptr + at + pair, mask=rotated, other=0.0).to(tl.float32)
+    xf = x.to(tl.float32)
+    xpf = xp.to(tl.float32)
+    # even channel e, odd channel o of a pair: (e*c - o*s, e*s + o*c)
+    turned = tl.where(
+        is_odd[None, :], xpf * s[None, :] + xf * c[None, :], xf * c[None, :] - xpf * s[None, :]
+    )
+    return tl.where(rotated[None, :], turned.to(x.dtype), x)
+
+
+@triton.jit
 def _rope_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     x_ptr,
     cos_ptr,
@@ -163,22 +202,26 @@ def _rope_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     mask = (h[:, None] < heads) & (d[None, :] < dim)
     base = x_ptr + row * heads * dim + h[:, None] * dim
     x = tl.load(base + d[None, :], mask=mask, other=0.0)
-    rotated = d >= rot_start
-    rel = tl.where(rotated, d - rot_start, 0)
-    pair = rel // 2
-    is_odd = (rel % 2) == 1
-    partner = tl.where(rotated, tl.where(is_odd, d - 1, d + 1), d)
+    rotated, pair, is_odd, partner = rope_pairs(d, rot_start)
     xp = tl.load(base + partner[None, :], mask=mask & rotated[None, :], other=0.0)
-    c = tl.load(cos_ptr + row * half + pair, mask=rotated, other=0.0).to(tl.float32)
-    s = sign * tl.load(sin_ptr + row * half + pair, mask=rotated, other=0.0).to(tl.float32)
-    xf = x.to(tl.float32)
-    xpf = xp.to(tl.float32)
-    # even channel e, odd channel o of a pair: (e*c - o*s, e*s + o*c)
-    turned = tl.where(
-        is_odd[None, :], xpf * s[None, :] + xf * c[None, :], xf * c[None, :] - xpf * s[None, :]
-    )
-    y = tl.where(rotated[None, :], turned.to(x.dtype), x)
+    y = turn(x, xp, cos_ptr, sin_ptr, row * half, pair, rotated, is_odd, sign)
     tl.store(out_ptr + row * heads * dim + h[:, None] * dim + d[None, :], y, mask=mask)
+
+
+def rope_rows(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(``x`` [..., H, D] as [rows, H, D] with contiguous heads, rows possibly strided; the
+    angles ``cos``/``sin`` [..., r/2], broadcast to every row, as [rows, r/2])."""
+    *lead, heads, dim = x.shape
+    half = cos.shape[-1]
+    rows = 1
+    for n in lead:
+        rows *= n
+    flat = x.reshape(rows, heads, dim)
+    if flat.stride(2) != 1 or flat.stride(1) != dim:
+        flat = flat.contiguous()
+    c = cos.expand(*lead, half).reshape(rows, half).contiguous()
+    s = sin.expand(*lead, half).reshape(rows, half).contiguous()
+    return flat, c, s
 
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
@@ -186,14 +229,10 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
 
     ``cos``/``sin`` [..., S, r/2] broadcast over the heads (and over leading dims they lack).
     """
-    *lead, heads, dim = x.shape
-    half = cos.shape[-1]
-    rows = 1
-    for n in lead:
-        rows *= n
-    flat = x.reshape(rows, heads, dim).contiguous()
-    c = cos.expand(*lead, half).reshape(rows, half).contiguous()
-    s = sin.expand(*lead, half).reshape(rows, half).contiguous()
+    flat, c, s = rope_rows(x, cos, sin)
+    flat = flat.contiguous()
+    rows, heads, dim = flat.shape
+    half = c.shape[-1]
     out = torch.empty_like(flat)
     if rows:
         block_h = min(triton.next_power_of_2(heads), 16)

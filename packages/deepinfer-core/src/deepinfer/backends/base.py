@@ -63,8 +63,8 @@ class Backend(ABC):
         """Whether the token-wise ops (mHC, norms, router, experts) run in ``dtype`` without a
         host sync or data-dependent shapes, so a whole decode step can be captured.
 
-        The torch reference cannot promise it: without a grouped matmul its experts loop on the
-        host, and torch's grouped matmul (2.11) copies from the host while it runs."""
+        Not the torch reference: its experts loop on the host without a grouped matmul, and
+        torch's grouped matmul (2.11) copies from the host while it runs."""
         return False
 
     #: The stored weight formats this backend computes on with kernels, so a model under
@@ -149,9 +149,16 @@ class Backend(ABC):
         """Interleaved RoPE on the trailing ``2*cos.shape[-1]`` channels of ``x`` [B, S, H, D].
 
         ``cos``/``sin`` are [S, r/2] (one angle per channel pair), or [B, S, r/2] when the rows
-        of a batch sit at different positions. ``inverse`` rotates by the
-        negative angle, which attention uses to de-rotate its output at the query position.
+        of a batch sit at different positions. ``inverse`` rotates by the negative angle, which
+        attention uses to de-rotate its output at the query position.
         """
+
+    def rms_norm_rope(
+        self, x: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin: Tensor
+    ) -> Tensor:
+        """:meth:`rms_norm` over each head of ``x`` [B, S, H, D], then :meth:`rope`: queries,
+        kv rows and compressed entries, one op so that a backend can fuse the two."""
+        return self.rope(self.rms_norm(x, weight, eps), cos, sin)
 
     @abstractmethod
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
@@ -197,8 +204,7 @@ class Backend(ABC):
         ``kv``/``score`` [B, n, r, c*D] fp32 with the position bias already in ``score``. With
         ``overlap`` (c = 2) entry w pools the first half of window w-1 and the second half of
         window w; ``prev_kv``/``prev_score`` [B, r, D] supply window -1 (None: no such window).
-        Returns [B, n, D] fp32.
-        """
+        Returns [B, n, D] fp32."""
 
     def compress_slots(  # noqa: PLR0917
         self,
@@ -219,9 +225,7 @@ class Backend(ABC):
         ``history_row[i]``; the window, complete or not, is pooled as :meth:`compress` pools
         it (overlap: with the stored previous half); where it completes (``phase[i] == ratio -
         1``) its first half replaces the stored one. Returns [B, 1, D] fp32. One op, so a
-        backend can do all of it in one kernel: a decode step runs it in every compressor.
-        Here: torch ops around :meth:`compress`.
-        """
+        backend can do all of it in one kernel; here: torch ops around :meth:`compress`."""
         from deepinfer.backends.compress_ref import pool_slot_windows
 
         rows = (kv, score, bias, buffers, slots, phase, history_row)

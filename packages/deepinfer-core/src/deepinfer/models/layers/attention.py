@@ -91,11 +91,10 @@ class MQA(nn.Module, ABC):
         qr, qr_fp8 = self.q_norm.feeding(ops, q_latent, self.wq_b)
         q = self.wq_b(ops, qr, qr_fp8).view(b, s, self.n_heads, self.head_dim)
         if self.q_head_norm:
-            q = ops.rms_norm(q, None, self.eps)
-        q = ops.rope(q, cos, sin)
-        kv = self.kv_norm(ops, kv)
-        kv = ops.rope(kv[:, :, None], cos, sin)[:, :, 0]
-        return q, qr, kv
+            q = ops.rms_norm_rope(q, None, self.eps, cos, sin)
+        else:
+            q = ops.rope(q, cos, sin)
+        return q, qr, self.kv_norm.rotated(ops, kv, cos, sin)
 
     def forward(
         self,

@@ -156,8 +156,7 @@ class SharedIndexer(nn.Module):
 
     def keys(self, ops: Backend, latents: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Index keys [B, n, c] of new un-rotated latents [B, n, D] at their entry positions."""
-        k = self.k_norm(ops, self.wk(ops, latents))
-        return ops.rope(k[:, :, None], cos, sin)[:, :, 0]
+        return self.k_norm.rotated(ops, self.wk(ops, latents), cos, sin)
 
     def scores(
         self,

@@ -96,11 +96,10 @@ class Compressor(nn.Module):
             state.prev_kv = win_kv[:, -1, :, : self.dim]  # copied into the state's buffer
             state.prev_score = win_score[:, -1, :, : self.dim]
 
-        entries = self.norm(ops, pooled.to(state.entry_dtype))
         first = state.num_entries
         entry_pos = torch.arange(first, first + n, device=x.device) * self.ratio
         cos, sin = rotary.cos_sin(entry_pos)
-        entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+        entries = self.norm.rotated(ops, pooled.to(state.entry_dtype), cos, sin)
         state.append_entries(entries)
         return state.entries
 
@@ -128,9 +127,8 @@ class Compressor(nn.Module):
             kv[:, 0], score[:, 0], self.ape, pool, rows.slots, at.phase, ring, self.overlap
         )
         assert pool.pages is not None
-        entries = self.norm(ops, pooled.to(pool.pages.dtype))  # [B, 1, D]
         cos, sin = rotary.cos_sin(at.entry_pos)
-        entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+        entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, 1, D]
         return write_slot_entries(rows, at, entries)
 
     def _forward_verify(
@@ -156,9 +154,8 @@ class Compressor(nn.Module):
             store_prev(rows, windows.score, windows.count, prev_score, pool.prev_score_buf)
         pooled = ops.compress(windows.kv, windows.score, prev_kv, prev_score, self.overlap)
         assert pool.pages is not None
-        entries = self.norm(ops, pooled.to(pool.pages.dtype))  # [B, W, D]
         cos, sin = rotary.cos_sin(windows.entry * self.ratio)
-        entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+        entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, W, D]
         return write_verify_entries(rows, windows, entries)
 
     def _forward_ragged(
@@ -183,9 +180,8 @@ class Compressor(nn.Module):
                 self.overlap,
             )
             assert comp.pool.pages is not None
-            entries = self.norm(ops, pooled.to(comp.pool.pages.dtype))  # [W, 1, D]
             cos, sin = rotary.cos_sin(windows.plan.entry[:, None] * self.ratio)
-            entries = ops.rope(entries[:, :, None], cos, sin)[:, :, 0]
+            entries = self.norm.rotated(ops, pooled.to(comp.pool.pages.dtype), cos, sin)
             write_ragged_entries(comp, windows.plan, entries)
         return ragged_entries(comp, windows.plan)
 

@@ -25,6 +25,11 @@ class RMSNorm(nn.Module):
     def forward(self, ops: Backend, x: Tensor) -> Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
 
+    def rotated(self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rows ``x`` [B, S, D] normed, then RoPE at their positions (``cos``/``sin``
+        [..., S, r/2]): one op (:meth:`~deepinfer.backends.base.Backend.rms_norm_rope`)."""
+        return ops.rms_norm_rope(x[:, :, None], self.weight, self.eps, cos, sin)[:, :, 0]
+
     def feeding(
         self, ops: Backend, x: Tensor, consumer: Linear
     ) -> tuple[Tensor, Fp8Activation | None]:
