@@ -274,6 +274,13 @@ def _moe_specs() -> Iterator[AotSpec]:
              "WIDEN": False, "LISTED": block_m == 16, "BLOCK_M": block_m, "BLOCK_N": 64,
              "BLOCK_K": 64},
         )  # fmt: skip
+    # each token's six slots added: hidden 4096 in blocks of 1024 (V4-Flash), 1024 (config A)
+    yield AotSpec(
+        "moe._slot_sum_kernel",
+        "top6",
+        {"y_ptr": "*fp32", "idx_ptr": "*i64", "out_ptr": "*fp32", "d_out": 4096, "K": 6,
+         "BLOCK": 1024},
+    )  # fmt: skip
 
 
 def _fp4_moe_specs() -> Iterator[AotSpec]:

@@ -45,7 +45,14 @@ from deepinfer.models.quant import is_ue8m0_dtype
 from deepinfer_kernels_sm100 import fp4_gluon
 from deepinfer_kernels_sm100.fp4_decode import _GROUP, GROUP, fp4_step
 from deepinfer_kernels_sm100.fp8_quant import round_to_grid
-from deepinfer_kernels_sm100.moe import _WIDEN, PairGroups, _slot_range, _tile, group_pairs
+from deepinfer_kernels_sm100.moe import (
+    _WIDEN,
+    PairGroups,
+    _slot_range,
+    _tile,
+    group_pairs,
+    slot_sum,
+)
 
 #: up to this many pairs per expert on average, row tiles of 16; past it the prefill tiles.
 #: Decode tiles cost in proportion to their count, prefill tiles about the same from one row
@@ -278,14 +285,13 @@ def moe_experts_fp4(
         raise ValueError(f"kernel {kernel!r}: not 'auto', 'triton' or a usable 'gluon'")
     groups = group_pairs(weights, indices, num_experts)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    # Pairs without an expert are never computed: their rows stay zero.
-    y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
+    # Pairs without an expert are never computed: slot_sum skips their rows.
+    y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs and gluon and kernel != "triton":
         fp4_gluon.launch(x, groups, w13, w13_s, w2, w2_s, h, y, swiglu_limit)
     elif pairs:
         _triton_experts(x, groups, (w13, w13_s, w2, w2_s), h, y, swiglu_limit, scales_fit)
-    # Each token's k slots summed in slot order, as the reference's combine does.
-    return y.view(-1, indices.shape[-1], d_out).sum(dim=1)
+    return slot_sum(y, indices)
 
 
 def _triton_experts(  # noqa: PLR0917

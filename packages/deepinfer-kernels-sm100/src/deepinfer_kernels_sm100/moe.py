@@ -276,8 +276,8 @@ def moe_experts(
     ieee = w13.dtype == torch.float32
     # The hidden activation is rounded to the weights' dtype before w2, as in the reference.
     h = torch.empty(pairs, inter, dtype=w2.dtype, device=x.device)
-    # Pairs without an expert are never computed: their rows stay zero.
-    y = torch.zeros(pairs, d_out, dtype=torch.float32, device=x.device)
+    # Pairs without an expert are never computed: slot_sum skips their rows.
+    y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         block_m = 16 if pairs <= 64 * num_experts else 64
         bn, bk = _tile(inter, 64), _tile(d_in, 64)
@@ -317,5 +317,35 @@ def moe_experts(
             BLOCK_N=bn,
             BLOCK_K=bk,
         )
-    # Each token's k slots summed in slot order, as the reference's combine does.
-    return y.view(-1, indices.shape[-1], d_out).sum(dim=1)
+    return slot_sum(y, indices)
+
+
+@triton.jit
+def _slot_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    y_ptr, idx_ptr, out_ptr, d_out, K: tl.constexpr, BLOCK: tl.constexpr
+):
+    """One token's k pair rows added in slot order; a pair without an expert adds nothing."""
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < d_out
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(K):
+        live = tl.load(idx_ptr + n * K + j) >= 0
+        acc += tl.load(y_ptr + (n * K + j) * d_out + cols, mask=cmask & live, other=0.0)
+    tl.store(out_ptr + n * d_out + cols, acc, mask=cmask)
+
+
+def slot_sum(y: Tensor, indices: Tensor) -> Tensor:
+    """fp32 [N, D]: each token's k pair rows of ``y`` [N * k, D] added in slot order, as the
+    reference's combine adds them, skipping the pairs whose expert index is negative. Those
+    are never computed, so ``y`` needs no zeroing first: one launch where zeroing and a sum
+    were two."""
+    n, k = indices.shape
+    d_out = y.shape[1]
+    out = torch.empty(n, d_out, dtype=torch.float32, device=y.device)
+    if n:
+        block = min(1024, triton.next_power_of_2(d_out))
+        _slot_sum_kernel[(n, triton.cdiv(d_out, block))](
+            y, indices.contiguous(), out, d_out, K=k, BLOCK=block
+        )
+    return out
