@@ -21,8 +21,8 @@ they are added in split order, so every run adds them alike (:mod:`.fp8_split`):
 of up to 16 by the last of a tile's programs to finish (saving a launch), for taller ones by a
 second kernel, which spreads the additions over many programs. :mod:`.fp8_gluon` holds a
 Hopper decode kernel (``mma.sync`` on the e4m3 registers as loaded, launch shape fixed by N
-and K, so batch invariant), taken only when :data:`DECODE_KERNEL` asks for it: it has not yet
-run on a GPU, so the Triton kernel stays the default until its tests pass on one. Larger
+and K, so batch invariant), which by default (:data:`DECODE_KERNEL`) runs batches of up to
+:data:`GLUON_MAX_M` rows on Hopper, where it is the faster of the two. Larger
 batches (prefill) run 64-row tiles that reuse each weight tile, their operands brought in by
 the copy engine (:mod:`.fp8_prefill`). Both read activations that
 :func:`quantize_act_fp8` quantised once ahead of the GEMM. The kernel can also quantise a
@@ -210,15 +210,19 @@ def _programs(device: torch.device) -> int:
     return 4 * sm_count(device)
 
 
-#: the decode batches' kernel: "triton" (always :func:`_fp8_gemm_kernel`; the default until
-#: :mod:`.fp8_gluon` has passed its GPU tests), "auto" (:mod:`.fp8_gluon` where its ``usable``
-#: holds, Hopper) or "gluon" (ValueError where it cannot run)
-DECODE_KERNEL = "triton"
+#: the decode batches' kernel: "auto" (:mod:`.fp8_gluon` up to :data:`GLUON_MAX_M` rows where
+#: its ``usable`` holds, Hopper; else :func:`_fp8_gemm_kernel`), "triton" (always
+#: :func:`_fp8_gemm_kernel`) or "gluon" (every decode batch; ValueError where it cannot run)
+DECODE_KERNEL = "auto"
+#: rows up to which "auto" takes the Gluon kernel: on an H200 it is faster at V4-Flash's
+#: projection shapes with 1 and 8 rows and slower in most of them from 16 rows on
+#: (``gemm_gluon`` in ``benchmarks/results/low_precision_h200.json``)
+GLUON_MAX_M = 8
 
 
 def _gluon_decode(a: Tensor, w: Tensor, block: tuple[int, int], group_n: int) -> bool:
     """Whether :data:`DECODE_KERNEL` and the operands send a decode batch to the Gluon kernel."""
-    if DECODE_KERNEL == "triton":
+    if DECODE_KERNEL == "triton" or (DECODE_KERNEL == "auto" and a.shape[0] > GLUON_MAX_M):
         return False
     usable = fp8_gluon.usable(a, w, block, group_n)
     if DECODE_KERNEL == "gluon" and not usable:
