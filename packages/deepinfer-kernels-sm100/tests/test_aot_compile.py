@@ -274,7 +274,7 @@ def _moe_specs() -> Iterator[AotSpec]:
              "WIDEN": False, "LISTED": block_m == 16, "BLOCK_M": block_m, "BLOCK_N": 64,
              "BLOCK_K": 64},
         )  # fmt: skip
-    # each token's six slots added: hidden 4096 in blocks of 1024 (V4-Flash), 1024 (config A)
+    # each token's six slot rows added: V4-Flash's hidden 4096 in blocks of 1024
     yield AotSpec(
         "moe._slot_sum_kernel",
         "top6",

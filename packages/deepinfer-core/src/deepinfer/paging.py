@@ -8,7 +8,7 @@ internals.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,6 +86,11 @@ class PagedEntries:
     #: [B] entries each row holds (at most ``limit``; None: unknown). A captured step's
     #: ``limit`` is its entry bucket's, up to 4x a row's own count: readers may skip the rest.
     counts: Tensor | None = None
+    #: Makes (or recalls) [B, limit] int64, the flattened pages' row of each entry
+    #: (:func:`entry_rows`): every top-k layer of a decode step reads the same pages, so the
+    #: step builds the table once and each layer's :meth:`take` is a gather and a row copy
+    #: instead of six ops. None: :meth:`take` works the rows out from :attr:`index`.
+    row_table: Callable[[], Tensor] | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -99,12 +104,22 @@ class PagedEntries:
 
     def take(self, entry: Tensor) -> Tensor:
         """[B, K, D]: row i's entries ``entry[i]`` [B, K] (each in ``0..limit-1``)."""
-        rows = self.pages.shape[1]
-        flat = self.index.gather(1, entry // rows) * rows + entry % rows
+        if self.row_table is not None:
+            flat = self.row_table().gather(1, entry)
+        else:
+            rows = self.pages.shape[1]
+            flat = self.index.gather(1, entry // rows) * rows + entry % rows
         # One row index into the flattened pages gathers whole rows at a time (index_select);
         # a (page, slot) index pair goes element by element, several times slower on a GPU.
         picked = self.pages.flatten(0, 1).index_select(0, flat.flatten())
         return picked.view(*entry.shape, *self.pages.shape[2:])
+
+
+def entry_rows(index: Tensor, per_page: int, limit: int) -> Tensor:
+    """[B, limit] int64: the row of the flattened pages [pages * per_page, D] holding each of
+    a row's first ``limit`` entries, from its page list ``index`` [B, pages]."""
+    offsets = torch.arange(per_page, device=index.device)
+    return (index[:, :, None] * per_page + offsets).flatten(1)[:, :limit]
 
 
 def dense_entries(entries: Tensor | PagedEntries) -> Tensor:
