@@ -28,6 +28,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 import argparse
 import collections
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 from _results import RESULTS, write_result
 from low_precision import FLASH_CONFIG, cut
+from step_ab import midsize_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer.assets import init_random_weights
@@ -80,20 +82,9 @@ NO_KERNEL = frozenset(
 
 
 def config_a() -> ModelConfig:
-    """Config A's layer schedule (two plain layers, seven ratio-4 and seven ratio-128 ones, an
-    MTP layer; three hash-routed layers, 16 experts top-4) at :data:`NARROW` widths."""
-    fields = dict(
-        n_routed_experts=16,
-        n_shared_experts=1,
-        num_experts_per_tok=4,
-        num_hidden_layers=16,
-        num_hash_layers=3,
-        o_groups=4,
-        hc_mult=4,
-        compress_ratios=[0, 0] + [4, 128] * 7 + [0],
-        num_nextn_predict_layers=1,
-    )
-    return ModelConfig(**{**NARROW, **fields})
+    """Config A (the mid-size test's: two plain layers, seven ratio-4 and seven ratio-128 ones,
+    an MTP layer; three hash-routed layers, 16 experts top-4) at :data:`NARROW` widths."""
+    return dataclasses.replace(midsize_config(), **NARROW)
 
 
 def v4_flash() -> ModelConfig:
