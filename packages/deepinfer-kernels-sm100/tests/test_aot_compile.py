@@ -454,41 +454,59 @@ def _topk_specs() -> Iterator[AotSpec]:
 
 def _attention_specs() -> Iterator[AotSpec]:
     k = "attention._mqa_sink_kernel"
-    # (variant, dtype, sparse, split, heads, dim, BLOCK_H, BLOCK_DK, BLOCK_DV, warps), as
+    # (variant, dtype, mode, split, heads, dim, BLOCK_H, BLOCK_DK, BLOCK_DV, warps), as
     # attention._launch picks them: a decode batch of 8 rows cuts its keys into ranges
     # (flash-decoding) over programs of 128 output columns; from 32 (row, head block) pairs on
     # a program takes 256 columns (WIDE_BLOCK_DV), and 32 rows still split their keys in two;
     # a prefill chunk of 512 queries gives programs enough unsplit. On Blackwell bf16 values
     # keep 128 columns even then (attention.wide_block_dv: tensor memory). The embedded "tiny"
-    # model (4 heads of 32) pads its heads to 16-row dots on 4 warps.
+    # model (4 heads of 32) pads its heads to 16-row dots on 4 warps. Modes: 0 dense (a mask),
+    # 1 sparse (key rows), 2 paged (decode: a ring and entry pages read in place).
     hopper, blackwell = (90,), (100,)
     cases = (
-        ("bf16-decode8-dense-split", "bf16", False, True, 64, 512, 64, 64, 128, 8, ARCHS),
-        ("bf16-decode32-dense-wide-split", "bf16", False, True, 64, 512, 64, 64, 256, 8, hopper),
-        ("bf16-decode32-dense-wide-split-tmem", "bf16", False, True, 64, 512, 64, 64, 128, 8,
+        ("bf16-decode8-dense-split", "bf16", 0, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("bf16-decode32-dense-wide-split", "bf16", 0, True, 64, 512, 64, 64, 256, 8, hopper),
+        ("bf16-decode32-dense-wide-split-tmem", "bf16", 0, True, 64, 512, 64, 64, 128, 8,
          blackwell),
-        ("bf16-decode8-sparse-split", "bf16", True, True, 64, 512, 64, 64, 128, 8, ARCHS),
-        ("bf16-prefill-sparse-wide", "bf16", True, False, 64, 512, 64, 64, 256, 8, hopper),
-        ("bf16-prefill-sparse-wide-tmem", "bf16", True, False, 64, 512, 64, 64, 128, 8,
+        ("bf16-decode8-sparse-split", "bf16", 1, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("bf16-prefill-sparse-wide", "bf16", 1, False, 64, 512, 64, 64, 256, 8, hopper),
+        ("bf16-prefill-sparse-wide-tmem", "bf16", 1, False, 64, 512, 64, 64, 128, 8,
          blackwell),
-        ("fp32-decode8-dense-split", "fp32", False, True, 64, 512, 64, 64, 128, 8, ARCHS),
-        ("fp32-prefill-sparse-wide", "fp32", True, False, 64, 512, 64, 64, 256, 8, ARCHS),
-        ("bf16-tiny-dense", "bf16", False, False, 4, 32, 16, 32, 32, 4, ARCHS),
-        ("fp32-tiny-dense", "fp32", False, False, 4, 32, 16, 32, 32, 4, ARCHS),
+        ("bf16-decode8-paged-split", "bf16", 2, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("bf16-decode256-paged-wide", "bf16", 2, False, 64, 512, 64, 64, 256, 8, hopper),
+        ("bf16-decode256-paged-wide-tmem", "bf16", 2, False, 64, 512, 64, 64, 128, 8,
+         blackwell),
+        ("fp32-decode8-dense-split", "fp32", 0, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("fp32-decode8-paged-split", "fp32", 2, True, 64, 512, 64, 64, 128, 8, ARCHS),
+        ("fp32-prefill-sparse-wide", "fp32", 1, False, 64, 512, 64, 64, 256, 8, ARCHS),
+        ("bf16-tiny-dense", "bf16", 0, False, 4, 32, 16, 32, 32, 4, ARCHS),
+        ("bf16-tiny-paged", "bf16", 2, False, 4, 32, 16, 32, 32, 4, ARCHS),
+        ("fp32-tiny-dense", "fp32", 0, False, 4, 32, 16, 32, 32, 4, ARCHS),
     )  # fmt: skip
-    for variant, dt, sparse, split, heads, dim, block_h, block_dk, block_dv, warps, archs in cases:
+    for variant, dt, mode, split, heads, dim, block_h, block_dk, block_dv, warps, archs in cases:
         native = dt == "bf16"
         # unsplit launches pass the output again for the partial results
         part = "*fp32" if split else f"*{dt}"
+        select = ("*u8", "*i64", "*i64")[mode]
+        # paged: pool b (entry pages) and its entries, both pools' page lists (the ring's: the
+        # rows' slots); otherwise the launch repeats kv and select for them
+        paged = (
+            {"kv2_ptr": f"*{dt}", "select2_ptr": "*i64", "pages_ptr": "*i64", "pages2_ptr": "*i64",
+             "keys_a": 128, "n_pages": 1, "n_pages2": 16, "per_page": 128, "per_page2": 32}
+            if mode == 2 else
+            {"kv2_ptr": f"*{dt}", "select2_ptr": select, "pages_ptr": select,
+             "pages2_ptr": select, "keys_a": 0, "n_pages": 0, "n_pages2": 0, "per_page": 1,
+             "per_page2": 1}
+        )  # fmt: skip
         yield AotSpec(
             k,
             variant,
-            {"q_ptr": f"*{dt}", "kv_ptr": f"*{dt}", "select_ptr": "*i64" if sparse else "*u8",
+            {"q_ptr": f"*{dt}", "kv_ptr": f"*{dt}", "select_ptr": select,
              "sink_ptr": "*fp32", "out_ptr": f"*{dt}", "part_ptr": part, "stat_ptr": part,
-             "seq": 1, "heads": heads, "keys": 512 if sparse else 640, "kv_rows": 640,
-             "dim": dim, "scale": dim**-0.5, "split_keys": 192 if split else 640,
-             "splits": 4 if split else 1,
-             "SPARSE": sparse, "SPLIT": split, "QK_NATIVE": native,
+             "seq": 1, "heads": heads, "keys": 512 if mode == 1 else 640,
+             "kv_rows": 0 if mode == 2 else 640, "dim": dim, "scale": dim**-0.5,
+             "split_keys": 192 if split else 640, "splits": 4 if split else 1, **paged,
+             "MODE": mode, "SPLIT": split, "QK_NATIVE": native,
              "QK_PRECISION": "tf32" if native else "ieee", "PV_PARTS": 3 if native else 0,
              "BLOCK_H": block_h, "BLOCK_L": 64, "BLOCK_DK": block_dk, "BLOCK_DV": block_dv},
             num_warps=warps,

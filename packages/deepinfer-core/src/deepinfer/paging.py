@@ -8,9 +8,9 @@ internals.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -86,11 +86,6 @@ class PagedEntries:
     #: [B] entries each row holds (at most ``limit``; None: unknown). A captured step's
     #: ``limit`` is its entry bucket's, up to 4x a row's own count: readers may skip the rest.
     counts: Tensor | None = None
-    #: Makes (or recalls) [B, limit] int64, the flattened pages' row of each entry
-    #: (:func:`entry_rows`): every top-k layer of a decode step reads the same pages, so the
-    #: step builds the table once and each layer's :meth:`take` is a gather and a row copy
-    #: instead of six ops. None: :meth:`take` works the rows out from :attr:`index`.
-    row_table: Callable[[], Tensor] | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -104,22 +99,29 @@ class PagedEntries:
 
     def take(self, entry: Tensor) -> Tensor:
         """[B, K, D]: row i's entries ``entry[i]`` [B, K] (each in ``0..limit-1``)."""
-        if self.row_table is not None:
-            flat = self.row_table().gather(1, entry)
-        else:
-            rows = self.pages.shape[1]
-            flat = self.index.gather(1, entry // rows) * rows + entry % rows
+        rows = self.pages.shape[1]
+        flat = self.index.gather(1, entry // rows) * rows + entry % rows
         # One row index into the flattened pages gathers whole rows at a time (index_select);
         # a (page, slot) index pair goes element by element, several times slower on a GPU.
         picked = self.pages.flatten(0, 1).index_select(0, flat.flatten())
         return picked.view(*entry.shape, *self.pages.shape[2:])
 
 
-def entry_rows(index: Tensor, per_page: int, limit: int) -> Tensor:
-    """[B, limit] int64: the row of the flattened pages [pages * per_page, D] holding each of
-    a row's first ``limit`` entries, from its page list ``index`` [B, pages]."""
-    offsets = torch.arange(per_page, device=index.device)
-    return (index[:, :, None] * per_page + offsets).flatten(1)[:, :limit]
+class KeyPages(NamedTuple):
+    """Keys of decode rows read in place (:meth:`deepinfer.backends.base.Backend.paged_attention`):
+    entry e of batch row b is ``pool[pages[b, e // per_page], e % per_page]``. A ring is one
+    page a row (``pages``: the rows' slots); compressed entries are their pages
+    (:attr:`PagedEntries.index`)."""
+
+    pool: Tensor  # [num_pages, per_page, D]
+    pages: Tensor  # [B, n] int: each row's pages
+    entries: Tensor  # [B, 1, K] int64: the entries each row's query sees, -1 = none
+
+    def rows(self) -> Tensor:
+        """[B, K] int64: each listed entry's row of the flattened pool (0 where none)."""
+        per_page = self.pool.shape[1]
+        entry = self.entries[:, 0].clamp(min=0)
+        return self.pages.gather(1, entry // per_page).long() * per_page + entry % per_page
 
 
 def dense_entries(entries: Tensor | PagedEntries) -> Tensor:

@@ -9,8 +9,6 @@ another slot used them), and the table must hold exactly the pages its slots' le
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import random
 
 import pytest
@@ -18,7 +16,7 @@ import torch
 
 from deepinfer.cache.pages import PageTable
 from deepinfer.cache.slots import CompressorPool
-from deepinfer.paging import PAGE_TOKENS, entry_rows, page_size
+from deepinfer.paging import PAGE_TOKENS, KeyPages, page_size
 
 RATIOS = (4, 16)
 DIMS = (3, 5)
@@ -103,15 +101,15 @@ def test_pages_equal_per_slot_lists() -> None:
                 [torch.randint(0, len(ref[s][0]), (3,), generator=gen) for s in slots]
             )
             taken = view.take(picks)
-            # as a decode step reads them: through the step's table of each entry's page row
-            table_rows = entry_rows(view.index, pool.pages.shape[1], limit)
-            tabled = dataclasses.replace(view, row_table=functools.partial(torch.clone, table_rows))
-            assert torch.equal(tabled.take(picks), taken)
+            # as decode attention reads them in place: each pick's row of the flattened pages
+            keys = KeyPages(view.pages, view.index, picks[:, None])
+            in_place = pool.pages.flatten(0, 1)[keys.rows()]
             for i, s in enumerate(slots):
                 n = len(ref[s][0])
                 torch.testing.assert_close(got[i, :n], torch.stack(ref[s][0]), rtol=0, atol=0)
                 want = torch.stack([ref[s][0][j] for j in picks[i].tolist()])
                 torch.testing.assert_close(taken[i], want, rtol=0, atol=0)
+                torch.testing.assert_close(in_place[i], want, rtol=0, atol=0)
                 catch_up(s)  # the ratio-16 compressor
         for s in tokens:
             check(s)

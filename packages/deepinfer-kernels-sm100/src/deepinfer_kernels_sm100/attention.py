@@ -6,10 +6,11 @@ takes a query row's block of heads through the keys block by block with an onlin
 running maximum and denominator start at the sink (``exp(sink - sink) = 1``), so the sink joins
 the denominator only, as in the reference, and a row whose keys are all masked comes out zero.
 
-The keys a query sees come either as a mask over all L keys (decode: the ring and the picked
-entries, all of which matter) or as a list of key rows per query (prefill: the window plus the
-top-k entries, a few hundred of the whole chunk's keys): the sparse form gathers those rows and
-never touches the others.
+The keys a query sees come as a mask over all L keys, as a list of key rows per query (prefill:
+the window plus the top-k entries, a few hundred of the whole chunk's keys), or (decode) as each
+row's entries in one or two paged pools: its ring and its compressed entries' pages, read where
+they are, so a decode step copies no key. The sparse and paged forms load the rows they list and
+never touch the others.
 
 A head as wide as V4's (512 columns) does not fit in one program's registers beside a block of
 keys (the first version of this kernel spilled: 2 ms per layer for 8 decode rows). The logits
@@ -31,18 +32,33 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from deepinfer.paging import KeyPages
+from deepinfer_kernels_sm100.attention_paged import KeyPool, key_tile, paged_rows
 
-@triton.jit(do_not_specialize=["seq", "keys", "kv_rows", "split_keys", "splits"])
+
+@triton.jit(
+    do_not_specialize=[
+        "seq",
+        "keys",
+        "kv_rows",
+        "split_keys",
+        "splits",
+        "keys_a",
+        "n_pages",
+        "n_pages2",
+    ]
+)
 def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     q_ptr,
-    kv_ptr,
-    select_ptr,  # [B*S, keys]: visibility bytes (dense) or key rows, -1 = none (sparse)
+    kv_ptr,  # [B, L, D]; paged: pool a, [rows, D]
+    select_ptr,  # [B*S, keys]: visibility bytes (dense), key rows (sparse), -1 = none
     sink_ptr,
     out_ptr,
     part_ptr,  # [B*S, splits, heads, dim] fp32: each split's unnormalised output (SPLIT)
@@ -55,7 +71,16 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     scale,
     split_keys,  # keys per split, a multiple of BLOCK_L
     splits,
-    SPARSE: tl.constexpr,
+    kv2_ptr,  # paged: pool b [rows, D]
+    select2_ptr,  # paged: [B, keys - keys_a] entries of pool b (select_ptr: of pool a)
+    pages_ptr,  # paged: [B, n_pages] pool a's page of each block of per_page entries
+    pages2_ptr,  # paged: [B, n_pages2] pool b's
+    keys_a,
+    n_pages,
+    n_pages2,
+    per_page,
+    per_page2,
+    MODE: tl.constexpr,  # 0 dense, 1 sparse, 2 paged
     SPLIT: tl.constexpr,  # splits > 1: write partial results for _combine_kernel
     QK_NATIVE: tl.constexpr,  # queries and keys of one 16-bit type: dot them as they are
     QK_PRECISION: tl.constexpr,
@@ -83,7 +108,13 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     for l0 in range(first, first + split_keys, BLOCK_L):
         lk = l0 + tl.arange(0, BLOCK_L)
         lmask = lk < keys
-        if SPARSE:
+        in_a = lmask
+        if MODE == 2:
+            key_row, visible, in_a = paged_rows(
+                select_ptr, select2_ptr, pages_ptr, pages2_ptr, b, lk, lmask, keys_a,
+                keys - keys_a, n_pages, n_pages2, per_page, per_page2,
+            )  # fmt: skip
+        elif MODE == 1:
             key_row = tl.load(select_ptr + row * keys + lk, mask=lmask, other=-1)
             visible = key_row >= 0
             key_row = tl.maximum(key_row, 0)
@@ -98,11 +129,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
             dk = d0 + tl.arange(0, BLOCK_DK)
             dkmask = dk < dim
             q = tl.load(q_rows + dk[None, :], mask=hmask[:, None] & dkmask[None, :], other=0.0)
-            k = tl.load(
-                kv_base + key_row[:, None] * dim + dk[None, :],
-                mask=load_row[:, None] & dkmask[None, :],
-                other=0.0,
-            )
+            k = key_tile(kv_base, kv2_ptr, key_row, dk, load_row, dkmask, in_a, dim, MODE == 2)
             if QK_NATIVE:
                 logits += tl.dot(q, tl.trans(k))
             else:
@@ -114,12 +141,10 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         p = tl.exp(logits - new_top[:, None])
         keep = tl.exp(top - new_top)
         denom = denom * keep + tl.sum(p, axis=1)
-        v_ptrs = kv_base + key_row[:, None] * dim + dv[None, :]
-        v_mask = load_row[:, None] & dvmask[None, :]
+        v = key_tile(kv_base, kv2_ptr, key_row, dv, load_row, dvmask, in_a, dim, MODE == 2)
         if PV_PARTS > 0:
             # p = p_1 + ... + p_n exactly, each part a bf16 whose products with the bf16
             # values are exact in the tensor cores' fp32 sums
-            v = tl.load(v_ptrs, mask=v_mask, other=0.0)
             acc = acc * keep[:, None]
             rest = p
             for _ in tl.static_range(PV_PARTS):
@@ -127,8 +152,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
                 acc = tl.dot(p_part, v, acc)
                 rest = rest - p_part.to(tl.float32)
         else:
-            v = tl.load(v_ptrs, mask=v_mask, other=0.0).to(tl.float32)
-            acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
+            acc = acc * keep[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         top = new_top
     if SPLIT:
         part = row * splits + split
@@ -256,14 +280,31 @@ def num_splits(programs: int, keys: int, target: int | None = None) -> int:
 
 
 def _launch(
-    q: Tensor, kv: Tensor, select: Tensor, sinks: Tensor, scale: float, *, splits: int | None
+    q: Tensor,
+    kv: Tensor,
+    select: Tensor,
+    sinks: Tensor,
+    scale: float,
+    *,
+    splits: int | None,
+    pools: tuple[KeyPool, KeyPool] | None = None,
 ) -> Tensor:
+    """The kernel over ``kv`` [B, L, D] and ``select`` (mask bytes: dense, key rows: sparse),
+    or over two paged ``pools`` (``kv`` and ``select`` are then the first's rows and entries)."""
     b, s, h, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if b * s * h == 0:
         return out
     width = max(16, triton.next_power_of_2(dim))
     keys = select.shape[-1]
+    mode, kv_rows = int(select.dtype != torch.uint8), kv.shape[1]
+    paged: tuple[object, ...] = (kv, select, select, select, 0, 0, 0, 1, 1)  # unused
+    if pools is not None:
+        one, two = pools
+        keys += two.entries.shape[-1]
+        mode, kv_rows = 2, 0
+        paged = (two.rows, two.entries, one.pages, two.pages, one.entries.shape[-1])
+        paged += (one.pages.shape[1], two.pages.shape[1], one.per_page, two.per_page)
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
     wide = b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
@@ -292,12 +333,13 @@ def _launch(
         s,
         h,
         keys,
-        kv.shape[1],
+        kv_rows,
         dim,
         scale,
         split_keys,
         splits,
-        SPARSE=select.dtype != torch.uint8,
+        *paged,
+        MODE=mode,
         SPLIT=splits > 1,
         QK_NATIVE=native_dot(q, kv),
         QK_PRECISION=dot_precision(q, kv),
@@ -334,3 +376,21 @@ def sparse_mqa_sink_attention(
     b, s = q.shape[:2]
     select = index.expand(b, s, -1).to(torch.int64).contiguous()
     return _launch(q, kv, select, sinks, scale, splits=splits)
+
+
+def paged_mqa_sink_attention(
+    q: Tensor,
+    sources: Sequence[KeyPages],
+    sinks: Tensor,
+    scale: float,
+    *,
+    splits: int | None = None,
+) -> Tensor:
+    """As :func:`mqa_sink_attention` for decode rows (``q`` [B, 1, H, D]) over one or two
+    paged key sources read in place (:class:`deepinfer.paging.KeyPages`): the keys are the
+    sources' listed entries in order, as if copied into one key tensor of the first's dtype."""
+    if q.shape[1] != 1 or not 1 <= len(sources) <= 2:
+        raise ValueError("paged attention takes one query a row and one or two key sources")
+    one = KeyPool.of(sources[0])
+    two = KeyPool.of(sources[1]) if len(sources) == 2 else one._replace(entries=one.entries[:, :0])
+    return _launch(q, one.rows, one.entries, sinks, scale, splits=splits, pools=(one, two))

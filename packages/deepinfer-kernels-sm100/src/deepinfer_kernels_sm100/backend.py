@@ -8,6 +8,7 @@ for Blackwell (sm_100a) and Hopper (sm_90), so both are accepted.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
@@ -16,7 +17,7 @@ from torch import Tensor
 from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
 from deepinfer.backends.compress_ref import WindowBuffers
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer.paging import PagedEntries
+from deepinfer.paging import KeyPages, PagedEntries
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
 
@@ -193,6 +194,13 @@ class Sm100Backend(TorchBackend):
         from deepinfer_kernels_sm100.attention import mqa_sink_attention
 
         return mqa_sink_attention(q, kv, mask, sinks, scale)
+
+    def paged_attention(
+        self, q: Tensor, sources: Sequence[KeyPages], sinks: Tensor, scale: float
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.attention import paged_mqa_sink_attention
+
+        return paged_mqa_sink_attention(q, sources, sinks, scale)
 
     def compress_slots(  # noqa: PLR0917
         self,

@@ -13,8 +13,14 @@ on each block; nothing here bounds memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from deepinfer.paging import KeyPages
 
 
 def sink_attention(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
@@ -27,6 +33,21 @@ def sink_attention(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: fl
     sink = sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)
     probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
     return torch.einsum("bhsl,bld->bshd", probs, kvf).to(q.dtype)
+
+
+def gathered_attention(
+    attention: Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor],
+    q: Tensor,
+    sources: Sequence[KeyPages],
+    sinks: Tensor,
+    scale: float,
+) -> Tensor:
+    """``Backend.paged_attention`` as copies: every source's listed entries gathered into one
+    key tensor [B, K, D] in the first pool's dtype, masked where none, for ``attention``."""
+    dtype = sources[0].pool.dtype
+    keys = [s.pool.flatten(0, 1)[s.rows()].to(dtype) for s in sources]
+    mask = torch.cat([s.entries >= 0 for s in sources], dim=-1)
+    return attention(q, torch.cat(keys, dim=1), mask, sinks, scale)
 
 
 def sparse_sink_attention(

@@ -1,10 +1,8 @@
 """The Backend interface: the op table the model and the sampler call.
 
-Every op is an abstract public method, so the table is the interface: the torch reference
-(:class:`deepinfer.backends.torch_ref.TorchBackend`) implements all of them, and hardware
-packages subclass it and override only public ops they accelerate, so every op always has the
-reference to fall back on and to be tested against.
-"""
+The torch reference (:class:`deepinfer.backends.torch_ref.TorchBackend`) implements every op;
+hardware packages subclass it and override the ops they accelerate, so every op has the
+reference to fall back on and to be tested against."""
 
 from __future__ import annotations
 
@@ -19,18 +17,17 @@ from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from deepinfer.backends.compress_ref import WindowBuffers
-    from deepinfer.paging import PagedEntries
+    from deepinfer.paging import KeyPages, PagedEntries
 
 __all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output"]
 
 
 class Backend(ABC):
-    """Base of every backend: availability check and the device it runs on.
-
-    ``availability()`` is a classmethod so that discovery and ``deepinfer info`` can ask without
-    building a backend (and without touching the device more than the check needs).
-    """
+    """Base of every backend: availability check (a classmethod, so discovery and ``deepinfer
+    info`` can ask without building a backend) and the device it runs on."""
 
     name: ClassVar[str] = "base"
     #: torch device types this backend runs on.
@@ -61,23 +58,18 @@ class Backend(ABC):
 
     def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
         """Whether the token-wise ops (mHC, norms, router, experts) run in ``dtype`` without a
-        host sync or data-dependent shapes, so a whole decode step can be captured.
-
-        Not the torch reference: its experts loop on the host without a grouped matmul, and
-        torch's grouped matmul (2.11) copies from the host while it runs."""
+        host sync or data-dependent shapes, so a whole decode step can be captured. Not the
+        torch reference: its experts loop on the host (torch's grouped matmul copies from it)."""
         return False
 
-    #: The stored weight formats this backend computes on with kernels, so a model under
-    #: ``quantization="auto"`` keeps them as stored (otherwise it dequantises them at load):
-    #: ``"fp8"`` (:meth:`fp8_linear`), ``"fp4_experts"`` (:meth:`moe_experts_fp4`) and
-    #: ``"bf16_projections"`` (:meth:`linear_fp32` on bf16 weights: the head, router gate and
-    #: compressor projections, stored bf16 and computed in fp32). The torch reference's
-    #: versions of those ops are the numeric reference, not fast paths.
+    #: Stored weight formats this backend computes on with kernels, which a model under
+    #: ``quantization="auto"`` keeps as stored (else it dequantises them at load): ``"fp8"``
+    #: (:meth:`fp8_linear`), ``"fp4_experts"`` (:meth:`moe_experts_fp4`), ``"bf16_projections"``
+    #: (:meth:`linear_fp32` on the bf16 head, router gate and compressor projections).
     native_formats: ClassVar[frozenset[str]] = frozenset()
     #: Whether a loaded model runs projections of one input as one GEMM (attention's ``wq_a``
-    #: and ``wkv``: :mod:`deepinfer.models.layers.fused`): fewer launches, and one activation
-    #: quantisation for FP8 weights, but summation orders of the fused GEMM's own, which the
-    #: numeric reference does not take.
+    #: and ``wkv``: :mod:`deepinfer.models.layers.fused`): fewer launches and activation
+    #: quantisations, but the fused GEMM's own summation orders (not the reference's).
     fuse_projections: ClassVar[bool] = False
 
     # -- the op table ------------------------------------------------------------------------
@@ -169,6 +161,16 @@ class Backend(ABC):
         denominator only.
         """
 
+    def paged_attention(
+        self, q: Tensor, sources: Sequence[KeyPages], sinks: Tensor, scale: float
+    ) -> Tensor:
+        """:meth:`attention` of decode rows (``q`` [B, 1, H, D]) over the listed entries of one
+        or two :class:`~deepinfer.paging.KeyPages` (a row's ring, its entries' pages) in order,
+        in the first pool's dtype; one op, so a backend can read them in place (here: copied)."""
+        from deepinfer.backends.attention_ref import gathered_attention
+
+        return gathered_attention(self.attention, q, sources, sinks, scale)
+
     @abstractmethod
     def sparse_attention(
         self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
@@ -217,15 +219,13 @@ class Backend(ABC):
         history_row: Tensor | None,
         overlap: bool,
     ) -> Tensor:
-        """A decode step's compressor windows over shared buffers, one new token a row.
-
-        Row i's projections ``kv``/``score`` [B, c*D] fp32, with ``bias[phase[i]]`` (the
-        position bias [ratio, c*D], None: none) added to ``score``, go to row ``phase[i]`` of
-        slot ``slots[i]``'s open window and, with a history ring, to its row
-        ``history_row[i]``; the window, complete or not, is pooled as :meth:`compress` pools
-        it (overlap: with the stored previous half); where it completes (``phase[i] == ratio -
-        1``) its first half replaces the stored one. Returns [B, 1, D] fp32. One op, so a
-        backend can do all of it in one kernel; here: torch ops around :meth:`compress`."""
+        """A decode step's compressor windows over shared buffers, one new token a row: row i's
+        ``kv``/``score`` [B, c*D] fp32, ``bias[phase[i]]`` (position bias [ratio, c*D], None:
+        none) added to ``score``, go to row ``phase[i]`` of slot ``slots[i]``'s open window
+        (and, with a history ring, its row ``history_row[i]``); the window is pooled as
+        :meth:`compress` pools it (overlap: with the stored previous half); where it completes
+        (``phase[i] == ratio - 1``) its first half replaces the stored one. Returns [B, 1, D]
+        fp32. One op, so a backend can do it in one kernel; here: torch ops."""
         from deepinfer.backends.compress_ref import pool_slot_windows
 
         rows = (kv, score, bias, buffers, slots, phase, history_row)

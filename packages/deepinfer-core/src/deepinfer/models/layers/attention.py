@@ -26,8 +26,8 @@ from deepinfer.models.layers.fused import pair
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.models.layers.visibility import visible_mask
-from deepinfer.models.layers.window import chunk_window, ragged_window, verify_window, window_keys
+from deepinfer.models.layers.visibility import visible_entries, visible_mask
+from deepinfer.models.layers.window import chunk_window, ragged_window, verify_window, window_pages
 from deepinfer.models.layouts import (
     LayerStates,
     RaggedRows,
@@ -133,8 +133,8 @@ class MQA(nn.Module, ABC):
         kind adds.
 
         A chunk or ragged spans list each query's keys (window rows, then its entries) for
-        sparse attention; a decode batch masks its rows' ring slots and picked entries, which
-        are all it reads.
+        sparse attention; a decode batch lists its rows' ring slots and entries, which
+        attention reads where they are.
         """
         scale = self.head_dim**-0.5
         if isinstance(state, SlotRows) and state.tokens is not None:
@@ -159,13 +159,11 @@ class MQA(nn.Module, ABC):
                     entries = entries.flatten(0, 1)[None]
                 keys = torch.cat((keys, entries), dim=1)
             return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
-        keys, mask = window_keys(kv, positions, state, self.window)
+        sources = [window_pages(kv, positions, state, self.window)]
         extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
         if extra is not None:
-            entries, visible = extra.decode_keys()
-            keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
-            mask = torch.cat((mask, visible), dim=-1)
-        return ops.attention(q, keys, mask, self.attn_sink, scale)
+            sources.append(extra.decode_pages())
+        return ops.paged_attention(q, sources, self.attn_sink, scale)
 
     def long_range(  # noqa: PLR0917
         self,
@@ -236,5 +234,9 @@ class Attention(MQA):
                 ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
             )
             return LongRange(entries, picks=picks, span_of=span_of)
-        visible = visible_mask(positions, self.ratio, n, x.shape[0], memo_of(state))
-        return LongRange(entries, visible=visible, span_of=span_of)
+        memo, batch = memo_of(state), x.shape[0]
+        visible = visible_mask(positions, self.ratio, n, batch, memo)
+        listed = None
+        if isinstance(state, SlotRows) and state.tokens is None:  # decode rows
+            listed = visible_entries(positions, self.ratio, n, batch, state.step_memo)
+        return LongRange(entries, visible=visible, span_of=span_of, listed=listed)

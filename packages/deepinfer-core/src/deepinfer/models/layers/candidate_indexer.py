@@ -27,7 +27,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
-from deepinfer.paging import PagedEntries, dense_entries
+from deepinfer.paging import KeyPages, PagedEntries, dense_entries
 
 
 @dataclass
@@ -63,6 +63,9 @@ class LongRange:
     #: A ragged pass's: [N] each query's span, whose entries are row span of ``entries``
     #: ([n, T, D]); picks and masks then count within the query's own span.
     span_of: Tensor | None = None
+    #: Decode rows of a layer without picks: ``visible`` as a list of entries [B, 1, T]
+    #: (-1 = none), made once per step (:func:`.visibility.visible_entries`).
+    listed: Tensor | None = None
 
     def index(self, offset: int) -> Tensor:
         """[B, S, K] the entries each query sees as rows ``offset + entry`` of a key tensor
@@ -94,22 +97,19 @@ class LongRange:
         rows = offset + torch.arange(s * k, device=flat.device).view(s, k)
         return taken, torch.where(self.picks >= 0, rows, -1)
 
-    def decode_keys(self) -> tuple[Tensor, Tensor]:
-        """(keys [B, K, D], visibility [B, 1, K]) for decode rows (one query each): a top-k
-        layer's picked rows only (gathered from their pages), so attention reads k entries
-        instead of all T (in a captured step, the entry bucket's); otherwise all entries and
-        the mask."""
-        if self.picks is None:
+    def decode_pages(self) -> KeyPages:
+        """The entries decode rows (one query each) see, to be read in place: a top-k layer's
+        picks, otherwise every visible entry (``listed``, or listed from ``visible``)."""
+        seen = self.picks if self.picks is not None else self.listed
+        if seen is None:
             assert self.visible is not None
-            return dense_entries(self.entries), self.visible
-        assert self.picks.shape[1] == 1, "one query per row"
-        if self.entries.shape[1] == 0:
-            return dense_entries(self.entries), self.picks[..., :0] >= 0
-        picks = self.picks[:, 0].clamp(min=0)
+            t = self.visible.shape[-1]
+            seen = torch.where(self.visible, torch.arange(t, device=self.visible.device), -1)
+        assert seen.shape[1] == 1, "one query per row"
         if isinstance(self.entries, PagedEntries):
-            return self.entries.take(picks), self.picks >= 0
-        index = picks[..., None].expand(-1, -1, self.entries.shape[-1])
-        return torch.gather(self.entries, 1, index), self.picks >= 0
+            return KeyPages(self.entries.pages, self.entries.index, seen)
+        rows = torch.arange(self.entries.shape[0], device=seen.device)[:, None]
+        return KeyPages(self.entries, rows, seen)  # each row's entries: one page
 
 
 def candidate_blocks(

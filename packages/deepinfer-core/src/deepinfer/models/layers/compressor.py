@@ -26,7 +26,7 @@ from deepinfer.models.layers.verify_windows import (
 from deepinfer.models.layouts import CompressorRows, CompressorStates, RaggedCompressor
 from deepinfer.models.ragged_plan import ClosePlan, close_plan, ring_writes
 from deepinfer.models.state import CompressorState
-from deepinfer.paging import PagedEntries, entry_rows
+from deepinfer.paging import PagedEntries
 
 
 class Compressor(nn.Module):
@@ -327,11 +327,4 @@ def write_slot_entries(rows: CompressorRows, at: SlotPhase, new: Tensor) -> Page
     key = ("pages", id(table), rows.ratio, per_page, rows.entry_limit)
     page, row, held, counts = rows.step_memo.get(key, locate)
     pages[page, row] = new[:, 0].to(pages.dtype)
-
-    def row_table() -> Tensor:
-        """Made by the step's first top-k layer of this ratio, recalled by the others."""
-        return rows.step_memo.get(
-            ("entry rows", *key[1:]), lambda: entry_rows(held, per_page, rows.entry_limit)
-        )
-
-    return PagedEntries(pages, held, rows.entry_limit, counts, row_table)
+    return PagedEntries(pages, held, rows.entry_limit, counts)

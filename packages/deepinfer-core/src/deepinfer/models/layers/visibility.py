@@ -36,3 +36,18 @@ def visible_mask(
     if memo is None:
         return make()
     return memo.get(("visible mask", ratio, num_entries, batch), make)
+
+
+def visible_entries(
+    positions: Tensor, ratio: int, num_entries: int, batch: int, memo: StepMemo
+) -> Tensor:
+    """[batch, 1, num_entries] int64 for a decode batch at ``positions`` [B, 1]: entry ``e``
+    where the row sees it, else -1 (:func:`visible_mask` as the list paged attention reads),
+    once per step and shape."""
+
+    def make() -> Tensor:
+        entries = torch.arange(num_entries, device=positions.device)
+        seen = visible_mask(positions, ratio, num_entries, batch, memo)
+        return torch.where(seen, entries, -1)
+
+    return memo.get(("visible entries", ratio, num_entries, batch), make)

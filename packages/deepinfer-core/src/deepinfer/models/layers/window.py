@@ -5,9 +5,9 @@ the ring rows its first query can still see, in position order, then its own row
 lists the ``window`` rows it sees (:func:`chunk_window`), so attention costs S x window rather
 than S x (window + S). A decode batch ([B, 1], rows of a shared ring tensor at different
 positions) writes its new rows into the rings first (the slot a new row takes held position
-p - capacity, which no query at p can see), then reads every ring slot of every row and masks
-by the position each slot holds, so the whole batch is one gather and one mask whatever the
-positions (:func:`window_keys`). Spans of any length over shared rings ([1, N] packed) gather
+p - capacity, which no query at p can see), then lists the ring slots whose positions each row
+sees; attention reads the rings where they are, so the batch copies no key whatever the
+positions (:func:`window_pages`). Spans of any length over shared rings ([1, N] packed) gather
 every span's ring before writing any, and list each query's rows among those and the new ones
 (:func:`ragged_window`). Verification rows ([B, T] over shared rings, :func:`verify_window`)
 write their T rows, then list each query's ring rows. All give each query its own token plus
@@ -23,6 +23,7 @@ from deepinfer.models.layouts import RaggedRows, SlotRows
 from deepinfer.models.ragged_plan import window_plan
 from deepinfer.models.ring import write_ring
 from deepinfer.models.state import LayerState
+from deepinfer.paging import KeyPages
 
 
 def chunk_window(kv: Tensor, state: LayerState, window: int) -> tuple[Tensor, Tensor]:
@@ -42,23 +43,22 @@ def chunk_window(kv: Tensor, state: LayerState, window: int) -> tuple[Tensor, Te
     return keys, index.clamp(min=-1)
 
 
-def window_keys(
-    kv: Tensor, positions: Tensor, rows: SlotRows, window: int
-) -> tuple[Tensor, Tensor]:
-    """Keys [B, capacity, D] and visibility [B, 1, capacity] for a decode batch's new rows
-    ``kv`` [B, 1, D] at ``positions`` [B, 1]; writes the rings. All on the device (capturable)."""
+def window_pages(kv: Tensor, positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
+    """The ring slots each row of a decode batch sees (its ring one page of ``capacity``
+    entries, read in place), after writing the new rows ``kv`` [B, 1, D] at ``positions``
+    [B, 1] into the rings. All on the device (capturable)."""
     ring, p = rows.ring, positions  # [B, 1]
     capacity = ring.shape[1]
     row = rows.step_memo.get(("ring row", capacity), lambda: p[:, 0] % capacity)
     ring[rows.slots, row] = kv[:, 0].to(ring.dtype)
-    keys = ring.index_select(0, rows.slots)  # [B, capacity, D]
 
-    def mask() -> Tensor:  # the same for every layer of the step with this ring shape
+    def seen() -> Tensor:  # the same for every layer of the step with this ring shape
         slot = torch.arange(capacity, device=kv.device)
         held = p - torch.remainder(p - slot, capacity)  # latest position <= p in each slot
-        return ((held >= 0) & (p - held < window))[:, None, :]
+        return torch.where((held >= 0) & (p - held < window), slot, -1)[:, None, :]
 
-    return keys.to(kv.dtype), rows.step_memo.get(("window", capacity, window), mask)
+    entries = rows.step_memo.get(("window", capacity, window), seen)
+    return KeyPages(ring, rows.slots[:, None], entries)
 
 
 def verify_window(
