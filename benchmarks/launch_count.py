@@ -163,9 +163,13 @@ def kernel_ops() -> Any:
     return ops
 
 
-def count_step(cfg: ModelConfig, batch: int, prompt_len: int, where: bool) -> dict[str, Any]:
-    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill."""
-    model = DeepseekV4ForCausalLM(cfg, dtype=torch.float32, device="cpu")
+def count_step(
+    cfg: ModelConfig, batch: int, prompt_len: int, where: bool, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill, the
+    model held in ``dtype`` (bf16 as on a GPU: its casts count; the interpreter's bf16 values
+    are not the GPU's, which does not change what launches)."""
+    model = DeepseekV4ForCausalLM(cfg, dtype=dtype, device="cpu")
     init_random_weights(model, seed=0)
     model.ops = kernel_ops()
     weights_loaded(model)  # as a load does: projections of one input fused, on this backend
@@ -213,6 +217,7 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--label", default="run")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--where", action="store_true", help="torch ops by the code calling them")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -222,11 +227,13 @@ def main() -> int:
             "kernel-launching torch ops; under the interpreter hc_mix and the attention "
             "scores take their portable paths"
         ),
+        "dtype": args.dtype,
         "models": {},
     }
     for name in args.models:
         cfg = MODELS[name]()
-        rows = [count_step(cfg, b, args.prompt_len, args.where) for b in args.batches]
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        rows = [count_step(cfg, b, args.prompt_len, args.where, dtype) for b in args.batches]
         result["models"][name] = {"layers": cfg.num_hidden_layers, "rows": rows}
         for row in rows:
             print(

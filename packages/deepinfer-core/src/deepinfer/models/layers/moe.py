@@ -57,19 +57,28 @@ class Expert(nn.Module):
         self.w3 = Linear(hidden, inter, dtype, fp8_capable=True)
 
     def forward(
-        self, ops: Backend, x: Tensor, swiglu_limit: float, x_fp8: Fp8Activation | None = None
+        self,
+        ops: Backend,
+        x: Tensor,
+        swiglu_limit: float,
+        x_fp8: Fp8Activation | None = None,
+        widen: bool = True,
     ) -> Tensor:
         """fp32 output: one op for float weights held apart; else the projections, gate and
         up as one GEMM where fused, each FP8 one fed activations quantised where they were
-        made (``x_fp8``: by the norm before; the down projection's: by the SwiGLU)."""
+        made (``x_fp8``: by the norm before; the down projection's: by the SwiGLU). Without
+        ``widen`` the down projection's output stays in its dtype (exact in fp32, for a caller
+        whose sum widens it anyway)."""
         w1, w2, w3 = self.w1, self.w2, self.w3
         floats = all(w.scale is None for w in (w1, w2, w3))
         if floats and fused_pair(self, "w1", "w3") is None:
             return ops.swiglu_mlp(x, w1.weight, w2.weight, w3.weight, swiglu_limit)
         gate, up = pair(self, "w1", "w3", ops, x, x_fp8=x_fp8)
         if w2.scale is None:
-            return w2(ops, ops.swiglu(gate, up, swiglu_limit)).float()
-        return w2(ops, *ops.swiglu_fp8(gate, up, swiglu_limit)).float()
+            out = w2(ops, ops.swiglu(gate, up, swiglu_limit))
+        else:
+            out = w2(ops, *ops.swiglu_fp8(gate, up, swiglu_limit))
+        return out.float() if widen else out
 
 
 class RoutedExperts(nn.Module):
@@ -189,19 +198,21 @@ class MoE(nn.Module):
             fixed_indices=fixed,
         )
         flat_fp8 = x_fp8.flatten_rows() if x_fp8 is not None else None
-        return self.combine(ops, flat, weights, indices, flat_fp8).to(x.dtype).view(shape)
+        return self.combine(ops, flat, weights, indices, flat_fp8, x.dtype).view(shape)
 
-    def combine(
+    def combine(  # noqa: PLR0917
         self,
         ops: Backend,
         flat: Tensor,
         weights: Tensor,
         indices: Tensor,
-        flat_fp8: Fp8Activation | None = None,
+        flat_fp8: Fp8Activation | None,
+        dtype: torch.dtype,
     ) -> Tensor:
-        """Routed experts weighted by the router, plus the shared expert (fp32 sum). Under
-        expert parallelism the routed pairs travel to the ranks owning their experts and back
-        (:func:`~deepinfer.parallel.dispatch_experts`); the shared expert runs here."""
+        """Routed experts weighted by the router plus the shared expert, summed in fp32 and
+        rounded to ``dtype``. Under expert parallelism the routed pairs travel to the ranks
+        owning their experts and back (:func:`~deepinfer.parallel.dispatch_experts`); the
+        shared expert runs here."""
         if self.expert_load is not None:
             self.expert_load.add(indices)
         ep = self.expert_parallel
@@ -213,7 +224,9 @@ class MoE(nn.Module):
             )
         else:
             routed = self.local_experts(ops, flat, weights, indices)
-        return routed + self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8)
+        shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
+        # one kernel: the shared output widened to fp32 in the add, the sum rounded on store
+        return torch.add(routed, shared, out=torch.empty_like(routed, dtype=dtype))
 
     def local_experts(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """The held routed experts on ``flat`` [N, d], ``indices`` [N, k] local to the stacks;

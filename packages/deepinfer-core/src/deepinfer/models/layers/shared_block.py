@@ -76,7 +76,7 @@ class ImageBiasMoE(MoE):
         weights = torch.where(is_img, w_img, w_text)
         indices = torch.where(is_img, i_img, i_text)
         flat_fp8 = x_fp8.flatten_rows() if x_fp8 is not None else None
-        return self.combine(ops, flat, weights, indices, flat_fp8).to(x.dtype).view(shape)
+        return self.combine(ops, flat, weights, indices, flat_fp8, x.dtype).view(shape)
 
 
 class SharedBlock(TransformerLayer):
