@@ -225,6 +225,8 @@ class MoE(nn.Module):
         else:
             routed = self.local_experts(ops, flat, weights, indices)
         shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
+        if torch.is_grad_enabled() and (routed.requires_grad or shared.requires_grad):
+            return (routed + shared).to(dtype)  # training: out= does not differentiate
         # one kernel: the shared output widened to fp32 in the add, the sum rounded on store
         return torch.add(routed, shared, out=torch.empty_like(routed, dtype=dtype))
 
