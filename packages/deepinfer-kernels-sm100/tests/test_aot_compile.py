@@ -523,20 +523,23 @@ def _attention_specs() -> Iterator[AotSpec]:
 
 def _norm_rope_specs() -> Iterator[AotSpec]:
     k = "norm_rope._norm_rope_kernel"
-    # query heads (unweighted), the kv row (a row slice of the fused wq_a / wkv output) and a
-    # compressed entry (weighted, one head)
+    # query heads (unweighted), the kv row (a row slice of the fused wq_a / wkv output), a
+    # compressed entry (weighted, one head) and a decode step's entries stored at their pages'
+    # rows (OUT_ROWS)
     for dt in ("bf16", "fp32"):
-        for variant, heads, stride, weighted, block_h in (
-            ("query-heads", 64, 64 * 512, False, 16),
-            ("kv-row", 1, 1536, True, 1),
-            ("entry", 1, 512, True, 1),
+        for variant, heads, stride, weighted, block_h, into in (
+            ("query-heads", 64, 64 * 512, False, 16, False),
+            ("kv-row", 1, 1536, True, 1, False),
+            ("entry", 1, 512, True, 1, False),
+            ("entry-into-pages", 1, 512, True, 1, True),
         ):
             yield AotSpec(
                 k,
                 f"{dt}-{variant}",
                 {"x_ptr": f"*{dt}", "w_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-                 "out_ptr": f"*{dt}", "heads": heads, "dim": 512, "rot_start": 448, "half": 32,
-                 "x_stride": stride, "eps": 1e-6, "HAS_WEIGHT": weighted, "EMULATE": False,
+                 "out_ptr": f"*{dt}", "dest_ptr": "*i64" if into else f"*{dt}", "heads": heads,
+                 "dim": 512, "rot_start": 448, "half": 32, "x_stride": stride, "eps": 1e-6,
+                 "HAS_WEIGHT": weighted, "OUT_ROWS": into, "EMULATE": False,
                  "BLOCK_H": block_h, "BLOCK_D": 512},
             )  # fmt: skip
 

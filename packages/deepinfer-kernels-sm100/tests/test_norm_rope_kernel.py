@@ -85,3 +85,35 @@ def test_row_slices_read_in_place() -> None:
     got = rms_norm_rope(kv, w, EPS, angle.cos(), angle.sin())
     alone = rms_norm_rope(kv.contiguous(), w, EPS, angle.cos(), angle.sin())
     assert got.is_contiguous() and torch.equal(got, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_stored_into_a_pool(dtype: torch.dtype) -> None:
+    """A decode step's new entries normed, rotated and stored at their pages' rows: each
+    listed pool row gets the float64 result (within the dtype's rounding) and exactly what the
+    kernel returns when it is asked for the rows instead; no other row of the pool changes."""
+    from deepinfer_kernels_sm100.norm_rope import rms_norm_rope_into
+
+    g = torch.Generator().manual_seed(3)
+    b, dim, half = 5, 48, 8
+    x = (torch.randn(b, 1, 1, dim, generator=g) * 3).to(dtype)
+    w = torch.randn(dim, generator=g)
+    angle = torch.randn(b, 1, half, generator=g) * 3
+    cos, sin = angle.cos(), angle.sin()
+    pool = torch.randn(40, dim, generator=g).to(dtype)
+    rows = torch.randperm(40, generator=g)[:b]
+    on = [t.to(DEVICE) for t in (x, w, cos, sin)]
+    got = pool.to(DEVICE)
+    rms_norm_rope_into(on[0], on[1], EPS, on[2], on[3], got, rows.to(DEVICE))
+    got = got.cpu()
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(got[untouched], pool[untouched])
+    returned = rms_norm_rope(*on[:2], EPS, *on[2:]).cpu()
+    assert torch.equal(got[rows], returned.view(b, dim))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    exact = _norm_rope64(x.float(), w, cos, sin).view(b, dim)
+    torch.testing.assert_close(got[rows].double(), exact, atol=tol, rtol=tol)
+    ref = pool.clone()
+    TorchBackend("cpu").rms_norm_rope_into(x, w, EPS, cos, sin, ref, rows)
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)

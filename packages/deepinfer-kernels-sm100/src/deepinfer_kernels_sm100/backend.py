@@ -190,6 +190,22 @@ class Sm100Backend(TorchBackend):
 
         return rms_norm_rope(x, weight, eps, cos, sin)
 
+    def rms_norm_rope_into(  # noqa: PLR0917
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        eps: float,
+        cos: Tensor,
+        sin: Tensor,
+        pool: Tensor,
+        rows: Tensor,
+    ) -> None:
+        if pool.dtype != x.dtype or not pool.is_contiguous() or x.shape[1:3] != (1, 1):
+            return super().rms_norm_rope_into(x, weight, eps, cos, sin, pool, rows)
+        from deepinfer_kernels_sm100.norm_rope import rms_norm_rope_into
+
+        return rms_norm_rope_into(x, weight, eps, cos, sin, pool, rows)
+
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
         from deepinfer_kernels_sm100.attention import mqa_sink_attention
 

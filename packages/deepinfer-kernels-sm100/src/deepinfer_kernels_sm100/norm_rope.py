@@ -24,7 +24,8 @@ def _norm_rope_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     w_ptr,  # [dim] fp32 (HAS_WEIGHT)
     cos_ptr,
     sin_ptr,  # [rows, half]
-    out_ptr,  # [rows, heads, dim], contiguous
+    out_ptr,  # [rows, heads, dim], contiguous; OUT_ROWS: [pool rows, heads, dim]
+    dest_ptr,  # [rows] int64: each row's row of out (OUT_ROWS)
     heads,
     dim,
     rot_start,
@@ -32,6 +33,7 @@ def _norm_rope_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     x_stride,
     eps,
     HAS_WEIGHT: tl.constexpr,
+    OUT_ROWS: tl.constexpr,
     EMULATE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -52,17 +54,45 @@ def _norm_rope_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     y = normed(x, inv, w_ptr, d[None, :], mask, out_ptr, HAS_WEIGHT, EMULATE)
     yp = normed(xp, inv, w_ptr, partner[None, :], pmask, out_ptr, HAS_WEIGHT, EMULATE)
     y = turn(y, yp, cos_ptr, sin_ptr, row * half, pair, rotated, is_odd, 1.0)
-    tl.store(out_ptr + (row * heads + h[:, None]) * dim + d[None, :], y, mask=mask)
+    dest = tl.load(dest_ptr + row).to(tl.int64) if OUT_ROWS else row
+    tl.store(out_ptr + (dest * heads + h[:, None]) * dim + d[None, :], y, mask=mask)
 
 
 def rms_norm_rope(x: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
     """:func:`rms_norm` over each head of ``x`` [..., S, H, D], then :func:`rope` on the
     result, in one launch (two in torch's order of the separate kernels; the same roundings,
     with the head's sum of squares in this kernel's order)."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(x, weight, eps, cos, sin, out, None)
+    return out
+
+
+def rms_norm_rope_into(  # noqa: PLR0917
+    x: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    pool: Tensor,
+    rows: Tensor,
+) -> None:
+    """:func:`rms_norm_rope` of ``x`` [B, 1, 1, D], row b stored at row ``rows[b]`` of
+    ``pool`` [R, D] (contiguous, ``x``'s dtype): the same values, no indexed write after."""
+    _launch(x, weight, eps, cos, sin, pool, rows.to(torch.int64).contiguous())
+
+
+def _launch(  # noqa: PLR0917
+    x: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    out: Tensor,
+    dest: Tensor | None,
+) -> None:
     flat, c, s = rope_rows(x, cos, sin)
     rows, heads, dim = flat.shape
     half = c.shape[-1]
-    out = torch.empty(rows, heads, dim, dtype=x.dtype, device=x.device)
     if rows:
         block_h = min(triton.next_power_of_2(heads), 16)
         _norm_rope_kernel[(rows, triton.cdiv(heads, block_h))](
@@ -71,6 +101,7 @@ def rms_norm_rope(x: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin
             c,
             s,
             out,
+            flat if dest is None else dest,  # unread without OUT_ROWS
             heads,
             dim,
             dim - 2 * half,
@@ -78,8 +109,8 @@ def rms_norm_rope(x: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin
             flat.stride(0),
             eps,
             HAS_WEIGHT=weight is not None,
+            OUT_ROWS=dest is not None,
             EMULATE=EMULATE_CAST,
             BLOCK_H=block_h,
             BLOCK_D=triton.next_power_of_2(dim),
         )
-    return out.view(x.shape)

@@ -1,18 +1,21 @@
 """The Backend interface: the op table the model and the sampler call.
 
-The torch reference (:class:`deepinfer.backends.torch_ref.TorchBackend`) implements every op;
-hardware packages subclass it and override the ops they accelerate, so every op has the
-reference to fall back on and to be tested against."""
+Every op is an abstract public method, so the table is the interface: the torch reference
+(:class:`deepinfer.backends.torch_ref.TorchBackend`) implements all of them, and hardware
+packages subclass it and override only public ops they accelerate, so every op always has the
+reference to fall back on and to be tested against.
+"""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
 
 from deepinfer.backends.fp8_types import Fp8Activation, Fp8Output
+from deepinfer.backends.token_ops import TokenOps
 from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
 
@@ -25,9 +28,12 @@ if TYPE_CHECKING:
 __all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output"]
 
 
-class Backend(ABC):
-    """Base of every backend: availability check (a classmethod, so discovery and ``deepinfer
-    info`` can ask without building a backend) and the device it runs on."""
+class Backend(TokenOps):
+    """Base of every backend: availability check and the device it runs on.
+
+    ``availability()`` is a classmethod so that discovery and ``deepinfer info`` can ask without
+    building a backend (and without touching the device more than the check needs).
+    """
 
     name: ClassVar[str] = "base"
     #: torch device types this backend runs on.
@@ -58,18 +64,23 @@ class Backend(ABC):
 
     def supports_cuda_graphs(self, dtype: torch.dtype) -> bool:
         """Whether the token-wise ops (mHC, norms, router, experts) run in ``dtype`` without a
-        host sync or data-dependent shapes, so a whole decode step can be captured. Not the
-        torch reference: its experts loop on the host (torch's grouped matmul copies from it)."""
+        host sync or data-dependent shapes, so a whole decode step can be captured.
+
+        Not the torch reference: its experts loop on the host without a grouped matmul, and
+        torch's grouped matmul (2.11) copies from the host while it runs."""
         return False
 
-    #: Stored weight formats this backend computes on with kernels, which a model under
-    #: ``quantization="auto"`` keeps as stored (else it dequantises them at load): ``"fp8"``
-    #: (:meth:`fp8_linear`), ``"fp4_experts"`` (:meth:`moe_experts_fp4`), ``"bf16_projections"``
-    #: (:meth:`linear_fp32` on the bf16 head, router gate and compressor projections).
+    #: The stored weight formats this backend computes on with kernels, so a model under
+    #: ``quantization="auto"`` keeps them as stored (otherwise it dequantises them at load):
+    #: ``"fp8"`` (:meth:`fp8_linear`), ``"fp4_experts"`` (:meth:`moe_experts_fp4`) and
+    #: ``"bf16_projections"`` (:meth:`linear_fp32` on bf16 weights: the head, router gate and
+    #: compressor projections, stored bf16 and computed in fp32). The torch reference's
+    #: versions of those ops are the numeric reference, not fast paths.
     native_formats: ClassVar[frozenset[str]] = frozenset()
     #: Whether a loaded model runs projections of one input as one GEMM (attention's ``wq_a``
-    #: and ``wkv``: :mod:`deepinfer.models.layers.fused`): fewer launches and activation
-    #: quantisations, but the fused GEMM's own summation orders (not the reference's).
+    #: and ``wkv``: :mod:`deepinfer.models.layers.fused`): fewer launches, and one activation
+    #: quantisation for FP8 weights, but summation orders of the fused GEMM's own, which the
+    #: numeric reference does not take.
     fuse_projections: ClassVar[bool] = False
 
     # -- the op table ------------------------------------------------------------------------
@@ -152,6 +163,22 @@ class Backend(ABC):
         kv rows and compressed entries, one op so that a backend can fuse the two."""
         return self.rope(self.rms_norm(x, weight, eps), cos, sin)
 
+    def rms_norm_rope_into(  # noqa: PLR0917
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        eps: float,
+        cos: Tensor,
+        sin: Tensor,
+        pool: Tensor,
+        rows: Tensor,
+    ) -> None:
+        """:meth:`rms_norm_rope` of one row a batch entry (``x`` [B, 1, 1, D]) stored at rows
+        ``rows`` [B] of ``pool`` [R, D] (a decode step's new entries, into their pages'
+        flattened rows; ``pool`` in ``x``'s dtype) instead of returned: one op, so a backend
+        can store the values where they go; here the op and an indexed write."""
+        pool[rows] = self.rms_norm_rope(x, weight, eps, cos, sin).reshape(rows.shape[0], -1)
+
     @abstractmethod
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
         """Shared-KV MQA with one sink logit per head.
@@ -219,13 +246,15 @@ class Backend(ABC):
         history_row: Tensor | None,
         overlap: bool,
     ) -> Tensor:
-        """A decode step's compressor windows over shared buffers, one new token a row: row i's
-        ``kv``/``score`` [B, c*D] fp32, ``bias[phase[i]]`` (position bias [ratio, c*D], None:
-        none) added to ``score``, go to row ``phase[i]`` of slot ``slots[i]``'s open window
-        (and, with a history ring, its row ``history_row[i]``); the window is pooled as
-        :meth:`compress` pools it (overlap: with the stored previous half); where it completes
-        (``phase[i] == ratio - 1``) its first half replaces the stored one. Returns [B, 1, D]
-        fp32. One op, so a backend can do it in one kernel; here: torch ops."""
+        """A decode step's compressor windows over shared buffers, one new token a row.
+
+        Row i's projections ``kv``/``score`` [B, c*D] fp32, with ``bias[phase[i]]`` (the
+        position bias [ratio, c*D], None: none) added to ``score``, go to row ``phase[i]`` of
+        slot ``slots[i]``'s open window and, with a history ring, to its row
+        ``history_row[i]``; the window, complete or not, is pooled as :meth:`compress` pools
+        it (overlap: with the stored previous half); where it completes (``phase[i] == ratio -
+        1``) its first half replaces the stored one. Returns [B, 1, D] fp32. One op, so a
+        backend can do all of it in one kernel; here: torch ops around :meth:`compress`."""
         from deepinfer.backends.compress_ref import pool_slot_windows
 
         rows = (kv, score, bias, buffers, slots, phase, history_row)
@@ -264,137 +293,7 @@ class Backend(ABC):
         as -1. Returns [..., k] int64."""
 
     @abstractmethod
-    def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
-        """mHC's mixer logits: the streams [..., n, d] flattened, RMS-normalised (no weight) and
-        projected by ``fn`` [m, n * d], in fp32. Returns [..., m]."""
-
-    @abstractmethod
-    def mhc_pre(
-        self,
-        x: Tensor,
-        fn: Tensor,
-        base: Tensor,
-        scale: Tensor,
-        *,
-        norm_eps: float,
-        hc_eps: float,
-        sinkhorn_iters: int,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """mHC entry: from streams ``x`` [B, S, n, d] compute (collapsed input [B, S, d],
-        post weights [B, S, n] fp32, comb [B, S, n, n] fp32)."""
-
-    @abstractmethod
-    def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
-        """mHC exit: ``X'[k] = post[k] * y + sum_j comb[j, k] * X[j]``."""
-
-    @abstractmethod
-    def mhc_weights(
-        self,
-        x: Tensor,
-        fn: Tensor,
-        base: Tensor,
-        scale: Tensor,
-        *,
-        norm_eps: float,
-        hc_eps: float,
-        sinkhorn_iters: int,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The three mHC weight sets from streams ``x`` [B, S, n, d]: (pre [B, S, n], post
-        [B, S, n], comb [B, S, n, n]), all fp32. V4.1's lagged pre-mix applies ``pre`` to the
-        next sublayer's streams, so it is returned instead of being used here."""
-
-    @abstractmethod
-    def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
-        """``sum_i pre[i] * X[i]`` over the streams of ``x`` [B, S, n, d] in fp32, cast back."""
-
-    @abstractmethod
     def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
         """Raw indexer scores ``sum_h weights * relu(q . k)``: ``q`` [B, S, h, c], ``keys``
         [B, T, c] (decode rows: in their pages), ``weights`` [B, S, h] -> [B, S, T] fp32,
         nothing masked (V4.1 masks and picks in the model because of its candidate blocks)."""
-
-    @abstractmethod
-    def engram_gate(
-        self, h: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
-    ) -> Tensor:
-        """Engram gate per stream: ``h``, ``key`` [B, S, n, d], weights [n, d] -> [B, S, n] fp32,
-        ``sigmoid(sign(s) * sqrt(max(|s|, 1e-6)))`` with ``s`` the scaled dot product of the
-        RMS-normalised (weighted) stream and key."""
-
-    @abstractmethod
-    def hc_head(
-        self,
-        x: Tensor,
-        fn: Tensor,
-        base: Tensor,
-        scale: Tensor,
-        *,
-        norm_eps: float,
-        hc_eps: float,
-    ) -> Tensor:
-        """Final stream collapse before the last norm: sigmoid weights, no Sinkhorn."""
-
-    @abstractmethod
-    def moe_route(
-        self,
-        x: Tensor,
-        gate_weight: Tensor,
-        bias: Tensor | None,
-        *,
-        topk: int,
-        scoring_func: str,
-        routed_scaling_factor: float,
-        norm_topk_prob: bool,
-        fixed_indices: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Router: returns (weights [N, k] fp32, expert ids [N, k] int64).
-
-        ``bias`` only steers selection (aux-free balancing); ``fixed_indices`` (hash routing)
-        replaces selection entirely while the scores still weight the experts.
-        """
-
-    @abstractmethod
-    def moe_experts(
-        self,
-        x: Tensor,
-        weights: Tensor,
-        indices: Tensor,
-        *,
-        w13: Tensor,
-        w2: Tensor,
-        swiglu_limit: float,
-    ) -> Tensor:
-        """Routed SwiGLU experts for ``x`` [N, d]; returns the fp32 weighted sum [N, d].
-
-        ``w13`` [E, 2I, d] stacks each expert's gate (w1) over its up projection (w3); ``w2``
-        is [E, d, I]. ``weights``/``indices`` [N, k] come from :meth:`moe_route`; an index < 0
-        means "no expert" and contributes zero.
-        """
-
-    @abstractmethod
-    def moe_experts_fp4(
-        self,
-        x: Tensor,
-        weights: Tensor,
-        indices: Tensor,
-        *,
-        w13: Tensor,
-        w13_scale: Tensor,
-        w2: Tensor,
-        w2_scale: Tensor,
-        swiglu_limit: float,
-        scales_fit: bool = False,
-    ) -> Tensor:
-        """:meth:`moe_experts` on FP4 e2m1 experts as stored: ``w13`` [E, 2I, d / 2] and ``w2``
-        [E, d, I / 2] packed codes (uint8, the low nibble the even element), ``w13_scale``
-        [E, 2I, d / 32] and ``w2_scale`` [E, d, I / 32] ue8m0 bytes, 2**(b - 127) per 32
-        elements along the input dim. The weights' values are exact in ``x``'s dtype.
-        ``scales_fit``: the caller found no scale byte above 128 (checked once, at load; see
-        :func:`deepinfer.models.stored_formats.note_fp4_scale_range`), which a backend may use
-        to decode with fewer operations; the result is the same either way."""
-
-    @abstractmethod
-    def swiglu_mlp(
-        self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
-    ) -> Tensor:
-        """Dense clamped SwiGLU (the shared expert); returns fp32 [..., d]."""

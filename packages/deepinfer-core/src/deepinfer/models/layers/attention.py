@@ -27,7 +27,13 @@ from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import visible_entries, visible_mask
-from deepinfer.models.layers.window import chunk_window, ragged_window, verify_window, window_pages
+from deepinfer.models.layers.window import (
+    chunk_window,
+    ragged_window,
+    ring_rows,
+    verify_window,
+    window_pages,
+)
 from deepinfer.models.layouts import (
     LayerStates,
     RaggedRows,
@@ -81,11 +87,19 @@ class MQA(nn.Module, ABC):
     ) -> LayerState:
         """The layer's empty state: its window ring and whatever long-range state it keeps."""
 
-    def project(
-        self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor, x_fp8: Fp8Activation | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def project(  # noqa: PLR0917
+        self,
+        ops: Backend,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        x_fp8: Fp8Activation | None,
+        ring: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """(rotated queries [B, S, H, D], query latent ``qr``, rotated kv row [B, S, D]).
-        ``x_fp8``: ``x`` quantised for FP8 projections by the norm that made it."""
+        ``x_fp8``: ``x`` quantised for FP8 projections by the norm that made it. ``ring``:
+        decode rows' kv go straight into these rows of their rings ((flattened rings, row
+        [B]), :func:`~.window.ring_rows`) and come back as None."""
         b, s, _ = x.shape
         q_latent, kv = pair(self, "wq_a", "wkv", ops, x, x_fp8=x_fp8)
         qr, qr_fp8 = self.q_norm.feeding(ops, q_latent, self.wq_b)
@@ -94,6 +108,9 @@ class MQA(nn.Module, ABC):
             q = ops.rms_norm_rope(q, None, self.eps, cos, sin)
         else:
             q = ops.rope(q, cos, sin)
+        if ring is not None:
+            self.kv_norm.rotated_into(ops, kv, cos, sin, *ring)
+            return q, qr, None
         return q, qr, self.kv_norm.rotated(ops, kv, cos, sin)
 
     def forward(
@@ -112,7 +129,9 @@ class MQA(nn.Module, ABC):
         in shared slots. ``shared``: V4.1's per-call source-layer outputs; ``x_fp8``: ``x``
         quantised already (:meth:`~deepinfer.models.layers.norm.RMSNorm.feeding`)."""
         cos, sin = rotary.cos_sin(positions)
-        q, qr, kv = self.project(ops, x, cos, sin, x_fp8)
+        decode = isinstance(state, SlotRows) and state.tokens is None
+        ring = ring_rows(positions, state) if decode else None
+        q, qr, kv = self.project(ops, x, cos, sin, x_fp8, ring)
         o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
         return self.output(ops, o, cos, sin)
 
@@ -122,7 +141,7 @@ class MQA(nn.Module, ABC):
         x: Tensor,
         q: Tensor,
         qr: Tensor,
-        kv: Tensor,
+        kv: Tensor | None,
         positions: Tensor,
         rotary: Rotary,
         state: LayerState | SlotRows | RaggedRows,
@@ -137,6 +156,13 @@ class MQA(nn.Module, ABC):
         attention reads where they are.
         """
         scale = self.head_dim**-0.5
+        if kv is None:  # decode rows whose kv rows are in their rings already
+            assert isinstance(state, SlotRows)
+            sources = [window_pages(positions, state, self.window)]
+            extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
+            if extra is not None:
+                sources.append(extra.decode_pages())
+            return ops.paged_attention(q, sources, self.attn_sink, scale)
         if isinstance(state, SlotRows) and state.tokens is not None:
             keys, index = verify_window(kv, positions, state, self.window)
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
@@ -159,11 +185,7 @@ class MQA(nn.Module, ABC):
                     entries = entries.flatten(0, 1)[None]
                 keys = torch.cat((keys, entries), dim=1)
             return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
-        sources = [window_pages(kv, positions, state, self.window)]
-        extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
-        if extra is not None:
-            sources.append(extra.decode_pages())
-        return ops.paged_attention(q, sources, self.attn_sink, scale)
+        raise AssertionError("decode rows write their kv rows in project()")
 
     def long_range(  # noqa: PLR0917
         self,

@@ -113,7 +113,7 @@ class Compressor(nn.Module):
     ) -> PagedEntries:
         """One new token per row, rows of shared buffers, no host work (capturable).
 
-        Every row's window is pooled, complete or not (see :func:`write_slot_entries`); only
+        Every row's window is pooled, complete or not (see :func:`slot_entries`); only
         complete windows replace the stored previous half. Returns entries ``:entry_limit``
         of every row, in their pages.
         """
@@ -128,8 +128,10 @@ class Compressor(nn.Module):
         )
         assert pool.pages is not None
         cos, sin = rotary.cos_sin(at.entry_pos)
-        entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, 1, D]
-        return write_slot_entries(rows, at, entries)
+        target, entries = slot_entries(rows, at)
+        pages = pool.pages.flatten(0, 1)  # the new entries go straight to their rows
+        self.norm.rotated_into(ops, pooled.to(pages.dtype), cos, sin, pages, target)
+        return entries
 
     def _forward_verify(
         self,
@@ -310,21 +312,28 @@ def history_row(rows: CompressorRows, at: SlotPhase) -> Tensor | None:
     )
 
 
-def write_slot_entries(rows: CompressorRows, at: SlotPhase, new: Tensor) -> PagedEntries:
-    """Write row i's entry ``new`` [B, 1, D] at entry ``at.index[i]``; returns every row's
-    entries ``:entry_limit`` in their pages. A row whose window is still open writes a
+def slot_entries(rows: CompressorRows, at: SlotPhase) -> tuple[Tensor, PagedEntries]:
+    """(the flattened pages' row [B] where row i's entry ``at.index[i]`` goes, every row's
+    entries ``:entry_limit`` in their pages). A row whose window is still open writes a
     provisional entry at an index no query can see yet; the real one overwrites it when the
-    window completes. Where the entries go and the pages read back are the same for every
-    layer of the ratio: memoised in the step."""
+    window completes. The same for every layer of the ratio: memoised in the step."""
     pages, table = rows.pool.pages, rows.pool.page_table
     assert pages is not None and table is not None
     per_page = pages.shape[1]
 
-    def locate() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def locate() -> tuple[Tensor, Tensor, Tensor]:
         page, row = table.locate(rows.slots, at.index, per_page)
-        return page, row, table.row_pages(rows.slots, rows.entry_limit, per_page), at.index + 1
+        held = table.row_pages(rows.slots, rows.entry_limit, per_page)
+        return page * per_page + row, held, at.index + 1
 
     key = ("pages", id(table), rows.ratio, per_page, rows.entry_limit)
-    page, row, held, counts = rows.step_memo.get(key, locate)
-    pages[page, row] = new[:, 0].to(pages.dtype)
-    return PagedEntries(pages, held, rows.entry_limit, counts)
+    target, held, counts = rows.step_memo.get(key, locate)
+    return target, PagedEntries(pages, held, rows.entry_limit, counts)
+
+
+def write_slot_entries(rows: CompressorRows, at: SlotPhase, new: Tensor) -> PagedEntries:
+    """Write row i's entry ``new`` [B, 1, D] at entry ``at.index[i]`` (:func:`slot_entries`);
+    returns every row's entries ``:entry_limit`` in their pages."""
+    target, entries = slot_entries(rows, at)
+    entries.pages.flatten(0, 1)[target] = new[:, 0].to(entries.pages.dtype)
+    return entries

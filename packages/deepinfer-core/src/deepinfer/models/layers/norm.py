@@ -30,6 +30,13 @@ class RMSNorm(nn.Module):
         [..., S, r/2]): one op (:meth:`~deepinfer.backends.base.Backend.rms_norm_rope`)."""
         return ops.rms_norm_rope(x[:, :, None], self.weight, self.eps, cos, sin)[:, :, 0]
 
+    def rotated_into(  # noqa: PLR0917
+        self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor, pool: Tensor, rows: Tensor
+    ) -> None:
+        """:meth:`rotated` of decode rows ``x`` [B, 1, D], stored at rows ``rows`` [B] of
+        ``pool`` [R, D] (:meth:`~deepinfer.backends.base.Backend.rms_norm_rope_into`)."""
+        ops.rms_norm_rope_into(x[:, :, None], self.weight, self.eps, cos, sin, pool, rows)
+
     def feeding(
         self, ops: Backend, x: Tensor, consumer: Linear
     ) -> tuple[Tensor, Fp8Activation | None]:

@@ -4,10 +4,10 @@ Three layouts reach a layer. A sequence chunk ([B, S] in lockstep, one :class:`L
 the ring rows its first query can still see, in position order, then its own rows; each query
 lists the ``window`` rows it sees (:func:`chunk_window`), so attention costs S x window rather
 than S x (window + S). A decode batch ([B, 1], rows of a shared ring tensor at different
-positions) writes its new rows into the rings first (the slot a new row takes held position
-p - capacity, which no query at p can see), then lists the ring slots whose positions each row
-sees; attention reads the rings where they are, so the batch copies no key whatever the
-positions (:func:`window_pages`). Spans of any length over shared rings ([1, N] packed) gather
+positions) writes its new rows into the rings first, as the kv norm stores them
+(:func:`ring_rows`), then lists the ring slots whose positions each row sees; attention reads
+the rings where they are, so the batch copies no key whatever the positions
+(:func:`window_pages`). Spans of any length over shared rings ([1, N] packed) gather
 every span's ring before writing any, and list each query's rows among those and the new ones
 (:func:`ragged_window`). Verification rows ([B, T] over shared rings, :func:`verify_window`)
 write their T rows, then list each query's ring rows. All give each query its own token plus
@@ -43,17 +43,28 @@ def chunk_window(kv: Tensor, state: LayerState, window: int) -> tuple[Tensor, Te
     return keys, index.clamp(min=-1)
 
 
-def window_pages(kv: Tensor, positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
-    """The ring slots each row of a decode batch sees (its ring one page of ``capacity``
-    entries, read in place), after writing the new rows ``kv`` [B, 1, D] at ``positions``
-    [B, 1] into the rings. All on the device (capturable)."""
+def ring_rows(positions: Tensor, rows: SlotRows) -> tuple[Tensor, Tensor]:
+    """(the rings flattened [slots * capacity, D], the row [B] of it that each decode row's new
+    kv row at ``positions`` [B, 1] goes to): the slot a new row takes held position
+    p - capacity, which no query at p can see. The rows are the same for every layer of the
+    step with this ring shape. All on the device (capturable)."""
+    ring = rows.ring
+    capacity = ring.shape[1]
+    at = rows.step_memo.get(
+        ("ring rows", capacity), lambda: rows.slots * capacity + positions[:, 0] % capacity
+    )
+    return ring.flatten(0, 1), at
+
+
+def window_pages(positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
+    """The ring slots each row of a decode batch at ``positions`` [B, 1] sees, its ring one
+    page of ``capacity`` entries read in place; the rows' new kv rows are in the rings already
+    (:func:`ring_rows`)."""
     ring, p = rows.ring, positions  # [B, 1]
     capacity = ring.shape[1]
-    row = rows.step_memo.get(("ring row", capacity), lambda: p[:, 0] % capacity)
-    ring[rows.slots, row] = kv[:, 0].to(ring.dtype)
 
     def seen() -> Tensor:  # the same for every layer of the step with this ring shape
-        slot = torch.arange(capacity, device=kv.device)
+        slot = torch.arange(capacity, device=p.device)
         held = p - torch.remainder(p - slot, capacity)  # latest position <= p in each slot
         return torch.where((held >= 0) & (p - held < window), slot, -1)[:, None, :]
 
