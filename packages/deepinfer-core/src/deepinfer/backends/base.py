@@ -174,10 +174,11 @@ class Backend(TokenOps):
         rows: Tensor,
     ) -> None:
         """:meth:`rms_norm_rope` of one row a batch entry (``x`` [B, 1, 1, D]) stored at rows
-        ``rows`` [B] of ``pool`` [R, D] (a decode step's new entries, into their pages'
-        flattened rows; ``pool`` in ``x``'s dtype) instead of returned: one op, so a backend
+        ``rows`` [B] of ``pool`` [R, D] (a decode step's new kv rows and entries, into their
+        rings' and pages' flattened rows) instead of returned: one op, so a backend
         can store the values where they go; here the op and an indexed write."""
-        pool[rows] = self.rms_norm_rope(x, weight, eps, cos, sin).reshape(rows.shape[0], -1)
+        out = self.rms_norm_rope(x, weight, eps, cos, sin).reshape(rows.shape[0], -1)
+        pool[rows] = out.to(pool.dtype)
 
     @abstractmethod
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
