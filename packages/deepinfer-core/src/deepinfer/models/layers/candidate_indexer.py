@@ -27,6 +27,7 @@ from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layers.visibility import listed
 from deepinfer.paging import KeyPages, PagedEntries, dense_entries
 
 
@@ -103,8 +104,7 @@ class LongRange:
         seen = self.picks if self.picks is not None else self.listed
         if seen is None:
             assert self.visible is not None
-            t = self.visible.shape[-1]
-            seen = torch.where(self.visible, torch.arange(t, device=self.visible.device), -1)
+            seen = listed(self.visible)
         assert seen.shape[1] == 1, "one query per row"
         if isinstance(self.entries, PagedEntries):
             return KeyPages(self.entries.pages, self.entries.index, seen)

@@ -46,8 +46,12 @@ def visible_entries(
     once per step and shape."""
 
     def make() -> Tensor:
-        entries = torch.arange(num_entries, device=positions.device)
-        seen = visible_mask(positions, ratio, num_entries, batch, memo)
-        return torch.where(seen, entries, -1)
+        return listed(visible_mask(positions, ratio, num_entries, batch, memo))
 
     return memo.get(("visible entries", ratio, num_entries, batch), make)
+
+
+def listed(seen: Tensor) -> Tensor:
+    """A visibility mask [..., T] as the entries it shows: ``e`` where ``seen[..., e]``, else
+    -1 (int64)."""
+    return torch.where(seen, torch.arange(seen.shape[-1], device=seen.device), -1)
