@@ -406,6 +406,19 @@ def _indexer_specs() -> Iterator[AotSpec]:
              "BLOCK_H": 32, "BLOCK_T": 128, "BLOCK_C": 128},
             num_warps=8,
         )  # fmt: skip
+    for dt, visible in (("bf16", True), ("fp32", False)):
+        native = dt == "bf16"
+        yield AotSpec(
+            "indexer._dense_scores_kernel",
+            f"{dt}-{'visible' if visible else 'all'}",
+            {"q_ptr": f"*{dt}", "w_ptr": "*fp32", "k_ptr": f"*{dt}", "seen_ptr": "*i64",
+             "out_ptr": "*fp32", "seq": 4096, "heads": 64, "limit": 1024, "dim": 128,
+             "q_sb": 4096 * 64 * 128, "q_ss": 64 * 128, "q_sh": 128, "k_sb": 1024 * 128,
+             "k_st": 128, "VISIBLE": visible, "NATIVE": native,
+             "PRECISION": "tf32" if native else "ieee", "BLOCK_S": 64, "BLOCK_T": 64,
+             "BLOCK_C": 128},
+            num_warps=4,
+        )  # fmt: skip
 
 
 #: which entries a top-k row may see (topk.ALL / PREFIX / MASK), and the pointers the launch

@@ -11,6 +11,7 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -36,8 +37,6 @@ class Sm100Backend(TorchBackend):
 
     @classmethod
     def availability(cls) -> Availability:
-        import torch
-
         if importlib.util.find_spec("triton") is None:
             return Availability(False, "triton is not installed: pip install 'deepinfer[sm100]'")
         if torch.version.cuda is None:
@@ -249,11 +248,38 @@ class Sm100Backend(TorchBackend):
         return softmax_pool(kv, score, prev_kv, prev_score, overlap)
 
     def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
-        if not isinstance(keys, PagedEntries):  # a chunk's own keys: dense already
-            return super().indexer_scores(q, keys, weights)
-        from deepinfer_kernels_sm100.indexer import paged_indexer_scores
+        from deepinfer_kernels_sm100.indexer import dense_indexer_scores, paged_indexer_scores
 
+        if not isinstance(keys, PagedEntries):  # a chunk's own keys: dense already
+            return dense_indexer_scores(q, keys, weights)
         return paged_indexer_scores(q, keys, weights)
+
+    def indexer_topk(
+        self,
+        q: Tensor,
+        keys: Tensor | PagedEntries,
+        weights: Tensor,
+        n_visible: Tensor,
+        topk: int,
+    ) -> Tensor:
+        """Dense keys (a prefill chunk's): scored in blocks of queries whose [rows, T] scores
+        stay within ``MAX_DENSE_SCORES``, skipping keys no query of a block sees."""
+        if isinstance(keys, PagedEntries):
+            return super().indexer_topk(q, keys, weights, n_visible, topk)
+        from deepinfer_kernels_sm100.indexer import MAX_DENSE_SCORES, dense_indexer_scores
+
+        b, s, t = q.shape[0], q.shape[1], keys.shape[1]
+        k = min(topk, t)
+        if k == 0:
+            return q.new_empty(b, s, 0, dtype=torch.long)
+        rows = max(1, min(s, MAX_DENSE_SCORES // max(1, b * t)))
+        picks = []
+        for i in range(0, s, rows):
+            seen = n_visible[..., i : i + rows].to(q.device)
+            part = slice(i, i + rows)
+            scores = dense_indexer_scores(q[:, part], keys, weights[:, part], seen)
+            picks.append(self.topk_picks(scores, k, n_visible=seen))
+        return picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
 
     def topk_picks(
         self,
