@@ -228,16 +228,25 @@ def _mhc_specs() -> Iterator[AotSpec]:
             {"x_ptr": f"*{dt}", "pre_ptr": "*fp32", "out_ptr": f"*{dt}", "dim": 4096,
              "N": 4, "NP": 4, "BLOCK_D": 512},
         )  # fmt: skip
-        # a sublayer's entry after the mixer's splits: gates, Sinkhorn mix and (V4) collapse
-        for collapse in (True, False):
+        # a sublayer's entry after the mixer's splits: gates, Sinkhorn mix and (V4) collapse,
+        # bare (V4.1's lagged weights), normed as the sublayer norms (V4), and quantised too
+        for variant, collapse, norm, quant in (
+            ("weights", False, False, False),
+            ("collapse", True, False, False),
+            ("normed", True, True, False),
+            ("normed-fp8", True, True, True),
+        ):
             yield AotSpec(
                 "mhc_fused._mhc_finish_kernel",
-                f"{dt}-hc4-{'collapse' if collapse else 'weights'}",
+                f"{dt}-hc4-{variant}",
                 {"part_ptr": "*fp32", "squares_ptr": "*fp32", "base_ptr": "*fp32",
                  "scale_ptr": "*fp32", "x_ptr": f"*{dt}", "pre_ptr": "*fp32",
-                 "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": f"*{dt}", "rows": 32,
-                 "splits": 128, "dim": 4096, "iters": 20, "norm_eps": 1e-6, "hc_eps": 1e-6,
-                 "N": 4, "NP": 4, "BLOCK_S": 128, "BLOCK_D": 512, "COLLAPSE": collapse},
+                 "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": f"*{dt}",
+                 "w_ptr": "*fp32", "q_ptr": "*fp8e4nv" if quant else f"*{dt}",
+                 "s_ptr": "*fp32" if quant else f"*{dt}", "rows": 32, "splits": 128,
+                 "dim": 4096, "iters": 20, "norm_eps": 1e-6, "hc_eps": 1e-6, "out_eps": 1e-6,
+                 "N": 4, "NP": 4, "BLOCK_S": 128, "BLOCK_D": 512, "COLLAPSE": collapse,
+                 "NORM": norm, "QUANT": quant, "EMULATE": False},
             )  # fmt: skip
 
 
@@ -399,9 +408,10 @@ def _indexer_specs() -> Iterator[AotSpec]:
         yield AotSpec(
             "indexer._paged_scores_kernel",
             f"{dt}-page-rows{page_rows}",
-            {"q_ptr": f"*{dt}", "w_ptr": "*fp32", "pages_ptr": f"*{dt}", "index_ptr": "*i64",
+            {"q_ptr": f"*{dt}", "w_ptr": f"*{dt}", "pages_ptr": f"*{dt}", "index_ptr": "*i64",
              "count_ptr": "*i64", "out_ptr": "*fp32", "seq": 1, "heads": 64, "limit": 8192,
-             "index_cols": 8192 // page_rows, "dim": 128, "PAGE_ROWS": page_rows,
+             "index_cols": 8192 // page_rows, "dim": 128, "w_scale": 0.0110485,
+             "PAGE_ROWS": page_rows,
              "NATIVE": native, "PRECISION": "tf32" if native else "ieee",
              "BLOCK_H": 32, "BLOCK_T": 128, "BLOCK_C": 128},
             num_warps=8,
@@ -411,10 +421,10 @@ def _indexer_specs() -> Iterator[AotSpec]:
         yield AotSpec(
             "indexer._dense_scores_kernel",
             f"{dt}-{'visible' if visible else 'all'}",
-            {"q_ptr": f"*{dt}", "w_ptr": "*fp32", "k_ptr": f"*{dt}", "seen_ptr": "*i64",
+            {"q_ptr": f"*{dt}", "w_ptr": f"*{dt}", "k_ptr": f"*{dt}", "seen_ptr": "*i64",
              "out_ptr": "*fp32", "seq": 4096, "heads": 64, "limit": 1024, "dim": 128,
              "q_sb": 4096 * 64 * 128, "q_ss": 64 * 128, "q_sh": 128, "k_sb": 1024 * 128,
-             "k_st": 128, "VISIBLE": visible, "NATIVE": native,
+             "k_st": 128, "w_scale": 0.0110485, "VISIBLE": visible, "NATIVE": native,
              "PRECISION": "tf32" if native else "ieee", "BLOCK_S": 64, "BLOCK_T": 64,
              "BLOCK_C": 128},
             num_warps=4,
@@ -462,6 +472,17 @@ def _topk_specs() -> Iterator[AotSpec]:
             f"{mode}-k{k_pad}",
             {"n_vis_ptr": n_vis, "allowed_ptr": allowed, "scratch_ptr": "*i64", "out_ptr": "*i64",
              "entries": 32768, "k": k_pad, "MODE": code, "K_PAD": k_pad},
+        )  # fmt: skip
+    # rows sorted whole: a short decode row, and the longest (topk.ROW_SORT_MAX) with a mask
+    for mode, t_pad, warps in (("prefix", 128, 4), ("all", 2048, 8), ("mask", 2048, 8)):
+        code, n_vis, allowed = _TOPK_MODES[mode]
+        yield AotSpec(
+            "topk._row_sort_kernel",
+            f"{mode}-t{t_pad}",
+            {"score_ptr": "*fp32", "n_vis_ptr": n_vis, "allowed_ptr": allowed,
+             "out_ptr": "*i64", "entries": t_pad, "k": min(512, t_pad), "score_stride": t_pad,
+             "MODE": code, "T_PAD": t_pad},
+            num_warps=warps,
         )  # fmt: skip
 
 
@@ -588,10 +609,10 @@ def _compress_specs() -> Iterator[AotSpec]:
             {"kv_ptr": "*fp32", "score_ptr": "*fp32", "bias_ptr": "*fp32", "kv_buf_ptr": "*fp32",
              "score_buf_ptr": "*fp32", "prev_kv_ptr": "*fp32", "prev_score_ptr": "*fp32",
              "hist_kv_ptr": "*fp32", "hist_score_ptr": "*fp32", "slots_ptr": "*i64",
-             "phase_ptr": "*i64", "hist_row_ptr": "*i64", "out_ptr": "*fp32", "r": r,
+             "phase_ptr": "*i64", "hist_row_ptr": "*i64", "out_ptr": "*bf16", "r": r,
              "dim": 512, "keep": 14 if history else 1, "stride_in": 4 * 512 if overlap else 512,
              "stride_slot": 2,
-             "OVERLAP": overlap, "HISTORY": history, "HAS_BIAS": overlap,
+             "OVERLAP": overlap, "HISTORY": history, "HAS_BIAS": overlap, "EMULATE": False,
              "BLOCK_R": block_r, "BLOCK_D": block_d},
             fp_fusion=False,
         )  # fmt: skip

@@ -132,7 +132,7 @@ def test_slot_pool_matches_the_unfused_ops(case: tuple[int, int, bool, int, bool
     projections as two tensors or as halves of one fused GEMM's output: the pooled windows
     equal the pooling kernel's on the gathered windows bit for bit, every buffer of every real
     slot ends as the torch ops leave it, and the pooled windows agree with the torch
-    reference's pooling."""
+    reference's pooling; pooled into bf16 they are the fp32 ones rounded by torch."""
     r, d, overlap, keep, fused_input = case
     g = torch.Generator().manual_seed(r + d + keep)
     rows = 9
@@ -157,6 +157,11 @@ def test_slot_pool_matches_the_unfused_ops(case: tuple[int, int, bool, int, bool
     ref = TorchBackend("cpu").compress_slots(*args, reference, slots, phase, history_row, overlap)
     real = slots != 0
     assert torch.equal(got[real], want[real])
+    # pooled straight into the entries' dtype: the fp32 result rounded once, as torch rounds
+    rounded = slot_pool(
+        *args, start.copy(), slots, phase, history_row, overlap=overlap, dtype=torch.bfloat16
+    )
+    assert torch.equal(rounded[real], got[real].to(torch.bfloat16))
     torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=1e-5)
     for a, b, c in zip(fused.tensors(), unfused.tensors(), reference.tensors(), strict=True):
         assert torch.equal(a[1:], b[1:])  # row 0: the padding rows' writes, in any order

@@ -32,12 +32,13 @@ def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtyp
     # each row's blocks in scattered, distinct pages (page 0 unused, as in the engine)
     index = (torch.randperm(b * cols + 2, generator=g)[: b * cols] + 1).view(b, cols)
     q = torch.randn(b, s, heads, dim, generator=g).to(dtype)
-    weights = torch.randn(b, s, heads, generator=g)
+    weights = torch.randn(b, s, heads, generator=g).to(dtype)  # the projection's dtype
+    scale = 0.3  # widened, then scaled, where the kernel reads them
     counts = torch.randint(0, limit + 1, (b,), generator=g)
     counts[0] = limit
     keys = PagedEntries(pages.to(DEVICE), index.to(DEVICE), limit, counts.to(DEVICE))
 
-    got = paged_indexer_scores(q.to(DEVICE), keys, weights.to(DEVICE)).cpu()
+    got = paged_indexer_scores(q.to(DEVICE), keys, weights.to(DEVICE), scale).cpu()
     assert got.shape == (b, s, limit) and got.dtype == torch.float32
     held = torch.arange(limit) < counts[:, None, None]  # [B, 1, T]
     assert (got[~held.expand_as(got)] == 0).all(), "entries past a row's count are not read"
@@ -47,9 +48,9 @@ def test_matches_reference_and_float64(shape: tuple[int, ...], dtype: torch.dtyp
     dense = torch.stack(
         [torch.cat([pages[p] for p in index[i].tolist()])[:limit] for i in range(b)]
     )
-    want = torch.where(held, TorchBackend("cpu").indexer_scores(q, dense, weights), 0.0)
+    want = torch.where(held, TorchBackend("cpu").indexer_scores(q, dense, weights, scale), 0.0)
     dots = torch.einsum("bshc,btc->bsht", q.double(), dense.double()).relu()
-    exact = torch.where(held, (dots * weights.double()[..., None]).sum(dim=2), 0.0)
+    exact = torch.where(held, (dots * weights.double()[..., None] * scale).sum(dim=2), 0.0)
     tol = 1e-4 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
@@ -107,7 +108,8 @@ def test_dense_scores_match_reference_and_float64(
     # the chunk's queries as a slice of a longer chunk's, as the backend's row blocks pass them
     q = torch.randn(b, s + 3, heads, dim, generator=g).to(dtype)[:, 2 : s + 2]
     keys = torch.randn(b, limit, dim, generator=g).to(dtype)
-    weights = torch.randn(b, s, heads, generator=g)
+    weights = torch.randn(b, s, heads, generator=g).to(dtype)
+    scale = 0.3
     n_visible = None
     if visible:  # ratio-4 entries of a chunk at a position offset per row
         offset = torch.tensor([0, 37])[:b, None]
@@ -117,11 +119,12 @@ def test_dense_scores_match_reference_and_float64(
         keys.to(DEVICE),
         weights.to(DEVICE),
         None if n_visible is None else n_visible.to(DEVICE),
+        scale,
     ).cpu()
     assert got.shape == (b, s, limit) and got.dtype == torch.float32
 
-    exact = _float64_scores(q, keys, weights)
-    want = TorchBackend("cpu").indexer_scores(q, keys, weights)
+    exact = _float64_scores(q, keys, weights) * scale
+    want = TorchBackend("cpu").indexer_scores(q, keys, weights, scale)
     seen = torch.ones(b, s, limit, dtype=torch.bool)
     if n_visible is not None:
         seen = torch.arange(limit) < n_visible[..., None]

@@ -25,25 +25,39 @@ def tied_scores(rows: int, entries: int, seed: int) -> torch.Tensor:
     return s
 
 
+#: (rows, entries, k, block): ``block`` cuts the radix select's rows into segments
+_CASES = {
+    "small": (3, 50, 7, None),
+    "mid": (4, 300, 64, None),
+    "long": (2, 1500, 512, None),
+    "k-equals-T": (3, 17, 17, None),
+    "k-1": (2, 40, 1, None),
+}
+_SEGMENTED = {
+    "small-4seg": (3, 50, 7, 16),
+    "mid-5seg": (2, 300, 64, 64),
+    "long-3seg": (2, 1500, 512, 512),
+}
+
+
 @pytest.mark.parametrize(
-    ("rows", "entries", "k", "block"),
-    [
-        (3, 50, 7, None),
-        (4, 300, 64, None),
-        (2, 1500, 512, None),
-        (3, 17, 17, None),
-        (2, 40, 1, None),
-        (3, 50, 7, 16),
-        (2, 300, 64, 64),
-        (2, 1500, 512, 512),
-    ],
-    ids=["small", "mid", "long", "k-equals-T", "k-1", "small-4seg", "mid-5seg", "long-3seg"],
+    ("rows", "entries", "k", "block", "whole_row"),
+    [pytest.param(*c, True, id=f"{n}-row-sort") for n, c in _CASES.items()]
+    + [pytest.param(*c, False, id=f"{n}-radix") for n, c in (_CASES | _SEGMENTED).items()],
 )
-def test_picks_equal_reference(
-    rows: int, entries: int, k: int, block: int | None, monkeypatch: pytest.MonkeyPatch
+def test_picks_equal_reference(  # noqa: PLR0917
+    rows: int,
+    entries: int,
+    k: int,
+    block: int | None,
+    whole_row: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Also rows cut into several segments (``block`` entries each), which place their picks
-    after the earlier segments' and count ties across them."""
+    """Rows sorted whole by one program, and rows through the radix select, also cut into
+    several segments (``block`` entries each), which place their picks after the earlier
+    segments' and count ties across them."""
+    if not whole_row:
+        monkeypatch.setattr(topk, "ROW_SORT_MAX", 0)
     if block is not None:
         monkeypatch.setattr(topk, "BLOCK", block)
     g = torch.Generator().manual_seed(entries)

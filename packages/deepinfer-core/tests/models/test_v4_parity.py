@@ -39,12 +39,18 @@ class RecordingBackend(TorchBackend):
             self.clamp_fired = True
         return TorchBackend._clamped_swiglu(gate, up, limit)
 
-    def indexer_topk(
-        self, q: Tensor, keys: Tensor, weights: Tensor, n_visible: Tensor, topk: int
+    def indexer_topk(  # noqa: PLR0917
+        self,
+        q: Tensor,
+        keys: Tensor,
+        weights: Tensor,
+        n_visible: Tensor,
+        topk: int,
+        weight_scale: float = 1.0,
     ) -> Tensor:
         if bool((n_visible > topk).any()):
             self.topk_dropped = True
-        return super().indexer_topk(q, keys, weights, n_visible, topk)
+        return super().indexer_topk(q, keys, weights, n_visible, topk, weight_scale)
 
     def attention(self, q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
         if bool((sinks.abs() > 0.1).any()):

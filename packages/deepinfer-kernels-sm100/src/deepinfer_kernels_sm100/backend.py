@@ -131,9 +131,31 @@ class Sm100Backend(TorchBackend):
     ) -> tuple[Tensor, Tensor, Tensor]:
         from deepinfer_kernels_sm100.mhc_fused import mhc_entry
 
-        _, post, comb, u = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, True)
+        _, post, comb, u, _ = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, True)
         assert u is not None
         return u, post, comb
+
+    def mhc_pre_normed(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        weight: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+        eps: float,
+        fp8: bool,
+    ) -> tuple[Tensor, Fp8Activation | None, Tensor, Tensor]:
+        from deepinfer_kernels_sm100.mhc_fused import Normed, mhc_entry
+
+        norm = Normed(weight, eps, fp8)
+        entry = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, True, norm)
+        _, post, comb, normed, codes = entry
+        assert normed is not None
+        return normed, None if codes is None else Fp8Activation(*codes), post, comb
 
     def mhc_weights(
         self,
@@ -148,7 +170,7 @@ class Sm100Backend(TorchBackend):
     ) -> tuple[Tensor, Tensor, Tensor]:
         from deepinfer_kernels_sm100.mhc_fused import mhc_entry
 
-        pre, post, comb, _ = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, False)
+        pre, post, comb, *_ = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, False)
         return pre, post, comb
 
     def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
@@ -227,13 +249,14 @@ class Sm100Backend(TorchBackend):
         phase: Tensor,
         history_row: Tensor | None,
         overlap: bool,
+        dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         rows = (kv, score, bias, buffers, slots, phase, history_row)
         if buffers.ratio == 1:  # no open window to keep: the reference's few ops
-            return super().compress_slots(*rows, overlap)
+            return super().compress_slots(*rows, overlap, dtype)
         from deepinfer_kernels_sm100.compress import slot_pool
 
-        return slot_pool(*rows, overlap=overlap)
+        return slot_pool(*rows, overlap=overlap, dtype=dtype)
 
     def compress(
         self,
@@ -247,25 +270,28 @@ class Sm100Backend(TorchBackend):
 
         return softmax_pool(kv, score, prev_kv, prev_score, overlap)
 
-    def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
+    def indexer_scores(
+        self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor, weight_scale: float = 1.0
+    ) -> Tensor:
         from deepinfer_kernels_sm100.indexer import dense_indexer_scores, paged_indexer_scores
 
         if not isinstance(keys, PagedEntries):  # a chunk's own keys: dense already
-            return dense_indexer_scores(q, keys, weights)
-        return paged_indexer_scores(q, keys, weights)
+            return dense_indexer_scores(q, keys, weights, weight_scale=weight_scale)
+        return paged_indexer_scores(q, keys, weights, weight_scale)
 
-    def indexer_topk(
+    def indexer_topk(  # noqa: PLR0917
         self,
         q: Tensor,
         keys: Tensor | PagedEntries,
         weights: Tensor,
         n_visible: Tensor,
         topk: int,
+        weight_scale: float = 1.0,
     ) -> Tensor:
         """Dense keys (a prefill chunk's): scored in blocks of queries whose [rows, T] scores
         stay within ``MAX_DENSE_SCORES``, skipping keys no query of a block sees."""
         if isinstance(keys, PagedEntries):
-            return super().indexer_topk(q, keys, weights, n_visible, topk)
+            return super().indexer_topk(q, keys, weights, n_visible, topk, weight_scale)
         from deepinfer_kernels_sm100.indexer import MAX_DENSE_SCORES, dense_indexer_scores
 
         b, s, t = q.shape[0], q.shape[1], keys.shape[1]
@@ -277,7 +303,7 @@ class Sm100Backend(TorchBackend):
         for i in range(0, s, rows):
             seen = n_visible[..., i : i + rows].to(q.device)
             part = slice(i, i + rows)
-            scores = dense_indexer_scores(q[:, part], keys, weights[:, part], seen)
+            scores = dense_indexer_scores(q[:, part], keys, weights[:, part], seen, weight_scale)
             picks.append(self.topk_picks(scores, k, n_visible=seen))
         return picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
 

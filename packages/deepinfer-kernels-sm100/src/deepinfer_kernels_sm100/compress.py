@@ -27,6 +27,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from deepinfer_kernels_sm100.fp8_quant import EMULATE_CAST
+from deepinfer_kernels_sm100.fp8_split import store_rounded
+
 if TYPE_CHECKING:
     from deepinfer.backends.compress_ref import WindowBuffers
 
@@ -176,7 +179,7 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     slots_ptr,  # [B] int64, ``stride_slot`` apart (a column of the step's index upload)
     phase_ptr,
     hist_row_ptr,  # [B] int64, contiguous
-    out_ptr,  # [B, dim] fp32
+    out_ptr,  # [B, dim]: fp32, or rounded once to the entries' dtype
     r,
     dim,
     keep,
@@ -185,6 +188,7 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     OVERLAP: tl.constexpr,
     HISTORY: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -218,7 +222,7 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
         s0 = tl.load(prev_score_ptr + carried, mask=mask, other=0.0)
         s0 = tl.where(mask, s0, float("-inf"))
         v0 = tl.load(prev_kv_ptr + carried, mask=mask, other=0.0)
-    tl.store(out_ptr + b * dim + c, _pool_window(s, v, s0, v0, OVERLAP), mask=cmask)
+    store_rounded(out_ptr + b * dim + c, _pool_window(s, v, s0, v0, OVERLAP), cmask, EMULATE)
     tl.debug_barrier()  # every thread has read the rows written below
     at = slot * r * width + phase * width
     tl.store(kv_buf_ptr + at + own, new_v, mask=cmask)
@@ -254,16 +258,17 @@ def slot_pool(  # noqa: PLR0917
     history_row: Tensor | None,
     *,
     overlap: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """:meth:`deepinfer.backends.base.Backend.compress_slots` for ratios above 1, in one
     kernel: ``kv``/``score`` [B, c * D] fp32 (row slices of one fused projection's output
-    are read in place) -> [B, 1, D] fp32."""
+    are read in place) -> [B, 1, D] in ``dtype`` (the fp32 pooling rounded once)."""
     kv_buf, score_buf = buffers.kv_buf, buffers.score_buf
     assert kv_buf is not None and score_buf is not None
     b, width = kv.shape
     r = buffers.ratio
     dim = width // 2 if overlap else width
-    out = torch.empty(b, 1, dim, dtype=torch.float32, device=kv.device)
+    out = torch.empty(b, 1, dim, dtype=dtype, device=kv.device)
     if b == 0:
         return out
     # a kernel argument the launch's constexprs leave unread gets the window buffer
@@ -307,6 +312,7 @@ def slot_pool(  # noqa: PLR0917
         OVERLAP=overlap,
         HISTORY=history,
         HAS_BIAS=bias is not None,
+        EMULATE=EMULATE_CAST,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         **NO_FMA,

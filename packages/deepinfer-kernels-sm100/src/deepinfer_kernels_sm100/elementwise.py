@@ -25,7 +25,7 @@ _ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel can read of a global
 
 
 @triton.jit
-def _store_fp8(  # noqa: PLR0917 (Triton helpers take positional arguments)
+def store_fp8(  # noqa: PLR0917 (Triton helpers take positional arguments)
     v,
     q_ptr,
     s_ptr,
@@ -83,7 +83,7 @@ def _rms_norm_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     y = normed(x, tl.rsqrt(tl.sum(x * x, axis=0) / dim + eps), w_ptr, cols, mask, out_ptr,
                 HAS_WEIGHT, EMULATE)  # fmt: skip
     if QUANT:  # the values the output holds are the ones quantised, as a later pass would
-        _store_fp8(y.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, dim, EMULATE, BLOCK)
+        store_fp8(y.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, dim, EMULATE, BLOCK)
     tl.store(out_ptr + row.to(tl.int64) * dim + cols, y, mask=mask)
 
 
@@ -283,7 +283,7 @@ def _swiglu_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     h = h.to(out_ptr.dtype.element_ty)
     if QUANT:  # the values the output holds are the ones quantised, as a later pass would
         first = tl.program_id(1) * (BLOCK // _ACT_GROUP)
-        _store_fp8(h.to(tl.float32), q_ptr, s_ptr, row, cols, first, width, EMULATE, BLOCK)
+        store_fp8(h.to(tl.float32), q_ptr, s_ptr, row, cols, first, width, EMULATE, BLOCK)
     tl.store(out_ptr + row * width + cols, h, mask=mask)
 
 

@@ -38,7 +38,7 @@ from deepinfer_kernels_sm100.attention import dot_precision, native_dot
 @triton.jit(do_not_specialize=["seq", "limit", "index_cols"])
 def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     q_ptr,  # [B*S, heads, dim]
-    w_ptr,  # [B*S, heads] fp32
+    w_ptr,  # [B*S, heads], any float dtype: widened, times w_scale
     pages_ptr,  # [num_pages + 1, PAGE_ROWS, dim]
     index_ptr,  # [B, index_cols] page of each block
     count_ptr,  # [B] entries each row holds
@@ -48,6 +48,7 @@ def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     limit,
     index_cols,
     dim,
+    w_scale,
     PAGE_ROWS: tl.constexpr,
     NATIVE: tl.constexpr,  # one 16-bit type: dot as they are
     PRECISION: tl.constexpr,
@@ -80,7 +81,7 @@ def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
             mask=hmask[:, None] & cmask[None, :],
             other=0.0,
         )
-        w = tl.load(w_ptr + row * heads + h, mask=hmask, other=0.0)
+        w = tl.load(w_ptr + row * heads + h, mask=hmask, other=0.0).to(tl.float32) * w_scale
         if NATIVE:
             dots = tl.dot(q, tl.trans(k))
         else:
@@ -96,10 +97,12 @@ def _paged_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
 BLOCK_H, BLOCK_T, NUM_WARPS = 32, 128, 8
 
 
-def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tensor:
+def paged_indexer_scores(
+    q: Tensor, keys: PagedEntries, weights: Tensor, weight_scale: float = 1.0
+) -> Tensor:
     """[B, S, T] fp32 scores of ``q`` [B, S, h, c] against row b's keys ``:T`` in their pages,
-    weighted by ``weights`` [B, S, h] (scales folded in); nothing masked, but entries past a
-    row's ``keys.counts`` are not read and score 0."""
+    weighted by ``weights`` [B, S, h] (widened to fp32, times ``weight_scale``); nothing
+    masked, but entries past a row's ``keys.counts`` are not read and score 0."""
     b, s, heads, dim = q.shape
     limit = keys.limit
     out = torch.empty(b, s, limit, dtype=torch.float32, device=q.device)
@@ -110,7 +113,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
         counts = torch.full((b,), limit, dtype=torch.long, device=q.device)
     _paged_scores_kernel[(b * s, triton.cdiv(limit, BLOCK_T))](
         q.contiguous(),
-        weights.float().contiguous(),
+        weights.contiguous(),
         keys.pages,
         keys.index.contiguous(),
         counts.contiguous(),
@@ -120,6 +123,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
         limit,
         keys.index.shape[1],
         dim,
+        weight_scale,
         PAGE_ROWS=keys.pages.shape[1],
         NATIVE=native_dot(q, keys.pages),
         PRECISION=dot_precision(q, keys.pages),
@@ -134,7 +138,7 @@ def paged_indexer_scores(q: Tensor, keys: PagedEntries, weights: Tensor) -> Tens
 @triton.jit(do_not_specialize=["seq", "heads", "limit"])
 def _dense_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     q_ptr,  # [B, S, heads, dim], strided over (B, S, heads)
-    w_ptr,  # [B, S, heads] fp32, contiguous
+    w_ptr,  # [B, S, heads] contiguous, any float dtype: widened, times w_scale
     k_ptr,  # [B, T, dim], strided over (B, T)
     seen_ptr,  # [B, S] entries each query sees (VISIBLE)
     out_ptr,  # [B, S, T] fp32
@@ -147,6 +151,7 @@ def _dense_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     q_sh,
     k_sb,
     k_st,
+    w_scale,
     VISIBLE: tl.constexpr,
     NATIVE: tl.constexpr,  # one 16-bit type: dot as they are
     PRECISION: tl.constexpr,
@@ -179,7 +184,7 @@ def _dense_scores_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
         q_rows = q_ptr + b.to(tl.int64) * q_sb + s.to(tl.int64)[:, None] * q_ss + c[None, :]
         for h in range(heads):
             q = tl.load(q_rows + h * q_sh, mask=smask[:, None] & cmask[None, :], other=0.0)
-            w = tl.load(w_ptr + row * heads + h, mask=smask, other=0.0)
+            w = tl.load(w_ptr + row * heads + h, mask=smask, other=0.0).to(tl.float32) * w_scale
             if NATIVE:
                 dots = tl.dot(q, tl.trans(k))
             else:
@@ -199,10 +204,15 @@ MAX_DENSE_SCORES = 1 << 26
 
 
 def dense_indexer_scores(
-    q: Tensor, keys: Tensor, weights: Tensor, n_visible: Tensor | None = None
+    q: Tensor,
+    keys: Tensor,
+    weights: Tensor,
+    n_visible: Tensor | None = None,
+    weight_scale: float = 1.0,
 ) -> Tensor:
     """[B, S, T] fp32 scores of ``q`` [B, S, h, c] against dense ``keys`` [B, T, c] (a
-    prefill chunk's), weighted by ``weights`` [B, S, h]. ``n_visible`` ([S] or [B, S]): entries
+    prefill chunk's), weighted by ``weights`` [B, S, h] (widened to fp32, times
+    ``weight_scale``). ``n_visible`` ([S] or [B, S]): entries
     each query may see; blocks of keys that no query of a block of queries sees are not
     computed and score 0 (the picks mask them), the rest score as without it."""
     b, s, heads, dim = q.shape
@@ -220,7 +230,7 @@ def dense_indexer_scores(
     grid = (b * triton.cdiv(s, DENSE_BLOCK_S), triton.cdiv(limit, DENSE_BLOCK_T))
     _dense_scores_kernel[grid](
         q,
-        weights.float().contiguous(),
+        weights.contiguous(),
         keys,
         seen,
         out,
@@ -233,6 +243,7 @@ def dense_indexer_scores(
         q.stride(2),
         keys.stride(0),
         keys.stride(1),
+        weight_scale,
         VISIBLE=n_visible is not None,
         NATIVE=native_dot(q, keys),
         PRECISION=dot_precision(q, keys),

@@ -9,16 +9,36 @@ program per token adds the splits, computes the gates and the Sinkhorn mix with 
 reference's order of operations (``deepinfer.backends.mhc_ref``: softmax, + eps, column, then
 ``iters - 1`` times row and column, each divided by sum + eps), and (``COLLAPSE``) collapses the
 token's streams with the new ``pre`` weights, as ``mhc._mhc_collapse_kernel`` does.
+
+The sublayer's RMSNorm of the collapsed row can come in the same program (``NORM``, and
+``QUANT`` for an FP8 projection after it, as ``elementwise._rms_norm_kernel`` quantises): a
+first pass over the row adds the squares of the collapsed values as the collapse would store
+them, a second recomputes them (the same bits) and writes them normed. That is one launch a
+sublayer less, in every layer of every step.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from deepinfer_kernels_sm100.elementwise import normed, store_fp8
+from deepinfer_kernels_sm100.fp8_quant import ACT_GROUP, EMULATE_CAST
 from deepinfer_kernels_sm100.mhc import hc_mix_parts
+
+_ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel can read of a global
+
+
+@triton.jit
+def _collapsed(x_ptr, weights, row, d, dim, i, N: tl.constexpr):  # noqa: PLR0917
+    """Columns ``d`` of ``sum_j pre[j] * X[j]`` (fp32 sums) in the streams' dtype."""
+    xmask = (i[:, None] < N) & (d < dim)[None, :]
+    x = tl.load(x_ptr + row * N * dim + i[:, None] * dim + d[None, :], mask=xmask, other=0.0)
+    return tl.sum(weights[:, None] * x.to(tl.float32), axis=0).to(x.dtype)
 
 
 @triton.jit(do_not_specialize=["rows", "splits", "dim", "iters"])
@@ -31,18 +51,25 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
     pre_ptr,
     post_ptr,  # [rows, N] fp32
     comb_ptr,  # [rows, N, N] fp32
-    out_ptr,  # [rows, dim]: the collapsed streams, x's dtype (COLLAPSE)
+    out_ptr,  # [rows, dim]: the collapsed streams, x's dtype (COLLAPSE; with NORM normed)
+    w_ptr,  # [dim] fp32: the RMSNorm's weight (NORM)
+    q_ptr,  # [rows, dim] e4m3 codes of the normed row (QUANT)
+    s_ptr,  # [rows, dim / ACT_GROUP] fp32 scales (QUANT)
     rows,
     splits,
     dim,
     iters,
     norm_eps,
     hc_eps,
+    out_eps,  # the RMSNorm's eps (NORM)
     N: tl.constexpr,
     NP: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     COLLAPSE: tl.constexpr,
+    NORM: tl.constexpr,
+    QUANT: tl.constexpr,
+    EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
 ):
     row = tl.program_id(0)
     width: tl.constexpr = (2 + N) * N
@@ -87,13 +114,31 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
 
     if COLLAPSE:  # sum_j pre[j] * X[j], fp32 sums, in the streams' dtype
         weights = tl.where(i < N, pre, 0.0)
+        inv_rms = 1.0
+        if NORM:  # the RMS of the collapsed row, as stored, then its normed values below
+            sq = tl.zeros((BLOCK_D,), dtype=tl.float32)
+            for d0 in range(0, dim, BLOCK_D):
+                u = _collapsed(x_ptr, weights, row, d0 + tl.arange(0, BLOCK_D), dim, i, N)
+                sq += u.to(tl.float32) * u.to(tl.float32)
+            inv_rms = tl.rsqrt(tl.sum(sq, axis=0) / dim + out_eps)
         for d0 in range(0, dim, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
-            xmask = (i[:, None] < N) & (d < dim)[None, :]
-            at = row * N * dim + i[:, None] * dim + d[None, :]
-            x = tl.load(x_ptr + at, mask=xmask, other=0.0)
-            out = tl.sum(weights[:, None] * x.to(tl.float32), axis=0)
-            tl.store(out_ptr + row * dim + d, out.to(x.dtype), mask=d < dim)
+            u = _collapsed(x_ptr, weights, row, d, dim, i, N)
+            if NORM:
+                u = normed(u.to(tl.float32), inv_rms, w_ptr, d, d < dim, out_ptr, True, EMULATE)
+                if QUANT:
+                    first = d0 // _ACT_GROUP
+                    store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), d, first, dim,
+                              EMULATE, BLOCK_D)  # fmt: skip
+            tl.store(out_ptr + row * dim + d, u, mask=d < dim)
+
+
+class Normed(NamedTuple):
+    """The RMSNorm a sublayer applies to its collapsed input, done in the mHC entry's kernel."""
+
+    weight: Tensor  # [d] fp32
+    eps: float
+    quant: bool  # also e4m3 codes and scales per ACT_GROUP, for an FP8 projection
 
 
 def mhc_entry(  # noqa: PLR0917
@@ -105,10 +150,13 @@ def mhc_entry(  # noqa: PLR0917
     hc_eps: float,
     sinkhorn_iters: int,
     collapse: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """(pre [..., n], post [..., n], comb [..., n, n] fp32, and with ``collapse`` the streams
-    ``x`` [..., n, d] collapsed by ``pre`` [..., d] in ``x``'s dtype, else None): the mixer,
-    the reference's ``mhc_weights_from_mix`` (and ``mhc_collapse``) in two launches."""
+    norm: Normed | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, tuple[Tensor, Tensor] | None]:
+    """(pre [..., n], post [..., n], comb [..., n, n] fp32; with ``collapse`` the streams
+    ``x`` [..., n, d] collapsed by ``pre`` [..., d] in ``x``'s dtype, else None; with ``norm``
+    that row RMSNormed instead, and with ``norm.quant`` its e4m3 codes [..., d] and scales
+    [..., d / ACT_GROUP]): the mixer, the reference's ``mhc_weights_from_mix`` (and
+    ``mhc_collapse``, and ``rms_norm`` or ``rms_norm_fp8``) in two launches."""
     lead, (n, dim) = x.shape[:-2], x.shape[-2:]
     flat, parts, squares = hc_mix_parts(x, fn, norm_eps)
     rows, splits = flat.shape[0], parts.shape[0]
@@ -116,7 +164,17 @@ def mhc_entry(  # noqa: PLR0917
     post = torch.empty_like(pre)
     comb = torch.empty(rows, n, n, dtype=torch.float32, device=x.device)
     out = torch.empty(rows, dim, dtype=x.dtype, device=x.device) if collapse else None
+    codes = None
+    if norm is not None and norm.quant:
+        if dim % ACT_GROUP:
+            raise ValueError(f"mhc_entry: the hidden size ({dim}) is not a multiple of {ACT_GROUP}")
+        codes = (
+            torch.empty(rows, dim, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty(rows, dim // ACT_GROUP, dtype=torch.float32, device=x.device),
+        )
     if rows:
+        stored = pre if out is None else out  # unread without COLLAPSE
+        q, s = codes if codes is not None else (stored, stored)  # unread without QUANT
         _mhc_finish_kernel[(rows,)](
             parts,
             squares,
@@ -126,18 +184,27 @@ def mhc_entry(  # noqa: PLR0917
             pre,
             post,
             comb,
-            pre if out is None else out,
+            stored,
+            norm.weight.float().contiguous() if norm is not None else stored,
+            q,
+            s,
             rows,
             splits,
             dim,
             sinkhorn_iters,
             norm_eps,
             hc_eps,
+            norm.eps if norm is not None else 0.0,
             N=n,
             NP=triton.next_power_of_2(n),
             BLOCK_S=triton.next_power_of_2(splits),
             BLOCK_D=min(triton.next_power_of_2(dim), 512),
             COLLAPSE=collapse,
+            NORM=norm is not None,
+            QUANT=codes is not None,
+            EMULATE=EMULATE_CAST,
         )
     collapsed = None if out is None else out.view(*lead, dim)
-    return pre.view(*lead, n), post.view(*lead, n), comb.view(*lead, n, n), collapsed
+    if codes is not None:
+        codes = (codes[0].view(*lead, dim), codes[1].view(*lead, dim // ACT_GROUP))
+    return pre.view(*lead, n), post.view(*lead, n), comb.view(*lead, n, n), collapsed, codes

@@ -23,6 +23,10 @@ decode step's single row spreads over the GPU too):
 Keys are unique, so the picks and their order equal the reference's bit for bit. Entries a
 query may not see score -inf, as in the reference (they are picked only when fewer than k are
 visible, and then written as -1).
+
+A row of at most ``ROW_SORT_MAX`` entries (every decode row of a context up to four times that,
+at ratio 4) is one program's instead: it sorts all of the row's keys in registers and writes
+the first k, the same picks in the same order, in one launch for the seven above.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ MAX_K = 4096  # the sorted keys of one row live in registers
 BLOCK = 1024  # entries a program reads at once
 NUM_WARPS = 8
 TARGET_PROGRAMS = 528  # programs a pass (four per multiprocessor of an H200)
+
+#: Longest row one program sorts whole (untimed on a GPU against the radix select so far).
+ROW_SORT_MAX = 2048
 
 # which entries a row may see
 ALL, PREFIX, MASK = 0, 1, 2
@@ -218,6 +225,37 @@ def _sort_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     tl.store(out_ptr + row * k + j, tl.where(ok, ids, -1), mask=j < k)
 
 
+@triton.jit(do_not_specialize=["entries", "k"])
+def _row_sort_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    score_ptr,
+    n_vis_ptr,
+    allowed_ptr,
+    out_ptr,  # [R, k] int64
+    entries,
+    k,
+    score_stride,
+    MODE: tl.constexpr,
+    T_PAD: tl.constexpr,
+):
+    """A row of at most ``T_PAD`` entries: all its keys (the collect kernel's) sorted in
+    descending order, the first k written as entry ids, -1 for entries it may not see."""
+    row = tl.program_id(0).to(tl.int64)
+    score_ptr += row * score_stride
+    allowed_ptr += row * entries
+    n_vis = 0
+    if MODE == 1:
+        n_vis = tl.load(n_vis_ptr + row)
+    idx = tl.arange(0, T_PAD)
+    inb = idx < entries
+    o = _ordered(score_ptr, idx, inb, _visible(n_vis, allowed_ptr, idx, inb, MODE))
+    keys = (o.to(tl.int64) << 32) | (entries - 1 - idx).to(tl.int64)
+    keys = tl.sort(tl.where(inb, keys, -9223372036854775808), descending=True)
+    ids = (entries - 1) - (keys & 0xFFFFFFFF)
+    first = idx < k  # real entries all: k <= entries, and padding sorts last
+    ok = _visible(n_vis, allowed_ptr, ids, first, MODE)
+    tl.store(out_ptr + row * k + idx, tl.where(ok, ids, -1), mask=first)
+
+
 def fits(k: int) -> bool:
     """Whether a row's k picks fit the kernel's register sort."""
     return k <= MAX_K
@@ -242,6 +280,16 @@ def stable_topk_picks(
     elif allowed is not None:
         mode = MASK
         mask = allowed.expand(scores.shape).reshape(rows, t).contiguous()
+    dev = scores.device
+    out = torch.empty(rows, k, dtype=torch.int64, device=dev)
+    if t <= ROW_SORT_MAX:
+        if rows:
+            t_pad = max(16, triton.next_power_of_2(t))
+            _row_sort_kernel[(rows,)](
+                flat, n_vis, mask, out, t, k, flat.stride(0), MODE=mode, T_PAD=t_pad,
+                num_warps=8 if t_pad >= 1024 else 4,
+            )  # fmt: skip
+        return out.view(*lead, k)
     k_pad = triton.next_power_of_2(k)
     block = min(BLOCK, triton.next_power_of_2(t))
     # split rows into segments until about TARGET_PROGRAMS programs run each pass
@@ -250,11 +298,9 @@ def stable_topk_picks(
     segment = triton.cdiv(chunks, per_row) * block
     segments = triton.cdiv(t, segment)
     segments_pad = triton.next_power_of_2(segments)
-    dev = scores.device
     hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=dev)
     counts = torch.empty(rows, segments_pad, 2, dtype=torch.int32, device=dev)
     scratch = torch.empty(rows, k_pad, dtype=torch.int64, device=dev)
-    out = torch.empty(rows, k, dtype=torch.int64, device=dev)
     if rows:
         grid = (rows, segments)
         common = dict(MODE=mode, BLOCK=block, num_warps=NUM_WARPS)

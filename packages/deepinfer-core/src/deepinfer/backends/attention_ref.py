@@ -92,8 +92,12 @@ def pool_windows(
     return (weights * kv.float()).sum(dim=2)
 
 
-def indexer_dot_scores(q: Tensor, keys: Tensor, weights: Tensor) -> Tensor:
-    """``Backend.indexer_scores`` on dense keys: ``sum_h weights * relu(q . k)``, ``q``
-    [B, S, h, c], ``keys`` [B, T, c], ``weights`` [B, S, h] -> [B, S, T] fp32."""
+def indexer_dot_scores(
+    q: Tensor, keys: Tensor, weights: Tensor, weight_scale: float = 1.0
+) -> Tensor:
+    """``Backend.indexer_scores`` on dense keys: ``sum_h w * relu(q . k)``, ``q``
+    [B, S, h, c], ``keys`` [B, T, c], ``w`` = ``weights`` [B, S, h] in fp32 times
+    ``weight_scale`` -> [B, S, T] fp32."""
     dots = torch.einsum("bshc,btc->bsht", q.float(), keys.float()).relu()
-    return (dots * weights.float()[..., None]).sum(dim=2)
+    w = weights.float() if weight_scale == 1.0 else weights.float() * weight_scale
+    return (dots * w[..., None]).sum(dim=2)

@@ -147,6 +147,32 @@ class Backend(TokenOps):
         """:meth:`rms_norm`, and its output (in ``x``'s dtype) quantised as :meth:`fp8_linear`
         quantises its input: for the FP8 projections that read a norm's output."""
 
+    def mhc_pre_normed(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        weight: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+        eps: float,
+        fp8: bool,
+    ) -> tuple[Tensor, Fp8Activation | None, Tensor, Tensor]:
+        """:meth:`mhc_pre`, then the sublayer's RMSNorm (``weight``, ``eps``) of the collapsed
+        input, with ``fp8`` also quantised as :meth:`rms_norm_fp8` quantises: (normed input,
+        its FP8 activation or None, post, comb). One op, so that a backend can norm the row
+        in the kernel that collapses it; here: the two ops."""
+        u, post, comb = self.mhc_pre(
+            x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
+        )
+        if not fp8:
+            return self.rms_norm(u, weight, eps), None, post, comb
+        normed, act = self.rms_norm_fp8(u, weight, eps)
+        return normed, act, post, comb
+
     @abstractmethod
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
         """Interleaved RoPE on the trailing ``2*cos.shape[-1]`` channels of ``x`` [B, S, H, D].
@@ -246,6 +272,7 @@ class Backend(TokenOps):
         phase: Tensor,
         history_row: Tensor | None,
         overlap: bool,
+        dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         """A decode step's compressor windows over shared buffers, one new token a row.
 
@@ -254,28 +281,32 @@ class Backend(TokenOps):
         slot ``slots[i]``'s open window and, with a history ring, to its row
         ``history_row[i]``; the window, complete or not, is pooled as :meth:`compress` pools
         it (overlap: with the stored previous half); where it completes (``phase[i] == ratio -
-        1``) its first half replaces the stored one. Returns [B, 1, D] fp32. One op, so a
-        backend can do all of it in one kernel; here: torch ops around :meth:`compress`."""
+        1``) its first half replaces the stored one. Returns [B, 1, D], the fp32 pooling
+        rounded once to ``dtype`` (the entries'). One op, so a backend can do all of it in one
+        kernel; here: torch ops around :meth:`compress`."""
         from deepinfer.backends.compress_ref import pool_slot_windows
 
         rows = (kv, score, bias, buffers, slots, phase, history_row)
-        return pool_slot_windows(self.compress, *rows, overlap=overlap)
+        return pool_slot_windows(self.compress, *rows, overlap=overlap).to(dtype)
 
     @abstractmethod
-    def indexer_topk(
+    def indexer_topk(  # noqa: PLR0917
         self,
         q: Tensor,
         keys: Tensor | PagedEntries,
         weights: Tensor,
         n_visible: Tensor,
         topk: int,
+        weight_scale: float = 1.0,
     ) -> Tensor:
         """Lightning-indexer selection: ``sum_h weights * relu(q . k)`` then top-k.
 
         ``q`` [B, S, h, c], ``keys`` [B, T, c] (decode rows: in their pages), ``weights``
-        [B, S, h] (scales folded in), ``n_visible`` [S] (or [B, S] for rows at different
-        positions) = entries each query may see. Returns [B, S, min(topk, T)] int64 with
-        -1 where a pick falls outside the visible entries.
+        [B, S, h] in any float dtype, widened to fp32 and multiplied by ``weight_scale``
+        there (as one fp32 multiply: a backend may do it where it reads them),
+        ``n_visible`` [S] (or [B, S] for rows at different positions) = entries each query
+        may see. Returns [B, S, min(topk, T)] int64 with -1 where a pick falls outside the
+        visible entries.
         """
 
     @abstractmethod
@@ -294,7 +325,10 @@ class Backend(TokenOps):
         as -1. Returns [..., k] int64."""
 
     @abstractmethod
-    def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
-        """Raw indexer scores ``sum_h weights * relu(q . k)``: ``q`` [B, S, h, c], ``keys``
-        [B, T, c] (decode rows: in their pages), ``weights`` [B, S, h] -> [B, S, T] fp32,
-        nothing masked (V4.1 masks and picks in the model because of its candidate blocks)."""
+    def indexer_scores(
+        self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor, weight_scale: float = 1.0
+    ) -> Tensor:
+        """Raw indexer scores ``sum_h w * relu(q . k)``: ``q`` [B, S, h, c], ``keys``
+        [B, T, c] (decode rows: in their pages), ``w`` = ``weights`` [B, S, h] in fp32 times
+        ``weight_scale`` (as in :meth:`indexer_topk`) -> [B, S, T] fp32, nothing masked
+        (V4.1 masks and picks in the model because of its candidate blocks)."""

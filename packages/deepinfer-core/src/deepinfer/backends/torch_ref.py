@@ -173,13 +173,14 @@ class TorchBackend(Backend):
     ) -> Tensor:
         return pool_windows(kv, score, prev_kv, prev_score, overlap)
 
-    def indexer_topk(
+    def indexer_topk(  # noqa: PLR0917
         self,
         q: Tensor,
         keys: Tensor | PagedEntries,
         weights: Tensor,
         n_visible: Tensor,
         topk: int,
+        weight_scale: float = 1.0,
     ) -> Tensor:
         b, s = q.shape[:2]
         t = keys.shape[1]
@@ -188,20 +189,17 @@ class TorchBackend(Backend):
             return torch.empty(b, s, 0, dtype=torch.long, device=q.device)
         rows = _rows_per_chunk(b * q.shape[2] * t, s, q.device)
         if rows < s:  # bound the [B, S, heads, T] score tensor
+            part = [slice(i, i + rows) for i in range(0, s, rows)]
             return torch.cat(
                 [
                     self.indexer_topk(
-                        q[:, i : i + rows],
-                        keys,
-                        weights[:, i : i + rows],
-                        n_visible[..., i : i + rows],
-                        topk,
+                        q[:, p], keys, weights[:, p], n_visible[..., p], topk, weight_scale
                     )
-                    for i in range(0, s, rows)
+                    for p in part
                 ],
                 dim=1,
             )
-        scores = self.indexer_scores(q, keys, weights)  # [B, S, T]
+        scores = self.indexer_scores(q, keys, weights, weight_scale)  # [B, S, T]
         return self.topk_picks(scores, k, n_visible=n_visible.to(q.device))
 
     def topk_picks(
@@ -227,19 +225,17 @@ class TorchBackend(Backend):
         ok = allowed.expand(scores.shape).gather(-1, idx)
         return torch.where(ok, idx, torch.full_like(idx, -1))
 
-    def indexer_scores(self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor) -> Tensor:
+    def indexer_scores(
+        self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor, weight_scale: float = 1.0
+    ) -> Tensor:
         keys = dense_entries(keys)
         b, s = q.shape[:2]
         rows = _rows_per_chunk(b * q.shape[2] * keys.shape[1], s, q.device)
         if rows < s:  # bound the [B, S, heads, T] score tensor
-            return torch.cat(
-                [
-                    self.indexer_scores(q[:, i : i + rows], keys, weights[:, i : i + rows])
-                    for i in range(0, s, rows)
-                ],
-                dim=1,
-            )
-        return indexer_dot_scores(q, keys, weights)
+            part = [slice(i, i + rows) for i in range(0, s, rows)]
+            scores = [self.indexer_scores(q[:, p], keys, weights[:, p], weight_scale) for p in part]
+            return torch.cat(scores, dim=1)
+        return indexer_dot_scores(q, keys, weights, weight_scale)
 
     def engram_gate(
         self, h: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, Attention
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
@@ -68,18 +68,18 @@ class Block(TransformerLayer):
         ops = ctx.ops
         rotary = ctx.rotary[self.rope_kind]
 
-        def attn(u: Tensor) -> Tensor:
-            x, x_fp8 = self.attn_norm.feeding(ops, u, self.attn.wq_a)
+        def attn(x: Tensor, x_fp8: Fp8Activation | None) -> Tensor:
             return self.attn(ops, x, ctx.positions, rotary, state, x_fp8=x_fp8)
 
-        x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
+        hc = HyperConnection(self, "hc_attn", self.cfg)
+        x = hc.normed(ops, x, self.attn_norm, self.attn.wq_a, attn)
         return self.ffn_half(ops, x, ctx.input_ids)
 
     def ffn_half(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
         """mHC(MoE) of the streams (the token ids route hash layers)."""
 
-        def ffn(u: Tensor) -> Tensor:
-            x, x_fp8 = self.ffn_norm.feeding(ops, u, self.ffn.shared_experts.w1)
+        def ffn(x: Tensor, x_fp8: Fp8Activation | None) -> Tensor:
             return self.ffn(ops, x, input_ids, x_fp8)
 
-        return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn)
+        hc = HyperConnection(self, "hc_ffn", self.cfg)
+        return hc.normed(ops, x, self.ffn_norm, self.ffn.shared_experts.w1, ffn)

@@ -173,8 +173,8 @@ class SharedIndexer(nn.Module):
         q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
         cos, sin = rotary.cos_sin(positions)
         q = ops.rope(q, cos, sin)
-        weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
-        return ops.indexer_scores(q, keys, weights)
+        scale = self.head_dim**-0.5 * self.n_heads**-0.5  # applied where the scores read them
+        return ops.indexer_scores(q, keys, self.weights_proj(ops, x), scale)
 
     def select(
         self,

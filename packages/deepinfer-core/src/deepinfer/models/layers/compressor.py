@@ -123,14 +123,13 @@ class Compressor(nn.Module):
         at = slot_phase(rows, positions)
         kv, score = pair(self, "wkv", "wgate", ops, x)
         ring = history_row(rows, at)
-        pooled = ops.compress_slots(
-            kv[:, 0], score[:, 0], self.ape, pool, rows.slots, at.phase, ring, self.overlap
-        )
         assert pool.pages is not None
+        pages = pool.pages.flatten(0, 1)  # the new entries go straight to their rows
+        row = (kv[:, 0], score[:, 0], self.ape, pool, rows.slots, at.phase, ring)
+        pooled = ops.compress_slots(*row, self.overlap, pages.dtype)
         cos, sin = rotary.cos_sin(at.entry_pos)
         target, entries = slot_entries(rows, at)
-        pages = pool.pages.flatten(0, 1)  # the new entries go straight to their rows
-        self.norm.rotated_into(ops, pooled.to(pages.dtype), cos, sin, pages, target)
+        self.norm.rotated_into(ops, pooled, cos, sin, pages, target)
         return entries
 
     def _forward_verify(

@@ -51,10 +51,11 @@ class Indexer(nn.Module):
         q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
         cos, sin = rotary.cos_sin(positions)
         q = ops.rope(q, cos, sin)
-        weights = self.weights_proj(ops, x).float() * (self.head_dim**-0.5 * self.n_heads**-0.5)
+        weights = self.weights_proj(ops, x)  # widened and scaled where the scores read them
+        scale = self.head_dim**-0.5 * self.n_heads**-0.5
         visible = visible_count(positions, self.ratio, memo_of(state))
         if not isinstance(state, RaggedCompressor):
-            return ops.indexer_topk(q, keys, weights, visible, self.topk)
+            return ops.indexer_topk(q, keys, weights, visible, self.topk, scale)
         # Each span's queries against its own keys, spans of similar length as one batch.
         per_span = dense_entries(keys)  # [n, T, c]
         k = min(self.topk, per_span.shape[1])
@@ -65,6 +66,6 @@ class Indexer(nn.Module):
             seen = torch.where(g.real, visible[g.tokens], 0)
             limit = group_entries(state.meta, g, self.ratio)
             keys_g = per_span[:, :limit].index_select(0, g.spans)
-            return ops.indexer_topk(q[0, g.tokens], keys_g, weights[0, g.tokens], seen, k)
+            return ops.indexer_topk(q[0, g.tokens], keys_g, weights[0, g.tokens], seen, k, scale)
 
         return by_score_group(state.meta, k, picks)

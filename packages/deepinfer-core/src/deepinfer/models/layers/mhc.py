@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
-from deepinfer.models.layers.norm import fp32_param
+from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 
 
 def add_hc_params(module: nn.Module, prefix: str, cfg: ModelConfig, head: bool = False) -> None:
@@ -58,6 +58,33 @@ class HyperConnection:
             sinkhorn_iters=cfg.hc_sinkhorn_iters,
         )
         return ops.mhc_post(sublayer(u), x, post, comb)
+
+    def normed(
+        self,
+        ops: Backend,
+        x: Tensor,
+        norm: RMSNorm,
+        consumer: Linear,
+        sublayer: Callable[[Tensor, Fp8Activation | None], Tensor],
+    ) -> Tensor:
+        """:meth:`__call__` for a sublayer whose input is ``norm``'s output, read by
+        ``consumer``: the norm (and, for an FP8 ``consumer``, its quantisation) comes out of
+        the entry's op, and ``sublayer`` takes the normed input and its FP8 activation."""
+        fn, base, scale = self._params()
+        cfg = self.cfg
+        xn, xn_fp8, post, comb = ops.mhc_pre_normed(
+            x,
+            fn,
+            base,
+            scale,
+            norm.weight,
+            norm_eps=cfg.rms_norm_eps,
+            hc_eps=cfg.hc_eps,
+            sinkhorn_iters=cfg.hc_sinkhorn_iters,
+            eps=norm.eps,
+            fp8=consumer.scale is not None,
+        )
+        return ops.mhc_post(sublayer(xn, xn_fp8), x, post, comb)
 
     def head(self, ops: Backend, x: Tensor) -> Tensor:
         fn, base, scale = self._params()

@@ -86,11 +86,9 @@ class SharedCompressor(nn.Module):
         kv, score = self._project(ops, x)
         at = slot_phase(rows, positions)
         ring = history_row(rows, at)
-        pooled = ops.compress_slots(
-            kv[:, 0], score[:, 0], None, rows.pool, rows.slots, at.phase, ring, False
-        )
         assert rows.pool.pages is not None
-        return self.norm(ops, pooled.to(rows.pool.pages.dtype)), at
+        row = (kv[:, 0], score[:, 0], None, rows.pool, rows.slots, at.phase, ring)
+        return self.norm(ops, ops.compress_slots(*row, False, rows.pool.pages.dtype)), at
 
     def forward_verify(
         self, ops: Backend, x: Tensor, rows: CompressorRows
