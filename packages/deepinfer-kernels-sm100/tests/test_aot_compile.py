@@ -532,6 +532,8 @@ def _attention_specs() -> Iterator[AotSpec]:
              "pages2_ptr": select, "keys_a": 0, "n_pages": 0, "n_pages2": 0, "per_page": 1,
              "per_page2": 1}
         )  # fmt: skip
+        # decode rows (paged, unsplit) rotate their output back where they write it
+        derotate = mode == 2 and not split
         yield AotSpec(
             k,
             variant,
@@ -540,19 +542,24 @@ def _attention_specs() -> Iterator[AotSpec]:
              "seq": 1, "heads": heads, "keys": 512 if mode == 1 else 640,
              "kv_rows": 0 if mode == 2 else 640, "dim": dim, "scale": dim**-0.5,
              "split_keys": 192 if split else 640, "splits": 4 if split else 1, **paged,
-             "MODE": mode, "SPLIT": split, "QK_NATIVE": native,
+             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rot_start": dim - min(64, dim // 2),
+             "half": min(32, dim // 4), "MODE": mode, "SPLIT": split, "DEROTATE": derotate,
+             "QK_NATIVE": native,
              "QK_PRECISION": "tf32" if native else "ieee", "PV_PARTS": 3 if native else 0,
              "BLOCK_H": block_h, "BLOCK_L": 64, "BLOCK_DK": block_dk, "BLOCK_DV": block_dv},
             num_warps=warps,
             archs=archs,
         )  # fmt: skip
     for dt in ("bf16", "fp32"):
-        yield AotSpec(
-            "attention._combine_kernel",
-            dt,
-            {"part_ptr": "*fp32", "stat_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{dt}",
-             "heads": 64, "dim": 512, "splits": 4, "BLOCK_H": 64, "BLOCK_DV": 128},
-        )  # fmt: skip
+        for derotate in (False, True):
+            yield AotSpec(
+                "attention_combine._combine_kernel",
+                f"{dt}{'-derotate' if derotate else ''}",
+                {"part_ptr": "*fp32", "stat_ptr": "*fp32", "sink_ptr": "*fp32",
+                 "out_ptr": f"*{dt}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "heads": 64,
+                 "dim": 512, "splits": 4, "rot_start": 448, "half": 32, "DEROTATE": derotate,
+                 "BLOCK_H": 64, "BLOCK_DV": 128},
+            )  # fmt: skip
 
 
 def _norm_rope_specs() -> Iterator[AotSpec]:

@@ -98,3 +98,38 @@ def test_paged_attention_refuses_several_queries_a_row() -> None:
     q = torch.randn(2, 3, 4, 16, generator=g)
     with pytest.raises(ValueError, match="one query a row"):
         paged_mqa_sink_attention(q.to(DEVICE), [ring], torch.zeros(4).to(DEVICE), 0.25)
+
+
+@pytest.mark.parametrize(
+    ("dim", "half"),
+    [(64, 8), (512, 32), (512, 128)],
+    ids=["narrow", "v4-rope", "rope-over-two-column-blocks"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [None, 3])
+def test_output_rotated_back_where_it_is_written(
+    dim: int, half: int, dtype: torch.dtype, splits: int | None
+) -> None:
+    """``derotate``: the output's trailing 2 * half channels turned back at each row's angles
+    by the program writing them (or merging the splits) equal the RoPE kernel's inverse turn
+    of the plain output bit for bit, and the reference's two ops within rounding."""
+    from deepinfer_kernels_sm100.elementwise import rope
+
+    b, h = 3, 16
+    g = torch.Generator().manual_seed(dim + half)
+    q = (torch.randn(b, 1, h, dim, generator=g) * 2).to(dtype)
+    sources = [_source(g, b, 1, 24, 24, dtype, dim), _source(g, b, 2, 8, 12, dtype, dim)]
+    sinks = torch.randn(h, generator=g)
+    angles = torch.rand(b, 1, half, generator=g) * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    on = [KeyPages(*(t.to(DEVICE) for t in s)) for s in sources]
+    args = (q.to(DEVICE), on, sinks.to(DEVICE), dim**-0.5)
+    got = paged_mqa_sink_attention(*args, (cos.to(DEVICE), sin.to(DEVICE)), splits=splits)
+    plain = paged_mqa_sink_attention(*args, splits=splits)
+    turned = rope(plain, cos.to(DEVICE), sin.to(DEVICE), inverse=True)
+    assert torch.equal(got, turned)
+    assert not torch.equal(got, plain)  # the rope channels did turn
+    assert torch.equal(got[..., : dim - 2 * half], plain[..., : dim - 2 * half])
+    want = TorchBackend("cpu").paged_attention(q, sources, sinks, dim**-0.5, (cos, sin))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)

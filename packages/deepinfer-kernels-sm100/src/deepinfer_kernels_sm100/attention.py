@@ -26,6 +26,12 @@ order, adding the sink once.
 
 The query and key counts change every step, and Triton would compile a variant for each
 divisibility class of them (mid-run compiles of a second or more): they are not specialised.
+
+A decode step's output rope channels are rotated back at the query position (``DEROTATE``) by
+the program that writes them (the one merging the splits, where there are splits): it stores
+the output, then reloads the rope channels of its columns and turns them as the RoPE kernel
+does, so the result has the bits of the attention then ``elementwise.rope(inverse=True)``,
+without that launch.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.paging import KeyPages
+from deepinfer_kernels_sm100.attention_combine import combine_splits, derotate
 from deepinfer_kernels_sm100.attention_paged import KeyPool, key_tile, paged_rows
 
 
@@ -80,8 +87,13 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     n_pages2,
     per_page,
     per_page2,
+    cos_ptr,  # [B*S, half] fp32: the query rows' angles (DEROTATE)
+    sin_ptr,
+    rot_start,  # the first rope channel (DEROTATE)
+    half,
     MODE: tl.constexpr,  # 0 dense, 1 sparse, 2 paged
-    SPLIT: tl.constexpr,  # splits > 1: write partial results for _combine_kernel
+    SPLIT: tl.constexpr,  # splits > 1: write partial results for combine_splits
+    DEROTATE: tl.constexpr,  # rotate the output's rope channels back (unsplit: here)
     QK_NATIVE: tl.constexpr,  # queries and keys of one 16-bit type: dot them as they are
     QK_PRECISION: tl.constexpr,
     PV_PARTS: tl.constexpr,  # bf16 values: the probabilities as that many bf16 parts (0: fp32)
@@ -170,43 +182,8 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
             (acc / denom[:, None]).to(out_ptr.dtype.element_ty),
             mask=hmask[:, None] & dvmask[None, :],
         )
-
-
-@triton.jit(do_not_specialize=["splits"])
-def _combine_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    part_ptr,
-    stat_ptr,
-    sink_ptr,
-    out_ptr,
-    heads,
-    dim,
-    splits,
-    BLOCK_H: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    """Softmax-merge the splits of one query row, in split order (a fixed summation order)."""
-    row = tl.program_id(0)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    hmask = h < heads
-    mask = hmask[:, None] & (dv < dim)[None, :]
-    sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
-    top = sink  # every split's running max started at the sink, so top >= sink
-    for s in range(splits):
-        top = tl.maximum(top, tl.load(stat_ptr + (row * splits + s) * 2 * heads + h, hmask, 0.0))
-    denom = tl.exp(sink - top)
-    acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
-    for s in range(splits):
-        part = row * splits + s
-        weight = tl.exp(tl.load(stat_ptr + part * 2 * heads + h, hmask, 0.0) - top)
-        denom += tl.load(stat_ptr + (part * 2 + 1) * heads + h, hmask, 0.0) * weight
-        values = tl.load(part_ptr + (part * heads + h[:, None]) * dim + dv[None, :], mask, 0.0)
-        acc += values * weight[:, None]
-    tl.store(
-        out_ptr + row * heads * dim + h[:, None] * dim + dv[None, :],
-        (acc / denom[:, None]).to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+        if DEROTATE and dv_block * BLOCK_DV + BLOCK_DV > rot_start:
+            derotate(out_ptr, cos_ptr, sin_ptr, row, h, hmask, dv, heads, dim, rot_start, half)
 
 
 #: Launch shapes: up to BLOCK_H heads per program (all of a 64-head MQA layer, so each key is
@@ -288,9 +265,11 @@ def _launch(
     *,
     splits: int | None,
     pools: tuple[KeyPool, KeyPool] | None = None,
+    angles: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The kernel over ``kv`` [B, L, D] and ``select`` (mask bytes: dense, key rows: sparse),
-    or over two paged ``pools`` (``kv`` and ``select`` are then the first's rows and entries)."""
+    or over two paged ``pools`` (``kv`` and ``select`` are then the first's rows and entries);
+    ``angles`` (cos, sin [B, S, r/2]): the output's trailing r channels rotated back."""
     b, s, h, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if b * s * h == 0:
@@ -311,6 +290,12 @@ def _launch(
     wide_dv = wide_block_dv(kv.device, pv_parts) if wide else BLOCK_DV
     block_dk, block_dv = min(width, BLOCK_DK), min(width, wide_dv)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
+    cos = sin = sinks  # unread without angles
+    half = rot_start = 0
+    if angles is not None:
+        half = angles[0].shape[-1]
+        rot_start = dim - 2 * half
+        cos, sin = (a.expand(b, s, half).reshape(b * s, half).float().contiguous() for a in angles)
     if splits is None:
         splits = num_splits(blocks[0] * blocks[1] * blocks[2], keys)
     split_keys = triton.cdiv(triton.cdiv(max(keys, 1), splits), BLOCK_L) * BLOCK_L
@@ -339,8 +324,13 @@ def _launch(
         split_keys,
         splits,
         *paged,
+        cos,
+        sin,
+        rot_start,
+        half,
         MODE=mode,
         SPLIT=splits > 1,
+        DEROTATE=angles is not None,
         QK_NATIVE=native_dot(q, kv),
         QK_PRECISION=dot_precision(q, kv),
         PV_PARTS=pv_parts,
@@ -351,9 +341,8 @@ def _launch(
         num_warps=NUM_WARPS if block_h == BLOCK_H else 4,
     )
     if splits > 1:
-        _combine_kernel[blocks](
-            part, stat, sinks, out, h, dim, splits, BLOCK_H=block_h, BLOCK_DV=block_dv
-        )
+        angled = (cos, sin, rot_start, half) if angles is not None else None
+        combine_splits(part, stat, sinks, out, blocks, angled, block_h=block_h, block_dv=block_dv)
     return out
 
 
@@ -383,14 +372,19 @@ def paged_mqa_sink_attention(
     sources: Sequence[KeyPages],
     sinks: Tensor,
     scale: float,
+    derotate: tuple[Tensor, Tensor] | None = None,
     *,
     splits: int | None = None,
 ) -> Tensor:
     """As :func:`mqa_sink_attention` for decode rows (``q`` [B, 1, H, D]) over one or two
     paged key sources read in place (:class:`deepinfer.paging.KeyPages`): the keys are the
-    sources' listed entries in order, as if copied into one key tensor of the first's dtype."""
+    sources' listed entries in order, as if copied into one key tensor of the first's dtype.
+    ``derotate`` (cos, sin [B, 1, r/2]): the output's trailing r channels rotated back there
+    (``Backend.paged_attention``)."""
     if q.shape[1] != 1 or not 1 <= len(sources) <= 2:
         raise ValueError("paged attention takes one query a row and one or two key sources")
     one = KeyPool.of(sources[0])
     two = KeyPool.of(sources[1]) if len(sources) == 2 else one._replace(entries=one.entries[:, :0])
-    return _launch(q, one.rows, one.entries, sinks, scale, splits=splits, pools=(one, two))
+    return _launch(
+        q, one.rows, one.entries, sinks, scale, splits=splits, pools=(one, two), angles=derotate
+    )

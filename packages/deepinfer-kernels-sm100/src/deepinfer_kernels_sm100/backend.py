@@ -233,11 +233,16 @@ class Sm100Backend(TorchBackend):
         return mqa_sink_attention(q, kv, mask, sinks, scale)
 
     def paged_attention(
-        self, q: Tensor, sources: Sequence[KeyPages], sinks: Tensor, scale: float
+        self,
+        q: Tensor,
+        sources: Sequence[KeyPages],
+        sinks: Tensor,
+        scale: float,
+        derotate: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         from deepinfer_kernels_sm100.attention import paged_mqa_sink_attention
 
-        return paged_mqa_sink_attention(q, sources, sinks, scale)
+        return paged_mqa_sink_attention(q, sources, sinks, scale, derotate)
 
     def compress_slots(  # noqa: PLR0917
         self,

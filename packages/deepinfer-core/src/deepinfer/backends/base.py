@@ -216,14 +216,22 @@ class Backend(TokenOps):
         """
 
     def paged_attention(
-        self, q: Tensor, sources: Sequence[KeyPages], sinks: Tensor, scale: float
+        self,
+        q: Tensor,
+        sources: Sequence[KeyPages],
+        sinks: Tensor,
+        scale: float,
+        derotate: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """:meth:`attention` of decode rows (``q`` [B, 1, H, D]) over the listed entries of one
         or two :class:`~deepinfer.paging.KeyPages` (a row's ring, its entries' pages) in order,
-        in the first pool's dtype; one op, so a backend can read them in place (here: copied)."""
+        in the first pool's dtype; with ``derotate`` (cos, sin [B, 1, r/2]) its output then
+        rotated back there (:meth:`rope`, inverse). One op, so a backend can read the keys in
+        place and rotate where it writes (here: keys copied, then the two ops)."""
         from deepinfer.backends.attention_ref import gathered_attention
 
-        return gathered_attention(self.attention, q, sources, sinks, scale)
+        out = gathered_attention(self.attention, q, sources, sinks, scale)
+        return out if derotate is None else self.rope(out, *derotate, inverse=True)
 
     @abstractmethod
     def sparse_attention(

@@ -133,7 +133,7 @@ class MQA(nn.Module, ABC):
         ring = ring_rows(positions, state) if decode else None
         q, qr, kv = self.project(ops, x, cos, sin, x_fp8, ring)
         o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
-        return self.output(ops, o, cos, sin)
+        return self.output(ops, o)
 
     def attend(  # noqa: PLR0917 - everything forward built
         self,
@@ -149,20 +149,22 @@ class MQA(nn.Module, ABC):
     ) -> Tensor:
         """Attention output [B, S, H, D] of one sequence chunk, of a ragged pass's spans, or
         of one decode batch: the sliding window plus whatever long-range entries the layer
-        kind adds.
+        kind adds; its rope channels rotated back at the query positions, since the values
+        carry RoPE at their key positions.
 
         A chunk or ragged spans list each query's keys (window rows, then its entries) for
         sparse attention; a decode batch lists its rows' ring slots and entries, which
-        attention reads where they are.
+        attention reads where they are, and rotates its output back in the same op.
         """
         scale = self.head_dim**-0.5
+        angles = rotary.cos_sin(positions)
         if kv is None:  # decode rows whose kv rows are in their rings already
             assert isinstance(state, SlotRows)
             sources = [window_pages(positions, state, self.window)]
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:
                 sources.append(extra.decode_pages())
-            return ops.paged_attention(q, sources, self.attn_sink, scale)
+            return ops.paged_attention(q, sources, self.attn_sink, scale, angles)
         if isinstance(state, SlotRows) and state.tokens is not None:
             keys, index = verify_window(kv, positions, state, self.window)
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
@@ -170,8 +172,7 @@ class MQA(nn.Module, ABC):
                 entries, rows = extra.verify_keys(keys.shape[1])
                 keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
                 index = torch.cat((index, rows), dim=-1)
-            return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
-        if not isinstance(state, SlotRows):
+        elif not isinstance(state, SlotRows):
             if isinstance(state, RaggedRows):
                 keys, index = ragged_window(kv, state, self.window)
             else:
@@ -184,8 +185,10 @@ class MQA(nn.Module, ABC):
                 if extra.span_of is not None:  # [n, T, D]: every span's, one after another
                     entries = entries.flatten(0, 1)[None]
                 keys = torch.cat((keys, entries), dim=1)
-            return ops.sparse_attention(q, keys, index, self.attn_sink, scale)
-        raise AssertionError("decode rows write their kv rows in project()")
+        else:
+            raise AssertionError("decode rows write their kv rows in project()")
+        o = ops.sparse_attention(q, keys, index, self.attn_sink, scale)
+        return ops.rope(o, *angles, inverse=True)
 
     def long_range(  # noqa: PLR0917
         self,
@@ -201,10 +204,9 @@ class MQA(nn.Module, ABC):
         sliding-only layer."""
         return None
 
-    def output(self, ops: Backend, o: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """De-rotate at the query position, grouped low-rank output projection."""
+    def output(self, ops: Backend, o: Tensor) -> Tensor:
+        """The grouped low-rank output projection of the de-rotated attention output."""
         b, s = o.shape[:2]
-        o = ops.rope(o, cos, sin, inverse=True)
         o = self.wo_a.grouped(ops, o.reshape(b, s, self.groups, -1))
         return self.wo_b(ops, o.flatten(2))
 

@@ -1,0 +1,94 @@
+"""What follows an attention program's walk over its keys: the merge of a query row's key
+ranges (flash-decoding's second kernel) and the rotation of the output's rope channels back
+to the query position (``attention``'s ``DEROTATE``)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from deepinfer_kernels_sm100.elementwise import rope_pairs, turn
+
+
+@triton.jit
+def derotate(  # noqa: PLR0917 (Triton helpers take positional arguments)
+    out_ptr, cos_ptr, sin_ptr, row, h, hmask, dv, heads, dim, rot_start, half
+):
+    """Rotate back the rope channels among columns ``dv`` of heads ``h`` of output row
+    ``row``, stored just before by this program: reloaded and turned as
+    ``elementwise._rope_kernel`` turns them (inverse), so the same bits."""
+    tl.debug_barrier()  # every thread's stores are in before any is read back
+    rotated, pair, is_odd, partner = rope_pairs(dv, rot_start)
+    mask = hmask[:, None] & (rotated & (dv < dim))[None, :]
+    base = out_ptr + row * heads * dim + h[:, None] * dim
+    x = tl.load(base + dv[None, :], mask=mask, other=0.0)
+    xp = tl.load(base + partner[None, :], mask=mask, other=0.0)
+    y = turn(x, xp, cos_ptr, sin_ptr, row * half, pair, rotated, is_odd, -1.0)
+    tl.store(base + dv[None, :], y, mask=mask)
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _combine_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    part_ptr,
+    stat_ptr,
+    sink_ptr,
+    out_ptr,
+    cos_ptr,  # [B*S, half] fp32: the query rows' angles (DEROTATE)
+    sin_ptr,
+    heads,
+    dim,
+    splits,
+    rot_start,
+    half,
+    DEROTATE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Softmax-merge the splits of one query row, in split order (a fixed summation order)."""
+    row = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    hmask = h < heads
+    mask = hmask[:, None] & (dv < dim)[None, :]
+    sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
+    top = sink  # every split's running max started at the sink, so top >= sink
+    for s in range(splits):
+        top = tl.maximum(top, tl.load(stat_ptr + (row * splits + s) * 2 * heads + h, hmask, 0.0))
+    denom = tl.exp(sink - top)
+    acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
+    for s in range(splits):
+        part = row * splits + s
+        weight = tl.exp(tl.load(stat_ptr + part * 2 * heads + h, hmask, 0.0) - top)
+        denom += tl.load(stat_ptr + (part * 2 + 1) * heads + h, hmask, 0.0) * weight
+        values = tl.load(part_ptr + (part * heads + h[:, None]) * dim + dv[None, :], mask, 0.0)
+        acc += values * weight[:, None]
+    tl.store(
+        out_ptr + row * heads * dim + h[:, None] * dim + dv[None, :],
+        (acc / denom[:, None]).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+    if DEROTATE and tl.program_id(2) * BLOCK_DV + BLOCK_DV > rot_start:
+        derotate(out_ptr, cos_ptr, sin_ptr, row, h, hmask, dv, heads, dim, rot_start, half)
+
+
+def combine_splits(  # noqa: PLR0917
+    part: Tensor,
+    stat: Tensor,
+    sinks: Tensor,
+    out: Tensor,
+    blocks: tuple[int, int, int],
+    angles: tuple[Tensor, Tensor, int, int] | None,
+    *,
+    block_h: int,
+    block_dv: int,
+) -> None:
+    """Merge each query row's key ranges (``part`` [rows, splits, H, D], ``stat``) into
+    ``out`` over ``blocks`` (rows, head blocks, column blocks); ``angles`` (cos, sin
+    [rows, r/2] fp32, first rope channel, r/2): the merged output rotated back there."""
+    heads, dim, splits = out.shape[2], out.shape[3], part.shape[1]
+    cos, sin, rot_start, half = angles if angles is not None else (sinks, sinks, 0, 0)
+    _combine_kernel[blocks](
+        part, stat, sinks, out, cos, sin, heads, dim, splits, rot_start, half,
+        DEROTATE=angles is not None, BLOCK_H=block_h, BLOCK_DV=block_dv,
+    )  # fmt: skip
