@@ -1,5 +1,6 @@
-"""Attention's ``wq_a`` and ``wkv``, the shared expert's ``w1`` and ``w3`` and each compressor's
-``wkv`` and ``wgate``, fused into one weight each, give the separate projections' logits.
+"""Attention's ``wq_a`` and ``wkv``, the shared expert's ``w1`` and ``w3``, a CSA layer's two
+compressors' ``wkv`` and ``wgate`` (four projections of one input) and every other compressor's
+pair, fused into one weight each, give the separate projections' logits.
 
 The fused weight is the two stacked (:mod:`deepinfer.models.layers.fused`): the model's logits
 must stay those of the unfused model (the same maths; only the GEMM's summation order may
@@ -10,36 +11,58 @@ report the same values, and no byte may be held twice.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from deepinfer.assets import random_tiny_model, tiny_fp8_config
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
-from deepinfer.models.layers.attention import MQA
+from deepinfer.models.layers.attention import COMPRESSOR_PROJECTIONS, MQA, Attention
 from deepinfer.models.layers.compressor import Compressor
-from deepinfer.models.layers.fused import fusable, fuse_projections
+from deepinfer.models.layers.fused import fusable, fuse_projections, fused_group
 from deepinfer.models.layers.moe import Expert
 from deepinfer.models.layers.norm import Linear
 from deepinfer.models.stored_formats import hold_fp8
 
 
+def _groups(model: DeepseekCausalLM) -> list[tuple[nn.Module, tuple[str, ...]]]:
+    """The projection groups the model should fuse: each attention's ``wq_a``/``wkv``, each
+    expert's ``w1``/``w3``, a CSA layer's four compressor projections, and the pair of every
+    other compressor."""
+    groups: list[tuple[nn.Module, tuple[str, ...]]] = []
+    in_layer: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, MQA):
+            groups.append((m, ("wq_a", "wkv")))
+        if isinstance(m, Attention) and m.indexer is not None:
+            groups.append((m, COMPRESSOR_PROJECTIONS))
+            in_layer |= {id(m.compressor), id(m.indexer.compressor)}
+        if isinstance(m, Expert):
+            groups.append((m, ("w1", "w3")))
+    compressors = [m for m in model.modules() if isinstance(m, Compressor)]
+    groups += [(m, ("wkv", "wgate")) for m in compressors if id(m) not in in_layer]
+    assert in_layer and len(compressors) > len(in_layer)
+    return groups
+
+
 def _check_fused(model: DeepseekCausalLM, ids: torch.Tensor) -> None:
     want = model.forward_logits(ids)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    pairs = [(m, "wq_a", "wkv") for m in model.modules() if isinstance(m, MQA)]
-    pairs += [(m, "w1", "w3") for m in model.modules() if isinstance(m, Expert)]
-    pairs += [(m, "wkv", "wgate") for m in model.modules() if isinstance(m, Compressor)]
-    assert any(isinstance(m, Expert) for m, _, _ in pairs)
-    assert fuse_projections(model) == len(pairs)
+    groups = _groups(model)
+    assert fuse_projections(model) == len(groups)
     after = model.state_dict()
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], v) for k, v in before.items())
-    for module, first, second in pairs:
-        fused = module.__dict__[f"_fused_{first}_{second}"]
-        one, two = getattr(module, first), getattr(module, second)
-        assert one.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
-        assert two.weight.data_ptr() == fused.weight[one.weight.shape[0] :].data_ptr()
+    for module, names in groups:
+        fused = fused_group(module, *names)
+        assert fused is not None
+        row = 0
+        for name in names:  # each member a row slice of the fused weight, in order
+            member = module.get_submodule(name)
+            assert member.weight.data_ptr() == fused.weight[row:].data_ptr()
+            row += member.weight.shape[0]
+        assert row == fused.weight.shape[0]
     got = model.forward_logits(ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

@@ -22,7 +22,7 @@ from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedKV
 from deepinfer.models.layers.compressor import Compressor
-from deepinfer.models.layers.fused import pair
+from deepinfer.models.layers.fused import fused_outputs, pair
 from deepinfer.models.layers.indexer import Indexer
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
@@ -211,7 +211,19 @@ class MQA(nn.Module, ABC):
         return self.wo_b(ops, o.flatten(2))
 
 
+#: A CSA layer's two compressors (the attention's and its indexer's) project the layer input:
+#: one GEMM where the backend fuses projections, its slices handed to each compressor.
+COMPRESSOR_PROJECTIONS = (
+    "compressor.wkv",
+    "compressor.wgate",
+    "indexer.compressor.wkv",
+    "indexer.compressor.wgate",
+)
+
+
 class Attention(MQA):
+    FUSED_PAIRS = (*MQA.FUSED_PAIRS, COMPRESSOR_PROJECTIONS)
+
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.kind = cfg.attn_kind(layer_id)
@@ -250,12 +262,20 @@ class Attention(MQA):
     ) -> LongRange | None:
         if self.compressor is None:
             return None
-        entries = self.compressor(ops, x, positions, rotary, compressor_states(state))
+        both = fused_outputs(self, COMPRESSOR_PROJECTIONS, ops, x)  # None: each its own
+        own, theirs = (None, None) if both is None else (both[:2], both[2:])
+        entries = self.compressor(ops, x, positions, rotary, compressor_states(state), own)
         n = entries.shape[1]
         span_of = state.meta.token_span if isinstance(state, RaggedRows) else None
         if self.indexer is not None:
             picks = self.indexer(
-                ops, x, qr, positions, rotary=rotary, state=compressor_states(state, "indexer")
+                ops,
+                x,
+                qr,
+                positions,
+                rotary=rotary,
+                state=compressor_states(state, "indexer"),
+                projected=theirs,
             )
             return LongRange(entries, picks=picks, span_of=span_of)
         memo, batch = memo_of(state), x.shape[0]

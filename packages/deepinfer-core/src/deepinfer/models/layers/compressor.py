@@ -69,22 +69,24 @@ class Compressor(nn.Module):
             slack=slack,
         )
 
-    def forward(
+    def forward(  # noqa: PLR0917
         self,
         ops: Backend,
         x: Tensor,
         positions: Tensor,
         rotary: Rotary,
         state: CompressorStates,
+        projected: tuple[Tensor, ...] | None = None,
     ) -> Tensor | PagedEntries:
         """Feed ``x`` [B, S, d] at ``positions``; returns every entry emitted so far [B, T, D]
         (for the shared rows of a decode batch, ``positions`` [B, 1], a view of their pages).
+        ``projected``: ``wkv(x)`` and ``wgate(x)``, made by the layer's fused GEMM (None: here).
         """
+        kv, score = projected if projected is not None else pair(self, "wkv", "wgate", ops, x)
         if isinstance(state, CompressorRows):
-            return self._forward_slots(ops, x, positions, rotary, state)
+            return self._forward_slots(ops, kv, score, positions, rotary, state)
         if isinstance(state, RaggedCompressor):
-            return self._forward_ragged(ops, x, positions, rotary, state)
-        kv, score = pair(self, "wkv", "wgate", ops, x)
+            return self._forward_ragged(ops, kv[0], score[0], positions, rotary, state)
         score = score + self.ape[positions % self.ratio]
         windows = close_windows(state, kv, score)
         if windows is None:
@@ -103,10 +105,11 @@ class Compressor(nn.Module):
         state.append_entries(entries)
         return state.entries
 
-    def _forward_slots(
+    def _forward_slots(  # noqa: PLR0917
         self,
         ops: Backend,
-        x: Tensor,
+        kv: Tensor,
+        score: Tensor,
         positions: Tensor,
         rotary: Rotary,
         rows: CompressorRows,
@@ -118,10 +121,9 @@ class Compressor(nn.Module):
         of every row, in their pages.
         """
         if rows.tokens is not None:
-            return self._forward_verify(ops, x, positions, rotary, rows)
+            return self._forward_verify(ops, kv, score, positions, rotary, rows)
         pool = rows.pool
         at = slot_phase(rows, positions)
-        kv, score = pair(self, "wkv", "wgate", ops, x)
         ring = history_row(rows, at)
         assert pool.pages is not None
         pages = pool.pages.flatten(0, 1)  # the new entries go straight to their rows
@@ -132,18 +134,19 @@ class Compressor(nn.Module):
         self.norm.rotated_into(ops, pooled, cos, sin, pages, target)
         return entries
 
-    def _forward_verify(
+    def _forward_verify(  # noqa: PLR0917
         self,
         ops: Backend,
-        x: Tensor,
+        kv: Tensor,
+        score: Tensor,
         positions: Tensor,
         rotary: Rotary,
         rows: CompressorRows,
     ) -> PagedEntries:
-        """A verification pass's tokens [B, T, d] over shared buffers (capturable): each row's
-        candidate windows pooled in one op, those that close written (:mod:`.verify_windows`)."""
+        """A verification pass's tokens' projections [B, T, c*D] over shared buffers
+        (capturable): each row's candidate windows pooled in one op, those that close written
+        (:mod:`.verify_windows`)."""
         pool = rows.pool
-        kv, score = pair(self, "wkv", "wgate", ops, x)
         score = score + self.ape[positions % self.ratio]
         windows = verify_windows(rows, kv, score)
         prev_kv = prev_score = None
@@ -159,17 +162,18 @@ class Compressor(nn.Module):
         entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, W, D]
         return write_verify_entries(rows, windows, entries)
 
-    def _forward_ragged(
+    def _forward_ragged(  # noqa: PLR0917
         self,
         ops: Backend,
-        x: Tensor,
+        kv: Tensor,
+        score: Tensor,
         positions: Tensor,
         rotary: Rotary,
         comp: RaggedCompressor,
     ) -> PagedEntries:
-        """The new tokens [1, N, d] of a ragged pass's spans: every completed window of every
-        span pooled in one op, its entry written by index; returns every span's entries."""
-        kv, score = pair(self, "wkv", "wgate", ops, x[0])
+        """The projections [N, c*D] of a ragged pass's spans' new tokens: every completed
+        window of every span pooled in one op, its entry written by index; returns every
+        span's entries."""
         score = score + self.ape[positions % self.ratio]
         windows = ragged_windows(comp, kv, score, self.dim if self.overlap else 0)
         if windows.plan.num_windows:

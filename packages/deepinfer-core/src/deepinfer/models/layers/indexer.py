@@ -43,10 +43,12 @@ class Indexer(nn.Module):
         *,
         rotary: Rotary,
         state: CompressorStates,
+        projected: tuple[Tensor, ...] | None = None,
     ) -> Tensor:
         """Returns selected entry ids [B, S, k], -1 where fewer than k entries are visible
-        (for a ragged pass [1, N, k], each among its own span's entries)."""
-        keys = self.compressor(ops, x, positions, rotary, state)
+        (for a ragged pass [1, N, k], each among its own span's entries). ``projected``: the
+        compressor's projections of ``x``, made by the layer's fused GEMM."""
+        keys = self.compressor(ops, x, positions, rotary, state, projected)
         b, s = x.shape[:2]
         q = self.wq_b(ops, qr).view(b, s, self.n_heads, self.head_dim)
         cos, sin = rotary.cos_sin(positions)
