@@ -341,8 +341,11 @@ def _launch(
         num_warps=NUM_WARPS if block_h == BLOCK_H else 4,
     )
     if splits > 1:
-        angled = (cos, sin, rot_start, half) if angles is not None else None
-        combine_splits(part, stat, sinks, out, blocks, angled, block_h=block_h, block_dv=block_dv)
+        derotation = (cos, sin, rot_start, half)
+        combine_splits(
+            part, stat, sinks, out, blocks, derotation, derotate=angles is not None,
+            block_h=block_h, block_dv=block_dv,
+        )  # fmt: skip
     return out
 
 

@@ -78,17 +78,18 @@ def combine_splits(  # noqa: PLR0917
     sinks: Tensor,
     out: Tensor,
     blocks: tuple[int, int, int],
-    angles: tuple[Tensor, Tensor, int, int] | None,
+    angles: tuple[Tensor, Tensor, int, int],
     *,
+    derotate: bool,
     block_h: int,
     block_dv: int,
 ) -> None:
     """Merge each query row's key ranges (``part`` [rows, splits, H, D], ``stat``) into
-    ``out`` over ``blocks`` (rows, head blocks, column blocks); ``angles`` (cos, sin
-    [rows, r/2] fp32, first rope channel, r/2): the merged output rotated back there."""
+    ``out`` over ``blocks`` (rows, head blocks, column blocks); with ``derotate`` the merged
+    output rotated back at ``angles`` (cos, sin [rows, r/2] fp32, first rope channel, r/2)."""
     heads, dim, splits = out.shape[2], out.shape[3], part.shape[1]
-    cos, sin, rot_start, half = angles if angles is not None else (sinks, sinks, 0, 0)
+    cos, sin, rot_start, half = angles
     _combine_kernel[blocks](
         part, stat, sinks, out, cos, sin, heads, dim, splits, rot_start, half,
-        DEROTATE=angles is not None, BLOCK_H=block_h, BLOCK_DV=block_dv,
+        DEROTATE=derotate, BLOCK_H=block_h, BLOCK_DV=block_dv,
     )  # fmt: skip

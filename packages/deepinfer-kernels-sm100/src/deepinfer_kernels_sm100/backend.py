@@ -306,8 +306,8 @@ class Sm100Backend(TorchBackend):
         rows = max(1, min(s, MAX_DENSE_SCORES // max(1, b * t)))
         picks = []
         for i in range(0, s, rows):
-            seen = n_visible[..., i : i + rows].to(q.device)
             part = slice(i, i + rows)
+            seen = n_visible[..., part].to(q.device)
             scores = dense_indexer_scores(q[:, part], keys, weights[:, part], seen, weight_scale)
             picks.append(self.topk_picks(scores, k, n_visible=seen))
         return picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)

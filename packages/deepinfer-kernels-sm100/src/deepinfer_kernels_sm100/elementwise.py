@@ -94,7 +94,7 @@ def _rows(t: Tensor) -> Tensor:
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
-def _codes(flat: Tensor) -> tuple[Tensor, Tensor]:
+def fp8_codes(flat: Tensor) -> tuple[Tensor, Tensor]:
     """Empty e4m3 codes and fp32 scales for ``flat`` [rows, width] quantised per group."""
     q = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=flat.device)
     s = torch.empty(
@@ -148,7 +148,7 @@ def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor,
         raise ValueError(f"rms_norm_fp8: the last dim ({dim}) is not a multiple of {ACT_GROUP}")
     flat = _rows(x)
     out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
-    q, s = _codes(flat)
+    q, s = fp8_codes(flat)
     _launch_norm(flat, weight, eps, out, (q, s))
     lead = x.shape[:-1]
     return out.view(x.shape), q.view(x.shape), s.view(*lead, dim // ACT_GROUP)
@@ -333,7 +333,7 @@ def swiglu_fp8(
         raise ValueError(f"swiglu_fp8: the width ({width}) is not a multiple of {ACT_GROUP}")
     g, u = _rows(gate), _rows(up)
     out = torch.empty(g.shape, dtype=out_dtype, device=g.device)
-    q, s = _codes(g)
+    q, s = fp8_codes(g)
     _launch_swiglu(g, u, limit, out, (q, s))
     lead = gate.shape[:-1]
     return out.view(gate.shape), q.view(gate.shape), s.view(*lead, width // ACT_GROUP)

@@ -212,9 +212,9 @@ def dense_indexer_scores(
 ) -> Tensor:
     """[B, S, T] fp32 scores of ``q`` [B, S, h, c] against dense ``keys`` [B, T, c] (a
     prefill chunk's), weighted by ``weights`` [B, S, h] (widened to fp32, times
-    ``weight_scale``). ``n_visible`` ([S] or [B, S]): entries
-    each query may see; blocks of keys that no query of a block of queries sees are not
-    computed and score 0 (the picks mask them), the rest score as without it."""
+    ``weight_scale``). ``n_visible`` ([S] or [B, S]): entries each query may see; blocks of
+    keys that no query of a block of queries sees are not computed and score 0 (the picks
+    mask them), the rest score as without it."""
     b, s, heads, dim = q.shape
     limit = keys.shape[1]
     out = torch.empty(b, s, limit, dtype=torch.float32, device=q.device)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer_kernels_sm100.elementwise import normed, store_fp8
+from deepinfer_kernels_sm100.elementwise import fp8_codes, normed, store_fp8
 from deepinfer_kernels_sm100.fp8_quant import ACT_GROUP, EMULATE_CAST
 from deepinfer_kernels_sm100.mhc import hc_mix_parts
 
@@ -168,10 +168,7 @@ def mhc_entry(  # noqa: PLR0917
     if norm is not None and norm.quant:
         if dim % ACT_GROUP:
             raise ValueError(f"mhc_entry: the hidden size ({dim}) is not a multiple of {ACT_GROUP}")
-        codes = (
-            torch.empty(rows, dim, dtype=torch.float8_e4m3fn, device=x.device),
-            torch.empty(rows, dim // ACT_GROUP, dtype=torch.float32, device=x.device),
-        )
+        codes = fp8_codes(flat[:, :dim])
     if rows:
         stored = pre if out is None else out  # unread without COLLAPSE
         q, s = codes if codes is not None else (stored, stored)  # unread without QUANT

@@ -124,11 +124,6 @@ def fused_group(module: nn.Module, *names: str) -> Linear | None:
     return fused
 
 
-def fused_pair(module: nn.Module, first: str, second: str) -> Linear | None:
-    """:func:`fused_group` of two projections of ``module`` itself."""
-    return fused_group(module, first, second)
-
-
 def fused_outputs(
     module: nn.Module,
     names: tuple[str, ...],
@@ -157,10 +152,7 @@ def pair(
 ) -> tuple[Tensor, Tensor]:
     """``module.first(x)`` and ``module.second(x)``: one launch where the pair is fused, else
     two (``x_fp8``, ``x`` quantised already, serves both)."""
-    fused = fused_pair(module, first, second)
-    one = getattr(module, first)
-    if fused is None:
-        return one(ops, x, x_fp8), getattr(module, second)(ops, x, x_fp8)
-    rows = one.weight.shape[0]
-    both = fused(ops, x, x_fp8)
-    return both[..., :rows], both[..., rows:]
+    both = fused_outputs(module, (first, second), ops, x, x_fp8)
+    if both is not None:
+        return both[0], both[1]
+    return getattr(module, first)(ops, x, x_fp8), getattr(module, second)(ops, x, x_fp8)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.expert_count import ExpertLoad
-from deepinfer.models.layers.fused import fused_pair, pair
+from deepinfer.models.layers.fused import fused_group, pair
 from deepinfer.models.layers.norm import Linear, fp32_param
 from deepinfer.parallel import ExpertParallel, dispatch_experts
 
@@ -71,7 +71,7 @@ class Expert(nn.Module):
         whose sum widens it anyway)."""
         w1, w2, w3 = self.w1, self.w2, self.w3
         floats = all(w.scale is None for w in (w1, w2, w3))
-        if floats and fused_pair(self, "w1", "w3") is None:
+        if floats and fused_group(self, "w1", "w3") is None:
             return ops.swiglu_mlp(x, w1.weight, w2.weight, w3.weight, swiglu_limit)
         gate, up = pair(self, "w1", "w3", ops, x, x_fp8=x_fp8)
         if w2.scale is None:
