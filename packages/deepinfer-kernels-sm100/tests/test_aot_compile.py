@@ -254,7 +254,7 @@ def _moe_specs() -> Iterator[AotSpec]:
     # decode: 32 tokens x 6 slots; the largest batch one program sorts: 4096 pairs, 8 warps
     for variant, pairs, warps in (("decode", 192, 4), ("largest", 4096, 8)):
         yield AotSpec(
-            "moe._group_kernel",
+            "moe_group._group_kernel",
             variant,
             {"idx_ptr": "*i64", "weight_ptr": "*fp32", "token_ptr": "*i32", "order_ptr": "*i32",
              "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32", "pairs": pairs,
@@ -262,6 +262,22 @@ def _moe_specs() -> Iterator[AotSpec]:
              "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": 256},
             num_warps=warps,
         )  # fmt: skip
+    # a prefill chunk's pairs past that: counted and placed in chunks of 1024, 256 experts and
+    # the "none" bin in 512 bins
+    yield AotSpec(
+        "moe_group._chunk_counts_kernel",
+        "prefill",
+        {"idx_ptr": "*i64", "counts_ptr": "*i32", "pairs": 24576, "num_experts": 256,
+         "CHUNK": 1024, "E_PAD": 512},
+    )  # fmt: skip
+    yield AotSpec(
+        "moe_group._chunk_place_kernel",
+        "prefill",
+        {"idx_ptr": "*i64", "weight_ptr": "*fp32", "counts_ptr": "*i32", "base_ptr": "*i32",
+         "token_ptr": "*i32", "order_ptr": "*i32", "scale_ptr": "*fp32", "ends_ptr": "*i32",
+         "experts_ptr": "*i32", "pairs": 24576, "k": 6, "num_experts": 256, "slots": 256,
+         "chunks": 24, "CHUNK": 1024, "E_PAD": 512},
+    )  # fmt: skip
     # BLOCK_M 16 up to 64 pairs per expert on average, 64 past it; fp32 weights: IEEE dots;
     # decode's few experts read from the slot list (LISTED), a prefill's from the slot index
     for dt, block_m in (("bf16", 16), ("bf16", 64), ("fp32", 16)):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer.backends.moe_ref import group_by_expert
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer_kernels_sm100 import moe
+from deepinfer_kernels_sm100 import moe, moe_group
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ref = TorchBackend("cpu")
@@ -64,26 +65,27 @@ def test_tokens_without_any_expert_get_zero() -> None:
     assert got.isfinite().all()
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["one-program-sort", "reference-sort"])
-@pytest.mark.parametrize(("n", "experts", "k"), [(40, 6, 2), (300, 16, 6), (1, 8, 2), (5, 3, 3)])
+@pytest.mark.parametrize("path", ["one-program", "chunks-of-64", "chunks-of-16"])
+@pytest.mark.parametrize(
+    ("n", "experts", "k"), [(40, 6, 2), (300, 16, 6), (1, 8, 2), (5, 3, 3), (700, 13, 3)]
+)
 def test_grouping_equals_the_reference_sort(
-    n: int, experts: int, k: int, kernel: bool, monkeypatch: pytest.MonkeyPatch
+    n: int, experts: int, k: int, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The one-program sort gives the reference's stable order exactly: token rows, pair
-    order, weights and expert ends (and a chunk past GROUP_MAX_PAIRS uses the reference)."""
-    if not kernel:
-        monkeypatch.setattr(moe, "GROUP_MAX_PAIRS", 0)
+    """Both sorts give the reference's stable order exactly: token rows, pair order, weights
+    and expert ends (the chunked sort over several chunks, one a partial chunk)."""
+    if path != "one-program":
+        monkeypatch.setattr(moe_group, "GROUP_MAX_PAIRS", 0)
+        monkeypatch.setattr(moe_group, "CHUNK_PAIRS", int(path.rsplit("-", 1)[1]))
     g = torch.Generator().manual_seed(n * experts + k)
     indices = torch.randint(0, experts, (n, k), generator=g)
     indices[0, -1] = -1
     indices[n // 2, 0] = -1
     weights = torch.rand(n, k, generator=g).bfloat16()
-    rows, order, scale, ends, busy = moe.group_pairs(
+    rows, order, scale, ends, busy = moe_group.group_pairs(
         weights.to(DEVICE), indices.to(DEVICE), experts
     )
-    want_rows, want_order, want_ends, want_scale, live = moe.group_by_expert(
-        weights, indices, experts
-    )
+    want_rows, want_order, want_ends, want_scale, live = group_by_expert(weights, indices, experts)
     live_pairs = int(live.sum())
     assert torch.equal(ends.cpu(), want_ends) and int(ends[-1]) == live_pairs
     assert torch.equal(rows.cpu().long(), want_rows)
@@ -108,3 +110,23 @@ def test_inputs_rounded_to_the_weights_dtype() -> None:
     want = ref.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0)
     got = _on_device((x, weights, indices, w13, w2), 0.0)
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_chunks_split_each_experts_rows_without_changing_bits(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk with more than ``SMALL_ROWS`` pairs an expert takes the large launch shape and
+    splits each expert's row tiles among programs: it matches the reference, and its bits are
+    those of one program walking every tile (each row is computed once, in the same order)."""
+    case = _case((150, 32, 24, 4, 2), seed=11, dtype=dtype)
+    x, weights, indices, w13, w2 = case
+    shape, splits = moe.launch_for(indices.numel(), 4)
+    assert shape == moe.LARGE and splits > 1
+    want = ref.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=1.5)
+    got = _on_device(case, 1.5)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    monkeypatch.setattr(moe, "LARGE", moe.LARGE._replace(tiles=1000))
+    assert moe.launch_for(indices.numel(), 4)[1] == 1
+    assert torch.equal(_on_device(case, 1.5), got)

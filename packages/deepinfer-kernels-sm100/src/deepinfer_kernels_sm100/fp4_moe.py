@@ -16,7 +16,7 @@ projections. One tensor for both halves lets a program read the gate and up rows
 output columns against the same activation tile.
 
 The maths is that of :func:`moe.moe_experts` on weights dequantised to the activations' dtype,
-and so are the kernels' structure and the pair grouping (:func:`moe.group_pairs`, no host
+and so are the kernels' structure and the pair grouping (:func:`moe_group.group_pairs`, no host
 syncs). An e2m1 value has at most two significant bits and the scale is a power of two, so
 every dequantised weight is exact in bf16 (whose exponent range is fp32's): decoding adds no
 rounding, and bf16 activations meet the weights in the bf16 tensor-core dots, accumulated in
@@ -45,14 +45,8 @@ from deepinfer.models.quant import is_ue8m0_dtype
 from deepinfer_kernels_sm100 import fp4_gluon
 from deepinfer_kernels_sm100.fp4_decode import _GROUP, GROUP, fp4_step
 from deepinfer_kernels_sm100.fp8_quant import round_to_grid
-from deepinfer_kernels_sm100.moe import (
-    _WIDEN,
-    PairGroups,
-    _slot_range,
-    _tile,
-    group_pairs,
-    slot_sum,
-)
+from deepinfer_kernels_sm100.moe import _WIDEN, _slot_range, _tile, slot_sum
+from deepinfer_kernels_sm100.moe_group import PairGroups, group_pairs
 
 #: up to this many pairs per expert on average, row tiles of 16; past it the prefill tiles.
 #: Decode tiles cost in proportion to their count, prefill tiles about the same from one row

@@ -1,21 +1,27 @@
 """Routed SwiGLU experts as two grouped-matmul kernels, in any float dtype, without host syncs.
 
 The (token, slot) pairs are sorted by expert, stably, as the reference sorts them, so each
-expert's rows are one contiguous range of the sorted pairs, ending at ``ends[e]``; for a decode
-batch (up to ``GROUP_MAX_PAIRS`` pairs) one program sorts them, where the reference takes ~14
-torch ops, a multi-launch radix sort among them. The kernels read each sorted pair's token row
-of ``x`` in place and write each pair's output at its (token, slot) row, so neither the gathered
-inputs nor the un-sorting copy exist. One program per (expert with pairs, column tile) walks
-its expert's rows in tiles of ``BLOCK_M``; the grid's first axis has ``min(E, pairs)`` slots,
-which the experts that have pairs fill in order (:class:`PairGroups`), so a decode step of a
-few tokens starts programs for its few experts only, not for all E. The first kernel computes
-the gate and up projections of a tile together and applies the clamped SwiGLU and the router
-weight in its epilogue (the reference's ``silu(min(gate, l)) * clamp(up, -l, l) * weight``),
-the second multiplies by ``w2``. Row ranges are read on the device, so nothing waits
-on the host: where torch's grouped matmul lacks a kernel (fp32 on Hopper), the reference loops
-over experts with one host sync per layer and two launches per expert; here the matmuls of
-all experts are two launches. fp32 operands multiply in IEEE fp32 (no TF32), as torch's
-matmul does by default.
+expert's rows are one contiguous range of the sorted pairs, ending at ``ends[e]``
+(:func:`.moe_group.group_pairs`, one or two launches). The kernels read each sorted pair's
+token row of ``x`` in place and write each pair's output at its (token, slot) row, so neither
+the gathered inputs nor the un-sorting copy exist.
+
+One program per (expert with pairs, column tile, split) walks its expert's rows in tiles of
+``BLOCK_M``. The grid's first axis has ``min(E, pairs)`` slots, which the experts that have
+pairs fill in order (:class:`~.moe_group.PairGroups`), so a decode step of a few tokens starts
+programs for its few experts only, not for all E. The third axis splits each expert's row
+tiles among ``splits`` programs (tile t to program t mod splits), sized from the mean rows an
+expert has (:func:`launch_for`), so a prefill chunk's thousand rows an expert are not one
+program's serial loop. Each row is still computed by one program in the same order, so the
+split changes no bits.
+
+The first kernel computes the gate and up projections of a tile together and applies the
+clamped SwiGLU and the router weight in its epilogue (the reference's
+``silu(min(gate, l)) * clamp(up, -l, l) * weight``); the second multiplies by ``w2``. Row
+ranges are read on the device, so nothing waits on the host: where torch's grouped matmul
+lacks a kernel (fp32 on Hopper), the reference loops over experts with one host sync per layer
+and two launches per expert; here the matmuls of all experts are two launches. fp32 operands
+multiply in IEEE fp32 (no TF32), as torch's matmul does by default.
 """
 
 from __future__ import annotations
@@ -28,10 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer.backends.moe_ref import group_by_expert
-
-#: pairs one program sorts (registers); a longer prefill chunk groups with the reference's ops
-GROUP_MAX_PAIRS = 4096
+from deepinfer_kernels_sm100.moe_group import group_pairs
 
 #: Triton's interpreter (CI, no GPU) multiplies bf16 tiles wrongly, so there the tiles are
 #: widened to fp32 first; on a GPU bf16 tiles go to the tensor cores as they are.
@@ -48,14 +51,29 @@ def _mma(a, b, acc, IEEE: tl.constexpr, WIDEN: tl.constexpr):
     return tl.dot(a, tl.trans(b), acc)
 
 
-class PairGroups(NamedTuple):
-    """A step's (token, slot) pairs sorted stably by expert (:func:`group_pairs`)."""
+class ExpertLaunch(NamedTuple):
+    """Launch shape of the two grouped kernels for one regime of pairs an expert."""
 
-    rows: Tensor  # [P] int32: token row of each sorted pair
-    order: Tensor  # [P] int32: (token, slot) pair of each sorted pair
-    scale: Tensor  # [P] fp32: router weight of each sorted pair
-    ends: Tensor  # [E] int32: end of each expert's sorted pairs
-    experts: Tensor  # [min(E, P)] int32: the experts with pairs in order, then -1
+    block_m: int  # rows a tile
+    block_n: int  # most output columns a program (fewer for a narrow matrix)
+    block_k: int  # most reduction columns a step
+    num_warps: int
+    num_stages: int
+    tiles: int  # row tiles a program takes on average (sets the splits)
+
+
+#: Decode batches (at most ``SMALL_ROWS`` pairs an expert on average), then longer chunks.
+SMALL_ROWS = 64
+SMALL = ExpertLaunch(16, 64, 64, 4, 3, 4)
+LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
+
+
+def launch_for(pairs: int, slots: int) -> tuple[ExpertLaunch, int]:
+    """(the launch shape, the splits of each expert's row tiles) for ``pairs`` sorted pairs in
+    ``slots`` expert slots: enough programs that a long chunk's experts are not serial loops."""
+    rows = triton.cdiv(pairs, max(slots, 1))
+    shape = SMALL if rows <= SMALL_ROWS else LARGE
+    return shape, max(1, triton.cdiv(rows, shape.block_m * shape.tiles))
 
 
 @triton.jit
@@ -77,44 +95,6 @@ def _slot_range(experts_ptr, ends_ptr, LISTED: tl.constexpr):
     expert = tl.maximum(e, 0).to(tl.int64)
     start, end = _expert_range(ends_ptr, expert)
     return expert, start, tl.where(e >= 0, end, start)
-
-
-@triton.jit(do_not_specialize=["pairs", "k", "num_experts"])
-def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    idx_ptr,  # [P] expert of each (token, slot) pair, -1 = none
-    weight_ptr,  # [P] router weights
-    token_ptr,  # [P] out: token row of each sorted pair
-    order_ptr,  # [P] out: (token, slot) pair of each sorted pair
-    scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
-    ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
-    experts_ptr,  # [slots] out: the experts with pairs in order, then -1 (int32)
-    pairs,
-    k,
-    num_experts,
-    slots,
-    P_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-):
-    """A stable sort of the pairs by expert, as one sort of unique (expert, pair) keys."""
-    p = tl.arange(0, P_PAD)
-    valid = p < pairs
-    e = tl.load(idx_ptr + p, mask=valid, other=-1).to(tl.int64)
-    key = tl.where(e >= 0, e, num_experts)  # "none" after every expert
-    key = tl.where(valid, key, num_experts + 1)
-    ranked = tl.sort((key << 32) | p.to(tl.int64))
-    src = (ranked & 0xFFFFFFFF).to(tl.int32)
-    tl.store(order_ptr + p, src, mask=valid)
-    tl.store(token_ptr + p, src // k, mask=valid)
-    w = tl.load(weight_ptr + src, mask=valid, other=0.0).to(tl.float32)
-    tl.store(scale_ptr + p, w, mask=valid)
-    has = valid & (e >= 0)
-    counts = tl.histogram(tl.where(has, e, 0).to(tl.int32), E_PAD, mask=has)
-    bins = tl.arange(0, E_PAD)
-    tl.store(ends_ptr + bins, tl.cumsum(counts, 0), mask=bins < num_experts)
-    # Experts with pairs fill slots 0 .. n - 1 in order and -1 the rest: disjoint stores.
-    busy = (counts > 0) & (bins < num_experts)
-    tl.store(experts_ptr + tl.cumsum(busy.to(tl.int32), 0) - 1, bins, mask=busy)
-    tl.store(experts_ptr + bins, -1, mask=(bins >= tl.sum(busy.to(tl.int32), 0)) & (bins < slots))
 
 
 @triton.jit
@@ -143,7 +123,8 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     w_gate = w_ptr + e * 2 * inter * k_dim + cols[:, None] * k_dim
     w_up = w_gate + inter * k_dim
     kk = tl.arange(0, BLOCK_K)
-    for m0 in range(start, end, BLOCK_M):
+    split, splits = tl.program_id(2), tl.num_programs(2)
+    for m0 in range(start + split * BLOCK_M, end, splits * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
         token = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
@@ -194,7 +175,8 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w = w_ptr + e * d_out * inter + cols[:, None] * inter
     kk = tl.arange(0, BLOCK_K)
-    for m0 in range(start, end, BLOCK_M):
+    split, splits = tl.program_id(2), tl.num_programs(2)
+    for m0 in range(start + split * BLOCK_M, end, splits * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -219,52 +201,6 @@ def _tile(n: int, most: int) -> int:
     return max(16, min(most, triton.next_power_of_2(n)))
 
 
-def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> PairGroups:
-    """The pairs sorted stably by expert, in :func:`group_by_expert`'s order, and the experts
-    that have pairs (the grouped kernels' slots)."""
-    pairs = indices.numel()
-    slots = min(num_experts, pairs)
-    if pairs > GROUP_MAX_PAIRS:
-        rows, order, ends, scale, _ = group_by_expert(weights, indices, num_experts)
-        return PairGroups(rows, order, scale.reshape(-1), ends, _busy_experts(ends, slots))
-    dev = indices.device
-    rows = torch.empty(pairs, dtype=torch.int32, device=dev)
-    order = torch.empty(pairs, dtype=torch.int32, device=dev)
-    scale = torch.empty(pairs, dtype=torch.float32, device=dev)
-    ends = torch.empty(num_experts, dtype=torch.int32, device=dev)
-    experts = torch.empty(slots, dtype=torch.int32, device=dev)
-    if pairs:
-        _group_kernel[(1,)](
-            indices.reshape(-1).contiguous(),
-            weights.reshape(-1).contiguous(),
-            rows,
-            order,
-            scale,
-            ends,
-            experts,
-            pairs,
-            indices.shape[-1],
-            num_experts,
-            slots,
-            P_PAD=max(16, triton.next_power_of_2(pairs)),
-            E_PAD=max(16, triton.next_power_of_2(num_experts)),
-            num_warps=4 if pairs <= 1024 else 8,
-        )
-    else:
-        ends.zero_()
-    return PairGroups(rows, order, scale, ends, experts)
-
-
-def _busy_experts(ends: Tensor, slots: int) -> Tensor:
-    """[slots] int32: the experts with pairs (by their ``ends``) in order, then -1; device ops
-    only (a scatter, no host sync)."""
-    busy = torch.diff(ends, prepend=ends.new_zeros(1)) > 0
-    target = torch.where(busy, torch.cumsum(busy, 0) - 1, slots)  # idle experts: a spare slot
-    out = torch.full((slots + 1,), -1, dtype=torch.int32, device=ends.device)
-    experts = torch.arange(ends.numel(), dtype=torch.int32, device=ends.device)
-    return out.scatter_(0, target, experts)[:slots]
-
-
 def moe_experts(
     x: Tensor, weights: Tensor, indices: Tensor, *, w13: Tensor, w2: Tensor, swiglu_limit: float
 ) -> Tensor:
@@ -279,9 +215,17 @@ def moe_experts(
     # Pairs without an expert are never computed: slot_sum skips their rows.
     y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
-        block_m = 16 if pairs <= 64 * num_experts else 64
-        bn, bk = _tile(inter, 64), _tile(d_in, 64)
-        _gate_up_kernel[(slots, triton.cdiv(inter, bn))](
+        shape, splits = launch_for(pairs, slots)
+        launch = {
+            "IEEE": ieee,
+            "WIDEN": _WIDEN,
+            "LISTED": slots < num_experts,
+            "BLOCK_M": shape.block_m,
+            "num_warps": shape.num_warps,
+            "num_stages": shape.num_stages,
+        }
+        bn, bk = _tile(inter, shape.block_n), _tile(d_in, shape.block_k)
+        _gate_up_kernel[(slots, triton.cdiv(inter, bn), splits)](
             x.contiguous(),
             groups.rows,
             w13.contiguous(),
@@ -293,15 +237,12 @@ def moe_experts(
             d_in,
             float(swiglu_limit),
             CLAMP=swiglu_limit > 0,
-            IEEE=ieee,
-            WIDEN=_WIDEN,
-            LISTED=slots < num_experts,
-            BLOCK_M=block_m,
             BLOCK_N=bn,
             BLOCK_K=bk,
+            **launch,
         )
-        bn, bk = _tile(d_out, 64), _tile(inter, 64)
-        _down_kernel[(slots, triton.cdiv(d_out, bn))](
+        bn, bk = _tile(d_out, shape.block_n), _tile(inter, shape.block_k)
+        _down_kernel[(slots, triton.cdiv(d_out, bn), splits)](
             h,
             w2.contiguous(),
             groups.ends,
@@ -310,12 +251,9 @@ def moe_experts(
             y,
             d_out,
             inter,
-            IEEE=ieee,
-            WIDEN=_WIDEN,
-            LISTED=slots < num_experts,
-            BLOCK_M=block_m,
             BLOCK_N=bn,
             BLOCK_K=bk,
+            **launch,
         )
     return slot_sum(y, indices)
 

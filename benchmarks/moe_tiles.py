@@ -1,0 +1,174 @@
+"""Launch shapes of the bf16 grouped-expert kernels (``deepinfer_kernels_sm100.moe``), side by
+side at the shapes of real steps.
+
+For each case (config A's prefill of 4k and 16k tokens and decode batches, a V4-Flash-width
+layer's prefill and decode), each launch shape in :data:`SHAPES` of its regime (``small``:
+decode batches of at most ``moe.SMALL_ROWS`` pairs an expert; ``large``: longer chunks) is set
+as the module's shape and ``moe_experts`` (grouping, both grouped matmuls, the slot sum) is
+captured in a CUDA graph and replayed: the median of ``--repeats`` blocks of ``--replays``
+replays, shapes interleaved block by block. Each figure also as TFLOP/s of the two matmuls
+and against a dense ``torch.matmul`` of the same FLOPs (the pairs as one [P, d] matrix through
+one expert's weights: no grouping, cuBLAS's tiles), timed the same way. ``serial`` is the
+shape before the row split (one program walks all of an expert's row tiles).
+
+    python benchmarks/moe_tiles.py [--cases config_a_prefill_4k ...] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import write_result
+
+from deepinfer_kernels_sm100 import moe
+from deepinfer_kernels_sm100.moe import ExpertLaunch
+
+#: (tokens, hidden, expert width, experts, top-k) of each case.
+CASES: dict[str, tuple[int, int, int, int, int]] = {
+    "config_a_prefill_4k": (4096, 2048, 768, 16, 4),
+    "config_a_prefill_16k": (16384, 2048, 768, 16, 4),
+    "config_a_decode_256": (256, 2048, 768, 16, 4),
+    "config_a_decode_64": (64, 2048, 768, 16, 4),
+    "flash_prefill_4k": (4096, 4096, 2048, 256, 6),
+    "flash_decode_256": (256, 4096, 2048, 256, 6),
+}
+
+_NO_SPLIT = 10**6  # tiles a program: one program walks every tile of its expert
+
+#: Launch shapes tried in each regime: (block_m, block_n, block_k, warps, stages, tiles).
+SHAPES: dict[str, dict[str, ExpertLaunch]] = {
+    "small": {
+        "shipped": moe.SMALL,
+        "split": moe.SMALL._replace(tiles=1),
+        "n128": ExpertLaunch(16, 128, 64, 4, 3, 4),
+        "n128_split2": ExpertLaunch(16, 128, 64, 4, 3, 2),
+        "m32": ExpertLaunch(32, 64, 64, 4, 3, 2),
+        "m64_n128_w8": ExpertLaunch(64, 128, 64, 8, 3, 1),
+        "k128": ExpertLaunch(16, 64, 128, 4, 3, 4),
+        "n32_k128_s4": ExpertLaunch(16, 32, 128, 4, 4, 4),
+    },
+    "large": {
+        "serial": moe.LARGE._replace(tiles=_NO_SPLIT),
+        "shipped": moe.LARGE,
+        "m64_n128": ExpertLaunch(64, 128, 64, 4, 3, 1),
+        "m64_n128_w8": ExpertLaunch(64, 128, 64, 8, 3, 1),
+        "m128_n64": ExpertLaunch(128, 64, 64, 4, 3, 1),
+        "m128_n128_w8": ExpertLaunch(128, 128, 64, 8, 3, 1),
+        "m128_n128_w8_s4": ExpertLaunch(128, 128, 64, 8, 4, 1),
+        "m128_n128_k32_w8_s4": ExpertLaunch(128, 128, 32, 8, 4, 1),
+        "m64_n256_w8": ExpertLaunch(64, 256, 64, 8, 3, 1),
+        "m128_n128_w8_t2": ExpertLaunch(128, 128, 64, 8, 3, 2),
+    },
+}
+
+
+def replay_ms(fn: Callable[[], object], replays: int) -> Callable[[], float]:
+    """A timer of ``fn`` captured once in a CUDA graph: ms a replay over ``replays`` replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm up outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def time_block() -> float:
+        graph.replay()
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / replays
+
+    return time_block
+
+
+def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    n, d, inter, experts, k = CASES[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(n, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    w13 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    w2 = torch.randn(experts, d, inter, device="cuda", generator=g, dtype=torch.bfloat16)
+    w13 /= d**0.5
+    w2 /= inter**0.5
+    scores = torch.rand(n, experts, device="cuda", generator=g)
+    weights, indices = scores.topk(k, dim=-1)
+    pairs = n * k
+    slots = min(experts, pairs)
+    regime = "small" if moe.launch_for(pairs, slots)[0] == moe.SMALL else "large"
+    flops = 2 * pairs * d * 3 * inter
+    timers: dict[str, Callable[[], float]] = {}
+    results: dict[str, Any] = {}
+    saved = moe.SMALL, moe.LARGE
+    try:
+        for label, shape in SHAPES[regime].items():
+            setattr(moe, regime.upper(), shape)
+            call = lambda: moe.moe_experts(  # noqa: E731
+                x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0
+            )
+            try:
+                timers[label] = replay_ms(call, args.replays)
+                results[label] = {"splits": moe.launch_for(pairs, slots)[1]}
+            except Exception as exc:  # a shape past the device's shared memory
+                results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    finally:
+        moe.SMALL, moe.LARGE = saved
+    a13, a2 = x.new_empty(pairs, d).normal_(), x.new_empty(pairs, inter).normal_()
+    timers["dense_matmul"] = replay_ms(lambda: (a13 @ w13[0].T, a2 @ w2[0].T), args.replays)
+    results["dense_matmul"] = {}
+    samples: dict[str, list[float]] = {label: [] for label in timers}
+    for _ in range(args.repeats):
+        for label, timer in timers.items():
+            samples[label].append(timer())
+    for label, times in samples.items():
+        ms = statistics.median(times)
+        results[label] |= {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
+    timed = [(r["ms"], label) for label, r in results.items() if "ms" in r]
+    best = min(entry for entry in timed if entry[1] != "dense_matmul")
+    print(f"{name} ({regime}): " + ", ".join(f"{k} {v.get('ms')}" for k, v in results.items()))
+    return {
+        "tokens": n,
+        "hidden": d,
+        "expert_width": inter,
+        "experts": experts,
+        "top_k": k,
+        "regime": regime,
+        "gflop": round(flops / 1e9, 2),
+        "shapes": {label: SHAPES[regime][label]._asdict() for label in SHAPES[regime]},
+        "results": results,
+        "fastest": best[1],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("moe_tiles.py needs an NVIDIA GPU")
+    name = torch.cuda.get_device_name().split()[1].lower()  # e.g. "h200"
+    result = {
+        "benchmark": "moe_tiles",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "cases": {case: run_case(case, args) for case in args.cases},
+    }
+    write_result(result, args.out, f"moe_tiles_{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
