@@ -3,7 +3,7 @@ side at the shapes of real steps.
 
 For each case (config A's prefill of 4k and 16k tokens and decode batches, a V4-Flash-width
 layer's prefill and decode), each launch shape in :data:`SHAPES` of its regime (``small``:
-decode batches of at most ``moe.SMALL_ROWS`` pairs an expert; ``large``: longer chunks) is set
+decode batches, ``moe.TIERS``; ``large``: longer chunks, ``moe.LARGE``) is set
 as the module's shape and ``moe_experts`` (grouping, both grouped matmuls, the slot sum) is
 captured in a CUDA graph and replayed: the median of ``--repeats`` blocks of ``--replays``
 replays, shapes interleaved block by block. Each figure also as TFLOP/s of the two matmuls
@@ -34,17 +34,21 @@ CASES: dict[str, tuple[int, int, int, int, int]] = {
     "config_a_prefill_16k": (16384, 2048, 768, 16, 4),
     "config_a_decode_256": (256, 2048, 768, 16, 4),
     "config_a_decode_64": (64, 2048, 768, 16, 4),
+    "config_a_decode_8": (8, 2048, 768, 16, 4),
+    "config_a_decode_1": (1, 2048, 768, 16, 4),
     "flash_prefill_4k": (4096, 4096, 2048, 256, 6),
     "flash_decode_256": (256, 4096, 2048, 256, 6),
 }
 
 _NO_SPLIT = 10**6  # tiles a program: one program walks every tile of its expert
 
-#: Launch shapes tried in each regime: (block_m, block_n, block_k, warps, stages, tiles).
-SHAPES: dict[str, dict[str, ExpertLaunch]] = {
+#: Launch shapes tried in each regime: (block_m, block_n, block_k, warps, stages, tiles);
+#: ``shipped`` is the one ``moe.launch_for`` picks for the case.
+SHAPES: dict[str, dict[str, ExpertLaunch | None]] = {
     "small": {
-        "shipped": moe.SMALL,
-        "split": moe.SMALL._replace(tiles=1),
+        "shipped": None,
+        "before": ExpertLaunch(16, 64, 64, 4, 3, 4),
+        "split": ExpertLaunch(16, 64, 64, 4, 3, 1),
         "n128": ExpertLaunch(16, 128, 64, 4, 3, 4),
         "n128_split2": ExpertLaunch(16, 128, 64, 4, 3, 2),
         "m32": ExpertLaunch(32, 64, 64, 4, 3, 2),
@@ -53,8 +57,9 @@ SHAPES: dict[str, dict[str, ExpertLaunch]] = {
         "n32_k128_s4": ExpertLaunch(16, 32, 128, 4, 4, 4),
     },
     "large": {
-        "serial": moe.LARGE._replace(tiles=_NO_SPLIT),
-        "shipped": moe.LARGE,
+        "shipped": None,
+        "serial": ExpertLaunch(64, 64, 64, 4, 3, _NO_SPLIT),
+        "split": ExpertLaunch(64, 64, 64, 4, 3, 1),
         "m64_n128": ExpertLaunch(64, 128, 64, 4, 3, 1),
         "m64_n128_w8": ExpertLaunch(64, 128, 64, 8, 3, 1),
         "m128_n64": ExpertLaunch(128, 64, 64, 4, 3, 1),
@@ -65,6 +70,14 @@ SHAPES: dict[str, dict[str, ExpertLaunch]] = {
         "m128_n128_w8_t2": ExpertLaunch(128, 128, 64, 8, 3, 2),
     },
 }
+
+
+def use_shape(regime: str, shape: ExpertLaunch) -> None:
+    """Make ``moe.launch_for`` pick ``shape`` for every case of ``regime``."""
+    if regime == "small":
+        moe.TIERS = ((moe.TIERS[-1][0], shape),)
+    else:
+        moe.LARGE = shape
 
 
 def replay_ms(fn: Callable[[], object], replays: int) -> Callable[[], float]:
@@ -104,14 +117,16 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     weights, indices = scores.topk(k, dim=-1)
     pairs = n * k
     slots = min(experts, pairs)
-    regime = "small" if moe.launch_for(pairs, slots)[0] == moe.SMALL else "large"
+    shipped = moe.launch_for(pairs, slots)[0]
+    regime = "large" if shipped == moe.LARGE else "small"
+    shapes = {label: shape or shipped for label, shape in SHAPES[regime].items()}
     flops = 2 * pairs * d * 3 * inter
     timers: dict[str, Callable[[], float]] = {}
     results: dict[str, Any] = {}
-    saved = moe.SMALL, moe.LARGE
+    saved = moe.TIERS, moe.LARGE
     try:
-        for label, shape in SHAPES[regime].items():
-            setattr(moe, regime.upper(), shape)
+        for label, shape in shapes.items():
+            use_shape(regime, shape)
             call = lambda: moe.moe_experts(  # noqa: E731
                 x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0
             )
@@ -121,7 +136,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # a shape past the device's shared memory
                 results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     finally:
-        moe.SMALL, moe.LARGE = saved
+        moe.TIERS, moe.LARGE = saved
     a13, a2 = x.new_empty(pairs, d).normal_(), x.new_empty(pairs, inter).normal_()
     timers["dense_matmul"] = replay_ms(lambda: (a13 @ w13[0].T, a2 @ w2[0].T), args.replays)
     results["dense_matmul"] = {}
@@ -143,7 +158,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "top_k": k,
         "regime": regime,
         "gflop": round(flops / 1e9, 2),
-        "shapes": {label: SHAPES[regime][label]._asdict() for label in SHAPES[regime]},
+        "shapes": {label: shape._asdict() for label, shape in shapes.items()},
         "results": results,
         "fastest": best[1],
     }

@@ -278,26 +278,37 @@ def _moe_specs() -> Iterator[AotSpec]:
          "experts_ptr": "*i32", "pairs": 24576, "k": 6, "num_experts": 256, "slots": 256,
          "chunks": 24, "CHUNK": 1024, "E_PAD": 512},
     )  # fmt: skip
-    # BLOCK_M 16 up to 64 pairs per expert on average, 64 past it; fp32 weights: IEEE dots;
-    # decode's few experts read from the slot list (LISTED), a prefill's from the slot index
-    for dt, block_m in (("bf16", 16), ("bf16", 64), ("fp32", 16)):
+    # moe.TIERS and moe.LARGE (block_m, block_n, block_k, warps, stages), by the mean pairs an
+    # expert has; fp32 weights: IEEE dots; decode's few experts read from the slot list
+    # (LISTED), a prefill's from the slot index
+    tiles = ((16, 32, 128, 4, 4), (32, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3))
+    for dt, (block_m, block_n, block_k, warps, stages) in [
+        *(("bf16", tile) for tile in tiles),
+        ("fp32", tiles[0]),
+        ("fp32", tiles[-1]),
+    ]:
         ieee = dt == "fp32"
+        variant = f"{dt}-m{block_m}-n{block_n}-k{block_k}"
         yield AotSpec(
             "moe._gate_up_kernel",
-            f"{dt}-block-m{block_m}",
+            variant,
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": f"*{dt}", "scale_ptr": "*fp32",
              "ends_ptr": "*i32", "experts_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048,
              "k_dim": 4096, "limit": 10.0, "CLAMP": True, "IEEE": ieee, "WIDEN": False,
-             "LISTED": block_m == 16,
-             "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64},
+             "LISTED": block_m < 64, "BLOCK_M": block_m, "BLOCK_N": block_n,
+             "BLOCK_K": block_k},
+            num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
         yield AotSpec(
             "moe._down_kernel",
-            f"{dt}-block-m{block_m}",
+            variant,
             {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "ends_ptr": "*i32", "experts_ptr": "*i32",
              "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, "IEEE": ieee,
-             "WIDEN": False, "LISTED": block_m == 16, "BLOCK_M": block_m, "BLOCK_N": 64,
-             "BLOCK_K": 64},
+             "WIDEN": False, "LISTED": block_m < 64, "BLOCK_M": block_m, "BLOCK_N": block_n,
+             "BLOCK_K": block_k},
+            num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
     # each token's six slot rows added: V4-Flash's hidden 4096 in blocks of 1024
     yield AotSpec(

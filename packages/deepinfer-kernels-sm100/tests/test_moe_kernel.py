@@ -42,7 +42,9 @@ def _on_device(case: tuple[torch.Tensor, ...], limit: float) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("limit", [0.0, 1.5])
 @pytest.mark.parametrize(
-    "shape", [(40, 32, 24, 6, 2), (7, 48, 80, 4, 3), (1, 32, 16, 8, 2)], ids=str
+    "shape",
+    [(40, 32, 24, 6, 2), (7, 48, 80, 4, 3), (1, 32, 16, 8, 2), (100, 32, 24, 4, 2)],
+    ids=str,
 )
 def test_moe_experts_kernel_matches_reference(
     shape: tuple[int, int, int, int, int], limit: float, dtype: torch.dtype
@@ -116,10 +118,10 @@ def test_inputs_rounded_to_the_weights_dtype() -> None:
 def test_long_chunks_split_each_experts_rows_without_changing_bits(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A chunk with more than ``SMALL_ROWS`` pairs an expert takes the large launch shape and
+    """A chunk with more pairs an expert than the last tier takes the large launch shape and
     splits each expert's row tiles among programs: it matches the reference, and its bits are
     those of one program walking every tile (each row is computed once, in the same order)."""
-    case = _case((150, 32, 24, 4, 2), seed=11, dtype=dtype)
+    case = _case((300, 32, 24, 4, 2), seed=11, dtype=dtype)
     x, weights, indices, w13, w2 = case
     shape, splits = moe.launch_for(indices.numel(), 4)
     assert shape == moe.LARGE and splits > 1

@@ -62,17 +62,25 @@ class ExpertLaunch(NamedTuple):
     tiles: int  # row tiles a program takes on average (sets the splits)
 
 
-#: Decode batches (at most ``SMALL_ROWS`` pairs an expert on average), then longer chunks.
-SMALL_ROWS = 64
-SMALL = ExpertLaunch(16, 64, 64, 4, 3, 4)
-LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
+#: Launch shapes by the mean pairs an expert has (``rows``): (the most rows of a tier, its
+#: shape), in increasing order. Measured on an H100 at config A's and V4-Flash's widths
+#: (``benchmarks/moe_tiles.py``): a batch-1 step's single rows stream the weights through
+#: narrow column tiles with long K steps; 32-row tiles serve a batch of 64; from 64 rows an
+#: expert the tensor cores' 64- and 128-row tiles on eight warps.
+TIERS: tuple[tuple[int, ExpertLaunch], ...] = (
+    (1, ExpertLaunch(16, 32, 128, 4, 4, 4)),
+    (16, ExpertLaunch(32, 64, 64, 4, 3, 2)),
+    (64, ExpertLaunch(64, 128, 64, 8, 3, 1)),
+)
+#: Past the last tier: a prefill chunk's thousand rows an expert.
+LARGE = ExpertLaunch(128, 128, 64, 8, 3, 1)
 
 
 def launch_for(pairs: int, slots: int) -> tuple[ExpertLaunch, int]:
     """(the launch shape, the splits of each expert's row tiles) for ``pairs`` sorted pairs in
     ``slots`` expert slots: enough programs that a long chunk's experts are not serial loops."""
     rows = triton.cdiv(pairs, max(slots, 1))
-    shape = SMALL if rows <= SMALL_ROWS else LARGE
+    shape = next((tier for most, tier in TIERS if rows <= most), LARGE)
     return shape, max(1, triton.cdiv(rows, shape.block_m * shape.tiles))
 
 
