@@ -279,13 +279,13 @@ def _moe_specs() -> Iterator[AotSpec]:
          "chunks": 24, "CHUNK": 1024, "E_PAD": 512},
     )  # fmt: skip
     # moe.TIERS and moe.LARGE (block_m, block_n, block_k, warps, stages), by the mean pairs an
-    # expert has; fp32 weights: IEEE dots; decode's few experts read from the slot list
-    # (LISTED), a prefill's from the slot index
+    # expert has; fp32 weights (moe.FP32_TIERS, FP32_LARGE): IEEE dots; decode's few experts
+    # read from the slot list (LISTED), a prefill's from the slot index
     tiles = ((16, 32, 128, 4, 4), (32, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3))
+    fp32_tiles = ((16, 64, 64, 4, 3), (64, 64, 64, 4, 3))
     for dt, (block_m, block_n, block_k, warps, stages) in [
         *(("bf16", tile) for tile in tiles),
-        ("fp32", tiles[0]),
-        ("fp32", tiles[-1]),
+        *(("fp32", tile) for tile in fp32_tiles),
     ]:
         ieee = dt == "fp32"
         variant = f"{dt}-m{block_m}-n{block_n}-k{block_k}"

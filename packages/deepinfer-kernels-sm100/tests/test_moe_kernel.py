@@ -123,12 +123,14 @@ def test_long_chunks_split_each_experts_rows_without_changing_bits(
     those of one program walking every tile (each row is computed once, in the same order)."""
     case = _case((300, 32, 24, 4, 2), seed=11, dtype=dtype)
     x, weights, indices, w13, w2 = case
-    shape, splits = moe.launch_for(indices.numel(), 4)
-    assert shape == moe.LARGE and splits > 1
+    ieee = dtype == torch.float32
+    shape, splits = moe.launch_for(indices.numel(), 4, ieee)
+    assert shape == (moe.FP32_LARGE if ieee else moe.LARGE) and splits > 1
     want = ref.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=1.5)
     got = _on_device(case, 1.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     monkeypatch.setattr(moe, "LARGE", moe.LARGE._replace(tiles=1000))
-    assert moe.launch_for(indices.numel(), 4)[1] == 1
+    monkeypatch.setattr(moe, "FP32_LARGE", moe.FP32_LARGE._replace(tiles=1000))
+    assert moe.launch_for(indices.numel(), 4, ieee)[1] == 1
     assert torch.equal(_on_device(case, 1.5), got)

@@ -74,13 +74,19 @@ TIERS: tuple[tuple[int, ExpertLaunch], ...] = (
 )
 #: Past the last tier: a prefill chunk's thousand rows an expert.
 LARGE = ExpertLaunch(128, 128, 64, 8, 3, 1)
+#: fp32 weights multiply in IEEE dots on the FMA units, whose operands sit in registers: their
+#: tiles stay at most 64 x 64 on four warps (16-row tiles up to 64 rows an expert).
+FP32_TIERS: tuple[tuple[int, ExpertLaunch], ...] = ((64, ExpertLaunch(16, 64, 64, 4, 3, 4)),)
+FP32_LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
 
 
-def launch_for(pairs: int, slots: int) -> tuple[ExpertLaunch, int]:
+def launch_for(pairs: int, slots: int, ieee: bool = False) -> tuple[ExpertLaunch, int]:
     """(the launch shape, the splits of each expert's row tiles) for ``pairs`` sorted pairs in
-    ``slots`` expert slots: enough programs that a long chunk's experts are not serial loops."""
+    ``slots`` expert slots (``ieee``: fp32 weights): enough programs that a long chunk's
+    experts are not serial loops."""
     rows = triton.cdiv(pairs, max(slots, 1))
-    shape = next((tier for most, tier in TIERS if rows <= most), LARGE)
+    tiers, large = (FP32_TIERS, FP32_LARGE) if ieee else (TIERS, LARGE)
+    shape = next((tier for most, tier in tiers if rows <= most), large)
     return shape, max(1, triton.cdiv(rows, shape.block_m * shape.tiles))
 
 
@@ -223,7 +229,7 @@ def moe_experts(
     # Pairs without an expert are never computed: slot_sum skips their rows.
     y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs:
-        shape, splits = launch_for(pairs, slots)
+        shape, splits = launch_for(pairs, slots, ieee)
         launch = {
             "IEEE": ieee,
             "WIDEN": _WIDEN,
