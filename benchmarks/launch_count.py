@@ -17,7 +17,10 @@ not change which ops run. cuBLAS may split a matmul into two kernels on a GPU, a
 kernels take another path under the interpreter (noted in the output): the counts are the
 model's launches, not a GPU trace.
 
-    python benchmarks/launch_count.py [--models config_a v4_flash] [--batches 1 8]
+``--prefill N`` also counts one prefill chunk of N tokens from a fresh state (whose kernels the
+host issues one by one: ``host_time.py`` shows a 4k chunk bound by that).
+
+    python benchmarks/launch_count.py [--models config_a v4_flash] [--batches 1 8] [--prefill 64]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import collections
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -163,17 +166,53 @@ def kernel_ops() -> Any:
     return ops
 
 
-def count_step(
-    cfg: ModelConfig, batch: int, prompt_len: int, where: bool, dtype: torch.dtype
-) -> dict[str, Any]:
-    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill, the
-    model held in ``dtype`` (bf16 as on a GPU: its casts count; the interpreter's bf16 values
-    are not the GPU's, which does not change what launches)."""
+def build(cfg: ModelConfig, dtype: torch.dtype) -> DeepseekV4ForCausalLM:
+    """The model in ``dtype`` (bf16 as on a GPU: its casts count; the interpreter's bf16 values
+    are not the GPU's, which does not change what launches) on the interpreted kernels."""
     model = DeepseekV4ForCausalLM(cfg, dtype=dtype, device="cpu")
     init_random_weights(model, seed=0)
     model.ops = kernel_ops()
     weights_loaded(model)  # as a load does: projections of one input fused, on this backend
     model.eval()
+    return model
+
+
+def counted_layers(
+    model: DeepseekV4ForCausalLM, call: Callable[[], object], where: bool, label: dict[str, Any]
+) -> dict[str, Any]:
+    """What ``call`` launches inside the model's layers (``run_layers``), as a result row."""
+    counter = _Counter(where)
+    run_layers = model.run_layers
+    found: dict[str, collections.Counter[str]] = {}
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with counting(counter) as launches:
+            out = run_layers(*args, **kwargs)
+        found["triton"] = launches
+        return out
+
+    model.run_layers = counted  # type: ignore[method-assign]
+    try:
+        call()
+    finally:
+        model.run_layers = run_layers  # type: ignore[method-assign]
+    triton, aten = found["triton"], counter.ops
+    return {
+        **label,
+        "kernels": sum(triton.values()) + sum(aten.values()),
+        "triton_launches": sum(triton.values()),
+        "torch_ops": sum(aten.values()),
+        "triton": dict(triton.most_common()),
+        "torch": dict(aten.most_common()),
+        **({"torch_by_caller": dict(counter.sites.most_common())} if where else {}),
+    }
+
+
+def count_step(
+    cfg: ModelConfig, batch: int, prompt_len: int, where: bool, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill."""
+    model = build(cfg, dtype)
     max_len = prompt_len + 4
     slots = StateSlots(
         lambda: model.new_state(1),
@@ -186,29 +225,23 @@ def count_step(
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g) for _ in states]
     model(ForwardBatch.build(prompts, states))
-    counter = _Counter(where)
-    run_layers = model.run_layers
-    found: dict[str, collections.Counter[str]] = {}
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        with counting(counter) as launches:
-            out = run_layers(*args, **kwargs)
-        found["triton"] = launches
-        return out
-
-    model.run_layers = counted  # type: ignore[method-assign]
     ids = torch.randint(3, cfg.vocab_size, (batch,), generator=g)
-    run_decode(model, ids, states, None)
-    triton, aten = found["triton"], counter.ops
-    return {
-        "batch": batch,
-        "kernels": sum(triton.values()) + sum(aten.values()),
-        "triton_launches": sum(triton.values()),
-        "torch_ops": sum(aten.values()),
-        "triton": dict(triton.most_common()),
-        "torch": dict(aten.most_common()),
-        **({"torch_by_caller": dict(counter.sites.most_common())} if where else {}),
-    }
+    return counted_layers(
+        model, lambda: run_decode(model, ids, states, None), where, {"batch": batch}
+    )
+
+
+def count_prefill(cfg: ModelConfig, tokens: int, where: bool, dtype: torch.dtype) -> dict[str, Any]:
+    """Launches of one prefill chunk of ``tokens`` from a fresh state: the chunk's kernels are
+    issued by the host one by one (no CUDA graph), so on a GPU their count sets its host time
+    (``host_time.py``)."""
+    model = build(cfg, dtype)
+    ids = torch.randint(3, cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+
+    def prefill() -> None:
+        model(ForwardBatch.of(ids, model.new_state(1), num_logits=1))
+
+    return counted_layers(model, prefill, where, {"prefill_tokens": tokens})
 
 
 def main() -> int:
@@ -219,11 +252,15 @@ def main() -> int:
     ap.add_argument("--label", default="run")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--where", action="store_true", help="torch ops by the code calling them")
+    ap.add_argument(
+        "--prefill", type=int, nargs="+", default=[], help="also count prefill chunks of N tokens"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     result: dict[str, Any] = {
         "note": (
-            "kernels of one decode step's layers: sm100 Triton launches (interpreted) and "
+            "kernels of one decode step's layers (rows with prefill_tokens: one prefill chunk's "
+            "from a fresh state): sm100 Triton launches (interpreted) and "
             "kernel-launching torch ops; under the interpreter hc_mix and the attention "
             "scores take their portable paths"
         ),
@@ -234,10 +271,12 @@ def main() -> int:
         cfg = MODELS[name]()
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         rows = [count_step(cfg, b, args.prompt_len, args.where, dtype) for b in args.batches]
+        rows += [count_prefill(cfg, n, args.where, dtype) for n in args.prefill]
         result["models"][name] = {"layers": cfg.num_hidden_layers, "rows": rows}
         for row in rows:
+            what = f"batch {row['batch']}" if "batch" in row else f"prefill {row['prefill_tokens']}"
             print(
-                f"{name} batch {row['batch']}: {row['kernels']} kernels "
+                f"{name} {what}: {row['kernels']} kernels "
                 f"({row['triton_launches']} Triton, {row['torch_ops']} torch)",
                 flush=True,
             )
