@@ -92,8 +92,10 @@ def median_s(fn: Callable[[], object], device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
-def graph_s(fns: list[Callable[[], object]], repeats: int, calls: int = 16) -> float:
-    """Median GPU seconds of one call, from CUDA graphs of ``calls`` calls cycling ``fns``.
+def graph_timer(fns: list[Callable[[], object]], calls: int = 16) -> Callable[[], float]:
+    """A timer of ``calls`` calls cycling ``fns``, captured once in a CUDA graph: each call of
+    the timer replays the graph and returns the GPU seconds of one call (timers of several
+    variants can so be interleaved, as side-by-side figures want).
 
     A graph replays the calls without host launch overhead, as a decode step's graph does;
     each of ``fns`` reads its own copy of the weights, together larger than the L2 cache, so
@@ -109,18 +111,26 @@ def graph_s(fns: list[Callable[[], object]], repeats: int, calls: int = 16) -> f
         fns[0]()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    count = max(calls, len(fns))
     with torch.cuda.graph(graph):
-        for i in range(max(calls, len(fns))):
+        for i in range(count):
             fns[i % len(fns)]()
-    times = []
-    for _ in range(repeats):
+
+    def seconds() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / max(calls, len(fns)))
-    return statistics.median(times)
+        return start.elapsed_time(end) / 1e3 / count
+
+    return seconds
+
+
+def graph_s(fns: list[Callable[[], object]], repeats: int, calls: int = 16) -> float:
+    """Median GPU seconds of one call over ``repeats`` replays of :func:`graph_timer`'s graph."""
+    timer = graph_timer(fns, calls)
+    return statistics.median(timer() for _ in range(repeats))
 
 
 def copies_for(nbytes: int) -> int:

@@ -3,13 +3,13 @@ side at the shapes of real steps.
 
 For each case (config A's prefill of 4k and 16k tokens and decode batches, a V4-Flash-width
 layer's prefill and decode), each launch shape in :data:`SHAPES` of its regime (``small``:
-decode batches, ``moe.TIERS``; ``large``: longer chunks, ``moe.LARGE``) is set
-as the module's shape and ``moe_experts`` (grouping, both grouped matmuls, the slot sum) is
-captured in a CUDA graph and replayed: the median of ``--repeats`` blocks of ``--replays``
-replays, shapes interleaved block by block. Each figure also as TFLOP/s of the two matmuls
-and against a dense ``torch.matmul`` of the same FLOPs (the pairs as one [P, d] matrix through
-one expert's weights: no grouping, cuBLAS's tiles), timed the same way. ``serial`` is the
-shape before the row split (one program walks all of an expert's row tiles).
+decode batches, ``moe.TIERS``; ``large``: longer chunks, ``moe.LARGE``) is set as the
+module's shape and ``moe_experts`` (grouping, both grouped matmuls, the slot sum) is captured
+``--replays`` times in one CUDA graph (``low_precision.graph_timer``) and replayed: the median
+of ``--repeats`` replays, shapes interleaved replay by replay. Each figure also as TFLOP/s of
+the two matmuls and against a dense ``torch.matmul`` of the same FLOPs (the pairs as one
+[P, d] matrix through one expert's weights: no grouping, cuBLAS's tiles), timed the same way.
+``serial`` is the shape before the row split (one program walks all of an expert's row tiles).
 
     python benchmarks/moe_tiles.py [--cases config_a_prefill_4k ...] [--out PATH]
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from _results import write_result
+from low_precision import graph_timer
 
 from deepinfer_kernels_sm100 import moe
 from deepinfer_kernels_sm100.moe import ExpertLaunch
@@ -80,31 +81,6 @@ def use_shape(regime: str, shape: ExpertLaunch) -> None:
         moe.LARGE = shape
 
 
-def replay_ms(fn: Callable[[], object], replays: int) -> Callable[[], float]:
-    """A timer of ``fn`` captured once in a CUDA graph: ms a replay over ``replays`` replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile and warm up outside the capture
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def time_block() -> float:
-        graph.replay()
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / replays
-
-    return time_block
-
-
 def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     n, d, inter, experts, k = CASES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -131,21 +107,21 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0
             )
             try:
-                timers[label] = replay_ms(call, args.replays)
+                timers[label] = graph_timer([call], args.replays)
                 results[label] = {"splits": moe.launch_for(pairs, slots)[1]}
             except Exception as exc:  # a shape past the device's shared memory
                 results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     finally:
         moe.TIERS, moe.LARGE = saved
     a13, a2 = x.new_empty(pairs, d).normal_(), x.new_empty(pairs, inter).normal_()
-    timers["dense_matmul"] = replay_ms(lambda: (a13 @ w13[0].T, a2 @ w2[0].T), args.replays)
+    timers["dense_matmul"] = graph_timer([lambda: (a13 @ w13[0].T, a2 @ w2[0].T)], args.replays)
     results["dense_matmul"] = {}
     samples: dict[str, list[float]] = {label: [] for label in timers}
     for _ in range(args.repeats):
         for label, timer in timers.items():
             samples[label].append(timer())
     for label, times in samples.items():
-        ms = statistics.median(times)
+        ms = statistics.median(times) * 1e3
         results[label] |= {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
     timed = [(r["ms"], label) for label, r in results.items() if "ms" in r]
     best = min(entry for entry in timed if entry[1] != "dense_matmul")
