@@ -519,7 +519,8 @@ def _attention_specs() -> Iterator[AotSpec]:
     # attention._launch picks them: a decode batch of 8 rows cuts its keys into ranges
     # (flash-decoding) over programs of 128 output columns; from 32 (row, head block) pairs on
     # a program takes 256 columns (WIDE_BLOCK_DV), and 32 rows still split their keys in two;
-    # a prefill chunk of 512 queries gives programs enough unsplit. On Blackwell bf16 values
+    # a prefill chunk of 512 queries gives programs enough unsplit. A wide program of 16 heads
+    # (config A) takes all 512 columns (WIDE_CELLS). On Blackwell bf16 values
     # keep 128 columns even then (attention.wide_block_dv: tensor memory). The embedded "tiny"
     # model (4 heads of 32) pads its heads to 16-row dots on 4 warps. Modes: 0 dense (a mask),
     # 1 sparse (key rows), 2 paged (decode: a ring and entry pages read in place).
@@ -532,6 +533,9 @@ def _attention_specs() -> Iterator[AotSpec]:
         ("bf16-decode8-sparse-split", "bf16", 1, True, 64, 512, 64, 64, 128, 8, ARCHS),
         ("bf16-prefill-sparse-wide", "bf16", 1, False, 64, 512, 64, 64, 256, 8, hopper),
         ("bf16-prefill-sparse-wide-tmem", "bf16", 1, False, 64, 512, 64, 64, 128, 8,
+         blackwell),
+        ("bf16-prefill-sparse-16heads-wide", "bf16", 1, False, 16, 512, 16, 64, 512, 4, hopper),
+        ("bf16-prefill-sparse-16heads-wide-tmem", "bf16", 1, False, 16, 512, 16, 64, 128, 4,
          blackwell),
         ("bf16-decode8-paged-split", "bf16", 2, True, 64, 512, 64, 64, 128, 8, ARCHS),
         ("bf16-decode256-paged-wide", "bf16", 2, False, 64, 512, 64, 64, 256, 8, hopper),
@@ -1099,7 +1103,6 @@ def test_wide_attention_specs_follow_the_wrapper(
 
     monkeypatch.setattr(attention, "_capability_major", lambda index: arch // 10)
     for dt, pv_parts in (("bf16", attention.PV_PARTS), ("fp32", 0)):
-        want = attention.wide_block_dv(torch.device("cuda", 0), pv_parts)
         wide = [
             s
             for s in AOT_SPECS
@@ -1108,4 +1111,10 @@ def test_wide_attention_specs_follow_the_wrapper(
             and s.variant.startswith(dt)
             and "wide" in s.variant
         ]
-        assert wide and {s.params["BLOCK_DV"] for s in wide} == {want}, (dt, arch)
+        assert wide, (dt, arch)
+        for spec in wide:
+            block_h, dim = spec.params["BLOCK_H"], spec.params["dim"]
+            want = min(dim, attention.wide_block_dv(torch.device("cuda", 0), pv_parts, block_h))
+            assert spec.params["BLOCK_DV"] == want, (spec.id, arch)
+            warps = attention.NUM_WARPS if block_h == attention.BLOCK_H else attention.SMALL_WARPS
+            assert spec.num_warps == warps, (spec.id, arch)

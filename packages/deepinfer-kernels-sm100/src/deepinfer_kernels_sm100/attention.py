@@ -199,6 +199,15 @@ BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
 #: prefill chunk 966 -> 681 us; at 1 or 8 rows the wider programs lost, 15 -> 24 us and
 #: 24 -> 28 us; fp32 values at 32 rows 783 -> 463 us).
 WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
+#: Accumulator cells (heads x output columns) of a wide program of fewer heads than BLOCK_H:
+#: 16 heads (config A's layers) take all 512 columns of the head, so no other program
+#: recomputes their logits or reloads their keys, which a 16-head program reads for a quarter
+#: of a 64-head one's tensor-core work (H100, a 4096-token chunk of config A's shapes,
+#: ``benchmarks/prefill_attention.py``; unchanged bits). V4's 64-head programs keep
+#: WIDE_BLOCK_DV columns.
+WIDE_CELLS = 16 * 512
+#: Warps of a program of fewer than BLOCK_H heads (eight were slower at every shape timed).
+SMALL_WARPS = 4
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
 #: all keys, on a GPU of 132 multiprocessors. Splitting past this lost more to the merge than
@@ -225,13 +234,17 @@ def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def wide_block_dv(device: torch.device, pv_parts: int) -> int:
-    """Output columns of a wide program on ``device`` (see :data:`TENSOR_MEMORY_MAJOR`)."""
-    if pv_parts and device.type == "cuda":
+def wide_block_dv(device: torch.device, pv_parts: int, block_h: int = BLOCK_H) -> int:
+    """Output columns of a wide program of ``block_h`` heads on ``device`` (see
+    :data:`WIDE_CELLS`, and :data:`TENSOR_MEMORY_MAJOR` for Blackwell). fp32 values
+    (``pv_parts`` 0) keep WIDE_BLOCK_DV: their tiles take twice a bf16 tile's registers."""
+    if not pv_parts:
+        return WIDE_BLOCK_DV
+    if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         if _capability_major(index) >= TENSOR_MEMORY_MAJOR:
             return BLOCK_DV
-    return WIDE_BLOCK_DV
+    return max(WIDE_BLOCK_DV, WIDE_CELLS // block_h)
 
 
 def native_dot(a: Tensor, b: Tensor) -> bool:
@@ -287,7 +300,7 @@ def _launch(
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
     wide = b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
-    wide_dv = wide_block_dv(kv.device, pv_parts) if wide else BLOCK_DV
+    wide_dv = wide_block_dv(kv.device, pv_parts, block_h) if wide else BLOCK_DV
     block_dk, block_dv = min(width, BLOCK_DK), min(width, wide_dv)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
     cos = sin = sinks  # unread without angles
@@ -338,7 +351,7 @@ def _launch(
         BLOCK_L=BLOCK_L,
         BLOCK_DK=block_dk,
         BLOCK_DV=block_dv,
-        num_warps=NUM_WARPS if block_h == BLOCK_H else 4,
+        num_warps=NUM_WARPS if block_h == BLOCK_H else SMALL_WARPS,
     )
     if splits > 1:
         derotation = (cos, sin, rot_start, half)

@@ -1,0 +1,124 @@
+"""Launch shapes of the sm100 sparse attention at config A's prefill: 16 heads of 512.
+
+A 4096-token chunk of config A lists each query's keys (its 128-row window, then its long-range
+entries: none, 32 of a ratio-128 layer, up to 512 of a ratio-4 layer's 1,024) and runs
+``sparse_mqa_sink_attention`` once per layer. With 16 heads a program's tensor-core work per
+key row is a quarter of V4's 64-head programs', so what the kernel reads per key (a 1 KiB row,
+re-read by every program that takes some of the output columns) sets its time. This script
+times each case under each of ``VARIANTS`` (knobs of ``attention``), each call replayed from a
+CUDA graph, and reports every variant's largest difference from the first (the shipped launch
+shapes), so a variant that changes no bit shows 0.0. V4's 64-head prefill and config A's
+decode rows (dense masks at B = 32 / 256) show what the same knobs do elsewhere.
+
+    python benchmarks/prefill_attention.py [--variants NAME ...] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import write_result
+from attention_kernels import graph_us
+
+#: name: the ``attention`` knobs it sets (the first is the comparison for the others).
+VARIANTS: dict[str, dict[str, int]] = {
+    f"dv{dv}_w{w}_l{bl}": {"WIDE_CELLS": 16 * dv, "SMALL_WARPS": w, "BLOCK_L": bl}
+    for dv, w, bl in ((256, 4, 64), (256, 8, 64), (512, 8, 64), (512, 4, 64), (512, 8, 32),
+                      (512, 4, 32), (256, 4, 32))
+}  # fmt: skip
+#: (name, batch, queries, heads, chunk keys, long-range entries, picks per query)
+CASES = [
+    ("a-window", 1, 4096, 16, 4096, 0, 0),
+    ("a-ratio128", 1, 4096, 16, 4096, 32, 32),
+    ("a-ratio4", 1, 4096, 16, 4096, 1024, 512),
+    ("v4-prefill-512", 1, 512, 64, 4096, 0, 640),
+]
+#: (name, batch, heads, keys): config A decode rows over a dense mask
+DECODE_CASES = [("a-decode-640", b, 16, 640) for b in (1, 32, 256)]
+
+
+def chunk_index(queries: int, chunk: int, entries: int, picks: int, g: torch.Generator) -> Any:
+    """Each query's key rows as a chunk lists them: its window of up to 128 rows of the chunk
+    (-1 before the first), then ``picks`` of the entries it may see (one per 4 positions, in
+    random order as the indexer's top-k gives them; -1 where it sees fewer)."""
+    t = torch.arange(queries, device="cuda")
+    window = t[:, None] - 127 + torch.arange(128, device="cuda")
+    window = torch.where(window >= 0, window, -1)
+    if not picks:
+        return window
+    if picks == entries:  # a ratio-128 layer: every entry it may see
+        seen = torch.arange(entries, device="cuda").expand(queries, -1)
+    else:
+        score = torch.rand(queries, entries, device="cuda", generator=g)
+        seen = score.topk(picks, dim=-1).indices
+    visible = seen < ((t[:, None] + 1) * entries // queries)
+    rows = torch.where(visible, chunk + seen, -1)
+    return torch.cat((window, rows), dim=-1)
+
+
+def time_variants(att: Any, fn: Any, variants: list[str]) -> dict[str, Any]:
+    """``fn()`` timed and compared under each variant."""
+    row: dict[str, Any] = {}
+    first = None
+    for name in variants:
+        for knob, value in VARIANTS[name].items():
+            setattr(att, knob, value)
+        out = fn().float()
+        first = out if first is None else first
+        row[name] = graph_us(fn)
+        row["diff_" + name] = float((out - first).abs().max())
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("prefill_attention.py times CUDA graphs: it needs an NVIDIA GPU")
+    from deepinfer_kernels_sm100 import attention as att
+
+    shipped = {knob: getattr(att, knob) for v in VARIANTS.values() for knob in v}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, b, s, h, chunk, entries, picks in CASES:
+        q = torch.randn(b, s, h, 512, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(b, chunk + entries, 512, device="cuda", generator=g).bfloat16()
+        sinks = torch.randn(h, device="cuda", generator=g)
+        if name.startswith("v4"):
+            index = torch.stack([torch.randperm(chunk, device="cuda", generator=g)[:picks]
+                                 for _ in range(s)])[None]  # fmt: skip
+        else:
+            index = chunk_index(s, chunk, entries, picks, g)[None]
+        fn = partial(att.sparse_mqa_sink_attention, q, kv, index, sinks, 512**-0.5)
+        rows.append({"case": name, "S": s, "heads": h, **time_variants(att, fn, args.variants)})
+        print(rows[-1], flush=True)
+    for name, b, h, keys in DECODE_CASES:
+        q = torch.randn(b, 1, h, 512, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(b, keys, 512, device="cuda", generator=g).bfloat16()
+        sinks = torch.randn(h, device="cuda", generator=g)
+        mask = torch.rand(b, 1, keys, device="cuda", generator=g) > 0.1
+        fn = partial(att.mqa_sink_attention, q, kv, mask, sinks, 512**-0.5)
+        rows.append({"case": name, "B": b, "heads": h, **time_variants(att, fn, args.variants)})
+        print(rows[-1], flush=True)
+    for knob, value in shipped.items():
+        setattr(att, knob, value)
+    result = {
+        "benchmark": "prefill_attention",
+        "device": torch.cuda.get_device_name(0),
+        "shipped": shipped,
+        "variants": {v: VARIANTS[v] for v in args.variants},
+        "rows": rows,
+    }
+    name = "prefill_attention_" + result["device"].split()[1].lower()
+    write_result(result, args.out, name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
