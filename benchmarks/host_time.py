@@ -8,7 +8,8 @@ Config A (bf16, random weights, the ``sm100`` backend, built as ``model_speed.py
   ``wall_ms`` until the GPU is done. Where the two are equal the GPU waits on the host.
 * decode, at each of ``--batches`` (rows that prefilled 512 tokens, in slot tensors): the same
   two figures for a step replayed from its CUDA graph and for the same step run eagerly, and
-  the first call of a fresh graph set (its capture, warm-ups included).
+  the first call of a fresh graph set (its capture, warm-ups included); with
+  ``--capture-warmups 2 1 2 1`` that first call again under each of those warm-up counts, in turn.
 * ``--cprofile``: the functions taking the most host time in each (cProfile, by own time and
   by cumulative time), as text in the JSON.
 
@@ -18,13 +19,14 @@ Config A (bf16, random weights, the ``sm100`` backend, built as ``model_speed.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +104,39 @@ def decode_rows(
         if args.cprofile:
             out[name]["cprofile"] = profiled(step, device)
     if graphed:
-        sync(device)
-        start = time.perf_counter()
-        api.decode_step(model, ids, states, DecodeGraphs(batch))
-        sync(device)
-        out["first_call_with_capture_ms"] = round((time.perf_counter() - start) * 1e3, 1)
+        out["first_call_with_capture_ms"] = first_call_ms(
+            lambda g: api.decode_step(model, ids, states, g), batch, device
+        )
+        by_warmups: dict[int, list[float]] = {}
+        for n in args.capture_warmups or []:  # alternated, as given
+            with capture_warmups(n):
+                by_warmups.setdefault(n, []).append(
+                    first_call_ms(lambda g: api.decode_step(model, ids, states, g), batch, device)
+                )
+        if by_warmups:
+            out["first_call_ms_by_capture_warmups"] = by_warmups
     return out
+
+
+def first_call_ms(step: Callable[[DecodeGraphs], object], batch: int, device: str) -> float:
+    """Milliseconds of a decode step through a fresh graph set: its capture, warm-ups included."""
+    sync(device)
+    start = time.perf_counter()
+    step(DecodeGraphs(batch))
+    sync(device)
+    return round((time.perf_counter() - start) * 1e3, 1)
+
+
+@contextlib.contextmanager
+def capture_warmups(n: int) -> Iterator[None]:
+    """``graphs.CAPTURE_WARMUPS`` set to ``n`` while inside."""
+    from deepinfer.models import graphs
+
+    kept, graphs.CAPTURE_WARMUPS = graphs.CAPTURE_WARMUPS, n
+    try:
+        yield
+    finally:
+        graphs.CAPTURE_WARMUPS = kept
 
 
 def main() -> int:
@@ -116,6 +145,10 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny shapes: a CPU check")
     ap.add_argument("--prefill-len", type=int, default=4096)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument(
+        "--capture-warmups", type=int, nargs="+", default=None,
+        help="also time a fresh graph set's first call under these CAPTURE_WARMUPS, in turn",
+    )  # fmt: skip
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
