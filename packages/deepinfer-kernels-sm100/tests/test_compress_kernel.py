@@ -129,10 +129,11 @@ class _UnfusedKernels(TorchBackend):
 )  # fmt: skip
 def test_slot_pool_matches_the_unfused_ops(case: tuple[int, int, bool, int, bool]) -> None:
     """Every row at every phase (the window completing or not), padding rows in slot 0, the
-    projections as two tensors or as halves of one fused GEMM's output: the pooled windows
-    equal the pooling kernel's on the gathered windows bit for bit, every buffer of every real
-    slot ends as the torch ops leave it, and the pooled windows agree with the torch
-    reference's pooling; pooled into bf16 they are the fp32 ones rounded by torch."""
+    projections as two tensors or as halves of one fused GEMM's output: the completed windows
+    equal the pooling kernel's on the gathered windows bit for bit, the open ones are zeros,
+    every buffer of every real slot ends as the torch ops leave it, and the pooled windows
+    agree with the torch reference's pooling; pooled into bf16 they are the fp32 ones rounded
+    by torch."""
     r, d, overlap, keep, fused_input = case
     g = torch.Generator().manual_seed(r + d + keep)
     rows = 9
@@ -157,6 +158,7 @@ def test_slot_pool_matches_the_unfused_ops(case: tuple[int, int, bool, int, bool
     ref = TorchBackend("cpu").compress_slots(*args, reference, slots, phase, history_row, overlap)
     real = slots != 0
     assert torch.equal(got[real], want[real])
+    assert not got[real & (phase != r - 1)].any()  # open windows: provisional zeros
     # pooled straight into the entries' dtype: the fp32 result rounded once, as torch rounds
     rounded = slot_pool(
         *args, start.copy(), slots, phase, history_row, overlap=overlap, dtype=torch.bfloat16

@@ -9,8 +9,11 @@ carried ``prev`` halves), and writes the pooled entry.
 
 A decode step's windows over the shared slot buffers (:func:`slot_pool`) take one kernel more
 for all of it: the new row written into the window and the history ring, the window read and
-pooled, the stored previous half replaced where the window completes. In torch ops that is
-about ten launches a compressor, in every compressor of every decode step.
+pooled where it completes, the stored previous half replaced there. In torch ops that is
+about ten launches a compressor, in every compressor of every decode step. A window still open
+is not read at all (a ratio-128 window is 512 KiB of fp32 rows at V4's width): its row of the
+result is zeros, a provisional entry that no query sees before the step completing the window
+overwrites it.
 
 Both kernels pool through :func:`_pool_window`, whose sums over a window's rows have an order
 fixed by the window (not by the tile's layout, which the compiler picks per kernel), and both
@@ -192,9 +195,11 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """One row's block of entry channels: its window (the buffer's rows, the new one from the
-    inputs) pooled with ``_softmax_pool_kernel``'s arithmetic, then the new row, the history
-    row and, where the window completes, the previous half written."""
+    """One row's block of entry channels: where its window completes, the window (the
+    buffer's rows, the new one from the inputs) pooled with ``_softmax_pool_kernel``'s
+    arithmetic, elsewhere zeros (a provisional entry no query sees: no window row is read);
+    then the new row, the history row and, where the window completes, the previous half
+    written."""
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.arange(0, BLOCK_R)
@@ -211,18 +216,22 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
     new_v = tl.load(kv_ptr + b * stride_in + own, mask=cmask, other=0.0)
     if HAS_BIAS:
         new_s += tl.load(bias_ptr + phase * width + own, mask=cmask, other=0.0)
-    s = tl.load(score_buf_ptr + rows + own[None, :], mask=kept, other=float("-inf"))
-    v = tl.load(kv_buf_ptr + rows + own[None, :], mask=kept, other=0.0)
-    s = tl.where(fresh, new_s[None, :], s)
-    v = tl.where(fresh, new_v[None, :], v)
-    s = tl.where(cmask[None, :], s, 0.0)  # columns past the entry: finite, never stored
-    s0, v0 = s, v
     carried = (slot * r + j[:, None]) * dim + c[None, :]
-    if OVERLAP:
-        s0 = tl.load(prev_score_ptr + carried, mask=mask, other=0.0)
-        s0 = tl.where(mask, s0, float("-inf"))
-        v0 = tl.load(prev_kv_ptr + carried, mask=mask, other=0.0)
-    store_rounded(out_ptr + b * dim + c, _pool_window(s, v, s0, v0, OVERLAP), cmask, EMULATE)
+    if phase == r - 1:
+        s = tl.load(score_buf_ptr + rows + own[None, :], mask=kept, other=float("-inf"))
+        v = tl.load(kv_buf_ptr + rows + own[None, :], mask=kept, other=0.0)
+        s = tl.where(fresh, new_s[None, :], s)
+        v = tl.where(fresh, new_v[None, :], v)
+        s = tl.where(cmask[None, :], s, 0.0)  # columns past the entry: finite, never stored
+        s0, v0 = s, v
+        if OVERLAP:
+            s0 = tl.load(prev_score_ptr + carried, mask=mask, other=0.0)
+            s0 = tl.where(mask, s0, float("-inf"))
+            v0 = tl.load(prev_kv_ptr + carried, mask=mask, other=0.0)
+        pooled = _pool_window(s, v, s0, v0, OVERLAP)
+    else:
+        pooled = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    store_rounded(out_ptr + b * dim + c, pooled, cmask, EMULATE)
     tl.debug_barrier()  # every thread has read the rows written below
     at = slot * r * width + phase * width
     tl.store(kv_buf_ptr + at + own, new_v, mask=cmask)

@@ -287,10 +287,12 @@ class Backend(TokenOps):
         Row i's projections ``kv``/``score`` [B, c*D] fp32, with ``bias[phase[i]]`` (the
         position bias [ratio, c*D], None: none) added to ``score``, go to row ``phase[i]`` of
         slot ``slots[i]``'s open window and, with a history ring, to its row
-        ``history_row[i]``; the window, complete or not, is pooled as :meth:`compress` pools
-        it (overlap: with the stored previous half); where it completes (``phase[i] == ratio -
-        1``) its first half replaces the stored one. Returns [B, 1, D], the fp32 pooling
-        rounded once to ``dtype`` (the entries'). One op, so a backend can do all of it in one
+        ``history_row[i]``; where the window completes (``phase[i] == ratio - 1``) it is
+        pooled as :meth:`compress` pools it (overlap: with the stored previous half) and its
+        first half replaces the stored one. Returns [B, 1, D], the fp32 pooling rounded once
+        to ``dtype`` (the entries'), zeros in the rows whose window is still open: their entry
+        is provisional, seen by no query before the step that completes the window (so a
+        backend need not read an open window). One op, so a backend can do all of it in one
         kernel; here: torch ops around :meth:`compress`."""
         from deepinfer.backends.compress_ref import pool_slot_windows
 

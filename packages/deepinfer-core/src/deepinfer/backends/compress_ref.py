@@ -2,8 +2,9 @@
 :meth:`~deepinfer.backends.base.Backend.compress_slots`).
 
 Each row's new projections are written into its open window (and history ring), the window is
-read back and pooled, and the stored previous half is replaced where the window completes:
-about ten indexed ops a compressor, which a kernel backend does in one launch.
+read back and pooled (kept where it completes, zeros where it is still open), and the stored
+previous half is replaced where the window completes: about ten indexed ops a compressor, which
+a kernel backend does in one launch.
 """
 
 from __future__ import annotations
@@ -67,4 +68,5 @@ def pool_slot_windows(  # noqa: PLR0917
         prev_score = buffers.prev_score_buf.index_select(0, slots)
         buffers.prev_kv_buf[slots] = torch.where(closes, win_kv[..., :dim], prev_kv)
         buffers.prev_score_buf[slots] = torch.where(closes, win_score[..., :dim], prev_score)
-    return compress(win_kv[:, None], win_score[:, None], prev_kv, prev_score, overlap)
+    pooled = compress(win_kv[:, None], win_score[:, None], prev_kv, prev_score, overlap)
+    return pooled.masked_fill((phase != buffers.ratio - 1)[:, None, None], 0.0)

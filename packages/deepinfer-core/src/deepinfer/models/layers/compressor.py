@@ -116,9 +116,10 @@ class Compressor(nn.Module):
     ) -> PagedEntries:
         """One new token per row, rows of shared buffers, no host work (capturable).
 
-        Every row's window is pooled, complete or not (see :func:`slot_entries`); only
-        complete windows replace the stored previous half. Returns entries ``:entry_limit``
-        of every row, in their pages.
+        Every row writes an entry: its pooled window where the window completes, zeros (a
+        provisional entry, :func:`slot_entries`) where it is still open; only complete
+        windows replace the stored previous half. Returns entries ``:entry_limit`` of every
+        row, in their pages.
         """
         if rows.tokens is not None:
             return self._forward_verify(ops, kv, score, positions, rotary, rows)

@@ -81,8 +81,8 @@ class SharedCompressor(nn.Module):
         self, ops: Backend, x: Tensor, positions: Tensor, rows: CompressorRows
     ) -> tuple[Tensor, SlotPhase]:
         """One new token per decode row, rows of shared buffers: (every row's normalised latent
-        [B, 1, D], complete pair or not, and where the rows stand in their pairs); no host
-        work."""
+        [B, 1, D], zeros where its pair is still open, and where the rows stand in their
+        pairs); no host work."""
         kv, score = self._project(ops, x)
         at = slot_phase(rows, positions)
         ring = history_row(rows, at)
