@@ -206,7 +206,8 @@ WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
 #: ``benchmarks/prefill_attention.py``; unchanged bits). V4's 64-head programs keep
 #: WIDE_BLOCK_DV columns.
 WIDE_CELLS = 16 * 512
-#: Warps of a program of fewer than BLOCK_H heads (eight were slower at every shape timed).
+#: Warps of a program of fewer than BLOCK_H heads (eight were slower at every prefill shape
+#: timed and at 256 decode rows, faster only at 32).
 SMALL_WARPS = 4
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
