@@ -310,13 +310,15 @@ def _moe_specs() -> Iterator[AotSpec]:
             num_warps=warps,
             num_stages=stages,
         )  # fmt: skip
-    # each token's six slot rows added: V4-Flash's hidden 4096 in blocks of 1024
-    yield AotSpec(
-        "moe._slot_sum_kernel",
-        "top6",
-        {"y_ptr": "*fp32", "idx_ptr": "*i64", "out_ptr": "*fp32", "d_out": 4096, "K": 6,
-         "BLOCK": 1024},
-    )  # fmt: skip
+    # each token's six slot rows added: V4-Flash's hidden 4096 in blocks of 1024; in the
+    # model the shared expert's bf16 output joins them and the sum is stored in bf16
+    for variant, residual, out in (("top6", False, "fp32"), ("top6-shared-bf16", True, "bf16")):
+        yield AotSpec(
+            "moe._slot_sum_kernel",
+            variant,
+            {"y_ptr": "*fp32", "idx_ptr": "*i64", "res_ptr": f"*{out}", "out_ptr": f"*{out}",
+             "d_out": 4096, "K": 6, "RESIDUAL": residual, "EMULATE": False, "BLOCK": 1024},
+        )  # fmt: skip
 
 
 def _fp4_moe_specs() -> Iterator[AotSpec]:

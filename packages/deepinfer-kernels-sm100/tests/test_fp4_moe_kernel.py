@@ -207,6 +207,22 @@ def test_matches_float64_recomputation(n: int, dtype: torch.dtype, scales_fit: b
         assert not (indices == EXPERTS - 1).any()
 
 
+def test_residual_joins_the_slot_sum_as_torch_adds_it() -> None:
+    """The shared expert's output handed to the FP4 experts' last kernel: the bits of the
+    fp32 sum then ``torch.add(sum, residual, out=bf16)`` (the reference's ``add_residual``)."""
+    x, weights, indices, ws = _case(5, torch.bfloat16, seed=7)
+    residual = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(8)).bfloat16()
+    w13, w13_scale, w2, w2_scale = (t.to(DEVICE) for t in ws)
+    got = fp4_moe.moe_experts_fp4(
+        x.to(DEVICE), weights.to(DEVICE), indices.to(DEVICE), w13_packed=w13,
+        w13_scale=w13_scale, w2_packed=w2, w2_scale=w2_scale, swiglu_limit=LIMIT,
+        residual=residual.to(DEVICE), out_dtype=torch.bfloat16,
+    ).cpu()  # fmt: skip
+    routed = _run(x, weights, indices, ws, LIMIT)
+    want = torch.add(routed, residual, out=torch.empty(5, HIDDEN, dtype=torch.bfloat16))
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
 def test_unclamped_with_large_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """No clamp (limit 0), and the prefill's row tiles (bf16: 128 rows on 8 warps) over the
     same pairs."""

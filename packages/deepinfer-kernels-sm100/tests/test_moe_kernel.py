@@ -59,6 +59,29 @@ def test_moe_experts_kernel_matches_reference(
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_residual_joins_the_slot_sum_as_torch_adds_it(out_dtype: torch.dtype) -> None:
+    """The shared expert's output handed to the experts' last kernel: the same bits as the
+    fp32 sum then ``torch.add(sum, residual, out=...)`` in ``out_dtype`` (the reference's
+    ``add_residual``), here and in the reference backend; the sum alone is unchanged."""
+    case = _case((40, 32, 24, 6, 2), seed=3, dtype=torch.bfloat16)
+    x, weights, indices, w13, w2 = (t.to(DEVICE) for t in case)
+    residual = (torch.randn(40, 32, generator=torch.Generator().manual_seed(4)) * 3).bfloat16()
+    routed = moe.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=1.5)
+    got = moe.moe_experts(
+        x, weights, indices, w13=w13, w2=w2, swiglu_limit=1.5,
+        residual=residual.to(DEVICE), out_dtype=out_dtype,
+    ).cpu()  # fmt: skip
+    want = torch.add(routed.cpu(), residual, out=torch.empty(40, 32, dtype=out_dtype))
+    assert got.dtype == out_dtype and torch.equal(got, want)
+    ref_routed = ref.moe_experts(*case[:3], w13=case[3], w2=case[4], swiglu_limit=1.5)
+    ref_got = ref.moe_experts(
+        *case[:3], w13=case[3], w2=case[4], swiglu_limit=1.5, residual=residual,
+        out_dtype=out_dtype,
+    )  # fmt: skip
+    assert torch.equal(ref_got, ref_routed.to(torch.float32).add(residual).to(out_dtype))
+
+
 def test_tokens_without_any_expert_get_zero() -> None:
     x, weights, indices, w13, w2 = _case((5, 32, 16, 4, 2), seed=0, dtype=torch.float32)
     indices[2] = -1

@@ -103,20 +103,16 @@ class Sm100Backend(TorchBackend):
         w2_scale: Tensor,
         swiglu_limit: float,
         scales_fit: bool = False,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
 
         return moe_experts_fp4(
-            x,
-            weights,
-            indices,
-            w13_packed=w13,
-            w13_scale=w13_scale,
-            w2_packed=w2,
-            w2_scale=w2_scale,
-            swiglu_limit=swiglu_limit,
-            scales_fit=scales_fit,
-        )
+            x, weights, indices, w13_packed=w13, w13_scale=w13_scale, w2_packed=w2,
+            w2_scale=w2_scale, swiglu_limit=swiglu_limit, scales_fit=scales_fit,
+            residual=residual, out_dtype=out_dtype,
+        )  # fmt: skip
 
     def mhc_pre(
         self,
@@ -384,7 +380,12 @@ class Sm100Backend(TorchBackend):
         w13: Tensor,
         w2: Tensor,
         swiglu_limit: float,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         from deepinfer_kernels_sm100.moe import moe_experts
 
-        return moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit)
+        return moe_experts(
+            x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
+            residual=residual, out_dtype=out_dtype,
+        )  # fmt: skip

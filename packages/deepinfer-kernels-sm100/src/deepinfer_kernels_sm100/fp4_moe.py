@@ -251,6 +251,8 @@ def moe_experts_fp4(
     swiglu_limit: float,
     scales_fit: bool = False,
     kernel: str = "auto",
+    residual: Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """The backend's ``moe_experts`` on FP4 experts: fp32 [N, d] weighted sum of each token's
     experts, for ``x`` [N, d] bf16 or fp32 and routing ``weights``/``indices`` [N, k] (an
@@ -264,6 +266,7 @@ def moe_experts_fp4(
     most 12): bf16 decoding on a GPU then takes one bf16x2 product per two weights fewer. Not
     checked here (that would read every scale byte each call): a byte above 128 then gives
     wrong weights. The caller checks once, when the weights are loaded.
+    ``residual``/``out_dtype``: as the backend op's (:func:`.moe.slot_sum`).
     ``kernel``: "auto" takes :mod:`.fp4_gluon`'s kernels where they apply (decode batches on
     Hopper, bf16, ``scales_fit``), else the Triton kernels; "triton" or "gluon" forces one
     (ValueError where the Gluon kernels do not apply).
@@ -285,7 +288,7 @@ def moe_experts_fp4(
         fp4_gluon.launch(x, groups, w13, w13_s, w2, w2_s, h, y, swiglu_limit)
     elif pairs:
         _triton_experts(x, groups, (w13, w13_s, w2, w2_s), h, y, swiglu_limit, scales_fit)
-    return slot_sum(y, indices)
+    return slot_sum(y, indices, residual, out_dtype)
 
 
 def _triton_experts(  # noqa: PLR0917

@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from deepinfer_kernels_sm100.fp8_quant import EMULATE_CAST
+from deepinfer_kernels_sm100.fp8_split import store_rounded
 from deepinfer_kernels_sm100.moe_group import group_pairs
 
 #: Triton's interpreter (CI, no GPU) multiplies bf16 tiles wrongly, so there the tiles are
@@ -216,9 +218,18 @@ def _tile(n: int, most: int) -> int:
 
 
 def moe_experts(
-    x: Tensor, weights: Tensor, indices: Tensor, *, w13: Tensor, w2: Tensor, swiglu_limit: float
+    x: Tensor,
+    weights: Tensor,
+    indices: Tensor,
+    *,
+    w13: Tensor,
+    w2: Tensor,
+    swiglu_limit: float,
+    residual: Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """The backend's ``moe_experts``: fp32 [N, d] weighted sum of each token's experts."""
+    """The backend's ``moe_experts``: [N, d] weighted sum of each token's experts (fp32),
+    plus ``residual``, in ``out_dtype`` (:func:`slot_sum`)."""
     num_experts, two_inter, d_in = w13.shape
     inter, d_out = two_inter // 2, w2.shape[1]
     groups = group_pairs(weights, indices, num_experts)
@@ -269,14 +280,23 @@ def moe_experts(
             BLOCK_K=bk,
             **launch,
         )
-    return slot_sum(y, indices)
+    return slot_sum(y, indices, residual, out_dtype)
 
 
 @triton.jit
 def _slot_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    y_ptr, idx_ptr, out_ptr, d_out, K: tl.constexpr, BLOCK: tl.constexpr
+    y_ptr,
+    idx_ptr,
+    res_ptr,  # [N, D]: added after the pairs, widened (RESIDUAL)
+    out_ptr,  # [N, D]: fp32, or the sum rounded once to its dtype
+    d_out,
+    K: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
+    BLOCK: tl.constexpr,
 ):
-    """One token's k pair rows added in slot order; a pair without an expert adds nothing."""
+    """One token's k pair rows added in slot order, then its residual row; a pair without an
+    expert adds nothing."""
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < d_out
@@ -284,20 +304,31 @@ def _slot_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     for j in tl.static_range(K):
         live = tl.load(idx_ptr + n * K + j) >= 0
         acc += tl.load(y_ptr + (n * K + j) * d_out + cols, mask=cmask & live, other=0.0)
-    tl.store(out_ptr + n * d_out + cols, acc, mask=cmask)
+    if RESIDUAL:
+        acc += tl.load(res_ptr + n * d_out + cols, mask=cmask, other=0.0).to(tl.float32)
+    store_rounded(out_ptr + n * d_out + cols, acc, cmask, EMULATE)
 
 
-def slot_sum(y: Tensor, indices: Tensor) -> Tensor:
-    """fp32 [N, D]: each token's k pair rows of ``y`` [N * k, D] added in slot order, as the
-    reference's combine adds them, skipping the pairs whose expert index is negative. Those
-    are never computed, so ``y`` needs no zeroing first: one launch where zeroing and a sum
-    were two."""
+def slot_sum(
+    y: Tensor,
+    indices: Tensor,
+    residual: Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """[N, D] in ``out_dtype``: each token's k pair rows of ``y`` [N * k, D] added in slot
+    order, as the reference's combine adds them, skipping the pairs whose expert index is
+    negative, then ``residual`` [N, D] widened, the fp32 sum rounded once (the reference's
+    ``add_residual``). Unlisted pairs are never computed, so ``y`` needs no zeroing first,
+    and the shared expert's output joins here: one launch where zeroing, a sum and an add
+    were three."""
     n, k = indices.shape
     d_out = y.shape[1]
-    out = torch.empty(n, d_out, dtype=torch.float32, device=y.device)
+    out = torch.empty(n, d_out, dtype=out_dtype, device=y.device)
     if n:
         block = min(1024, triton.next_power_of_2(d_out))
+        res = out if residual is None else residual.contiguous()
         _slot_sum_kernel[(n, triton.cdiv(d_out, block))](
-            y, indices.contiguous(), out, d_out, K=k, BLOCK=block
-        )
+            y, indices.contiguous(), res, out, d_out, K=k, RESIDUAL=residual is not None,
+            EMULATE=EMULATE_CAST, BLOCK=block,
+        )  # fmt: skip
     return out

@@ -96,6 +96,14 @@ def combine_slots(y: Tensor, order: Tensor, live: Tensor, k: int) -> Tensor:
     return per_slot.view(-1, k, y.shape[-1]).sum(dim=1)
 
 
+def add_residual(routed: Tensor, residual: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """``routed`` (fp32) plus ``residual`` widened, rounded once to ``out_dtype``: one kernel,
+    the add in fp32 and the rounding on store (``Backend.moe_experts``' ``residual``)."""
+    if residual is None:
+        return routed.to(out_dtype)
+    return torch.add(routed, residual, out=torch.empty_like(routed, dtype=out_dtype))
+
+
 def expert_outputs(
     xs: Tensor,
     ends: Tensor,

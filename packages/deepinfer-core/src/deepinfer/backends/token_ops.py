@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
 from torch import Tensor
 
 
@@ -111,12 +112,18 @@ class TokenOps(ABC):
         w13: Tensor,
         w2: Tensor,
         swiglu_limit: float,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         """Routed SwiGLU experts for ``x`` [N, d]; returns the fp32 weighted sum [N, d].
 
         ``w13`` [E, 2I, d] stacks each expert's gate (w1) over its up projection (w3); ``w2``
         is [E, d, I]. ``weights``/``indices`` [N, k] come from :meth:`moe_route`; an index < 0
-        means "no expert" and contributes zero.
+        means "no expert" and contributes zero. ``residual`` [N, d] (the shared expert's
+        output), if given, is widened and added to the fp32 sum after the experts, and the
+        result is rounded once to ``out_dtype``: ``torch.add(sum, residual, out=...)``'s bits,
+        which a backend can produce where it adds the experts, without a launch of its own
+        (:func:`~deepinfer.backends.moe_ref.add_residual`).
         """
 
     @abstractmethod
@@ -132,6 +139,8 @@ class TokenOps(ABC):
         w2_scale: Tensor,
         swiglu_limit: float,
         scales_fit: bool = False,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         """:meth:`moe_experts` on FP4 e2m1 experts as stored: ``w13`` [E, 2I, d / 2] and ``w2``
         [E, d, I / 2] packed codes (uint8, the low nibble the even element), ``w13_scale``

@@ -29,6 +29,7 @@ from deepinfer.backends.fp4_ref import dequant_fp4
 from deepinfer.backends.fp8_ref import fp8_grouped, fp8_linear_ref, quantize_act_fp8
 from deepinfer.backends.mhc_ref import mhc_weights_from_mix
 from deepinfer.backends.moe_ref import (
+    add_residual,
     combine_slots,
     expert_outputs,
     sort_by_expert,
@@ -357,19 +358,16 @@ class TorchBackend(Backend):
         w13: Tensor,
         w2: Tensor,
         swiglu_limit: float,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         _, order, ends, xs, scale, live = sort_by_expert(x, weights, indices, w13)
         # The activation is passed as this backend's method: subclasses may override it.
         y = expert_outputs(
-            xs,
-            ends,
-            scale,
-            w13=w13,
-            w2=w2,
-            swiglu_limit=swiglu_limit,
+            xs, ends, scale, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
             activation=self._clamped_swiglu,
-        )
-        return combine_slots(y, order, live, indices.shape[-1])
+        )  # fmt: skip
+        return add_residual(combine_slots(y, order, live, indices.shape[-1]), residual, out_dtype)
 
     def moe_experts_fp4(
         self,
@@ -383,10 +381,15 @@ class TorchBackend(Backend):
         w2_scale: Tensor,
         swiglu_limit: float,
         scales_fit: bool = False,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         w13 = dequant_fp4(w13, w13_scale, x.dtype)
         w2 = dequant_fp4(w2, w2_scale, x.dtype)
-        return self.moe_experts(x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit)
+        return self.moe_experts(
+            x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
+            residual=residual, out_dtype=out_dtype,
+        )  # fmt: skip
 
     def swiglu_mlp(
         self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float

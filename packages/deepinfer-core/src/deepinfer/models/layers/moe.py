@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend, Fp8Activation
+from deepinfer.backends.moe_ref import add_residual
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.expert_count import ExpertLoad
 from deepinfer.models.layers.fused import fused_group, pair
@@ -215,38 +216,47 @@ class MoE(nn.Module):
         shared expert runs here."""
         if self.expert_load is not None:
             self.expert_load.add(indices)
+        shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
+        inputs = (shared, flat, weights, self.experts.w13, self.experts.w2)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            # training: the rounding add (out=) does not differentiate
+            return (self.routed(ops, flat, weights, indices) + shared).to(dtype)
         ep = self.expert_parallel
         if ep is not None and ep.enabled:
-            shard = ep.shard(self.cfg.n_routed_experts)
-            local = functools.partial(self.local_experts, ops)
-            routed = dispatch_experts(
-                ep, shard, flat, weights=weights, indices=indices, local_experts=local
-            )
-        else:
-            routed = self.local_experts(ops, flat, weights, indices)
-        shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
-        if torch.is_grad_enabled() and (routed.requires_grad or shared.requires_grad):
-            return (routed + shared).to(dtype)  # training: out= does not differentiate
-        # one kernel: the shared output widened to fp32 in the add, the sum rounded on store
-        return torch.add(routed, shared, out=torch.empty_like(routed, dtype=dtype))
+            # one kernel: the shared output widened to fp32 in the add, the sum rounded on store
+            return add_residual(self.routed(ops, flat, weights, indices), shared, dtype)
+        # the routed experts' last kernel adds the shared output and rounds
+        return self.local_experts(ops, flat, weights, indices, residual=shared, out_dtype=dtype)
 
-    def local_experts(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+    def routed(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """The routed experts' fp32 weighted sum [N, d]: the held ones, or under expert
+        parallelism the pairs sent to the ranks owning their experts and back."""
+        ep = self.expert_parallel
+        if ep is None or not ep.enabled:
+            return self.local_experts(ops, flat, weights, indices)
+        shard = ep.shard(self.cfg.n_routed_experts)
+        local = functools.partial(self.local_experts, ops)
+        return dispatch_experts(
+            ep, shard, flat, weights=weights, indices=indices, local_experts=local
+        )
+
+    def local_experts(
+        self,
+        ops: Backend,
+        flat: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
         """The held routed experts on ``flat`` [N, d], ``indices`` [N, k] local to the stacks;
-        the fp32 weighted sum [N, d]."""
-        limit = self.cfg.swiglu_limit
+        the fp32 weighted sum [N, d] (plus ``residual``, in ``out_dtype``: the backend op's)."""
         experts = self.experts
+        tail = {"swiglu_limit": self.cfg.swiglu_limit, "residual": residual, "out_dtype": out_dtype}
         if experts.w13_scale is not None and experts.w2_scale is not None:
             return ops.moe_experts_fp4(
-                flat,
-                weights,
-                indices,
-                w13=experts.w13,
-                w13_scale=experts.w13_scale,
-                w2=experts.w2,
-                w2_scale=experts.w2_scale,
-                swiglu_limit=limit,
-                scales_fit=experts.scales_fit,
-            )
-        return ops.moe_experts(
-            flat, weights, indices, w13=experts.w13, w2=experts.w2, swiglu_limit=limit
-        )
+                flat, weights, indices, w13=experts.w13, w13_scale=experts.w13_scale,
+                w2=experts.w2, w2_scale=experts.w2_scale, scales_fit=experts.scales_fit, **tail,
+            )  # fmt: skip
+        return ops.moe_experts(flat, weights, indices, w13=experts.w13, w2=experts.w2, **tail)
