@@ -199,15 +199,11 @@ BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
 #: prefill chunk 966 -> 681 us; at 1 or 8 rows the wider programs lost, 15 -> 24 us and
 #: 24 -> 28 us; fp32 values at 32 rows 783 -> 463 us).
 WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
-#: Accumulator cells (heads x output columns) of a wide program of fewer heads than BLOCK_H:
-#: 16 heads (config A's layers) take all 512 columns of the head, so no other program
-#: recomputes their logits or reloads their keys, which a 16-head program reads for a quarter
-#: of a 64-head one's tensor-core work (H100, a 4096-token chunk of config A's shapes,
-#: ``benchmarks/prefill_attention.py``; unchanged bits). V4's 64-head programs keep
-#: WIDE_BLOCK_DV columns.
+#: Accumulator cells (heads x columns) of a wide program of fewer than BLOCK_H heads: 16 heads
+#: (config A) take all 512 columns, so no second program re-reads their keys and logits
+#: (``benchmarks/prefill_attention.py``: faster, same bits). 64-head ones keep WIDE_BLOCK_DV.
 WIDE_CELLS = 16 * 512
-#: Warps of a program of fewer than BLOCK_H heads (eight were slower at every prefill shape
-#: timed and at 256 decode rows, faster only at 32).
+#: Warps of a program of fewer than BLOCK_H heads (8 lost at every shape but 32 decode rows).
 SMALL_WARPS = 4
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
@@ -236,16 +232,13 @@ def _capability_major(index: int) -> int:
 
 
 def wide_block_dv(device: torch.device, pv_parts: int, block_h: int = BLOCK_H) -> int:
-    """Output columns of a wide program of ``block_h`` heads on ``device`` (see
-    :data:`WIDE_CELLS`, and :data:`TENSOR_MEMORY_MAJOR` for Blackwell). fp32 values
-    (``pv_parts`` 0) keep WIDE_BLOCK_DV: their tiles take twice a bf16 tile's registers."""
-    if not pv_parts:
-        return WIDE_BLOCK_DV
-    if device.type == "cuda":
+    """Output columns of a wide program of ``block_h`` heads on ``device`` (:data:`WIDE_CELLS`,
+    :data:`TENSOR_MEMORY_MAJOR`); fp32 values (``pv_parts`` 0) keep WIDE_BLOCK_DV."""
+    if pv_parts and device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         if _capability_major(index) >= TENSOR_MEMORY_MAJOR:
             return BLOCK_DV
-    return max(WIDE_BLOCK_DV, WIDE_CELLS // block_h)
+    return max(WIDE_BLOCK_DV, WIDE_CELLS // block_h) if pv_parts else WIDE_BLOCK_DV
 
 
 def native_dot(a: Tensor, b: Tensor) -> bool:
