@@ -8,9 +8,11 @@ re-read by every program that takes some of the output columns) sets its time. T
 times each case under each of ``VARIANTS`` (knobs of ``attention``), each call replayed from a
 CUDA graph, and reports every variant's largest difference from the first (the shipped launch
 shapes), so a variant that changes no bit shows 0.0. V4's 64-head prefill and config A's
-decode rows (dense masks at B = 32 / 256) show what the same knobs do elsewhere.
+decode rows (dense masks at B = 32 / 256) show what the same knobs do elsewhere. Config A's
+decode rows as the model runs them (a ring and entry pages read in place, output rope channels
+rotated back) are timed under ``PAGED_VARIANTS``.
 
-    python benchmarks/prefill_attention.py [--variants NAME ...] [--out PATH]
+    python benchmarks/prefill_attention.py [--variants NAME ...] [--paged-only] [--out PATH]
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ VARIANTS: dict[str, dict[str, int]] = {
     for dv, w, bl in ((256, 4, 64), (256, 8, 64), (512, 8, 64), (512, 4, 64), (512, 8, 32),
                       (512, 4, 32), (256, 4, 32))
 }  # fmt: skip
+#: name: the ``attention`` knobs of a paged decode launch (the first is the comparison).
+PAGED_VARIANTS: dict[str, dict[str, int]] = {
+    f"paged_dv{dv}_w{w}": {"WIDE_CELLS": 16 * dv, "PAGED_WARPS": w}
+    for dv, w in ((512, 8), (256, 4), (512, 4), (256, 8))
+}
 #: (name, batch, queries, heads, chunk keys, long-range entries, picks per query)
 CASES = [
     ("a-window", 1, 4096, 16, 4096, 0, 0),
@@ -39,6 +46,11 @@ CASES = [
 ]
 #: (name, batch, heads, keys): config A decode rows over a dense mask
 DECODE_CASES = [("a-decode-640", b, 16, 640) for b in (1, 32, 256)]
+#: (name, batch, heads, entries a row sees): config A's decode rows after a 512-token prompt,
+#: each over its 128-slot ring and the entries of a ratio-4 (128) or ratio-128 (4) layer
+PAGED_CASES = [(f"a-paged-{n}", b, 16, n) for n in (128, 4) for b in (1, 64, 256)]
+#: Entries a page holds in the paged cases.
+PER_PAGE = 64
 
 
 def chunk_index(queries: int, chunk: int, entries: int, picks: int, g: torch.Generator) -> Any:
@@ -60,12 +72,36 @@ def chunk_index(queries: int, chunk: int, entries: int, picks: int, g: torch.Gen
     return torch.cat((window, rows), dim=-1)
 
 
-def time_variants(att: Any, fn: Any, variants: list[str]) -> dict[str, Any]:
-    """``fn()`` timed and compared under each variant."""
+def paged_call(att: Any, b: int, h: int, entries: int, g: torch.Generator) -> Any:
+    """``paged_mqa_sink_attention`` over ``b`` rows of one query each: a full 128-slot bf16
+    ring a row (one page, the row's slot) and ``entries`` bf16 entries on pages of the rows'
+    own, in a shuffled page order, the output's 64 rope channels rotated back."""
+    from deepinfer.paging import KeyPages
+
+    dev, dim = "cuda", 512
+    q = torch.randn(b, 1, h, dim, device=dev, generator=g).bfloat16()
+    ring = torch.randn(b, 128, dim, device=dev, generator=g).bfloat16()
+    slots = torch.randperm(b, device=dev, generator=g)[:, None]
+    seen = torch.arange(128, device=dev).expand(b, 1, 128)
+    n = -(-entries // PER_PAGE)
+    pool = torch.randn(b * n, PER_PAGE, dim, device=dev, generator=g).bfloat16()
+    pages = torch.randperm(b * n, device=dev, generator=g).view(b, n)
+    listed = torch.arange(entries, device=dev).expand(b, 1, entries)
+    sources = [KeyPages(ring, slots, seen), KeyPages(pool, pages, listed)]
+    angle = torch.rand(b, 1, 32, device=dev, generator=g) * 6.28
+    sinks = torch.randn(h, device=dev, generator=g)
+    derotate = (angle.cos(), angle.sin())
+    return partial(att.paged_mqa_sink_attention, q, sources, sinks, dim**-0.5, derotate)
+
+
+def time_variants(
+    att: Any, fn: Any, variants: list[str], table: dict[str, dict[str, int]] = VARIANTS
+) -> dict[str, Any]:
+    """``fn()`` timed and compared under each variant of ``table``."""
     row: dict[str, Any] = {}
     first = None
     for name in variants:
-        for knob, value in VARIANTS[name].items():
+        for knob, value in table[name].items():
             setattr(att, knob, value)
         out = fn().float()
         first = out if first is None else first
@@ -77,16 +113,19 @@ def time_variants(att: Any, fn: Any, variants: list[str]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--paged-only", action="store_true", help="only the paged decode cases")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("prefill_attention.py times CUDA graphs: it needs an NVIDIA GPU")
     from deepinfer_kernels_sm100 import attention as att
 
-    shipped = {knob: getattr(att, knob) for v in VARIANTS.values() for knob in v}
+    tables = (*VARIANTS.values(), *PAGED_VARIANTS.values())
+    shipped = {knob: getattr(att, knob) for v in tables for knob in v}
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for name, b, s, h, chunk, entries, picks in CASES:
+    cases, decode_cases = ([], []) if args.paged_only else (CASES, DECODE_CASES)
+    for name, b, s, h, chunk, entries, picks in cases:
         q = torch.randn(b, s, h, 512, device="cuda", generator=g).bfloat16()
         kv = torch.randn(b, chunk + entries, 512, device="cuda", generator=g).bfloat16()
         sinks = torch.randn(h, device="cuda", generator=g)
@@ -98,7 +137,7 @@ def main() -> int:
         fn = partial(att.sparse_mqa_sink_attention, q, kv, index, sinks, 512**-0.5)
         rows.append({"case": name, "S": s, "heads": h, **time_variants(att, fn, args.variants)})
         print(rows[-1], flush=True)
-    for name, b, h, keys in DECODE_CASES:
+    for name, b, h, keys in decode_cases:
         q = torch.randn(b, 1, h, 512, device="cuda", generator=g).bfloat16()
         kv = torch.randn(b, keys, 512, device="cuda", generator=g).bfloat16()
         sinks = torch.randn(h, device="cuda", generator=g)
@@ -108,11 +147,19 @@ def main() -> int:
         print(rows[-1], flush=True)
     for knob, value in shipped.items():
         setattr(att, knob, value)
+    for name, b, h, entries in PAGED_CASES:
+        fn = paged_call(att, b, h, entries, g)
+        timed = time_variants(att, fn, list(PAGED_VARIANTS), PAGED_VARIANTS)
+        rows.append({"case": name, "B": b, "heads": h, **timed})
+        print(rows[-1], flush=True)
+    for knob, value in shipped.items():
+        setattr(att, knob, value)
     result = {
         "benchmark": "prefill_attention",
         "device": torch.cuda.get_device_name(0),
         "shipped": shipped,
         "variants": {v: VARIANTS[v] for v in args.variants},
+        "paged_variants": PAGED_VARIANTS,
         "rows": rows,
     }
     name = "prefill_attention_" + result["device"].split()[1].lower()

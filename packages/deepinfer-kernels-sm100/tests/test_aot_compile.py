@@ -525,7 +525,8 @@ def _attention_specs() -> Iterator[AotSpec]:
     # (config A) takes all 512 columns (WIDE_CELLS). On Blackwell bf16 values
     # keep 128 columns even then (attention.wide_block_dv: tensor memory). The embedded "tiny"
     # model (4 heads of 32) pads its heads to 16-row dots on 4 warps. Modes: 0 dense (a mask),
-    # 1 sparse (key rows), 2 paged (decode: a ring and entry pages read in place).
+    # 1 sparse (key rows), 2 paged (decode: a ring and entry pages read in place, 16-head
+    # programs on PAGED_WARPS; "mixed": fp32 entry pages beside a bf16 ring, two loads, POOLS 2).
     hopper, blackwell = (90,), (100,)
     cases = (
         ("bf16-decode8-dense-split", "bf16", 0, True, 64, 512, 64, 64, 128, 8, ARCHS),
@@ -543,6 +544,10 @@ def _attention_specs() -> Iterator[AotSpec]:
         ("bf16-decode256-paged-wide", "bf16", 2, False, 64, 512, 64, 64, 256, 8, hopper),
         ("bf16-decode256-paged-wide-tmem", "bf16", 2, False, 64, 512, 64, 64, 128, 8,
          blackwell),
+        ("bf16-decode256-paged-16heads-wide", "bf16", 2, False, 16, 512, 16, 64, 512, 8, hopper),
+        ("bf16-decode256-paged-16heads-wide-tmem", "bf16", 2, False, 16, 512, 16, 64, 128, 8,
+         blackwell),
+        ("bf16-decode8-paged-split-mixed", "bf16", 2, True, 64, 512, 64, 64, 128, 8, ARCHS),
         ("fp32-decode8-dense-split", "fp32", 0, True, 64, 512, 64, 64, 128, 8, ARCHS),
         ("fp32-decode8-paged-split", "fp32", 2, True, 64, 512, 64, 64, 128, 8, ARCHS),
         ("fp32-prefill-sparse-wide", "fp32", 1, False, 64, 512, 64, 64, 256, 8, ARCHS),
@@ -555,10 +560,12 @@ def _attention_specs() -> Iterator[AotSpec]:
         # unsplit launches pass the output again for the partial results
         part = "*fp32" if split else f"*{dt}"
         select = ("*u8", "*i64", "*i64")[mode]
+        pools = 0 if mode != 2 else 2 if variant.endswith("mixed") else 1
+        kv2 = "*fp32" if pools == 2 else f"*{dt}"
         # paged: pool b (entry pages) and its entries, both pools' page lists (the ring's: the
         # rows' slots); otherwise the launch repeats kv and select for them
         paged = (
-            {"kv2_ptr": f"*{dt}", "select2_ptr": "*i64", "pages_ptr": "*i64", "pages2_ptr": "*i64",
+            {"kv2_ptr": kv2, "select2_ptr": "*i64", "pages_ptr": "*i64", "pages2_ptr": "*i64",
              "keys_a": 128, "n_pages": 1, "n_pages2": 16, "per_page": 128, "per_page2": 32}
             if mode == 2 else
             {"kv2_ptr": f"*{dt}", "select2_ptr": select, "pages_ptr": select,
@@ -576,8 +583,8 @@ def _attention_specs() -> Iterator[AotSpec]:
              "kv_rows": 0 if mode == 2 else 640, "dim": dim, "scale": dim**-0.5,
              "split_keys": 192 if split else 640, "splits": 4 if split else 1, **paged,
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rot_start": dim - min(64, dim // 2),
-             "half": min(32, dim // 4), "MODE": mode, "SPLIT": split, "DEROTATE": derotate,
-             "QK_NATIVE": native,
+             "half": min(32, dim // 4), "MODE": mode, "POOLS": pools, "SPLIT": split,
+             "DEROTATE": derotate, "QK_NATIVE": native,
              "QK_PRECISION": "tf32" if native else "ieee", "PV_PARTS": 3 if native else 0,
              "BLOCK_H": block_h, "BLOCK_L": 64, "BLOCK_DK": block_dk, "BLOCK_DV": block_dv},
             num_warps=warps,
@@ -1119,4 +1126,6 @@ def test_wide_attention_specs_follow_the_wrapper(
             want = min(dim, attention.wide_block_dv(torch.device("cuda", 0), pv_parts, block_h))
             assert spec.params["BLOCK_DV"] == want, (spec.id, arch)
             warps = attention.NUM_WARPS if block_h == attention.BLOCK_H else attention.SMALL_WARPS
+            if block_h < attention.BLOCK_H and "paged" in spec.variant:
+                warps = attention.PAGED_WARPS
             assert spec.num_warps == warps, (spec.id, arch)

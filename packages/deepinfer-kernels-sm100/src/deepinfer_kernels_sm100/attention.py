@@ -1,10 +1,10 @@
 """Shared-KV (MQA) attention with a per-head sink logit, as one kernel.
 
-The reference builds the [B, H, S, L] score tensor, masks it, appends the sink column, runs a
-softmax and a second einsum: a dozen launches per layer call and an S x L buffer. Here one program
-takes a query row's block of heads through the keys block by block with an online softmax whose
-running maximum and denominator start at the sink (``exp(sink - sink) = 1``), so the sink joins
-the denominator only, as in the reference, and a row whose keys are all masked comes out zero.
+The reference builds the [B, H, S, L] scores, masks them, appends the sink column, runs a softmax
+and a second einsum: a dozen launches a layer and an S x L buffer. Here a program takes a query
+row's block of heads through the keys with an online softmax whose running maximum and
+denominator start at the sink, so the sink joins the denominator only and a row whose keys are
+all masked comes out zero.
 
 The keys a query sees come as a mask over all L keys, as a list of key rows per query (prefill:
 the window plus the top-k entries, a few hundred of the whole chunk's keys), or (decode) as each
@@ -13,11 +13,10 @@ they are, so a decode step copies no key. The sparse and paged forms load the ro
 never touch the others.
 
 A head as wide as V4's (512 columns) does not fit in one program's registers beside a block of
-keys (the first version of this kernel spilled: 2 ms per layer for 8 decode rows). The logits
-are accumulated over 64-column slices of the head, and each program writes 128 of the output
-columns, recomputing the logits its neighbours also compute, which costs less than the spills
-and gives the GPU four times the programs. 16-bit queries and keys meet in tensor-core dots
-(exact products, fp32 sums); the probabilities keep IEEE fp32 dots.
+keys. The logits are accumulated over 64-column slices of the head, and a program writes some
+of the output columns, recomputing the logits its neighbours also compute, which costs less than
+spills and gives the GPU more programs. 16-bit queries and keys meet in tensor-core dots (exact
+products, fp32 sums); the probabilities keep IEEE fp32 dots.
 
 A decode batch of a few rows gives the GPU only a few such programs, each walking every key
 (flash-decoding's problem): there the keys are cut into ranges, each program keeps its range's
@@ -28,10 +27,8 @@ The query and key counts change every step, and Triton would compile a variant f
 divisibility class of them (mid-run compiles of a second or more): they are not specialised.
 
 A decode step's output rope channels are rotated back at the query position (``DEROTATE``) by
-the program that writes them (the one merging the splits, where there are splits): it stores
-the output, then reloads the rope channels of its columns and turns them as the RoPE kernel
-does, so the result has the bits of the attention then ``elementwise.rope(inverse=True)``,
-without that launch.
+the program that writes them (or merges the splits): it stores the output, reloads its rope
+channels and turns them as the RoPE kernel does: the bits of ``rope(inverse=True)`` after it.
 """
 
 from __future__ import annotations
@@ -92,6 +89,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     rot_start,  # the first rope channel (DEROTATE)
     half,
     MODE: tl.constexpr,  # 0 dense, 1 sparse, 2 paged
+    POOLS: tl.constexpr,  # key sources (key_tile): 0 one, 1 two pools of one dtype, 2 of two
     SPLIT: tl.constexpr,  # splits > 1: write partial results for combine_splits
     DEROTATE: tl.constexpr,  # rotate the output's rope channels back (unsplit: here)
     QK_NATIVE: tl.constexpr,  # queries and keys of one 16-bit type: dot them as they are
@@ -141,7 +139,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
             dk = d0 + tl.arange(0, BLOCK_DK)
             dkmask = dk < dim
             q = tl.load(q_rows + dk[None, :], mask=hmask[:, None] & dkmask[None, :], other=0.0)
-            k = key_tile(kv_base, kv2_ptr, key_row, dk, load_row, dkmask, in_a, dim, MODE == 2)
+            k = key_tile(kv_base, kv2_ptr, key_row, dk, load_row, dkmask, in_a, dim, POOLS)
             if QK_NATIVE:
                 logits += tl.dot(q, tl.trans(k))
             else:
@@ -153,7 +151,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         p = tl.exp(logits - new_top[:, None])
         keep = tl.exp(top - new_top)
         denom = denom * keep + tl.sum(p, axis=1)
-        v = key_tile(kv_base, kv2_ptr, key_row, dv, load_row, dvmask, in_a, dim, MODE == 2)
+        v = key_tile(kv_base, kv2_ptr, key_row, dv, load_row, dvmask, in_a, dim, POOLS)
         if PV_PARTS > 0:
             # p = p_1 + ... + p_n exactly, each part a bf16 whose products with the bf16
             # values are exact in the tensor cores' fp32 sums
@@ -194,17 +192,16 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
 #: graphs (benchmarks/README.md).
 BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
 #: Output columns per program when the launch has at least WIDE_ROWS (query row, head block)
-#: pairs: each program recomputes half as many logits, and there are programs enough (64 heads
-#: x 512, 640 keys, bf16 values: 60 -> 56 us at 32 rows, 300 -> 202 us at 128, a 512-query
-#: prefill chunk 966 -> 681 us; at 1 or 8 rows the wider programs lost, 15 -> 24 us and
-#: 24 -> 28 us; fp32 values at 32 rows 783 -> 463 us).
+#: pairs: each program recomputes half as many logits, and there are programs enough (faster
+#: from 32 rows of 64 heads on, slower at 1 or 8: ``benchmarks/README.md``).
 WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
 #: Accumulator cells (heads x columns) of a wide program of fewer than BLOCK_H heads: 16 heads
-#: (config A) take all 512 columns, so no second program re-reads their keys and logits
-#: (``benchmarks/prefill_attention.py``: faster, same bits). 64-head ones keep WIDE_BLOCK_DV.
+#: (config A) take all 512 columns, so no second program re-reads their keys and logits, where
+#: that leaves TARGET_PROGRAMS programs (``benchmarks/prefill_attention.py``). 64 heads: 256.
 WIDE_CELLS = 16 * 512
-#: Warps of a program of fewer than BLOCK_H heads (8 lost at every shape but 32 decode rows).
-SMALL_WARPS = 4
+#: Warps of a program of fewer than BLOCK_H heads: sparse or dense (8 lost at all prefill
+#: shapes), paged (decode rows: 8 won at every batch).
+SMALL_WARPS, PAGED_WARPS = 4, 8
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
 #: all keys, on a GPU of 132 multiprocessors. Splitting past this lost more to the merge than
@@ -283,18 +280,20 @@ def _launch(
         return out
     width = max(16, triton.next_power_of_2(dim))
     keys = select.shape[-1]
-    mode, kv_rows = int(select.dtype != torch.uint8), kv.shape[1]
+    mode, kv_rows, sources = int(select.dtype != torch.uint8), kv.shape[1], 0
     paged: tuple[object, ...] = (kv, select, select, select, 0, 0, 0, 1, 1)  # unused
     if pools is not None:
         one, two = pools
         keys += two.entries.shape[-1]
-        mode, kv_rows = 2, 0
+        mode, kv_rows, sources = 2, 0, 1 if one.rows.dtype == two.rows.dtype else 2
         paged = (two.rows, two.entries, one.pages, two.pages, one.entries.shape[-1])
         paged += (one.pages.shape[1], two.pages.shape[1], one.per_page, two.per_page)
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
-    wide = b * s * triton.cdiv(h, block_h) >= WIDE_ROWS
-    wide_dv = wide_block_dv(kv.device, pv_parts, block_h) if wide else BLOCK_DV
+    rows = b * s * triton.cdiv(h, block_h)  # (query row, head block) pairs
+    wide_dv = wide_block_dv(kv.device, pv_parts, block_h) if rows >= WIDE_ROWS else BLOCK_DV
+    if rows * triton.cdiv(dim, wide_dv) < TARGET_PROGRAMS:  # too few programs to keep whole
+        wide_dv = min(wide_dv, WIDE_BLOCK_DV)
     block_dk, block_dv = min(width, BLOCK_DK), min(width, wide_dv)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
     cos = sin = sinks  # unread without angles
@@ -336,6 +335,7 @@ def _launch(
         rot_start,
         half,
         MODE=mode,
+        POOLS=sources,
         SPLIT=splits > 1,
         DEROTATE=angles is not None,
         QK_NATIVE=native_dot(q, kv),
@@ -345,7 +345,7 @@ def _launch(
         BLOCK_L=BLOCK_L,
         BLOCK_DK=block_dk,
         BLOCK_DV=block_dv,
-        num_warps=NUM_WARPS if block_h == BLOCK_H else SMALL_WARPS,
+        num_warps=NUM_WARPS if block_h == BLOCK_H else PAGED_WARPS if pools else SMALL_WARPS,
     )
     if splits > 1:
         derotation = (cos, sin, rot_start, half)

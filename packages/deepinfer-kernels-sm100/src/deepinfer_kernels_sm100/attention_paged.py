@@ -54,13 +54,17 @@ def paged_rows(  # noqa: PLR0917 (a jit helper takes positional arguments)
 
 @triton.jit
 def key_tile(  # noqa: PLR0917 (a jit helper takes positional arguments)
-    kv_base, kv2_ptr, key_row, cols, row_ok, col_ok, in_a, dim, PAGED: tl.constexpr
+    kv_base, kv2_ptr, key_row, cols, row_ok, col_ok, in_a, dim, POOLS: tl.constexpr
 ):
-    """[BLOCK_L, cols] of the listed key rows; paged: of pool a where ``in_a``, else of pool b
-    in pool a's dtype (the rounding the copy into one key tensor did)."""
+    """[BLOCK_L, cols] of the listed key rows: of one tensor (``POOLS`` 0), or of pool a where
+    ``in_a``, else of pool b in pool a's dtype (the rounding the copy into one key tensor did).
+    Pools of one dtype (1) take one load through a pointer picked per row: two masked loads
+    and a select (2) hold two tiles in registers, which a 512-column tile cannot spare."""
     at = key_row[:, None] * dim + cols[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    if PAGED:
+    if POOLS == 1:
+        return tl.load(tl.where(in_a[:, None], kv_base + at, kv2_ptr + at), mask=mask, other=0.0)
+    if POOLS == 2:
         a = tl.load(kv_base + at, mask=mask & in_a[:, None], other=0.0)
         b = tl.load(kv2_ptr + at, mask=mask & ~in_a[:, None], other=0.0)
         return tl.where(in_a[:, None], a, b.to(a.dtype))
