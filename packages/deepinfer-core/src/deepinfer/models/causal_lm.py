@@ -35,6 +35,7 @@ from deepinfer.models.layers.mhc import add_hc_params
 from deepinfer.models.layers.mtp import MTPBlock
 from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
+from deepinfer.models.layouts import span_memo
 from deepinfer.models.ragged import run_ragged
 from deepinfer.models.rollback import rollback_layers
 from deepinfer.models.state import ModelState, clone_or_none
@@ -273,7 +274,8 @@ class DeepseekCausalLM(nn.Module):
             embeds=embeds,
             image_mask=image_mask,
         )
-        logits, streams = self.run_layers(inputs)
+        with span_memo(state):
+            logits, streams = self.run_layers(inputs)
         state.pos += s
         return logits, streams
 

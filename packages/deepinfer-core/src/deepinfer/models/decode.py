@@ -16,13 +16,8 @@ import torch
 from torch import Tensor
 
 from deepinfer.models.graphs import DecodeGraphs, entry_bucket
-from deepinfer.models.layouts import (
-    CompressorRows,
-    SlotRows,
-    SlotTokens,
-    StepMemo,
-    page_table_of,
-)
+from deepinfer.models.layouts import CompressorRows, SlotRows, SlotTokens, page_table_of
+from deepinfer.models.memo import StepMemo
 from deepinfer.models.state import CompressorState, LayerState, ModelState
 from deepinfer.models.trunk import LayerInputs, StepModel
 from deepinfer.paging import PAGE_TOKENS, PageMap, pages_for

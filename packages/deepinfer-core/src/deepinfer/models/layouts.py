@@ -11,37 +11,19 @@ on these; the step code (:mod:`.causal_lm`, :mod:`.decode`, :mod:`.ragged`) buil
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from deepinfer.models.memo import StepMemo
 from deepinfer.models.state import CompressorState, LayerState, ModelState, SlotBuffers
 
 if TYPE_CHECKING:
     from deepinfer.paging import PageMap
-
-
-_T = TypeVar("_T")
-
-
-class StepMemo:
-    """Values every layer of one decode step computes alike from the step's positions and rows:
-    the window mask, a compression ratio's window phase and entry index, the entries' page
-    locations. A real model has dozens of layers; each would otherwise launch the same ~10
-    small integer kernels. One memo per step, shared by its layers' rows; it must not outlive
-    the step (a CUDA graph captured after a warm-up run would read the warm-up's values)."""
-
-    def __init__(self) -> None:
-        self._values: dict[Hashable, Any] = {}
-
-    def get(self, key: Hashable, make: Callable[[], _T]) -> _T:
-        """The value stored under ``key``, made by ``make()`` the first time it is asked for."""
-        if key not in self._values:
-            self._values[key] = make()
-        return self._values[key]
 
 
 @dataclass
@@ -154,13 +136,28 @@ CompressorStates = CompressorState | CompressorRows | RaggedCompressor
 
 
 def memo_of(state: LayerStates | CompressorStates) -> StepMemo:
-    """The step memo shared by a pass's layers (a fresh one for a state of its own, whose
-    pass runs one layer call at a time)."""
+    """The step memo shared by a pass's layers: a state of its own has its span's call's
+    (:func:`span_memo`), or outside one a fresh one."""
     if isinstance(state, SlotRows | CompressorRows):
         return state.step_memo
     if isinstance(state, RaggedRows | RaggedCompressor):
         return state.meta.step_memo
-    return StepMemo()
+    return state.step_memo if state.step_memo is not None else StepMemo()
+
+
+@contextmanager
+def span_memo(state: ModelState) -> Iterator[StepMemo]:
+    """One memo for every layer of a span's call through the layers (its layers all stand at
+    the same position, so their index and angle tensors are the same); removed afterwards."""
+    memo = StepMemo()
+    held = [s for layer in state.layers for s in (layer, layer.compressor, layer.indexer) if s]
+    for s in held:
+        s.step_memo = memo
+    try:
+        yield memo
+    finally:
+        for s in held:
+            s.step_memo = None
 
 
 def page_table_of(state: ModelState) -> tuple[PageMap, int] | None:

@@ -36,25 +36,34 @@ class SWARing:
     def capacity(self) -> int:
         return self.kv.shape[1]
 
-    def read(self, start: int) -> tuple[Tensor, Tensor]:
-        """Rows queries from ``start`` on can still see: positions start-window+1 .. start-1."""
+    def past_rows(self, start: int) -> Tensor:
+        """The ring rows of the positions queries from ``start`` on can still see:
+        start-window+1 .. start-1."""
         first = max(0, start - self.window + 1)
-        positions = torch.arange(first, start, device=self.kv.device)
-        return self.kv[:, positions % self.capacity], positions
+        return torch.arange(first, start, device=self.kv.device) % self.capacity
 
-    def write(self, kv: Tensor, start: int) -> None:
+    def write(self, kv: Tensor, start: int, rows: Tensor | None = None) -> None:
+        """Put ``kv`` [B, S, D] of positions start.. in the ring (``rows``: their
+        :func:`write_rows`, where the caller has them)."""
         for length in self.marks:
             if start < length < start + kv.shape[1]:
                 ring = self.kv.clone()
                 write_ring(ring, kv[:, : length - start], start)
                 self.marks[length] = ring
-        write_ring(self.kv, kv, start)
+        write_ring(self.kv, kv, start, rows)
         self.length = start + kv.shape[1]
 
 
-def write_ring(ring: Tensor, kv: Tensor, start: int) -> None:
-    """Put rows ``kv`` [B, S, D] of positions start.. into ``ring`` [B, capacity, D]."""
-    capacity = ring.shape[1]
-    keep = min(kv.shape[1], capacity)
-    positions = torch.arange(start + kv.shape[1] - keep, start + kv.shape[1], device=kv.device)
-    ring[:, positions % capacity] = kv[:, -keep:].to(ring.dtype)
+def write_rows(capacity: int, start: int, count: int, device: torch.device) -> Tensor:
+    """The rows of a ``capacity`` ring that the last of ``count`` new rows of positions start..
+    go to (those a ring can hold)."""
+    keep = min(count, capacity)
+    return torch.arange(start + count - keep, start + count, device=device) % capacity
+
+
+def write_ring(ring: Tensor, kv: Tensor, start: int, rows: Tensor | None = None) -> None:
+    """Put rows ``kv`` [B, S, D] of positions start.. into ``ring`` [B, capacity, D]
+    (``rows``: their :func:`write_rows`, made here if None)."""
+    capacity, count = ring.shape[1], kv.shape[1]
+    at = write_rows(capacity, start, count, kv.device) if rows is None else rows
+    ring[:, at] = kv[:, -min(count, capacity) :].to(ring.dtype)

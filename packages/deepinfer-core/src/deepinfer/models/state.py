@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from deepinfer.models.memo import StepMemo
 from deepinfer.models.ring import SWARing, write_ring
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class CompressorState:
     marks: dict[int, CompressorMark | None] = field(default_factory=dict, repr=False)
     #: Entries appended from outside and no open window (V4.1 index keys): ``fill`` stays 0.
     entries_only: bool = False
+    #: The memo of the span call running through it (:func:`~deepinfer.models.layouts.span_memo`).
+    step_memo: StepMemo | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_entries(self) -> int:
@@ -300,6 +303,8 @@ class LayerState:
     swa: SWARing
     compressor: CompressorState | None = None
     indexer: CompressorState | None = None
+    #: The memo of the span call running through it (:func:`~deepinfer.models.layouts.span_memo`).
+    step_memo: StepMemo | None = field(default=None, repr=False, compare=False)
 
 
 class _LayersAtRest:

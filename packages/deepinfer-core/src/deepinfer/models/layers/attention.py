@@ -176,7 +176,7 @@ class MQA(nn.Module, ABC):
             if isinstance(state, RaggedRows):
                 keys, index = ragged_window(kv, state, self.window)
             else:
-                keys, window = chunk_window(kv, state, self.window)
+                keys, window = chunk_window(kv, state, self.window, memo_of(state))
                 index = window.expand(q.shape[0], -1, -1)
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:

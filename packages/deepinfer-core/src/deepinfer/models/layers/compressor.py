@@ -23,7 +23,12 @@ from deepinfer.models.layers.verify_windows import (
     verify_windows,
     write_verify_entries,
 )
-from deepinfer.models.layouts import CompressorRows, CompressorStates, RaggedCompressor
+from deepinfer.models.layouts import (
+    CompressorRows,
+    CompressorStates,
+    RaggedCompressor,
+    memo_of,
+)
 from deepinfer.models.ragged_plan import ClosePlan, close_plan, ring_writes
 from deepinfer.models.state import CompressorState
 from deepinfer.paging import PagedEntries
@@ -87,7 +92,9 @@ class Compressor(nn.Module):
             return self._forward_slots(ops, kv, score, positions, rotary, state)
         if isinstance(state, RaggedCompressor):
             return self._forward_ragged(ops, kv[0], score[0], positions, rotary, state)
-        score = score + self.ape[positions % self.ratio]
+        memo, r = memo_of(state), self.ratio  # the same phases and angles in every layer
+        phase = memo.get(("span phase", id(positions), r), lambda: positions % r)
+        score = score + self.ape[phase]
         windows = close_windows(state, kv, score)
         if windows is None:
             return state.entries
@@ -99,8 +106,11 @@ class Compressor(nn.Module):
             state.prev_score = win_score[:, -1, :, : self.dim]
 
         first = state.num_entries
-        entry_pos = torch.arange(first, first + n, device=x.device) * self.ratio
-        cos, sin = rotary.cos_sin(entry_pos)
+
+        def angles() -> tuple[Tensor, Tensor]:
+            return rotary.cos_sin(torch.arange(first, first + n, device=x.device) * r)
+
+        cos, sin = memo.get(("entry angles", id(rotary), r, first, n), angles)
         entries = self.norm.rotated(ops, pooled.to(state.entry_dtype), cos, sin)
         state.append_entries(entries)
         return state.entries

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from deepinfer.models.layouts import StepMemo
+from deepinfer.models.memo import StepMemo
 
 
 def visible_count(positions: Tensor, ratio: int, memo: StepMemo | None = None) -> Tensor:

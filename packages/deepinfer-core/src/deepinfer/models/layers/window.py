@@ -20,27 +20,37 @@ import torch
 from torch import Tensor
 
 from deepinfer.models.layouts import RaggedRows, SlotRows
+from deepinfer.models.memo import StepMemo
 from deepinfer.models.ragged_plan import window_plan
-from deepinfer.models.ring import write_ring
+from deepinfer.models.ring import write_ring, write_rows
 from deepinfer.models.state import LayerState
 from deepinfer.paging import KeyPages
 
 
-def chunk_window(kv: Tensor, state: LayerState, window: int) -> tuple[Tensor, Tensor]:
+def chunk_window(
+    kv: Tensor, state: LayerState, window: int, memo: StepMemo | None = None
+) -> tuple[Tensor, Tensor]:
     """Keys [B, L, D] and each query's window rows [S, window] (-1 = none) for a chunk of new
-    rows ``kv`` [B, S, D] that continues ``state``; writes the ring.
+    rows ``kv`` [B, S, D] that continues ``state``; writes the ring. The ring rows read and
+    written and the window rows are the same for every layer of a span's call (``memo``).
 
     The keys are the ring rows the first query still sees, then the chunk's, in position
     order, so query i (key row ``past + i``) sees rows ``past + i - j`` for j < window.
     """
     ring = state.swa
-    start = ring.length  # tokens this layer has seen = position of the first new one
-    past, _ = ring.read(start)
-    keys = torch.cat((past.to(kv.dtype), kv), dim=1)
-    ring.write(kv, start)
-    rows = past.shape[1] + torch.arange(kv.shape[1], device=kv.device)[:, None]
-    index = rows - torch.arange(window, device=kv.device)
-    return keys, index.clamp(min=-1)
+    start, s = ring.length, kv.shape[1]  # tokens this layer has seen = the first new position
+
+    def plan() -> tuple[Tensor, Tensor, Tensor]:
+        past = ring.past_rows(start)
+        rows = past.shape[0] + torch.arange(s, device=kv.device)[:, None]
+        index = (rows - torch.arange(window, device=kv.device)).clamp(min=-1)
+        return past, write_rows(ring.capacity, start, s, kv.device), index
+
+    key = ("chunk window", start, s, ring.capacity, ring.window, window)
+    past, written, index = (memo or StepMemo()).get(key, plan)
+    keys = torch.cat((ring.kv[:, past].to(kv.dtype), kv), dim=1)
+    ring.write(kv, start, written)
+    return keys, index
 
 
 def ring_rows(positions: Tensor, rows: SlotRows) -> tuple[Tensor, Tensor]:
