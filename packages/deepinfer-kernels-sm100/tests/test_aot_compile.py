@@ -1126,6 +1126,6 @@ def test_wide_attention_specs_follow_the_wrapper(
             want = min(dim, attention.wide_block_dv(torch.device("cuda", 0), pv_parts, block_h))
             assert spec.params["BLOCK_DV"] == want, (spec.id, arch)
             warps = attention.NUM_WARPS if block_h == attention.BLOCK_H else attention.SMALL_WARPS
-            if block_h < attention.BLOCK_H and "paged" in spec.variant:
+            if block_h < attention.BLOCK_H and "paged" in spec.variant and dim > attention.BLOCK_DV:
                 warps = attention.PAGED_WARPS
             assert spec.num_warps == warps, (spec.id, arch)

@@ -200,7 +200,7 @@ WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
 #: that leaves TARGET_PROGRAMS programs (``benchmarks/prefill_attention.py``). 64 heads: 256.
 WIDE_CELLS = 16 * 512
 #: Warps of a program of fewer than BLOCK_H heads: sparse or dense (8 lost at all prefill
-#: shapes), paged (decode rows: 8 won at every batch).
+#: shapes), paged over heads wider than BLOCK_DV (decode rows: 8 won at every batch).
 SMALL_WARPS, PAGED_WARPS = 4, 8
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
@@ -291,6 +291,7 @@ def _launch(
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(h)))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
     rows = b * s * triton.cdiv(h, block_h)  # (query row, head block) pairs
+    paged_wide = pools is not None and dim > BLOCK_DV
     wide_dv = wide_block_dv(kv.device, pv_parts, block_h) if rows >= WIDE_ROWS else BLOCK_DV
     if rows * triton.cdiv(dim, wide_dv) < TARGET_PROGRAMS:  # too few programs to keep whole
         wide_dv = min(wide_dv, WIDE_BLOCK_DV)
@@ -311,8 +312,7 @@ def _launch(
         part = torch.empty(b * s, splits, h, dim, dtype=torch.float32, device=q.device)
         stat = torch.empty(b * s, splits, 2, h, dtype=torch.float32, device=q.device)
     sinks = sinks.float().contiguous()
-    # The probabilities are fp32 and keep IEEE dots (TF32 there was up to a fifth faster on
-    # an H200 but moved bf16 outputs by two ulps against fp32 dots).
+    # The probabilities are fp32 and keep IEEE dots (TF32 moved bf16 outputs by two ulps).
     _mqa_sink_kernel[(blocks[0], blocks[1], blocks[2] * splits)](
         q.contiguous(),
         kv.contiguous(),
@@ -345,7 +345,7 @@ def _launch(
         BLOCK_L=BLOCK_L,
         BLOCK_DK=block_dk,
         BLOCK_DV=block_dv,
-        num_warps=NUM_WARPS if block_h == BLOCK_H else PAGED_WARPS if pools else SMALL_WARPS,
+        num_warps=NUM_WARPS if block_h == BLOCK_H else PAGED_WARPS if paged_wide else SMALL_WARPS,
     )
     if splits > 1:
         derotation = (cos, sin, rot_start, half)
