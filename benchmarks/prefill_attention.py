@@ -34,8 +34,11 @@ VARIANTS: dict[str, dict[str, int]] = {
 }  # fmt: skip
 #: name: the ``attention`` knobs of a paged decode launch (the first is the comparison).
 PAGED_VARIANTS: dict[str, dict[str, int]] = {
-    f"paged_dv{dv}_w{w}": {"WIDE_CELLS": 16 * dv, "PAGED_WARPS": w}
+    f"paged_dv{dv}_w{w}": {"WIDE_CELLS": 16 * dv, "PAGED_WARPS": w, "WIDE_ROWS": 32}
     for dv, w in ((512, 8), (256, 4), (512, 4), (256, 8))
+} | {  # never wide: 128 columns, so 32 rows make 128 programs without splitting their keys
+    f"paged_dv128_w{w}": {"WIDE_CELLS": 16 * 512, "PAGED_WARPS": w, "WIDE_ROWS": 1 << 30}
+    for w in (4, 8)
 }
 #: (name, batch, queries, heads, chunk keys, long-range entries, picks per query)
 CASES = [
@@ -48,7 +51,7 @@ CASES = [
 DECODE_CASES = [("a-decode-640", b, 16, 640) for b in (1, 32, 256)]
 #: (name, batch, heads, entries a row sees): config A's decode rows after a 512-token prompt,
 #: each over its 128-slot ring and the entries of a ratio-4 (128) or ratio-128 (4) layer
-PAGED_CASES = [(f"a-paged-{n}", b, 16, n) for n in (128, 4) for b in (1, 64, 256)]
+PAGED_CASES = [(f"a-paged-{n}", b, 16, n) for n in (128, 4) for b in (1, 32, 64, 256)]
 #: Entries a page holds in the paged cases.
 PER_PAGE = 64
 
