@@ -283,4 +283,4 @@ class Attention(MQA):
         listed = None
         if isinstance(state, SlotRows) and state.tokens is None:  # decode rows
             listed = visible_entries(positions, self.ratio, n, batch, state.step_memo)
-        return LongRange(entries, visible=visible, span_of=span_of, listed=listed)
+        return LongRange(entries, visible=visible, span_of=span_of, listed=listed, memo=memo)

@@ -28,6 +28,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import listed
+from deepinfer.models.memo import StepMemo
 from deepinfer.paging import KeyPages, PagedEntries, dense_entries
 
 
@@ -67,20 +68,30 @@ class LongRange:
     #: Decode rows of a layer without picks: ``visible`` as a list of entries [B, 1, T]
     #: (-1 = none), made once per step (:func:`.visibility.visible_entries`).
     listed: Tensor | None = None
+    #: The pass's memo, for a layer without picks: its rows of the entries (:meth:`index`) are
+    #: those of every layer of the pass whose mask is this one.
+    memo: StepMemo | None = None
 
     def index(self, offset: int) -> Tensor:
         """[B, S, K] the entries each query sees as rows ``offset + entry`` of a key tensor
         (-1 = none): the picks, or every entry a mask shows (K = T). In a ragged pass the key
         tensor holds every span's entries one span after the other."""
         t = self.entries.shape[1]
-        base: Tensor | int = offset
-        if self.span_of is not None:
-            base = (offset + self.span_of * t)[None, :, None]
+
+        def base() -> Tensor | int:
+            if self.span_of is None:
+                return offset
+            return (offset + self.span_of * t)[None, :, None]
+
         if self.picks is not None:
-            return torch.where(self.picks >= 0, self.picks + base, -1)
-        assert self.visible is not None
-        rows = base + torch.arange(t, device=self.visible.device)
-        return torch.where(self.visible, rows, -1)
+            return torch.where(self.picks >= 0, self.picks + base(), -1)
+        visible = self.visible
+        assert visible is not None
+
+        def rows() -> Tensor:
+            return torch.where(visible, base() + torch.arange(t, device=visible.device), -1)
+
+        return rows() if self.memo is None else self.memo.get(("rows", id(visible), offset), rows)
 
     def verify_keys(self, offset: int) -> tuple[Tensor, Tensor]:
         """(keys [B, K, D], each query's rows ``offset + key`` among them [B, S, k], -1 =
