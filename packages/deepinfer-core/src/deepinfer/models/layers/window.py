@@ -28,7 +28,7 @@ from deepinfer.paging import KeyPages
 
 
 def chunk_window(
-    kv: Tensor, state: LayerState, window: int, memo: StepMemo | None = None
+    kv: Tensor, state: LayerState, window: int, memo: StepMemo
 ) -> tuple[Tensor, Tensor]:
     """Keys [B, L, D] and each query's window rows [S, window] (-1 = none) for a chunk of new
     rows ``kv`` [B, S, D] that continues ``state``; writes the ring. The ring rows read and
@@ -47,7 +47,7 @@ def chunk_window(
         return past, write_rows(ring.capacity, start, s, kv.device), index
 
     key = ("chunk window", start, s, ring.capacity, ring.window, window)
-    past, written, index = (memo or StepMemo()).get(key, plan)
+    past, written, index = memo.get(key, plan)
     keys = torch.cat((ring.kv[:, past].to(kv.dtype), kv), dim=1)
     ring.write(kv, start, written)
     return keys, index
