@@ -229,13 +229,16 @@ def _mhc_specs() -> Iterator[AotSpec]:
              "N": 4, "NP": 4, "BLOCK_D": 512},
         )  # fmt: skip
         # a sublayer's entry after the mixer's splits: gates, Sinkhorn mix and (V4) collapse,
-        # bare (V4.1's lagged weights), normed as the sublayer norms (V4), and quantised too
-        for variant, collapse, norm, quant in (
-            ("weights", False, False, False),
-            ("collapse", True, False, False),
-            ("normed", True, True, False),
-            ("normed-fp8", True, True, True),
+        # bare (V4.1's lagged weights), normed as the sublayer norms (V4), and quantised too;
+        # V4's 4096-wide rows loaded whole on four warps, V4.1's 5120 in 512-column blocks
+        for variant, collapse, norm, quant, dim in (
+            ("weights", False, False, False, 4096),
+            ("collapse", True, False, False, 4096),
+            ("normed", True, True, False, 4096),
+            ("normed-fp8", True, True, True, 4096),
+            ("normed-fp8-blocks", True, True, True, 5120),
         ):
+            whole = dim == 4096
             yield AotSpec(
                 "mhc_fused._mhc_finish_kernel",
                 f"{dt}-hc4-{variant}",
@@ -244,9 +247,10 @@ def _mhc_specs() -> Iterator[AotSpec]:
                  "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": f"*{dt}",
                  "w_ptr": "*fp32", "q_ptr": "*fp8e4nv" if quant else f"*{dt}",
                  "s_ptr": "*fp32" if quant else f"*{dt}", "rows": 32, "splits": 128,
-                 "dim": 4096, "iters": 20, "norm_eps": 1e-6, "hc_eps": 1e-6, "out_eps": 1e-6,
-                 "N": 4, "NP": 4, "BLOCK_S": 128, "BLOCK_D": 512, "COLLAPSE": collapse,
-                 "NORM": norm, "QUANT": quant, "EMULATE": False},
+                 "dim": dim, "iters": 20, "norm_eps": 1e-6, "hc_eps": 1e-6, "out_eps": 1e-6,
+                 "N": 4, "NP": 4, "BLOCK_S": 128, "BLOCK_D": 4096 if whole else 512,
+                 "COLLAPSE": collapse, "NORM": norm, "QUANT": quant, "WHOLE": whole,
+                 "EMULATE": False},
             )  # fmt: skip
 
 

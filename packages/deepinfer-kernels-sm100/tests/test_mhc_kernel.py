@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer_kernels_sm100 import elementwise
+from deepinfer_kernels_sm100 import elementwise, mhc_fused
 from deepinfer_kernels_sm100.mhc_fused import Normed, mhc_entry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,17 +73,21 @@ def test_entry_in_two_kernels_matches_the_reference(
     torch.testing.assert_close(u.cpu().float(), u_want.float(), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole-row", "column-blocks"])
 @pytest.mark.parametrize("quant", [False, True], ids=["normed", "normed-fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("lead", [(1,), (2, 3)], ids=["one", "batch-seq"])
 def test_entry_with_the_sublayer_norm(
-    lead: tuple[int, ...], dtype: torch.dtype, quant: bool
-) -> None:
-    """The collapsed row RMSNormed in the entry's kernel (d = 640: two 512-wide passes, the
-    second part-masked) against the reference's ``mhc_pre`` then ``rms_norm``, against float64
-    from the reference's ``pre`` weights, and against the unfused kernels; its weights equal
-    the entry's without the norm; with ``quant`` its codes are its own output quantised, as
-    ``rms_norm_fp8`` quantises."""
+    lead: tuple[int, ...], dtype: torch.dtype, quant: bool, whole: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The collapsed row RMSNormed in the entry's kernel (d = 640: loaded whole, or in two
+    512-wide passes, the second part-masked) against the reference's ``mhc_pre`` then
+    ``rms_norm``, against float64 from the reference's ``pre`` weights, and against the
+    unfused kernels; its weights equal the entry's without the norm; with ``quant`` its codes
+    are its own output quantised, as ``rms_norm_fp8`` quantises."""
+    if not whole:
+        monkeypatch.setattr(mhc_fused, "FINISH_ROW_CELLS", 0)
     g = torch.Generator().manual_seed(sum(lead) + quant)
     hc, d, eps = 4, 640, 1e-6
     x = (torch.randn(*lead, hc, d, generator=g) * 2).to(dtype)

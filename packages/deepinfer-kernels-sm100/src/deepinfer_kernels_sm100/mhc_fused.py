@@ -32,6 +32,16 @@ from deepinfer_kernels_sm100.mhc import hc_mix_parts
 
 _ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel can read of a global
 
+# One program per row, its launch shape set by the hidden size alone: the same at every row
+# count, so a row's bits do not depend on its batch (batch invariance). A row of up to
+# FINISH_ROW_CELLS stream values (n * the hidden size rounded up to a power of two) is loaded
+# whole at the program's start, on a warp per FINISH_CELLS_PER_WARP of them (at least two);
+# wider rows are collapsed, and normed, in FINISH_BLOCK_D-column blocks on four warps, read
+# twice where a norm needs the row's RMS first (benchmarks/mhc_entry_ab.py).
+FINISH_ROW_CELLS = 16384
+FINISH_CELLS_PER_WARP = 4096
+FINISH_BLOCK_D = 512
+
 
 @triton.jit
 def _collapsed(x_ptr, weights, row, d, dim, i, N: tl.constexpr):  # noqa: PLR0917
@@ -41,7 +51,7 @@ def _collapsed(x_ptr, weights, row, d, dim, i, N: tl.constexpr):  # noqa: PLR091
     return tl.sum(weights[:, None] * x.to(tl.float32), axis=0).to(x.dtype)
 
 
-@triton.jit(do_not_specialize=["rows", "splits", "dim", "iters"])
+@triton.jit(do_not_specialize=["rows", "splits", "iters"])
 def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     part_ptr,  # [splits, rows, (2 + N) * N]: the mixer's partial products
     squares_ptr,  # [splits, rows]: partial sums of squares of the flattened streams
@@ -69,12 +79,19 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
     COLLAPSE: tl.constexpr,
     NORM: tl.constexpr,
     QUANT: tl.constexpr,
+    WHOLE: tl.constexpr,  # BLOCK_D covers the row: its streams are read once, loaded first
     EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
 ):
     row = tl.program_id(0)
     width: tl.constexpr = (2 + N) * N
     s = tl.arange(0, BLOCK_S)
     i = tl.arange(0, NP)
+    if COLLAPSE and WHOLE:  # issued before the weights, so its latency overlaps their math
+        cols = tl.arange(0, BLOCK_D)
+        xmask = (i[:, None] < N) & (cols < dim)[None, :]
+        x_row = tl.load(
+            x_ptr + row * N * dim + i[:, None] * dim + cols[None, :], mask=xmask, other=0.0
+        )
     smask = s < splits
     k_dim = N * dim
     squares = tl.sum(tl.load(squares_ptr + s * rows + row, mask=smask, other=0.0), axis=0)
@@ -112,7 +129,18 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
         comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
     tl.store(comb_ptr + row * (N * N) + cell, comb, mask=inside)
 
-    if COLLAPSE:  # sum_j pre[j] * X[j], fp32 sums, in the streams' dtype
+    if COLLAPSE and WHOLE:
+        weights = tl.where(i < N, pre, 0.0)
+        u = tl.sum(weights[:, None] * x_row.to(tl.float32), axis=0).to(x_row.dtype)
+        if NORM:
+            sq = tl.sum(u.to(tl.float32) * u.to(tl.float32), axis=0)
+            u = normed(u.to(tl.float32), tl.rsqrt(sq / dim + out_eps), w_ptr, cols, cols < dim,
+                       out_ptr, True, EMULATE)  # fmt: skip
+            if QUANT:
+                store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, dim,
+                          EMULATE, BLOCK_D)  # fmt: skip
+        tl.store(out_ptr + row * dim + cols, u, mask=cols < dim)
+    elif COLLAPSE:  # sum_j pre[j] * X[j], fp32 sums, in the streams' dtype, by column blocks
         weights = tl.where(i < N, pre, 0.0)
         inv_rms = 1.0
         if NORM:  # the RMS of the collapsed row, as stored, then its normed values below
@@ -169,6 +197,12 @@ def mhc_entry(  # noqa: PLR0917
         if dim % ACT_GROUP:
             raise ValueError(f"mhc_entry: the hidden size ({dim}) is not a multiple of {ACT_GROUP}")
         codes = fp8_codes(flat[:, :dim])
+    cells = triton.next_power_of_2(n) * triton.next_power_of_2(dim)
+    whole = cells <= FINISH_ROW_CELLS
+    block = (
+        triton.next_power_of_2(dim) if whole else min(triton.next_power_of_2(dim), FINISH_BLOCK_D)
+    )
+    warps = max(2, cells // FINISH_CELLS_PER_WARP) if whole else 4
     if rows:
         stored = pre if out is None else out  # unread without COLLAPSE
         q, s = codes if codes is not None else (stored, stored)  # unread without QUANT
@@ -195,11 +229,13 @@ def mhc_entry(  # noqa: PLR0917
             N=n,
             NP=triton.next_power_of_2(n),
             BLOCK_S=triton.next_power_of_2(splits),
-            BLOCK_D=min(triton.next_power_of_2(dim), 512),
+            BLOCK_D=block,
             COLLAPSE=collapse,
             NORM=norm is not None,
             QUANT=codes is not None,
+            WHOLE=whole,
             EMULATE=EMULATE_CAST,
+            num_warps=warps,
         )
     collapsed = None if out is None else out.view(*lead, dim)
     if codes is not None:
