@@ -250,7 +250,7 @@ def _mhc_specs() -> Iterator[AotSpec]:
                  "dim": dim, "iters": 20, "norm_eps": 1e-6, "hc_eps": 1e-6, "out_eps": 1e-6,
                  "N": 4, "NP": 4, "BLOCK_S": 128, "BLOCK_D": 4096 if whole else 512,
                  "COLLAPSE": collapse, "NORM": norm, "QUANT": quant, "WHOLE": whole,
-                 "EMULATE": False},
+                 "EXACT": whole, "EMULATE": False},
             )  # fmt: skip
 
 

@@ -73,23 +73,25 @@ def test_entry_in_two_kernels_matches_the_reference(
     torch.testing.assert_close(u.cpu().float(), u_want.float(), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("d", [640, 512], ids=["d640", "d512"])
 @pytest.mark.parametrize("whole", [True, False], ids=["whole-row", "column-blocks"])
 @pytest.mark.parametrize("quant", [False, True], ids=["normed", "normed-fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("lead", [(1,), (2, 3)], ids=["one", "batch-seq"])
-def test_entry_with_the_sublayer_norm(
-    lead: tuple[int, ...], dtype: torch.dtype, quant: bool, whole: bool,
+def test_entry_with_the_sublayer_norm(  # noqa: PLR0917 (pytest passes them by name)
+    lead: tuple[int, ...], dtype: torch.dtype, quant: bool, whole: bool, d: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """The collapsed row RMSNormed in the entry's kernel (d = 640: loaded whole, or in two
-    512-wide passes, the second part-masked) against the reference's ``mhc_pre`` then
+    """The collapsed row RMSNormed in the entry's kernel (d = 640: loaded whole in a masked
+    1024-wide tile, or in two 512-wide passes, the second part-masked; d = 512: a whole row
+    of exactly the tile's width, unmasked, or one pass) against the reference's ``mhc_pre`` then
     ``rms_norm``, against float64 from the reference's ``pre`` weights, and against the
     unfused kernels; its weights equal the entry's without the norm; with ``quant`` its codes
     are its own output quantised, as ``rms_norm_fp8`` quantises."""
     if not whole:
         monkeypatch.setattr(mhc_fused, "FINISH_ROW_CELLS", 0)
-    g = torch.Generator().manual_seed(sum(lead) + quant)
-    hc, d, eps = 4, 640, 1e-6
+    g = torch.Generator().manual_seed(sum(lead) + quant + d)
+    hc, eps = 4, 1e-6
     x = (torch.randn(*lead, hc, d, generator=g) * 2).to(dtype)
     fn = torch.randn((2 + hc) * hc, hc * d, generator=g) * 0.05
     base = torch.randn((2 + hc) * hc, generator=g)

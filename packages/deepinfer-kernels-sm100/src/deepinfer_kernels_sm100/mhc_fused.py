@@ -51,7 +51,7 @@ def _collapsed(x_ptr, weights, row, d, dim, i, N: tl.constexpr):  # noqa: PLR091
     return tl.sum(weights[:, None] * x.to(tl.float32), axis=0).to(x.dtype)
 
 
-@triton.jit(do_not_specialize=["rows", "splits", "iters"])
+@triton.jit(do_not_specialize=["rows", "splits", "dim", "iters"])
 def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     part_ptr,  # [splits, rows, (2 + N) * N]: the mixer's partial products
     squares_ptr,  # [splits, rows]: partial sums of squares of the flattened streams
@@ -80,6 +80,7 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
     NORM: tl.constexpr,
     QUANT: tl.constexpr,
     WHOLE: tl.constexpr,  # BLOCK_D covers the row: its streams are read once, loaded first
+    EXACT: tl.constexpr,  # dim == BLOCK_D (WHOLE)
     EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
 ):
     row = tl.program_id(0)
@@ -87,11 +88,16 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
     s = tl.arange(0, BLOCK_S)
     i = tl.arange(0, NP)
     if COLLAPSE and WHOLE:  # issued before the weights, so its latency overlaps their math
+        # dim is not specialised (the column blocks below ran slower for it, on an H100); a
+        # row of exactly BLOCK_D columns is addressed by that constant instead, so its
+        # accesses need no column mask and vectorise
+        cols_n = dim
+        if EXACT:
+            cols_n = BLOCK_D
         cols = tl.arange(0, BLOCK_D)
-        xmask = (i[:, None] < N) & (cols < dim)[None, :]
-        x_row = tl.load(
-            x_ptr + row * N * dim + i[:, None] * dim + cols[None, :], mask=xmask, other=0.0
-        )
+        xmask = (i[:, None] < N) & (cols < cols_n)[None, :]
+        x_offs = row * N * cols_n + i[:, None] * cols_n + cols[None, :]
+        x_row = tl.load(x_ptr + x_offs, mask=xmask, other=0.0)
     smask = s < splits
     k_dim = N * dim
     squares = tl.sum(tl.load(squares_ptr + s * rows + row, mask=smask, other=0.0), axis=0)
@@ -134,12 +140,12 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
         u = tl.sum(weights[:, None] * x_row.to(tl.float32), axis=0).to(x_row.dtype)
         if NORM:
             sq = tl.sum(u.to(tl.float32) * u.to(tl.float32), axis=0)
-            u = normed(u.to(tl.float32), tl.rsqrt(sq / dim + out_eps), w_ptr, cols, cols < dim,
-                       out_ptr, True, EMULATE)  # fmt: skip
+            u = normed(u.to(tl.float32), tl.rsqrt(sq / cols_n + out_eps), w_ptr, cols,
+                       cols < cols_n, out_ptr, True, EMULATE)  # fmt: skip
             if QUANT:
-                store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, dim,
+                store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, cols_n,
                           EMULATE, BLOCK_D)  # fmt: skip
-        tl.store(out_ptr + row * dim + cols, u, mask=cols < dim)
+        tl.store(out_ptr + row * cols_n + cols, u, mask=cols < cols_n)
     elif COLLAPSE:  # sum_j pre[j] * X[j], fp32 sums, in the streams' dtype, by column blocks
         weights = tl.where(i < N, pre, 0.0)
         inv_rms = 1.0
@@ -234,6 +240,7 @@ def mhc_entry(  # noqa: PLR0917
             NORM=norm is not None,
             QUANT=codes is not None,
             WHOLE=whole,
+            EXACT=dim == block,
             EMULATE=EMULATE_CAST,
             num_warps=warps,
         )
