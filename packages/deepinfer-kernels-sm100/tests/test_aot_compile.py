@@ -175,6 +175,15 @@ def _sampling_specs() -> Iterator[AotSpec]:
     )  # fmt: skip
 
 
+def _split_linear_specs() -> Iterator[AotSpec]:
+    # the head's three bf16 parts' products at a decode batch of 32 rows, summed
+    yield AotSpec(
+        "split_linear._sum_parts_kernel",
+        "head",
+        {"p_ptr": "*fp32", "out_ptr": "*fp32", "n": 32 * 129280, "PARTS": 3, "BLOCK": 2048},
+    )  # fmt: skip
+
+
 def _router_specs() -> Iterator[AotSpec]:
     k = "router._route_kernel"
     # without a bias (or fixed experts) the launch passes the logits (the indices) in their place
@@ -776,6 +785,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_rope_specs(),
     *_swiglu_specs(),
     *_sampling_specs(),
+    *_split_linear_specs(),
     *_router_specs(),
     *_mhc_specs(),
     *_moe_specs(),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_kernels_sm100.split_linear import PARTS, bf16_parts, linear_fp32
+from deepinfer_kernels_sm100.split_linear import PARTS, bf16_parts, linear_fp32, sum_parts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -65,3 +65,20 @@ def test_fp32_weight_is_the_plain_fp32_product() -> None:
     w = torch.randn(32, 64, generator=g)
     got = linear_fp32(x.to(DEVICE), w.to(DEVICE)).cpu()
     torch.testing.assert_close(got, x.float() @ w.T, atol=1e-5, rtol=1e-5)
+
+
+def test_parts_products_summed_smallest_first() -> None:
+    """The products' sum (one kernel) is the fp32 sum taken smallest part first, each addition
+    rounded once: the same bits as adding them in that order in float64 then rounding to fp32
+    after each step, and within one fp32 rounding of the terms' magnitude per addition of the
+    exact float64 total."""
+    g = torch.Generator().manual_seed(2)
+    scales = torch.tensor([1.0, 2.0**-8, 2.0**-16]).view(PARTS, 1, 1)
+    products = (torch.randn(PARTS, 5, 3001, generator=g) * scales).float()
+    got = sum_parts(products.to(DEVICE)).cpu()
+    want = products[PARTS - 1].double()
+    for i in range(PARTS - 2, -1, -1):
+        want = (want + products[i].double()).float().double()  # one rounding per addition
+    assert got.shape == (5, 3001) and torch.equal(got.double(), want)
+    exact, magnitude = products.double().sum(0), products.double().abs().sum(0)
+    assert bool(((got.double() - exact).abs() <= 2 * 2.0**-24 * magnitude).all())

@@ -11,19 +11,56 @@ the same fp32 result on tensor cores:
 * an fp32 input (the head's normed hidden state) is first split into three bf16 parts,
   ``x = hi + mid + lo`` to fp32's 24-bit significand (each part holds the next 8 bits of what
   the previous ones missed), stacked as three times the rows of one GEMM, so the weight is read
-  once; the parts' products are then added smallest first.
+  once; the parts' products are then added smallest first, in one kernel that reads each
+  product once (at a batch of decode rows the head's products are each [B, vocab] fp32, and
+  two torch adds would read and write them twice).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch import Tensor
 
 #: bf16 parts an fp32 value is split into: 3 x 8 significand bits cover fp32's 24.
 PARTS = 3
+_SUM_BLOCK = 2048
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _sum_parts_kernel(p_ptr, out_ptr, n, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """``out = (p[PARTS-1] + p[PARTS-2]) + ... + p[0]`` over flat [PARTS, n] fp32 products:
+    the smallest first, each addition rounded as a torch add rounds it."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(p_ptr + (PARTS - 1) * n + offs, mask=mask)
+    for j in tl.static_range(1, PARTS):
+        acc = acc + tl.load(p_ptr + (PARTS - 1 - j) * n + offs, mask=mask)
+    tl.store(out_ptr + offs, acc, mask=mask)
+
+
+def sum_parts(products: Tensor) -> Tensor:
+    """The parts' products [parts, ...] summed smallest first (the last part first) in fp32."""
+    parts = products.shape[0]
+    if not (products.is_cuda or _INTERPRET):
+        out = products[parts - 1]
+        for i in range(parts - 2, -1, -1):
+            out = out + products[i]
+        return out
+    flat = products.contiguous()
+    out = torch.empty(flat.shape[1:], dtype=flat.dtype, device=flat.device)
+    n = out.numel()
+    if n:
+        _sum_parts_kernel[(triton.cdiv(n, _SUM_BLOCK),)](
+            flat, out, n, PARTS=parts, BLOCK=_SUM_BLOCK
+        )
+    return out
 
 
 def bf16_parts(x: Tensor, parts: int = PARTS) -> Tensor:
@@ -75,8 +112,4 @@ def linear_fp32(x: Tensor, weight: Tensor, parts: int = PARTS) -> Tensor:
     if rows == 0:
         return flat.new_zeros(*lead, n, dtype=torch.float32)
     split = bf16_parts(flat, parts).view(parts * rows, k)
-    products = mm_fp32(split, weight).view(parts, rows, n)
-    out = products[parts - 1]
-    for i in range(parts - 2, -1, -1):  # smallest parts first
-        out = out + products[i]
-    return out.view(*lead, n)
+    return sum_parts(mm_fp32(split, weight).view(parts, rows, n)).view(*lead, n)
