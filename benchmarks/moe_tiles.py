@@ -9,7 +9,9 @@ module's shape and ``moe_experts`` (grouping, both grouped matmuls, the slot sum
 of ``--repeats`` replays, shapes interleaved replay by replay. Each figure also as TFLOP/s of
 the two matmuls and against a dense ``torch.matmul`` of the same FLOPs (the pairs as one
 [P, d] matrix through one expert's weights: no grouping, cuBLAS's tiles), timed the same way.
-``serial`` is the shape before the row split (one program walks all of an expert's row tiles).
+``serial`` is the shape before the row split (one program walks all of an expert's row tiles);
+``*_h<k>`` (:data:`HEADROOMS`) take a shape with ``moe.SPLIT_HEADROOM`` set to k: the splits
+sized for an expert k standard deviations busier than the mean.
 
     python benchmarks/moe_tiles.py [--cases config_a_prefill_4k ...] [--out PATH]
 """
@@ -73,6 +75,14 @@ SHAPES: dict[str, dict[str, ExpertLaunch | None]] = {
 }
 
 
+#: Extra variants: (the shape of ``SHAPES`` they take, ``moe.SPLIT_HEADROOM``).
+HEADROOMS: dict[str, tuple[str, float]] = {
+    "shipped_h2": ("shipped", 2.0),
+    "shipped_h4": ("shipped", 4.0),
+    "m32_h4": ("m32", 4.0),
+}
+
+
 def use_shape(regime: str, shape: ExpertLaunch) -> None:
     """Make ``moe.launch_for`` pick ``shape`` for every case of ``regime``."""
     if regime == "small":
@@ -99,10 +109,15 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     flops = 2 * pairs * d * 3 * inter
     timers: dict[str, Callable[[], float]] = {}
     results: dict[str, Any] = {}
-    saved = moe.TIERS, moe.LARGE
+    saved = moe.TIERS, moe.LARGE, moe.SPLIT_HEADROOM
+    variants = {label: (shape, saved[2]) for label, shape in shapes.items()}
+    variants |= {
+        label: (shapes[base], h) for label, (base, h) in HEADROOMS.items() if base in shapes
+    }
     try:
-        for label, shape in shapes.items():
+        for label, (shape, headroom) in variants.items():
             use_shape(regime, shape)
+            moe.SPLIT_HEADROOM = headroom
             call = lambda: moe.moe_experts(  # noqa: E731
                 x, weights, indices, w13=w13, w2=w2, swiglu_limit=0.0
             )
@@ -112,7 +127,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # a shape past the device's shared memory
                 results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     finally:
-        moe.TIERS, moe.LARGE = saved
+        moe.TIERS, moe.LARGE, moe.SPLIT_HEADROOM = saved
     a13, a2 = x.new_empty(pairs, d).normal_(), x.new_empty(pairs, inter).normal_()
     timers["dense_matmul"] = graph_timer([lambda: (a13 @ w13[0].T, a2 @ w2[0].T)], args.replays)
     results["dense_matmul"] = {}
@@ -135,6 +150,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "regime": regime,
         "gflop": round(flops / 1e9, 2),
         "shapes": {label: shape._asdict() for label, shape in shapes.items()},
+        "headrooms": {label: HEADROOMS[label][1] for label in variants if label in HEADROOMS},
         "results": results,
         "fastest": best[1],
     }

@@ -26,6 +26,7 @@ multiply in IEEE fp32 (no TF32), as torch's matmul does by default.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple
 
@@ -82,6 +83,12 @@ FP32_TIERS: tuple[tuple[int, ExpertLaunch], ...] = ((64, ExpertLaunch(16, 64, 64
 FP32_LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
 
 
+#: The splits are sized for an expert with this many standard deviations more rows than the
+#: mean (routing's binomial spread, about sqrt(mean) rows): the busiest expert, not the mean
+#: one, sets when the kernel ends, and a split with no tile of its expert returns at once.
+SPLIT_HEADROOM = 0.0
+
+
 def launch_for(pairs: int, slots: int, ieee: bool = False) -> tuple[ExpertLaunch, int]:
     """(the launch shape, the splits of each expert's row tiles) for ``pairs`` sorted pairs in
     ``slots`` expert slots (``ieee``: fp32 weights): enough programs that a long chunk's
@@ -89,7 +96,8 @@ def launch_for(pairs: int, slots: int, ieee: bool = False) -> tuple[ExpertLaunch
     rows = triton.cdiv(pairs, max(slots, 1))
     tiers, large = (FP32_TIERS, FP32_LARGE) if ieee else (TIERS, LARGE)
     shape = next((tier for most, tier in tiers if rows <= most), large)
-    return shape, max(1, triton.cdiv(rows, shape.block_m * shape.tiles))
+    busiest = rows + math.ceil(SPLIT_HEADROOM * math.sqrt(rows))
+    return shape, max(1, triton.cdiv(busiest, shape.block_m * shape.tiles))
 
 
 @triton.jit
