@@ -11,9 +11,9 @@ One program per (expert with pairs, column tile, split) walks its expert's rows 
 pairs fill in order (:class:`~.moe_group.PairGroups`), so a decode step of a few tokens starts
 programs for its few experts only, not for all E. The third axis splits each expert's row
 tiles among ``splits`` programs (tile t to program t mod splits), sized from the mean rows an
-expert has (:func:`launch_for`), so a prefill chunk's thousand rows an expert are not one
-program's serial loop. Each row is still computed by one program in the same order, so the
-split changes no bits.
+expert has and their spread (:func:`launch_for`), so a prefill chunk's thousand rows an expert
+are not one program's serial loop, nor a decode batch's busiest expert two tiles in one. Each
+row is still computed by one program in the same order, so the split changes no bits.
 
 The first kernel computes the gate and up projections of a tile together and applies the
 clamped SwiGLU and the router weight in its epilogue (the reference's
@@ -85,8 +85,9 @@ FP32_LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
 
 #: The splits are sized for an expert with this many standard deviations more rows than the
 #: mean (routing's binomial spread, about sqrt(mean) rows): the busiest expert, not the mean
-#: one, sets when the kernel ends, and a split with no tile of its expert returns at once.
-SPLIT_HEADROOM = 0.0
+#: one, sets when the kernel ends, and a split with no tile of its expert returns at once
+#: (``benchmarks/moe_tiles.py``'s ``*_h`` variants).
+SPLIT_HEADROOM = 4.0
 
 
 def launch_for(pairs: int, slots: int, ieee: bool = False) -> tuple[ExpertLaunch, int]:
