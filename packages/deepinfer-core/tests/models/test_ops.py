@@ -297,3 +297,30 @@ def test_indexer_picks_do_not_depend_on_masked_entries() -> None:
         order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:k]
         picked = [i for i in want[row, 0].tolist() if i >= 0]
         assert picked == order
+
+
+@pytest.mark.parametrize("lead", [(1, 1), (3, 1), (1, 7), (2, 5)], ids=str)
+def test_grouped_linear_is_each_group_against_float64(lead: tuple[int, ...]) -> None:
+    """The grouped output projection: group j of ``x`` through rows j of the weight, against a
+    float64 recomputation per group; written token-major, so the (g, o) flatten that feeds
+    ``wo_b`` is a view; with gradients on, the same values and the float64 gradient."""
+    g = torch.Generator().manual_seed(sum(lead))
+    groups, width, rows = 4, 64, 32
+    x = torch.randn(*lead, groups, width, generator=g)
+    weight = torch.randn(groups * rows, width, generator=g) / width**0.5
+    want = torch.stack(
+        [x[..., j, :].double() @ weight[j * rows : (j + 1) * rows].double().T for j in range(4)],
+        dim=-2,
+    )
+    ops = TorchBackend("cpu")
+    got = ops.grouped_linear(x, weight)
+    assert got.shape == (*lead, groups, rows) and got.is_contiguous()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert got.flatten(-2).data_ptr() == got.data_ptr()
+    xg = x.clone().requires_grad_(True)
+    trained = ops.grouped_linear(xg, weight)
+    torch.testing.assert_close(trained.double(), want, atol=1e-5, rtol=1e-5)
+    trained.sum().backward()
+    grad = weight.double().view(groups, rows, width).sum(1).expand(*lead, groups, width)
+    assert xg.grad is not None
+    torch.testing.assert_close(xg.grad.double(), grad, atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ from deepinfer.backends.attention_ref import (
 from deepinfer.backends.base import Availability, Backend, Fp8Activation, Fp8Output
 from deepinfer.backends.fp4_ref import dequant_fp4
 from deepinfer.backends.fp8_ref import fp8_grouped, fp8_linear_ref, quantize_act_fp8
+from deepinfer.backends.grouped_ref import grouped_linear
 from deepinfer.backends.mhc_ref import mhc_weights_from_mix
 from deepinfer.backends.moe_ref import (
     add_residual,
@@ -96,9 +97,7 @@ class TorchBackend(Backend):
         return h, Fp8Activation(*quantize_act_fp8(h))
 
     def grouped_linear(self, x: Tensor, weight: Tensor) -> Tensor:
-        groups, width = x.shape[-2], x.shape[-1]
-        w = weight.view(groups, -1, width)  # [g, o, i]
-        return torch.einsum("...gi,goi->...go", x.to(weight.dtype), w)
+        return grouped_linear(x, weight)
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         xf = x.float()
