@@ -44,11 +44,33 @@ FINISH_BLOCK_D = 512
 
 
 @triton.jit
+def _collapse(x, weights):
+    """``sum_j weights[j] * x[j]`` over a [NP, BLOCK_D] tile of streams (fp32 sums), in the
+    streams' dtype."""
+    return tl.sum(weights[:, None] * x.to(tl.float32), axis=0).to(x.dtype)
+
+
+@triton.jit
 def _collapsed(x_ptr, weights, row, d, dim, i, N: tl.constexpr):  # noqa: PLR0917
     """Columns ``d`` of ``sum_j pre[j] * X[j]`` (fp32 sums) in the streams' dtype."""
     xmask = (i[:, None] < N) & (d < dim)[None, :]
     x = tl.load(x_ptr + row * N * dim + i[:, None] * dim + d[None, :], mask=xmask, other=0.0)
-    return tl.sum(weights[:, None] * x.to(tl.float32), axis=0).to(x.dtype)
+    return _collapse(x, weights)
+
+
+@triton.jit
+def _store_cols(  # noqa: PLR0917 (Triton helpers take positional arguments)
+    u, inv_rms, row, d, first, dim, w_ptr, out_ptr, q_ptr, s_ptr,
+    NORM: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Columns ``d`` of the collapsed row ``u`` stored (with ``NORM`` normed by ``inv_rms``
+    and the weight, with ``QUANT`` also as e4m3 codes from group ``first`` on)."""
+    if NORM:
+        u = normed(u.to(tl.float32), inv_rms, w_ptr, d, d < dim, out_ptr, True, EMULATE)
+        if QUANT:
+            store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), d, first, dim, EMULATE,
+                      BLOCK_D)  # fmt: skip
+    tl.store(out_ptr + row * dim + d, u, mask=d < dim)
 
 
 @triton.jit(do_not_specialize=["rows", "splits", "dim", "iters"])
@@ -135,19 +157,16 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
         comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
     tl.store(comb_ptr + row * (N * N) + cell, comb, mask=inside)
 
+    weights = tl.where(i < N, pre, 0.0)
     if COLLAPSE and WHOLE:
-        weights = tl.where(i < N, pre, 0.0)
-        u = tl.sum(weights[:, None] * x_row.to(tl.float32), axis=0).to(x_row.dtype)
+        u = _collapse(x_row, weights)
+        inv_rms = 1.0
         if NORM:
-            sq = tl.sum(u.to(tl.float32) * u.to(tl.float32), axis=0)
-            u = normed(u.to(tl.float32), tl.rsqrt(sq / cols_n + out_eps), w_ptr, cols,
-                       cols < cols_n, out_ptr, True, EMULATE)  # fmt: skip
-            if QUANT:
-                store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), cols, 0, cols_n,
-                          EMULATE, BLOCK_D)  # fmt: skip
-        tl.store(out_ptr + row * cols_n + cols, u, mask=cols < cols_n)
+            inv_rms = tl.rsqrt(tl.sum(u.to(tl.float32) * u.to(tl.float32), axis=0) / cols_n
+                               + out_eps)  # fmt: skip
+        _store_cols(u, inv_rms, row, cols, 0, cols_n, w_ptr, out_ptr, q_ptr, s_ptr, NORM, QUANT,
+                    EMULATE, BLOCK_D)  # fmt: skip
     elif COLLAPSE:  # sum_j pre[j] * X[j], fp32 sums, in the streams' dtype, by column blocks
-        weights = tl.where(i < N, pre, 0.0)
         inv_rms = 1.0
         if NORM:  # the RMS of the collapsed row, as stored, then its normed values below
             sq = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -158,13 +177,8 @@ def _mhc_finish_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
         for d0 in range(0, dim, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
             u = _collapsed(x_ptr, weights, row, d, dim, i, N)
-            if NORM:
-                u = normed(u.to(tl.float32), inv_rms, w_ptr, d, d < dim, out_ptr, True, EMULATE)
-                if QUANT:
-                    first = d0 // _ACT_GROUP
-                    store_fp8(u.to(tl.float32), q_ptr, s_ptr, row.to(tl.int64), d, first, dim,
-                              EMULATE, BLOCK_D)  # fmt: skip
-            tl.store(out_ptr + row * dim + d, u, mask=d < dim)
+            _store_cols(u, inv_rms, row, d, d0 // _ACT_GROUP, dim, w_ptr, out_ptr, q_ptr, s_ptr,
+                        NORM, QUANT, EMULATE, BLOCK_D)  # fmt: skip
 
 
 class Normed(NamedTuple):
@@ -203,11 +217,10 @@ def mhc_entry(  # noqa: PLR0917
         if dim % ACT_GROUP:
             raise ValueError(f"mhc_entry: the hidden size ({dim}) is not a multiple of {ACT_GROUP}")
         codes = fp8_codes(flat[:, :dim])
-    cells = triton.next_power_of_2(n) * triton.next_power_of_2(dim)
+    padded = triton.next_power_of_2(dim)
+    cells = triton.next_power_of_2(n) * padded
     whole = cells <= FINISH_ROW_CELLS
-    block = (
-        triton.next_power_of_2(dim) if whole else min(triton.next_power_of_2(dim), FINISH_BLOCK_D)
-    )
+    block = padded if whole else min(padded, FINISH_BLOCK_D)
     warps = max(2, cells // FINISH_CELLS_PER_WARP) if whole else 4
     if rows:
         stored = pre if out is None else out  # unread without COLLAPSE
