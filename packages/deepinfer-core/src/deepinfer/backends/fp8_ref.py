@@ -33,9 +33,10 @@ def quantize_act_fp8(x: Tensor, group: int = FP8_ACT_GROUP) -> tuple[Tensor, Ten
         raise ValueError(f"the last dim ({k}) is not a multiple of the group ({group})")
     g = x.float().reshape(*lead, k // group, group)
     amax = g.abs().amax(dim=-1)
-    # divided by a tensor: CUDA divides by a Python scalar through its reciprocal, which can
-    # miss the IEEE quotient (the kernels' scale) by an ulp and so move a code across a tie
-    scale = torch.where(amax > 0, amax / amax.new_tensor(E4M3_MAX), torch.ones_like(amax))
+    # divided by a tensor (filled on the device: no host copy, so capturable): CUDA divides
+    # by a Python scalar through its reciprocal, which can miss the IEEE quotient (the
+    # kernels' scale) by an ulp and so move a code across a rounding tie
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
     q = (g / scale[..., None]).to(torch.float8_e4m3fn)
     return q.reshape(*lead, k), scale
 
