@@ -5,8 +5,9 @@ A chain of ``--length`` Triton kernels, each reading the previous one's output a
 own, is captured in a CUDA graph and timed per kernel: without PDL, and with PDL (each kernel
 launched with ``launch_pdl`` waits for its predecessor with ``griddepcontrol.wait`` before it
 touches memory, and lets its successor launch with ``griddepcontrol.launch_dependents``, either
-first thing or after its stores). ``--with-gemv`` puts a cuBLAS GEMV (``F.linear``, one row)
-between every two Triton kernels, as the model's projections sit between its Triton kernels.
+first thing or after its stores). Each chain is also timed with a cuBLAS GEMV (``F.linear``,
+one row) between every two Triton kernels, as the model's projections sit between its Triton
+kernels. The modes' outputs are checked equal (``same_result``).
 
     python benchmarks/pdl_chain.py [--length 256] [--sizes 16384 1048576] [--repeats 20]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ def _link_kernel(x_ptr, y_ptr, n, WAIT: tl.constexpr, RELEASE: tl.constexpr,  # 
         gdc_launch_dependents()
 
 
-def _chain(n: int, length: int, mode: str, gemv: bool) -> tuple[Any, torch.Tensor]:
+def _chain(n: int, length: int, mode: str, gemv: bool) -> tuple[Callable[[], float], torch.Tensor]:
     """(a timer of the chain in a CUDA graph: seconds per Triton kernel of one replay, the
     chain's output after its first replay)."""
     torch.manual_seed(0)
