@@ -13,6 +13,8 @@ a plan must beat by 4%, ``MIN_PREDICTED_GAIN``):
 * drafting pays on a first round's prior (every draft sure to pass) but the drafts' own
   survivals do not pay for verifying them: that step's drafts are dropped, it runs as a plain
   decode step, and no round is drafted after it;
+* the same drafts, always right but with those survivals: the calibration learns from the
+  dropped rows' first drafts that they are kept, until verifying them pays;
 * one draft pays and two do not: every round verifies exactly one.
 
 Outputs always equal the engine's without speculation, greedy and seeded.
@@ -121,11 +123,17 @@ def test_drafts_that_do_not_pay_are_dropped_for_a_plain_step(
     """Two rows, V(tokens) = 1.5 + 0.1 (tokens - 1) / 63. A first round is drafted on the
     prior (0.5, 0.25, 0.125 a row): 2 + 1.75 tokens in V(8) = 1.51 s, 2.48 a second, beat the
     plain step's 2 by more than 4%. The drafts' own survivals (0.2, 0.04, 0.008 a row) never
-    pay: at most 2 + 2 * 0.248 tokens for V(3) = 1.5 s or more, under 2 a second. So every
-    round drafted (the first, and any drafted again once what was learnt has aged back towards
-    the prior) has all its drafts dropped and runs as a plain step, as do the steps between."""
+    pay: at most 2 + 2 * 0.248 tokens for V(3) = 1.5 s or more, under 2 a second, and the
+    drafts are wrong (a drafter that knows no continuation), so what the calibration learns of
+    them only lowers them. So every round drafted (the first, and any drafted again once what
+    was learnt has aged back towards the prior) has all its drafts dropped and runs as a plain
+    step, as do the steps between."""
     spec = {**ADAPTIVE, "verify_cost": {1: 1.5, 64: 1.6}, "plain_cost": {1: 1.0}}
-    _, engine, outs, plain = _speculate(model, _prompts(2), params, monkeypatch, 0.2, spec)
+    prompts = _prompts(2)
+    want, plain, _ = _run(model, prompts, params, None)
+    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: ConfidentDrafter([], 0.2))
+    got, engine, outs = _run(model, prompts, params, spec)
+    assert got == want
     assert engine.spec is not None and engine.spec.verifier is not None
     verifier = engine.spec.verifier
     assert verifier.dropped >= 1 and verifier.offered == 6 * verifier.dropped
@@ -133,6 +141,24 @@ def test_drafts_that_do_not_pay_are_dropped_for_a_plain_step(
     assert sum(o.metrics.spec_trimmed_tokens for o in outs if o.metrics) == verifier.offered
     assert engine.num_steps == plain.num_steps == GREEDY.max_tokens
     assert engine.spec.plain_steps == engine.num_steps - 1
+
+
+def test_an_under_confident_drafter_is_verified_once_calibrated(
+    model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The costs of the test before, four rows, drafts always right (bar a corrupted second
+    draft every third round) at confidence 0.2. The first rounds' drafts are dropped, but
+    every dropped row's first draft is judged by the token its step drew: kept. The first
+    position's bin then reads (t + 8 * 0.2) / (t + 8) after t such trials, and verifying one
+    draft a row pays once that is above about 0.55 (4 + 4 c in V(8) = 1.51 s against 4 * 1.04
+    a second); so rows are verified, their drafts kept, and the run takes fewer steps."""
+    spec = {**ADAPTIVE, "verify_cost": {1: 1.5, 64: 1.6}, "plain_cost": {1: 1.0}}
+    _, engine, _, plain = _speculate(model, _prompts(4), GREEDY, monkeypatch, 0.2, spec)
+    assert engine.spec is not None and engine.spec.verifier is not None
+    verifier = engine.spec.verifier
+    assert verifier.dropped >= 1 and verifier.planned > 0
+    assert engine.spec.num_accepted > 0
+    assert engine.num_steps < plain.num_steps
 
 
 def test_a_step_verifies_the_one_draft_that_pays(

@@ -1,7 +1,8 @@
 """The adaptive verifier's calibrations, against sums worked by hand.
 
-* The confidences' calibration: drafts accepted per unit of admitted survival, with a prior of
-  8 drafts as predicted, never above 1.
+* The confidences' calibration: each planned row's outcome taught to its regime's per-position
+  temperatures (test_online_sts.py checks the fit): positions up to the first draft not kept,
+  and the first draft the plan cut, judged by the token the step drew there.
 * The mean survival per position that drafting is decided on: the prior 0.5, 0.25, 0.125
   before any row, then each row drafted moves it 1/32 of the way to the row's survivals.
 * The decision to draft: what it counted on (the mean survivals of the drafts it expected to
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from deepinfer.engine import decision_spells, step_overhead
 from deepinfer.engine.request import Request
+from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
 from deepinfer.engine.verify_schedule import PROBE_ROUNDS, AdaptiveVerifier
@@ -60,6 +62,13 @@ class _Drafter:
         return torch.full((n, 3), 9), torch.full((n, 3), 0.5)
 
 
+def _verifying(reqs: list[Request]) -> SchedulerOutput:
+    """A step of ``reqs`` as decoding rows: each has sampled a token past its prompt."""
+    for req in reqs:
+        req.output_token_ids, req.num_computed_tokens = [8], len(req.prompt_token_ids)
+    return SchedulerOutput(scheduled=dict.fromkeys(reqs, 1))
+
+
 def _draft(verifier: AdaptiveVerifier, reqs: list[Request]) -> None:
     verifier.draft(_Drafter(), reqs, [], torch.zeros(0), torch.zeros(0), [1] * len(reqs))
 
@@ -69,28 +78,22 @@ def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None
     verifier = AdaptiveVerifier(free)
     greedy = verifier.learnt[False]  # the tests' requests are greedy
     a, b = _request("a"), _request("b")
-    assert greedy.calibration == greedy.draft_calibration == 1.0
+    assert greedy.draft_calibration == 1.0
     assert verifier.drafting_pays([a, b], 3)  # first rounds, on the prior: 0.875 each
     _draft(verifier, [a, b])
-    verifier.verified(a, 2)
-    verifier.verified(b, 0)
-    assert (greedy.foreseen, greedy.realized, greedy.accepted) == (1.75, 2, 2)
+    verifier.verified(a, 2, 7)
+    verifier.verified(b, 0, 7)
+    assert (greedy.foreseen, greedy.realized) == (1.75, 2)
 
     assert verifier.drafting_pays([a, b], 3)  # every slot, at no cost
-    verifier.verified(a, 1)  # a row of a round drafted before this decision
+    verifier.verified(a, 1, 7)  # a row of a round drafted before this decision
     assert greedy.foreseen == 1.75
     assert verifier.drafting_pays([a], 3)  # decided again, for a alone, and then drafted
     _draft(verifier, [a])
-    verifier.verified(a, 0)
-    verifier.verified(b, 3)  # b's round was never drafted on the decision that counted it
+    verifier.verified(a, 0, 7)
+    verifier.verified(b, 3, 7)  # b's round was never drafted on the decision that counted it
     assert math.isclose(greedy.foreseen, 2.625) and greedy.realized == 2
     assert math.isclose(greedy.draft_calibration, (2 + 8) / (2.625 + 8))
-
-    greedy.expected = 10.0  # survival admitted by plans so far; 2 + 1 + 0 + 3 accepted
-    assert greedy.accepted == 6
-    assert math.isclose(greedy.calibration, (6 + 8) / (10 + 8))
-    greedy.expected = 1.0
-    assert greedy.calibration == 1.0  # never above 1
 
 
 def test_a_measured_prior_weighs_in_the_draft_calibration_as_its_rows() -> None:
@@ -121,7 +124,7 @@ def test_a_round_not_drafted_ages_what_was_learnt() -> None:
     greedy.learn([0.9, 0.1, 0.0])  # the prior, as 4 rows, averaged with this row
     learnt = [0.5 + 0.4 / 5, 0.25 - 0.15 / 5, 0.125 - 0.125 / 5]
     assert all(map(math.isclose, greedy.mean_survival, learnt))
-    greedy.expected, greedy.accepted, greedy.foreseen, greedy.realized = 32, 16, 8, 0
+    greedy.foreseen, greedy.realized = 8, 0
     assert not verifier.drafting_pays([_request("a")], 3)
     aged = [
         0.5 + 0.4 / 5 * 127 / 128,
@@ -130,7 +133,6 @@ def test_a_round_not_drafted_ages_what_was_learnt() -> None:
     ]
     assert all(map(math.isclose, greedy.mean_survival, aged))
     assert math.isclose(greedy.rows, 4 + 127 / 128)  # back towards the prior's 4 rows
-    assert (greedy.expected, greedy.accepted) == (31.75, 15.875)
     assert (greedy.foreseen, greedy.realized) == (7.9375, 0.0)
     assert verifier.skipped == 1
 
@@ -168,8 +170,9 @@ def test_greedy_and_sampled_requests_learn_apart() -> None:
     assert math.isclose(noisy.mean_survival[0], 0.2 + (0.5 - 0.2) / 128)  # aged
     assert verifier.drafting_pays([_request("g1"), _request("g2")], 3)
     _draft(verifier, hot)
-    verifier.verified(hot[0], 2)
-    assert (noisy.accepted, greedy.accepted) == (2, 0)
+    verifier.trim(_verifying(hot), {req: [9, 9, 9] for req in hot})
+    verifier.verified(hot[0], 2, 7)
+    assert noisy.calibration.trials.sum() > 0 and greedy.calibration.trials.size == 0
 
 
 def test_drafting_pays_against_the_plain_step_of_its_rows() -> None:
@@ -254,3 +257,31 @@ def test_rounds_are_probed_until_their_host_work_is_measured() -> None:
     greedy = verifier.learnt[False]  # the tests' requests are greedy
     greedy.mean_survival = [0.2, 0.04, 0.008]
     assert not verifier.drafting_pays([a, b], 3)
+
+
+def test_rows_the_plan_cut_teach_their_first_cut_draft() -> None:
+    """Verification costs 100 plain steps: the plan cuts every row to nothing. Each row still
+    teaches the calibration one trial, its first draft against the token the step drew there
+    (kept iff equal); after 24 rows whose first draft was always drawn, a confidence of 0.5
+    there reads (24 + 8 * 0.5) / (24 + 8) = 0.875, while positions never tried stay raw."""
+    cost = StepCost.by_tokens(VerifyCost.from_table({1: 100.0}), VerifyCost.from_table({1: 1.0}))
+    verifier = AdaptiveVerifier(cost)
+    greedy = verifier.learnt[False]
+    for i in range(24):
+        req = _request(f"r{i}")
+        _draft(verifier, [req])
+        drafts = {req: [9, 9, 9]}
+        verifier.trim(_verifying([req]), drafts)
+        assert drafts[req] == []
+        verifier.verified(req, 0, 9)
+    # the counts decay by 0.999 a trial: the first row's weighs 0.999 ** 23 by now
+    n = sum(0.999**j for j in range(24))
+    assert math.isclose(greedy.calibration.trials.sum(), n)
+    got = greedy.calibration.calibrate([0.5, 0.5])
+    assert math.isclose(got[0], (n + 8 * 0.5) / (n + 8)) and got[1] == 0.5
+    req = _request("miss")
+    _draft(verifier, [req])
+    verifier.trim(_verifying([req]), {req: [9, 9, 9]})
+    verifier.verified(req, 0, 4)  # drew another token: the first draft would have gone
+    assert math.isclose(greedy.calibration.hits.sum(), n * 0.999)
+    assert math.isclose(greedy.calibration.trials.sum(), n * 0.999 + 1)

@@ -40,7 +40,8 @@ from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
 from deepinfer.engine.spec_step import PendingPositions, Recorder, SpecStep
-from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier, is_decoding
+from deepinfer.engine.step_load import is_decoding
+from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
@@ -334,7 +335,7 @@ class SpeculativeRunner:
         self.num_drafts += offered
         self.num_accepted += n_kept
         if self.verifier is not None:
-            self.verifier.verified(req, n_kept)
+            self.verifier.verified(req, n_kept, emitted[n_kept])
         metrics = req.metrics
         metrics.spec_rounds += not result.plain  # a plain step's rows verify nothing
         metrics.spec_draft_tokens += offered

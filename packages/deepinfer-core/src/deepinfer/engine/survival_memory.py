@@ -1,9 +1,10 @@
 """What drafting has taught the adaptive schedule, kept apart per sampling regime.
 
 The schedule (:mod:`.verify_schedule`) decides whether to draft a round on the mean survival
-per draft position of the rows drafted lately, and scales the drafter's confidences by how its
-predictions have fared (two calibrations). Acceptance depends on how a request samples: a
-greedy request keeps a draft iff it is the target's argmax, a sampled one with the target's
+per draft position of the rows drafted lately, and recalibrates the drafter's confidences by how
+its predictions have fared (:class:`~.online_calibration.OnlineCalibration`; the decisions to
+draft have a calibration of their own). Acceptance depends on how a request samples: a greedy
+request keeps a draft iff it is the target's argmax, a sampled one with the target's
 probability of it, so the same drafter's rounds keep fewer drafts under sampling. Learnt from
 one mean over all requests, a run of sampled requests would teach the schedule that drafting
 does not pay and keep greedy requests that come after from drafting for a long while (what was
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Pseudo-drafts, accepted as predicted, that calibration starts from.
+from deepinfer.engine.online_calibration import OnlineCalibration
+
+#: Pseudo-drafts, accepted as foreseen, that the drafting decisions' calibration starts from.
 CALIBRATION_PRIOR = 8.0
 #: Survivals before any round has been drafted, for a drafter that brings no measured
 #: acceptance of its own (``acceptance_prior``): each draft half as likely as the one before
@@ -51,8 +54,8 @@ class Learnt:
     """One regime's mean survivals and calibration counts."""
 
     #: Mean survival per draft position over the rows drafted lately, each row's confidences
-    #: as :attr:`calibration` scaled them when it was planned: drafts expected to be kept,
-    #: the units of :attr:`prior` (a measured acceptance).
+    #: as :attr:`calibration` recalibrated them when it was planned: drafts expected to be
+    #: kept, the units of :attr:`prior` (a measured acceptance).
     mean_survival: list[float] = field(default_factory=list)
     #: Survivals expected before any round: the drafter's acceptance per position measured
     #: on held-out text where it brings one (a guess that says drafting does not pay would
@@ -63,10 +66,8 @@ class Learnt:
     #: towards the prior's like the rest.
     prior_rows: float = GUESS_ROWS
     rows: float = GUESS_ROWS
-    #: Survival the plans admitted, and drafts verification then accepted: their ratio
-    #: calibrates the confidences (:attr:`calibration`).
-    expected: float = 0.0
-    accepted: float = 0.0
+    #: The confidences' per-position temperatures, learnt from what verification kept.
+    calibration: OnlineCalibration = field(default_factory=OnlineCalibration)
     #: Survival that decisions to draft counted on, and drafts those rounds then had accepted
     #: (:attr:`draft_calibration`).
     foreseen: float = 0.0
@@ -97,16 +98,7 @@ class Learnt:
         mean = self.survivals(k)
         self.mean_survival = [p + (a - p) * keep for a, p in zip(mean, prior, strict=True)]
         self.rows = self.prior_rows + (self.rows - self.prior_rows) * keep
-        self.expected, self.accepted = self.expected * keep, self.accepted * keep
         self.foreseen, self.realized = self.foreseen * keep, self.realized * keep
-
-    @property
-    def calibration(self) -> float:
-        """Accepted drafts per unit of admitted survival so far, at most 1, with a prior of
-        :data:`CALIBRATION_PRIOR` drafts as predicted: an over-confident head would otherwise
-        buy drafts that do not pay (an under-confident one only leaves some unbought)."""
-        prior = CALIBRATION_PRIOR
-        return min(1.0, (self.accepted + prior) / (self.expected + prior))
 
     @property
     def draft_calibration(self) -> float:

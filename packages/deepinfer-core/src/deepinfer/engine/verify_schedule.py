@@ -5,13 +5,15 @@ The speculator drafts ``k`` tokens per request with a confidence each; before a 
 :func:`.verify_plan.plan` picks for that step, which weighs their survival against the step's
 cost (:class:`.verify_cost.StepCost`, profiled at engine start by :mod:`.verify_profile` or
 given as tables), the step's rows and prefill chunks counted. The survivals are this step's
-own, the drafter's confidences in the drafts about to be verified, scaled by how the drafter's
-predictions have fared so far (:attr:`AdaptiveVerifier.calibration`): the best estimate there is,
-and safe to use since the engine keeps a draft iff it equals the sampler's own draw, so no
-choice of drafts can bias the output (see :mod:`.verify_plan`). One of the plans is to verify
-nothing: the step's drafts are then dropped, and a step of decoding rows runs as a plain decode
-step (:mod:`.speculative`). So a step verifies drafts only when their expected tokens pay for
-what the verification rows cost over the plain step of the same rows.
+own, the drafter's confidences in the drafts about to be verified, recalibrated by how the
+drafter's predictions have fared so far (per position and confidence,
+:mod:`.online_calibration`, learnt from every planned row's outcome, the first draft its plan
+cut included): the best estimate there is, and safe to use since the engine keeps a draft iff
+it equals the sampler's own draw, so no choice of drafts can bias the output (see
+:mod:`.verify_plan`). One of the plans is to verify nothing: the step's drafts are then
+dropped, and a step of decoding rows runs as a plain decode step (:mod:`.speculative`). So a
+step verifies drafts only when their expected tokens pay for what the verification rows cost
+over the plain step of the same rows.
 
 Drafting costs time before any of that is known (:mod:`.draft_cost`), so before a round is
 drafted :meth:`AdaptiveVerifier.drafting_pays` asks whether it is worth it at all. The round's
@@ -43,6 +45,7 @@ from deepinfer.engine.draft_cost import ProfiledDrafter, profile_draft_cost
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.spec_config import CostTable
+from deepinfer.engine.step_load import step_load
 from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.survival_memory import MEASURED_ROWS, Learnt, sampled
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
@@ -207,6 +210,9 @@ class AdaptiveVerifier:
         #: and what the rounds drafted so and not verified yet count on.
         self._decided: dict[Request, float] = {}
         self._foreseen: dict[Request, float] = {}
+        #: Each planned row's raw confidences and drafts before the plan cut them, until its
+        #: verification says how far they would have been kept (:meth:`verified`).
+        self._planned: dict[Request, tuple[list[float], list[int]]] = {}
         #: How long the latest decision to draft (or not) stands (:mod:`.decision_spells`).
         self.spells = DecisionSpells()
 
@@ -329,11 +335,20 @@ class AdaptiveVerifier:
         for g in regimes:
             self.learnt[g].age(k)
 
-    def verified(self, req: Request, kept: int) -> None:
+    def verified(self, req: Request, kept: int, emitted: int) -> None:
         """Take in that ``req``'s verification row kept ``kept`` drafts (none: a row whose
-        drafts the plan dropped, or a plain step's)."""
+        drafts the plan dropped, or a plain step's) and drew ``emitted`` after them. The row's
+        confidences learn from it (:mod:`.online_calibration`): positions up to the first draft not
+        kept are trials, and where the plan cut the row after its last kept draft, the draft
+        after it is one too, kept iff it equals ``emitted`` (the engine keeps a draft iff it
+        equals the draw at its position, and that draw is ``emitted``)."""
         learnt = self.of(req)
-        learnt.accepted += kept
+        planned = self._planned.pop(req, None)
+        if planned is not None:
+            confidence, offered = planned
+            trials = min(kept + 1, len(offered))
+            hits = kept + (kept < len(offered) and offered[kept] == emitted)
+            learnt.calibration.observe(confidence, trials, hits)
         foreseen = self._foreseen.pop(req, None)
         if foreseen is not None:
             learnt.foreseen += foreseen
@@ -344,22 +359,20 @@ class AdaptiveVerifier:
         their calibrated survivals with the step's rows and tokens priced (the drafting is
         done: only verifying is weighed against the plain step)."""
         verifying, load = step_load(out, drafts)
-        predicted = []
+        current = []
         for req in verifying:
             n = len(drafts[req])
-            predicted.append(survival([(self.confidence.pop(req, None) or [1.0] * n)[:n]])[0])
-        scales = [self.of(req).calibration for req in verifying]
-        current = [[a * c for a in row] for row, c in zip(predicted, scales, strict=True)]
+            raw = (self.confidence.pop(req, None) or [1.0] * n)[:n]
+            self._planned[req] = (raw, list(drafts[req]))
+            current.append(survival([self.of(req).calibration.calibrate(raw)])[0])
         seconds = self.step_seconds(len(out.scheduled))
         chosen = plan(current, load, seconds, margin=self._margin())
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
+        self._planned = {r: p for r, p in self._planned.items() if not r.finished}
         self.last = {}
-        rows = zip(verifying, predicted, current, chosen.lengths, strict=True)
-        for req, row, calibrated, length in rows:
-            learnt = self.of(req)
-            learnt.learn(calibrated)  # in the units of the prior: drafts expected to be kept
-            learnt.expected += sum(row[:length])
+        for req, calibrated, length in zip(verifying, current, chosen.lengths, strict=True):
+            self.of(req).learn(calibrated)  # in the units of the prior: drafts expected kept
             self.last[req.request_id] = length
             req.metrics.spec_trimmed_tokens += len(drafts[req]) - length
             self.offered += len(drafts[req])
@@ -367,34 +380,3 @@ class AdaptiveVerifier:
         self.rows += len(verifying)
         self.planned += sum(chosen.lengths)
         self.dropped += bool(verifying) and not chosen.budget
-
-
-def step_load(
-    out: SchedulerOutput, drafts: Mapping[Request, list[int]]
-) -> tuple[list[Request], StepLoad]:
-    """The requests of ``out`` that verify drafts, and what the step holds besides them: a
-    decoding row's own token (it draws one), a prefill chunk's tokens (it draws one only where
-    it ends the sequence), which of those draws are made with noise, and which verifying
-    request's drafts would be. Decoding rows are told apart as the speculative step does."""
-    verifying: list[Request] = []
-    tokens = samples = noisy = 0
-    for req, n in out.scheduled.items():
-        start = req.num_computed_tokens
-        sampled = req.params.temperature > 0
-        if is_decoding(req, n):
-            tokens, samples, noisy = tokens + 1, samples + 1, noisy + sampled
-            if drafts.get(req):
-                verifying.append(req)
-        elif start + n >= req.num_tokens:
-            tokens, samples, noisy = tokens + n, samples + 1, noisy + sampled
-        else:
-            tokens += n
-    rows = tuple(req.params.temperature > 0 for req in verifying)
-    return verifying, StepLoad(tokens, samples, noisy, rows)
-
-
-def is_decoding(req: Request, n: int) -> bool:
-    """Whether ``req``'s ``n`` scheduled tokens are a decoding row (its last token, after its
-    prompt), not a prefill chunk, as the speculative step tells them apart."""
-    start = req.num_computed_tokens
-    return n == 1 and start >= req.num_prompt_tokens and start + 1 == req.num_tokens

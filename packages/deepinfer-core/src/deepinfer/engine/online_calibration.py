@@ -1,0 +1,85 @@
+"""Online calibration of draft confidences, per draft position (after ``dspark.md`` §6.6).
+
+A drafter's confidence ``c_k`` in its draft k (the chance that the draft survives if the drafts
+before it did) is rarely calibrated: DSpark's raw head is over-confident, the MTP layer's
+softmax probability of its argmax under-confident (first drafts of 0.1-0.5 are kept more often
+than not). The adaptive schedule prices drafts by the survivals ``prod_{i<=k} c_i``, so an
+under-confident drafter is never verified and an over-confident one is verified where it does
+not pay.
+
+vLLM calibrates DSpark's head online by a temperature per position on the confidence logit
+(Sequential Temperature Scaling). A temperature keeps the logit's sign, so it cannot lift a
+confidence of 0.3 that is kept 60% of the time above one half, and the MTP layer's are mostly
+of that kind. So here each position keeps vLLM's counts (trials and hits, decayed by
+:data:`DECAY` a trial, in :data:`BINS` bins of the confidence logit over [-8, 8]) and reads the
+calibrated confidence off its bin: the bin's hit rate, with :data:`PRIOR_TRIALS` pseudo-trials
+at the raw confidence (histogram binning; before any trial, the identity).
+
+What it learns from are *trials*: a draft whose predecessors were all kept, checked against the
+target. A verified row of ``m`` kept drafts out of ``l`` is a trial at positions ``k <
+min(m + 1, l)`` and a hit at ``k < m``; the caller also counts the first draft the plan cut
+from a row whose verified drafts were all kept, judged by the token the step drew there
+(:meth:`.verify_schedule.AdaptiveVerifier.verified`). Without that, rows trimmed to nothing
+would teach nothing, and an under-confident drafter would stay unverified for good.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+#: Bins of the confidence logit, over [-LOGIT_RANGE, LOGIT_RANGE] (vLLM's online STS).
+BINS = 16
+LOGIT_RANGE = 8.0
+#: Weight kept by the counts at each new trial: recent rounds count most.
+DECAY = 0.999
+#: Pseudo-trials at the raw confidence in every bin: a bin's first trials move it gradually.
+PRIOR_TRIALS = 8.0
+#: Confidences are clipped this far from 0 and 1 before their logit is taken.
+EPS = 1e-6
+
+_INNER_EDGES = np.linspace(-LOGIT_RANGE, LOGIT_RANGE, BINS + 1)[1:-1]
+
+
+def bin_of(c: float) -> int:
+    """The bin of confidence ``c``'s logit."""
+    c = min(max(c, EPS), 1 - EPS)
+    return int(np.searchsorted(_INNER_EDGES, math.log(c / (1 - c)), side="right"))
+
+
+class OnlineCalibration:
+    """Per-position, per-bin trials and hits of one stream of rows (a sampling regime)."""
+
+    def __init__(self) -> None:
+        self.trials = np.zeros((0, BINS))
+        self.hits = np.zeros((0, BINS))
+
+    def observe(self, confidences: Sequence[float], trials: int, hits: int) -> None:
+        """A row's conditional ``confidences`` and its outcome: positions ``k < trials`` were
+        tried (their predecessors kept), positions ``k < hits`` kept."""
+        n = min(trials, len(confidences))
+        if n <= 0:
+            return
+        if n > self.trials.shape[0]:
+            grow = ((0, n - self.trials.shape[0]), (0, 0))
+            self.trials, self.hits = np.pad(self.trials, grow), np.pad(self.hits, grow)
+        bins = [bin_of(c) for c in confidences[:n]]
+        self.trials *= DECAY
+        self.hits *= DECAY
+        for k, b in enumerate(bins):
+            self.trials[k, b] += 1
+            self.hits[k, b] += k < hits
+
+    def calibrate(self, confidences: Sequence[float]) -> list[float]:
+        """Each confidence read off its position's bin (see the module)."""
+        out = []
+        for k, c in enumerate(confidences):
+            if k >= self.trials.shape[0]:
+                out.append(float(c))
+                continue
+            b = bin_of(c)
+            t, h = self.trials[k, b], self.hits[k, b]
+            out.append(float((h + PRIOR_TRIALS * c) / (t + PRIOR_TRIALS)))
+        return out
