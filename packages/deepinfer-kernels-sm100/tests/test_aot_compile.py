@@ -224,25 +224,13 @@ def _mhc_specs() -> Iterator[AotSpec]:
          "splits": 128, "k_dim": 16384, "width": 24, "norm_eps": 1e-6,
          "BLOCK_S": 128, "BLOCK_W": 32},
     )  # fmt: skip
-    for dt, parts, block_r, warps in (("bf16", True, 128, 8), ("fp32", False, 16, 4)):
-        yield AotSpec(
-            "mhc_exit._mhc_post_kernel",
-            f"{dt}-hc4",
-            {"y_ptr": f"*{dt}", "x_ptr": f"*{dt}", "post_ptr": "*fp32", "comb_ptr": "*fp32",
-             "out_ptr": f"*{dt}", "dim": 4096, "N": 4, "BLOCK_D": 256},
-        )  # fmt: skip
-        # the exit with the next mixer's split products, on the mixer's tiles
-        yield AotSpec(
-            "mhc_exit._mhc_post_mix_kernel",
-            f"{dt}-hc4",
-            {"y_ptr": f"*{dt}", "x_ptr": f"*{dt}", "post_ptr": "*fp32", "comb_ptr": "*fp32",
-             "out_ptr": f"*{dt}", "fn_ptr": "*fp32", "part_ptr": "*fp32",
-             "squares_ptr": "*fp32", "rows": 32, "dim": 4096, "width": 24, "N": 4,
-             "SPLIT": 128, "BLOCK_R": block_r, "BLOCK_W": 32, "BLOCK_K": 64,
-             "BF16_PARTS": parts, "NATIVE": True},
-            num_warps=warps,
-        )  # fmt: skip
     for dt in ("bf16", "fp32"):
+        yield AotSpec(
+            "mhc._mhc_post_kernel",
+            f"{dt}-hc4",
+            {"y_ptr": f"*{dt}", "x_ptr": f"*{dt}", "post_ptr": "*fp32", "comb_ptr": "*fp32",
+             "out_ptr": f"*{dt}", "dim": 4096, "N": 4, "NP": 4, "BLOCK_D": 256},
+        )  # fmt: skip
         yield AotSpec(
             "mhc._mhc_collapse_kernel",
             f"{dt}-hc4",

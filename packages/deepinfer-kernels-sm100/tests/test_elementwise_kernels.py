@@ -1,4 +1,4 @@
-"""RMSNorm, RoPE and the mHC mixer kernels against the torch reference (and
+"""RMSNorm, RoPE, the mHC mixer and the mHC exit kernels against the torch reference (and
 float64 where the reference itself rounds), through Triton's interpreter off the GPU."""
 
 from __future__ import annotations
@@ -155,6 +155,20 @@ def test_hc_mix_row_does_not_depend_on_the_batch(dtype: torch.dtype) -> None:
         for row in (17, 63):
             assert torch.equal(mhc.hc_mix(x[row : row + 1], fn, 1e-6)[0], batch[row]), row
         assert torch.equal(mhc.hc_mix(x[40:57], fn, 1e-6), batch[40:57])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mhc_post(dtype: torch.dtype) -> None:
+    hc, d = 4, 300  # two D blocks, the last partial
+    x = _rand(2, 3, hc, d, seed=9, dtype=dtype)
+    y = _rand(2, 3, d, seed=10, dtype=dtype)
+    post = _rand(2, 3, hc, seed=11).sigmoid() * 2
+    comb = _rand(2, 3, hc, hc, seed=12).softmax(-1)
+    got = mhc.mhc_post(*(t.to(DEVICE) for t in (y, x, post, comb))).cpu()
+    want = ref.mhc_post(y, x, post, comb)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("hc", [4, 3], ids=["four-streams", "three-streams"])

@@ -149,8 +149,8 @@ def test_lagged_mhc_chain(model) -> None:
     block = model.layers[3]
     hc_a = LaggedHyperConnection(block, "hc_attn", model.cfg)
     hc_f = LaggedHyperConnection(block, "hc_ffn", model.cfg)
-    y, pre, _ = hc_a(model.ops, x, None, lambda u: torch.tanh(u @ w1.T))
-    y, pre, _ = hc_f(model.ops, y, pre, lambda u: torch.tanh(u @ w2.T))
+    y, pre = hc_a(model.ops, x, None, lambda u: torch.tanh(u @ w1.T))
+    y, pre = hc_f(model.ops, y, pre, lambda u: torch.tanh(u @ w2.T))
     out = model.ops.mhc_collapse(y, pre)
 
     params = {k: [getattr(block, f"hc_{k}_{p}") for p in ("fn", "base", "scale")]

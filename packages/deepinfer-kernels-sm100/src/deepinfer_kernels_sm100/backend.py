@@ -19,13 +19,11 @@ from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
 from deepinfer.backends.compress_ref import WindowBuffers
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.paging import KeyPages, PagedEntries
-from deepinfer_kernels_sm100.mhc_ops import MhcKernels
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
-Block = tuple[int, int]  # an FP8 weight's scale block (rows, columns)
 
 
-class Sm100Backend(MhcKernels, TorchBackend):
+class Sm100Backend(TorchBackend):
     """Triton kernels on NVIDIA Hopper and Blackwell GPUs; torch reference for the rest.
 
     The kernel modules are imported inside the ops: this module must import (for the plugin
@@ -75,7 +73,9 @@ class Sm100Backend(MhcKernels, TorchBackend):
         quantized = (x_fp8.q, x_fp8.scale) if x_fp8 is not None else None
         return fp8_block_linear(x, weight, scale, block, out_dtype=x.dtype, quantized=quantized)
 
-    def fp8_grouped_linear(self, x: Tensor, weight: Tensor, scale: Tensor, block: Block) -> Tensor:
+    def fp8_grouped_linear(
+        self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
         from deepinfer_kernels_sm100.fp8_linear import fp8_block_grouped_linear
 
         return fp8_block_grouped_linear(x, weight, scale, block, out_dtype=x.dtype)
@@ -113,6 +113,76 @@ class Sm100Backend(MhcKernels, TorchBackend):
             w2_scale=w2_scale, swiglu_limit=swiglu_limit, scales_fit=scales_fit,
             residual=residual, out_dtype=out_dtype,
         )  # fmt: skip
+
+    def mhc_pre(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        from deepinfer_kernels_sm100.mhc_fused import mhc_entry
+
+        _, post, comb, u, _ = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, True)
+        assert u is not None
+        return u, post, comb
+
+    def mhc_pre_normed(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        weight: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+        eps: float,
+        fp8: bool,
+    ) -> tuple[Tensor, Fp8Activation | None, Tensor, Tensor]:
+        from deepinfer_kernels_sm100.mhc_fused import Normed, mhc_entry
+
+        norm = Normed(weight, eps, fp8)
+        entry = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, True, norm)
+        _, post, comb, normed, codes = entry
+        assert normed is not None
+        return normed, None if codes is None else Fp8Activation(*codes), post, comb
+
+    def mhc_weights(
+        self,
+        x: Tensor,
+        fn: Tensor,
+        base: Tensor,
+        scale: Tensor,
+        *,
+        norm_eps: float,
+        hc_eps: float,
+        sinkhorn_iters: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        from deepinfer_kernels_sm100.mhc_fused import mhc_entry
+
+        pre, post, comb, *_ = mhc_entry(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, False)
+        return pre, post, comb
+
+    def hc_mix(self, x: Tensor, fn: Tensor, norm_eps: float) -> Tensor:
+        from deepinfer_kernels_sm100.mhc import hc_mix
+
+        return hc_mix(x, fn, norm_eps)
+
+    def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
+        from deepinfer_kernels_sm100.mhc import mhc_collapse
+
+        return mhc_collapse(x, pre)
+
+    def mhc_post(self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+        from deepinfer_kernels_sm100.mhc import mhc_post
+
+        return mhc_post(y, x, post, comb)
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         from deepinfer_kernels_sm100.elementwise import rms_norm

@@ -1,24 +1,20 @@
-"""mHC kernels at a sublayer's entry: the mixer's projection and the streams' collapse.
+"""mHC kernels around a sublayer: the mixer's projection, the streams' collapse and the post mix.
 
 In plain torch each of these is several launches on a token's few numbers and its n streams
 (n = ``hc_mult`` = 4), in every sublayer of every step. The mixer (:func:`hc_mix`, and
 :func:`hc_mix_parts` for :mod:`~deepinfer_kernels_sm100.mhc_fused`, which adds the gates and
 the Sinkhorn mix in the kernel that sums its splits) folds the flattened streams' RMSNorm into
-the projection; :func:`mhc_collapse` is one launch. The exit (the post mix) is in
-:mod:`~deepinfer_kernels_sm100.mhc_exit`.
+the projection; :func:`mhc_collapse` and :func:`mhc_post` are one launch each.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-
-Grid = tuple[int, int]
 
 
 @triton.jit
@@ -31,32 +27,6 @@ def _dot_bf16_part(x, part, acc, NATIVE: tl.constexpr):
     else:
         out = tl.dot(x.to(tl.float32), part.to(tl.float32), acc, input_precision="ieee")
     return out
-
-
-@triton.jit
-def mix_block(x, f, acc, squares, BF16_PARTS: tl.constexpr, NATIVE: tl.constexpr):  # noqa: PLR0917
-    """One K block of the mixer: ``(acc + x @ f, squares + the rows' sums of x^2)`` for a
-    [BLOCK_R, BLOCK_K] tile of streams and the [BLOCK_K, BLOCK_W] block of fn.T. Every kernel
-    that makes mixer products goes through it, so theirs are the same bits."""
-    xf = x.to(tl.float32)
-    squares += tl.sum(xf * xf, axis=1)
-    if BF16_PARTS:
-        # f = f1 + f2 + f3 exactly: each part takes the next 8 significant bits of what
-        # the parts before it leave, and three carry all 24 of an fp32. A bf16 x times a
-        # bf16 part is exact, so only the fp32 sums round, as in an IEEE fp32 dot.
-        f1 = f.to(tl.bfloat16)
-        rest = f - f1.to(tl.float32)
-        f2 = rest.to(tl.bfloat16)
-        f3 = (rest - f2.to(tl.float32)).to(tl.bfloat16)
-        # Tensor cores' fp32 additions truncate: an accumulator passed through every dot
-        # of the split would gather that bias toward zero, so the block's dots start from
-        # zero, smallest part first, and the block joins acc in one round-to-nearest add.
-        block = _dot_bf16_part(x, f3, tl.zeros_like(acc), NATIVE)
-        block = _dot_bf16_part(x, f2, block, NATIVE)
-        acc += _dot_bf16_part(x, f1, block, NATIVE)
-    else:
-        acc += tl.dot(xf, f, input_precision="ieee")
-    return acc, squares
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -93,7 +63,24 @@ def _hc_mix_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
             mask=(w[None, :] < width) & (k[:, None] < k_dim),
             other=0.0,
         )
-        acc, squares = mix_block(x, f, acc, squares, BF16_PARTS, NATIVE)
+        xf = x.to(tl.float32)
+        squares += tl.sum(xf * xf, axis=1)
+        if BF16_PARTS:
+            # f = f1 + f2 + f3 exactly: each part takes the next 8 significant bits of what
+            # the parts before it leave, and three carry all 24 of an fp32. A bf16 x times a
+            # bf16 part is exact, so only the fp32 sums round, as in an IEEE fp32 dot.
+            f1 = f.to(tl.bfloat16)
+            rest = f - f1.to(tl.float32)
+            f2 = rest.to(tl.bfloat16)
+            f3 = (rest - f2.to(tl.float32)).to(tl.bfloat16)
+            # Tensor cores' fp32 additions truncate: an accumulator passed through every dot
+            # of the split would gather that bias toward zero, so the block's dots start from
+            # zero, smallest part first, and the block joins acc in one round-to-nearest add.
+            block = _dot_bf16_part(x, f3, tl.zeros((BLOCK_R, BLOCK_W), tl.float32), NATIVE)
+            block = _dot_bf16_part(x, f2, block, NATIVE)
+            acc += _dot_bf16_part(x, f1, block, NATIVE)
+        else:
+            acc += tl.dot(xf, f, input_precision="ieee")
     base = split * rows
     tl.store(
         out_ptr + (base + r[:, None]) * width + w[None, :],
@@ -156,48 +143,37 @@ HC_MIX_IEEE_TILES = (16, 64, 4)
 HC_MIX_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def mix_launch(
-    dtype: torch.dtype, rows: int, k_dim: int, width: int
-) -> tuple[Grid, dict[str, Any]]:
-    """The grid and launch parameters of a kernel making the mixer's split products of
-    ``rows`` rows of ``k_dim`` flattened stream values in ``dtype`` (:func:`mix_block`): one
-    choice for every such kernel, so their products are the same bits."""
-    parts = dtype == torch.bfloat16
-    if parts:
-        block_r, block_k, warps = HC_MIX_BLOCK_R, HC_MIX_BLOCK_K, HC_MIX_WARPS
-    else:
-        block_r, block_k, warps = HC_MIX_IEEE_TILES
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(k_dim, HC_MIX_SPLIT))
-    meta = {
-        "SPLIT": HC_MIX_SPLIT,
-        "BLOCK_R": block_r,
-        "BLOCK_W": max(16, triton.next_power_of_2(width)),
-        "BLOCK_K": min(block_k, HC_MIX_SPLIT),
-        "BF16_PARTS": parts,
-        "NATIVE": HC_MIX_NATIVE,
-        "num_warps": warps,
-    }
-    return grid, meta
-
-
-def mix_buffers(rows: int, k_dim: int, width: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Each split's partial products [splits, rows, width] and sums of squares [splits, rows]."""
-    splits = triton.cdiv(k_dim, HC_MIX_SPLIT)
-    out = torch.empty(splits, rows, width, dtype=torch.float32, device=device)
-    return out, torch.empty(splits, rows, dtype=torch.float32, device=device)
-
-
 def hc_mix_parts(x: Tensor, fn: Tensor, norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """The mixer's first kernel: (the streams flattened [rows, n * d], each split's partial
     products [splits, rows, W] and partial sums of squares [splits, rows])."""
     flat = x.reshape(-1, x.shape[-2] * x.shape[-1]).contiguous()
     rows, k_dim = flat.shape
     width = fn.shape[0]
-    out, squares = mix_buffers(rows, k_dim, width, x.device)
+    splits = triton.cdiv(k_dim, HC_MIX_SPLIT)
+    out = torch.empty(splits, rows, width, dtype=torch.float32, device=x.device)
+    squares = torch.empty(splits, rows, dtype=torch.float32, device=x.device)
+    parts = flat.dtype == torch.bfloat16
+    if parts:
+        block_r, block_k, warps = HC_MIX_BLOCK_R, HC_MIX_BLOCK_K, HC_MIX_WARPS
+    else:
+        block_r, block_k, warps = HC_MIX_IEEE_TILES
     if rows:
-        grid, meta = mix_launch(flat.dtype, rows, k_dim, width)
-        _hc_mix_kernel[grid](
-            flat, fn.float().contiguous(), out, squares, rows, k_dim, width, norm_eps, **meta
+        _hc_mix_kernel[(triton.cdiv(rows, block_r), splits)](
+            flat,
+            fn.float().contiguous(),
+            out,
+            squares,
+            rows,
+            k_dim,
+            width,
+            norm_eps,
+            SPLIT=HC_MIX_SPLIT,
+            BLOCK_R=block_r,
+            BLOCK_W=max(16, triton.next_power_of_2(width)),
+            BLOCK_K=min(block_k, HC_MIX_SPLIT),
+            BF16_PARTS=parts,
+            NATIVE=HC_MIX_NATIVE,
+            num_warps=warps,
         )
     return flat, out, squares
 
@@ -233,6 +209,56 @@ def _stream_tile(x_ptr, dim, N: tl.constexpr, NP: tl.constexpr, BLOCK_D: tl.cons
     mask = (j[:, None] < N) & (d < dim)[None, :]
     x = tl.load(x_ptr + row * N * dim + j[:, None] * dim + d[None, :], mask=mask, other=0.0)
     return row, d, j, x
+
+
+@triton.jit
+def _mhc_post_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    y_ptr,
+    x_ptr,
+    post_ptr,
+    comb_ptr,
+    out_ptr,
+    dim,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row, d, j, x = _stream_tile(x_ptr, dim, N, NP, BLOCK_D)
+    dmask = d < dim
+    smask = (j[:, None] < N) & dmask[None, :]
+    out_ty = x.dtype
+    # The reference rounds the weights and the sublayer output to the residual dtype first.
+    y = tl.load(y_ptr + row * dim + d, mask=dmask, other=0.0).to(out_ty).to(tl.float32)
+    post = tl.load(post_ptr + row * N + j, mask=j < N, other=0.0).to(out_ty).to(tl.float32)
+    cmask = (j[:, None] < N) & (j[None, :] < N)
+    comb = tl.load(comb_ptr + row * N * N + j[:, None] * N + j[None, :], mask=cmask, other=0.0)
+    comb = comb.to(out_ty).to(tl.float32)
+    # out[k] = post[k] * y + sum_j comb[j, k] * x[j]
+    mixed = tl.sum(comb[:, :, None] * x.to(tl.float32)[:, None, :], axis=0)
+    out = post[:, None] * y[None, :] + mixed
+    tl.store(out_ptr + row * N * dim + j[:, None] * dim + d[None, :], out.to(out_ty), mask=smask)
+
+
+def mhc_post(y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    """mHC exit ``X'[k] = post[k] * y + sum_j comb[j, k] * X[j]`` for streams ``x`` [..., n, d]."""
+    n, dim = x.shape[-2:]
+    flat_x = x.reshape(-1, n, dim).contiguous()
+    rows = flat_x.shape[0]
+    out = torch.empty_like(flat_x)
+    if rows:
+        block_d = min(triton.next_power_of_2(dim), 256)
+        _mhc_post_kernel[(rows, triton.cdiv(dim, block_d))](
+            y.reshape(rows, dim).contiguous(),
+            flat_x,
+            post.reshape(rows, n).contiguous(),
+            comb.reshape(rows, n, n).contiguous(),
+            out,
+            dim,
+            N=n,
+            NP=triton.next_power_of_2(n),
+            BLOCK_D=block_d,
+        )
+    return out.view(x.shape)
 
 
 @triton.jit

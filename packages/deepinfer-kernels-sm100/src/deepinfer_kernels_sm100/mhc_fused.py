@@ -199,17 +199,14 @@ def mhc_entry(  # noqa: PLR0917
     sinkhorn_iters: int,
     collapse: bool,
     norm: Normed | None = None,
-    mixed: tuple[Tensor, ...] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, tuple[Tensor, Tensor] | None]:
     """(pre [..., n], post [..., n], comb [..., n, n] fp32; with ``collapse`` the streams
     ``x`` [..., n, d] collapsed by ``pre`` [..., d] in ``x``'s dtype, else None; with ``norm``
     that row RMSNormed instead, and with ``norm.quant`` its e4m3 codes [..., d] and scales
     [..., d / ACT_GROUP]): the mixer, the reference's ``mhc_weights_from_mix`` (and
-    ``mhc_collapse``, and ``rms_norm`` or ``rms_norm_fp8``) in two launches, or in one where
-    ``mixed`` brings the mixer's split products of ``x`` and ``fn`` (as ``hc_mix_parts`` returns
-    them; ``mhc_exit.mhc_post_mix`` made them as it wrote ``x``)."""
+    ``mhc_collapse``, and ``rms_norm`` or ``rms_norm_fp8``) in two launches."""
     lead, (n, dim) = x.shape[:-2], x.shape[-2:]
-    flat, parts, squares = hc_mix_parts(x, fn, norm_eps) if mixed is None else mixed
+    flat, parts, squares = hc_mix_parts(x, fn, norm_eps)
     rows, splits = flat.shape[0], parts.shape[0]
     pre = torch.empty(rows, n, dtype=torch.float32, device=x.device)
     post = torch.empty_like(pre)

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from deepinfer.backends.fp8_types import Fp8Activation, Fp8Output
-from deepinfer.backends.mhc_types import StreamMix
 from deepinfer.backends.token_ops import TokenOps
 from deepinfer.errors import BackendUnavailableError
 from deepinfer.plugins import Availability
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     from deepinfer.backends.compress_ref import WindowBuffers
     from deepinfer.paging import KeyPages, PagedEntries
 
-__all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output", "StreamMix"]
+__all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output"]
 
 
 class Backend(TokenOps):
@@ -161,13 +160,11 @@ class Backend(TokenOps):
         sinkhorn_iters: int,
         eps: float,
         fp8: bool,
-        mix: StreamMix | None = None,
     ) -> tuple[Tensor, Fp8Activation | None, Tensor, Tensor]:
         """:meth:`mhc_pre`, then the sublayer's RMSNorm (``weight``, ``eps``) of the collapsed
         input, with ``fp8`` also quantised as :meth:`rms_norm_fp8` quantises: (normed input,
         its FP8 activation or None, post, comb). One op, so that a backend can norm the row
-        in the kernel that collapses it; here: the two ops. ``mix``: what this backend's
-        :meth:`mhc_post_mix` made of ``x`` (here it makes none)."""
+        in the kernel that collapses it; here: the two ops."""
         u, post, comb = self.mhc_pre(
             x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
         )
@@ -175,15 +172,6 @@ class Backend(TokenOps):
             return self.rms_norm(u, weight, eps), None, post, comb
         normed, act = self.rms_norm_fp8(u, weight, eps)
         return normed, act, post, comb
-
-    def mhc_post_mix(  # noqa: PLR0917
-        self, y: Tensor, x: Tensor, post: Tensor, comb: Tensor, fn: Tensor, norm_eps: float
-    ) -> tuple[Tensor, StreamMix | None]:
-        """:meth:`mhc_post`, where the next sublayer's mixer ``fn`` (its ``norm_eps``) reads
-        the new streams: (the streams, and what a backend made of them for that sublayer's
-        entry as it wrote them, or None). One op, so that a backend can start the next mixer
-        in the exit's kernel; here: the exit alone."""
-        return self.mhc_post(y, x, post, comb), None
 
     @abstractmethod
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:

@@ -13,8 +13,6 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
-from deepinfer.backends.mhc_types import StreamMix
-
 
 class TokenOps(ABC):
     """The token-wise ops every backend implements (B batch, S tokens, n mHC streams, d hidden,
@@ -55,12 +53,10 @@ class TokenOps(ABC):
         norm_eps: float,
         hc_eps: float,
         sinkhorn_iters: int,
-        mix: StreamMix | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The three mHC weight sets from streams ``x`` [B, S, n, d]: (pre [B, S, n], post
         [B, S, n], comb [B, S, n, n]), all fp32. V4.1's lagged pre-mix applies ``pre`` to the
-        next sublayer's streams, so it is returned instead of being used here. ``mix``: what
-        this backend's ``mhc_post_mix`` made of ``x`` (see ``Backend.mhc_pre_normed``)."""
+        next sublayer's streams, so it is returned instead of being used here."""
 
     @abstractmethod
     def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ from deepinfer.backends.attention_ref import (
     sink_attention,
     sparse_sink_attention,
 )
-from deepinfer.backends.base import Availability, Backend, Fp8Activation, Fp8Output, StreamMix
+from deepinfer.backends.base import Availability, Backend, Fp8Activation, Fp8Output
 from deepinfer.backends.fp4_ref import dequant_fp4
 from deepinfer.backends.fp8_ref import fp8_grouped, fp8_linear_ref, quantize_act_fp8
 from deepinfer.backends.grouped_ref import grouped_linear
@@ -279,12 +279,11 @@ class TorchBackend(Backend):
         norm_eps: float,
         hc_eps: float,
         sinkhorn_iters: int,
-        mix: StreamMix | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        mix = self.hc_mix(x, fn, norm_eps)
         return mhc_weights_from_mix(
-            self.hc_mix(x, fn, norm_eps), base, scale, hc=x.shape[-2], hc_eps=hc_eps,
-            sinkhorn_iters=sinkhorn_iters,
-        )  # fmt: skip
+            mix, base, scale, hc=x.shape[-2], hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
+        )
 
     def mhc_collapse(self, x: Tensor, pre: Tensor) -> Tensor:
         return (pre.float()[..., None] * x.float()).sum(dim=-2).to(x.dtype)

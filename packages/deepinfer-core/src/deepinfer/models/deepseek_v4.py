@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import StreamMix
 from deepinfer.config import ModelConfig
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layers.block import Block, ForwardContext
@@ -34,11 +33,7 @@ class DeepseekV4ForCausalLM(DeepseekCausalLM):
         e = self.embed(ids) if inputs.embeds is None else inputs.embeds
         ctx = ForwardContext(self.ops, inputs.positions, ids, self.rotary)
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
-        mix: StreamMix | None = None
-        layers = list(zip(self.layers, inputs.layer_states, strict=True))
-        for i, (layer, layer_state) in enumerate(layers):
-            # each layer's last exit may make the next layer's first mixer products
-            next_fn = self.layers[i + 1].hc_attn_fn if i + 1 < len(layers) else None
-            x, mix = layer(x, ctx, layer_state, mix, next_fn)
+        for layer, layer_state in zip(self.layers, inputs.layer_states, strict=True):
+            x = layer(x, ctx, layer_state)
         last = take_rows(x, inputs.rows)
         return self.logits(HyperConnection(self, "hc_head", self.cfg).head(self.ops, last)), x

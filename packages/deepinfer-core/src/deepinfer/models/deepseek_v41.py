@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend, StreamMix
+from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.layers.candidate_indexer import SharedKV
@@ -169,24 +169,14 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
         )
         x = e[:, :, None, :].expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         pre: Tensor | None = None
-        mix: StreamMix | None = None
-        layers = list(zip(self.layers, states, strict=True))
-        for i, (layer, layer_state) in enumerate(layers):
-            x, pre, mix = layer(x, pre, ctx, layer_state, mix, self.next_mixer(i, len(layers)))
+        for layer, layer_state in zip(self.layers, states, strict=True):
+            x, pre = layer(x, pre, ctx, layer_state)
         last = take_rows(x, inputs.rows)
         if pre is None:  # V4-style residual (hc_pre_from_prev_sublayer off)
             h = HyperConnection(self, "hc_head", self.cfg).head(self.ops, last)
         else:
             h = self.ops.mhc_collapse(last, take_rows(pre, inputs.rows))
         return self.logits(h), x
-
-    def next_mixer(self, i: int, count: int) -> Tensor | None:
-        """The mixer that reads layer ``i``'s output streams first (the next layer's), for its
-        last exit to make the products of (None: the last layer, or an Engram layer next,
-        which changes the streams before its mixer reads them)."""
-        if i + 1 >= count or self.layers[i + 1].engram is not None:
-            return None
-        return self.layers[i + 1].hc_attn_fn
 
     # -- weights ----------------------------------------------------------------------------------
 

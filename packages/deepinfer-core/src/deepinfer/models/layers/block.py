@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend, Fp8Activation, StreamMix
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.attention import MQA, Attention
 from deepinfer.models.layers.mhc import HyperConnection, add_hc_params
@@ -63,19 +63,8 @@ class Block(TransformerLayer):
         attn = Attention(cfg, layer_id, dtype)
         super().__init__(cfg, layer_id, attn, MoE(cfg, layer_id, dtype), attn.kind != "swa")
 
-    def forward(
-        self,
-        x: Tensor,
-        ctx: ForwardContext,
-        state: LayerStates,
-        mix: StreamMix | None = None,
-        next_fn: Tensor | None = None,
-    ) -> tuple[Tensor, StreamMix | None]:
-        """``x``: residual streams [B, S, hc_mult, d]; ``state`` in the layout of the rows.
-        ``mix``: what the exit before made of ``x`` for this layer's first mixer; ``next_fn``:
-        the mixer that reads this layer's output next (the next layer's first), so the last
-        exit can make its products (see ``HyperConnection.normed``). Returns (the output
-        streams, those products or None)."""
+    def forward(self, x: Tensor, ctx: ForwardContext, state: LayerStates) -> Tensor:
+        """``x``: residual streams [B, S, hc_mult, d]; ``state`` in the layout of the rows."""
         ops = ctx.ops
         rotary = ctx.rotary[self.rope_kind]
 
@@ -83,22 +72,14 @@ class Block(TransformerLayer):
             return self.attn(ops, x, ctx.positions, rotary, state, x_fp8=x_fp8)
 
         hc = HyperConnection(self, "hc_attn", self.cfg)
-        x, mix = hc.normed(ops, x, self.attn_norm, self.attn.wq_a, attn, mix, self.hc_ffn_fn)
-        return self.ffn_half(ops, x, ctx.input_ids, mix, next_fn)
+        x = hc.normed(ops, x, self.attn_norm, self.attn.wq_a, attn)
+        return self.ffn_half(ops, x, ctx.input_ids)
 
-    def ffn_half(
-        self,
-        ops: Backend,
-        x: Tensor,
-        input_ids: Tensor,
-        mix: StreamMix | None = None,
-        next_fn: Tensor | None = None,
-    ) -> tuple[Tensor, StreamMix | None]:
-        """mHC(MoE) of the streams (the token ids route hash layers); ``mix`` and ``next_fn``
-        as in :meth:`forward`."""
+    def ffn_half(self, ops: Backend, x: Tensor, input_ids: Tensor) -> Tensor:
+        """mHC(MoE) of the streams (the token ids route hash layers)."""
 
         def ffn(x: Tensor, x_fp8: Fp8Activation | None) -> Tensor:
             return self.ffn(ops, x, input_ids, x_fp8)
 
         hc = HyperConnection(self, "hc_ffn", self.cfg)
-        return hc.normed(ops, x, self.ffn_norm, self.ffn.shared_experts.w1, ffn, mix, next_fn)
+        return hc.normed(ops, x, self.ffn_norm, self.ffn.shared_experts.w1, ffn)

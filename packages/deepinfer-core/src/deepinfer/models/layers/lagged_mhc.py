@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend, StreamMix
+from deepinfer.backends.base import Backend
 from deepinfer.config import ModelConfig
 
 
@@ -27,19 +27,15 @@ class LaggedHyperConnection:
     prefix: str
     cfg: ModelConfig
 
-    def __call__(  # noqa: PLR0917
+    def __call__(
         self,
         ops: Backend,
         x: Tensor,
         pre_prev: Tensor | None,
         sublayer: Callable[[Tensor], Tensor],
-        mix: StreamMix | None = None,
-        next_fn: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, StreamMix | None]:
+    ) -> tuple[Tensor, Tensor]:
         """Streams ``x`` [B, S, n, d] and the previous HC's ``pre`` [B, S, n] (None for the
-        model's first sublayer) -> (new streams, this HC's ``pre`` for the next sublayer, and
-        the next mixer's products of the new streams or None). ``mix`` and ``next_fn`` as in
-        ``HyperConnection.normed``."""
+        model's first sublayer) -> (new streams, this HC's ``pre`` for the next sublayer)."""
         m, p, cfg = self.module, self.prefix, self.cfg
         pre, post, comb = ops.mhc_weights(
             x,
@@ -49,11 +45,6 @@ class LaggedHyperConnection:
             norm_eps=cfg.rms_norm_eps,
             hc_eps=cfg.hc_eps,
             sinkhorn_iters=cfg.hc_sinkhorn_iters,
-            mix=mix,
         )
         u = x[..., 0, :] if pre_prev is None else ops.mhc_collapse(x, pre_prev)
-        y = sublayer(u)
-        if next_fn is None:
-            return ops.mhc_post(y, x, post, comb), pre, None
-        x, mix = ops.mhc_post_mix(y, x, post, comb, next_fn, cfg.rms_norm_eps)
-        return x, pre, mix
+        return ops.mhc_post(sublayer(u), x, post, comb), pre

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from deepinfer.backends.base import Backend, Fp8Activation, StreamMix
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 
@@ -59,23 +59,17 @@ class HyperConnection:
         )
         return ops.mhc_post(sublayer(u), x, post, comb)
 
-    def normed(  # noqa: PLR0917
+    def normed(
         self,
         ops: Backend,
         x: Tensor,
         norm: RMSNorm,
         consumer: Linear,
         sublayer: Callable[[Tensor, Fp8Activation | None], Tensor],
-        mix: StreamMix | None = None,
-        next_fn: Tensor | None = None,
-    ) -> tuple[Tensor, StreamMix | None]:
+    ) -> Tensor:
         """:meth:`__call__` for a sublayer whose input is ``norm``'s output, read by
         ``consumer``: the norm (and, for an FP8 ``consumer``, its quantisation) comes out of
-        the entry's op, and ``sublayer`` takes the normed input and its FP8 activation.
-
-        ``mix``: what the exit before made of ``x`` for this entry's mixer; ``next_fn``: the
-        mixer of the sublayer that reads the new streams next, whose products the exit may
-        make as it writes them. Returns (the new streams, those products or None)."""
+        the entry's op, and ``sublayer`` takes the normed input and its FP8 activation."""
         fn, base, scale = self._params()
         cfg = self.cfg
         xn, xn_fp8, post, comb = ops.mhc_pre_normed(
@@ -89,12 +83,8 @@ class HyperConnection:
             sinkhorn_iters=cfg.hc_sinkhorn_iters,
             eps=norm.eps,
             fp8=consumer.scale is not None,
-            mix=mix,
         )
-        y = sublayer(xn, xn_fp8)
-        if next_fn is None:
-            return ops.mhc_post(y, x, post, comb), None
-        return ops.mhc_post_mix(y, x, post, comb, next_fn, cfg.rms_norm_eps)
+        return ops.mhc_post(sublayer(xn, xn_fp8), x, post, comb)
 
     def head(self, ops: Backend, x: Tensor) -> Tensor:
         fn, base, scale = self._params()

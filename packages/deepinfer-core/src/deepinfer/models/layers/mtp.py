@@ -36,6 +36,6 @@ class MTPBlock(Block):
         ops = ctx.ops
         e = self.e_proj(ops, self.enorm(ops, next_embed))
         h = self.h_proj(ops, self.hnorm(ops, streams))
-        x, _ = self.forward(e[:, :, None] + h, ctx, state)
+        x = self.forward(e[:, :, None] + h, ctx, state)
         collapsed = HyperConnection(self, "hc_head", self.cfg).head(ops, x)
         return self.norm(ops, collapsed.float()), x

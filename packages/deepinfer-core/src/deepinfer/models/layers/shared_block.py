@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from deepinfer.backends.base import Backend, Fp8Activation, StreamMix
+from deepinfer.backends.base import Backend, Fp8Activation
 from deepinfer.config import ModelConfig
 from deepinfer.models.layers.block import TransformerLayer
 from deepinfer.models.layers.candidate_indexer import SharedKV
@@ -88,19 +88,10 @@ class SharedBlock(TransformerLayer):
         super().__init__(cfg, layer_id, attn, ffn, cfg.compress_ratio(layer_id) != 0)
         self.engram = Engram(cfg, layer_id, dtype) if layer_id in cfg.engram_layer_ids else None
 
-    def forward(  # noqa: PLR0917
-        self,
-        x: Tensor,
-        pre: Tensor | None,
-        ctx: V41Context,
-        state: LayerStates,
-        mix: StreamMix | None = None,
-        next_fn: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, StreamMix | None]:
-        """Streams [B, S, n, d] and the carried ``pre`` -> (streams, ``pre`` to carry on, the
-        next mixer's products of the streams or None). ``mix``: what the exit before made of
-        ``x`` for this layer's first mixer; ``next_fn``: the mixer that reads this layer's
-        output next (see ``HyperConnection.normed``); both only with the lagged pre-mix."""
+    def forward(
+        self, x: Tensor, pre: Tensor | None, ctx: V41Context, state: LayerStates
+    ) -> tuple[Tensor, Tensor | None]:
+        """Streams [B, S, n, d] and the carried ``pre`` -> (streams, ``pre`` to carry on)."""
         ops = ctx.ops
         rotary = ctx.rotary[self.rope_kind]
         if self.engram is not None:
@@ -114,25 +105,23 @@ class SharedBlock(TransformerLayer):
         if not self.cfg.hc_pre_from_prev_sublayer:
             x = HyperConnection(self, "hc_attn", self.cfg)(ops, x, attn)
         else:
-            hc = LaggedHyperConnection(self, "hc_attn", self.cfg)
-            x, pre, mix = hc(ops, x, pre, attn, mix, self.hc_ffn_fn)
-        return self.ffn_half(ops, x, pre, ctx, mix, next_fn)
+            x, pre = LaggedHyperConnection(self, "hc_attn", self.cfg)(ops, x, pre, attn)
+        return self.ffn_half(ops, x, pre, ctx.input_ids, ctx.image_mask)
 
-    def ffn_half(  # noqa: PLR0917
+    def ffn_half(
         self,
         ops: Backend,
         x: Tensor,
         pre: Tensor | None,
-        ctx: V41Context,
-        mix: StreamMix | None,
-        next_fn: Tensor | None,
-    ) -> tuple[Tensor, Tensor | None, StreamMix | None]:
-        """mHC(MoE) -> (streams, ``pre`` to carry on, the next mixer's products or None)."""
+        input_ids: Tensor,
+        image_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """mHC(MoE) -> (streams, ``pre`` to carry on)."""
 
         def ffn(u: Tensor) -> Tensor:
             x, x_fp8 = self.ffn_norm.feeding(ops, u, self.ffn.shared_experts.w1)
-            return self.ffn(ops, x, ctx.input_ids, ctx.image_mask, x_fp8)
+            return self.ffn(ops, x, input_ids, image_mask, x_fp8)
 
         if not self.cfg.hc_pre_from_prev_sublayer:
-            return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn), None, None
-        return LaggedHyperConnection(self, "hc_ffn", self.cfg)(ops, x, pre, ffn, mix, next_fn)
+            return HyperConnection(self, "hc_ffn", self.cfg)(ops, x, ffn), None
+        return LaggedHyperConnection(self, "hc_ffn", self.cfg)(ops, x, pre, ffn)
