@@ -66,7 +66,7 @@ class Learnt:
     #: towards the prior's like the rest.
     prior_rows: float = GUESS_ROWS
     rows: float = GUESS_ROWS
-    #: The confidences' per-position temperatures, learnt from what verification kept.
+    #: The confidences' calibration per draft position, learnt from what verification kept.
     calibration: OnlineCalibration = field(default_factory=OnlineCalibration)
     #: Survival that decisions to draft counted on, and drafts those rounds then had accepted
     #: (:attr:`draft_calibration`).
