@@ -164,11 +164,12 @@ def test_an_under_confident_drafter_is_verified_once_calibrated(
 def test_a_step_verifies_the_one_draft_that_pays(
     model: DeepseekCausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One row, V = {2: 1.2, 3: 3, 4: 4}, c = 0.9 scaled by a calibration s <= 1: one draft
-    gives (1 + 0.9 s) / 1.2, above the plain step's 1 by the 4% a plan must win by for any
-    s > 0.28 (the drafter's first draft is always right, so s stays 1); two give at most
-    2.71 / 3 and three 3.44 / 4, both below 1. So every round verifies exactly one draft, and
-    the first is always kept: two tokens a step."""
+    """One row, V = {2: 1.2, 3: 3, 4: 4}, every draft at c = 0.9. The calibration reads the
+    first as c' from 0.9 up to 1 (that draft is always right, and its bin learns so) and the
+    later ones at 0.9 (never verified, never tried): one draft gives (1 + c') / 1.2 >= 1.58,
+    above the plain step's 1 by more than the 4% a plan must win by; two give at most
+    (1 + 1 + 0.9) / 3 and three (1 + 1 + 0.9 + 0.81) / 4, both below 1. So every round
+    verifies exactly one draft, and the first is always kept: two tokens a step."""
     spec = {**ADAPTIVE, "verify_cost": {2: 1.2, 3: 3.0, 4: 4.0}, "plain_cost": {1: 1.0}}
     _, engine, outs, plain = _speculate(model, _prompts(1), GREEDY, monkeypatch, 0.9, spec)
     metrics = outs[0].metrics
