@@ -11,9 +11,9 @@ vLLM calibrates DSpark's head online by a temperature per position on the confid
 (Sequential Temperature Scaling). A temperature keeps the logit's sign, so it cannot lift a
 confidence of 0.3 that is kept 60% of the time above one half, and the MTP layer's are mostly
 of that kind. So here each position keeps vLLM's counts (trials and hits, decayed by
-:data:`DECAY` a trial, in :data:`BINS` bins of the confidence logit over [-8, 8]) and reads the
-calibrated confidence off its bin: the bin's hit rate, with :data:`PRIOR_TRIALS` pseudo-trials
-at the raw confidence (histogram binning; before any trial, the identity).
+:data:`DECAY` a row observed, in :data:`BINS` bins of the confidence logit over [-8, 8]) and
+reads the calibrated confidence off its bin: the bin's hit rate, with :data:`PRIOR_TRIALS`
+pseudo-trials at the raw confidence (histogram binning; before any trial, the identity).
 
 What it learns from are *trials*: a draft whose predecessors were all kept, checked against the
 target. A verified row of ``m`` kept drafts out of ``l`` is a trial at positions ``k <
@@ -25,6 +25,7 @@ would teach nothing, and an under-confident drafter would stay unverified for go
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -33,20 +34,22 @@ import numpy as np
 #: Bins of the confidence logit, over [-LOGIT_RANGE, LOGIT_RANGE] (vLLM's online STS).
 BINS = 16
 LOGIT_RANGE = 8.0
-#: Weight kept by the counts at each new trial: recent rounds count most.
+#: Weight kept by the counts at each row observed: recent rounds count most.
 DECAY = 0.999
 #: Pseudo-trials at the raw confidence in every bin: a bin's first trials move it gradually.
 PRIOR_TRIALS = 8.0
 #: Confidences are clipped this far from 0 and 1 before their logit is taken.
 EPS = 1e-6
 
-_INNER_EDGES = np.linspace(-LOGIT_RANGE, LOGIT_RANGE, BINS + 1)[1:-1]
+#: The bins' inner edges, as floats: a bin is looked up for every draft of every planned row,
+#: which numpy's per-call overhead made a few milliseconds a step at a batch of 256.
+_INNER_EDGES = np.linspace(-LOGIT_RANGE, LOGIT_RANGE, BINS + 1)[1:-1].tolist()
 
 
 def bin_of(c: float) -> int:
     """The bin of confidence ``c``'s logit."""
     c = min(max(c, EPS), 1 - EPS)
-    return int(np.searchsorted(_INNER_EDGES, math.log(c / (1 - c)), side="right"))
+    return bisect.bisect_right(_INNER_EDGES, math.log(c / (1 - c)))
 
 
 class OnlineCalibration:
@@ -55,6 +58,9 @@ class OnlineCalibration:
     def __init__(self) -> None:
         self.trials = np.zeros((0, BINS))
         self.hits = np.zeros((0, BINS))
+        #: The counts as Python lists, made once after the counts change: every draft of
+        #: every planned row reads them, where numpy's per-element indexing costs most.
+        self._read: tuple[list[list[float]], list[list[float]]] | None = None
 
     def observe(self, confidences: Sequence[float], trials: int, hits: int) -> None:
         """A row's conditional ``confidences`` and its outcome: positions ``k < trials`` were
@@ -71,15 +77,19 @@ class OnlineCalibration:
         for k, b in enumerate(bins):
             self.trials[k, b] += 1
             self.hits[k, b] += k < hits
+        self._read = None
 
     def calibrate(self, confidences: Sequence[float]) -> list[float]:
         """Each confidence read off its position's bin (see the module)."""
+        if self._read is None:
+            self._read = (self.trials.tolist(), self.hits.tolist())
+        trials, hits = self._read
         out = []
         for k, c in enumerate(confidences):
-            if k >= self.trials.shape[0]:
+            if k >= len(trials):
                 out.append(float(c))
                 continue
             b = bin_of(c)
-            t, h = self.trials[k, b], self.hits[k, b]
+            t, h = trials[k][b], hits[k][b]
             out.append(float((h + PRIOR_TRIALS * c) / (t + PRIOR_TRIALS)))
         return out
