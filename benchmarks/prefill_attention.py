@@ -13,6 +13,7 @@ decode rows as the model runs them (a ring and entry pages read in place, output
 rotated back) are timed under ``PAGED_VARIANTS``.
 
     python benchmarks/prefill_attention.py [--variants NAME ...] [--paged-only] [--out PATH]
+    python benchmarks/prefill_attention.py --decode-kernels   # the two paged decode kernels
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 from _results import write_result
 from attention_kernels import graph_us
 
@@ -40,6 +42,16 @@ PAGED_VARIANTS: dict[str, dict[str, int]] = {
     f"paged_dv128_w{w}": {"WIDE_CELLS": 16 * 512, "PAGED_WARPS": w, "WIDE_ROWS": 1 << 30}
     for w in (4, 8)
 }
+#: name: the knobs of ``attention_decode``'s transposed paged decode kernel ("decode." ones,
+#: at every batch) against ``attention``'s own program (the first).
+DECODE_VARIANTS: dict[str, dict[str, Any]] = {"heads_as_rows": {"decode.ENABLED": False}} | {
+    f"keys_as_rows_w{w}_s{s}_l{bl}_r{r}": {
+        "decode.ENABLED": True, "decode.MIN_ROWS": 0, "decode.NUM_WARPS": w,
+        "decode.NUM_STAGES": s, "decode.BLOCK_L": bl, "decode.MAXNREG": r,
+    }
+    for w, s, bl, r in ((8, 2, 32, 128), (8, 2, 32, None), (8, 1, 64, None), (8, 2, 64, None),
+                        (4, 2, 32, 128))
+}  # fmt: skip
 #: (name, batch, queries, heads, chunk keys, long-range entries, picks per query)
 CASES = [
     ("a-window", 1, 4096, 16, 4096, 0, 0),
@@ -98,15 +110,24 @@ def paged_call(att: Any, b: int, h: int, entries: int, g: torch.Generator) -> An
 
 
 def time_variants(
-    att: Any, fn: Any, variants: list[str], table: dict[str, dict[str, int]] = VARIANTS
+    att: Any, fn: Any, variants: list[str], table: dict[str, dict[str, Any]] = VARIANTS
 ) -> dict[str, Any]:
-    """``fn()`` timed and compared under each variant of ``table``."""
+    """``fn()`` timed and compared under each variant of ``table`` (a "decode." knob is one of
+    ``attention_decode``'s)."""
+    from deepinfer_kernels_sm100 import attention_decode
+
     row: dict[str, Any] = {}
     first = None
     for name in variants:
         for knob, value in table[name].items():
-            setattr(att, knob, value)
-        out = fn().float()
+            module, _, attr = knob.rpartition(".")
+            setattr(attention_decode if module == "decode" else att, attr, value)
+        try:
+            out = fn().float()
+        except triton.runtime.errors.OutOfResources as exc:  # a launch shape that cannot run
+            row[name] = None
+            row["error_" + name] = str(exc).split(".")[0]
+            continue
         first = out if first is None else first
         row[name] = graph_us(fn)
         row["diff_" + name] = float((out - first).abs().max())
@@ -117,12 +138,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--paged-only", action="store_true", help="only the paged decode cases")
+    ap.add_argument(
+        "--decode-kernels", action="store_true",
+        help="only the paged decode cases, under DECODE_VARIANTS (the two decode kernels)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("prefill_attention.py times CUDA graphs: it needs an NVIDIA GPU")
     from deepinfer_kernels_sm100 import attention as att
+    from deepinfer_kernels_sm100 import attention_decode
 
+    if args.decode_kernels:
+        return decode_kernels(att, attention_decode, args.out)
     tables = (*VARIANTS.values(), *PAGED_VARIANTS.values())
     shipped = {knob: getattr(att, knob) for v in tables for knob in v}
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -167,6 +195,30 @@ def main() -> int:
     }
     name = "prefill_attention_" + result["device"].split()[1].lower()
     write_result(result, args.out, name)
+    return 0
+
+
+def decode_kernels(att: Any, decode: Any, out: Path | None) -> int:
+    """The paged decode cases (and 128 rows) under each of ``DECODE_VARIANTS``."""
+    shipped = {k: getattr(decode, k.split(".")[1]) for v in DECODE_VARIANTS.values() for k in v}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    cases = PAGED_CASES + [(f"a-paged-{n}", 128, 16, n) for n in (128, 4)]
+    for name, b, h, entries in cases:
+        fn = paged_call(att, b, h, entries, g)
+        timed = time_variants(att, fn, list(DECODE_VARIANTS), DECODE_VARIANTS)
+        rows.append({"case": name, "B": b, "heads": h, **timed})
+        print(rows[-1], flush=True)
+    for knob, value in shipped.items():
+        setattr(decode, knob.split(".")[1], value)
+    result = {
+        "benchmark": "decode_attention_kernels",
+        "device": torch.cuda.get_device_name(0),
+        "shipped": shipped,
+        "variants": DECODE_VARIANTS,
+        "rows": rows,
+    }
+    write_result(result, out, "decode_attention_" + result["device"].split()[1].lower())
     return 0
 
 

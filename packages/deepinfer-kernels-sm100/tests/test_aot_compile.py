@@ -75,7 +75,7 @@ KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 @dataclass(frozen=True)
 class AotSpec:
     """One launch configuration of a kernel: its parameters by name, as the launch site passes
-    them, and the launch's ``num_warps`` (and ``num_stages``)."""
+    them, and the launch's ``num_warps`` (and ``num_stages``, ``maxnreg``)."""
 
     kernel: str  # "<module>.<kernel>" in deepinfer_kernels_sm100
     variant: str
@@ -83,6 +83,8 @@ class AotSpec:
     num_warps: int = 4
     #: The launch's pipeline depth (None: Triton's default), which sets the shared memory used.
     num_stages: int | None = None
+    #: The launch's register cap per thread (None: ptxas's choice).
+    maxnreg: int | None = None
     #: The targets whose launch sites pick this configuration (the wrapper may choose by
     #: compute capability).
     archs: tuple[int, ...] = ARCHS
@@ -603,6 +605,7 @@ def _attention_specs() -> Iterator[AotSpec]:
             num_warps=warps,
             archs=archs,
         )  # fmt: skip
+    yield from _decode_t_specs()
     for dt in ("bf16", "fp32"):
         for derotate in (False, True):
             yield AotSpec(
@@ -613,6 +616,34 @@ def _attention_specs() -> Iterator[AotSpec]:
                  "dim": 512, "splits": 4, "rot_start": 448, "half": 32, "DEROTATE": derotate,
                  "BLOCK_H": 64, "BLOCK_DV": 128},
             )  # fmt: skip
+
+
+def _decode_t_specs() -> Iterator[AotSpec]:
+    """attention_decode's transposed decode kernel, as paged_mqa_sink_attention launches it for
+    bf16 rows of up to 16 heads: config A's decode rows (16 heads of 512; unsplit with the
+    rope channels turned back, and split in key ranges) and the embedded model's (4 heads of
+    32)."""
+    from deepinfer_kernels_sm100 import attention_decode as ad
+
+    cases = (("a-unsplit", 16, 512, False), ("a-split", 16, 512, True), ("tiny", 4, 32, False))
+    for variant, heads, dim, split in cases:
+        yield AotSpec(
+            "attention_decode._decode_t_kernel",
+            variant,
+            {"q_ptr": "*bf16", "kv_ptr": "*bf16", "kv2_ptr": "*bf16",
+             "select_ptr": "*i64", "select2_ptr": "*i64", "pages_ptr": "*i64",
+             "pages2_ptr": "*i64", "sink_ptr": "*fp32", "out_ptr": "*bf16",
+             "part_ptr": "*fp32" if split else "*bf16", "stat_ptr": "*fp32" if split else "*bf16",
+             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "heads": heads, "keys": 256, "dim": dim,
+             "scale": dim**-0.5, "split_keys": 64 if split else 256, "splits": 4 if split else 1,
+             "keys_a": 128, "n_pages": 1, "n_pages2": 2, "per_page": 128, "per_page2": 64,
+             "rot_start": dim - min(64, dim // 2), "half": min(32, dim // 4), "POOLS": 1,
+             "SPLIT": split, "DEROTATE": not split, "NATIVE": True, "PV_PARTS": 3,
+             "BLOCK_H": 16, "BLOCK_L": ad.BLOCK_L, "BLOCK_D": dim},
+            num_warps=ad.NUM_WARPS,
+            num_stages=ad.NUM_STAGES,
+            maxnreg=ad.MAXNREG,
+        )  # fmt: skip
 
 
 def _norm_rope_specs() -> Iterator[AotSpec]:
@@ -907,6 +938,8 @@ def _compile_one(fn: JITFunction[Any], spec: AotSpec, arch: int, cubin: bool) ->
     options: dict[str, Any] = {"num_warps": spec.num_warps, "enable_fp_fusion": spec.fp_fusion}
     if spec.num_stages is not None:
         options["num_stages"] = spec.num_stages
+    if spec.maxnreg is not None:
+        options["maxnreg"] = spec.maxnreg
     if not cubin:
         options["ptx_version"] = 87  # PTX 8.7 (CUDA 12.8) knows both sm_90a and sm_100a
     source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource

@@ -18,7 +18,8 @@ of the output columns, recomputing the logits its neighbours also compute, which
 spills and gives the GPU more programs. 16-bit queries and keys meet in tensor-core dots (exact
 products, fp32 sums); the probabilities keep IEEE fp32 dots.
 
-A decode batch of a few rows gives the GPU only a few such programs, each walking every key
+Many decode rows of few heads go to :mod:`.attention_decode` (the key rows on the dots' long
+side). A decode batch of a few rows gives the GPU only a few such programs, each walking every key
 (flash-decoding's problem): there the keys are cut into ranges, each program keeps its range's
 running maximum, denominator and unnormalised output, and a second kernel merges the ranges in
 order, adding the sink once.
@@ -43,6 +44,7 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer.paging import KeyPages
+from deepinfer_kernels_sm100 import attention_decode
 from deepinfer_kernels_sm100.attention_combine import combine_splits, derotate
 from deepinfer_kernels_sm100.attention_paged import KeyPool, key_tile, paged_rows
 
@@ -188,8 +190,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
 #: read once per query row; tl.dot needs 16 rows, so fewer heads are masked), keys per block,
 #: head-dim slice for the logits and output columns per program (a 512-wide head is split over
 #: programs, which each recompute the logits: cheaper than spilling registers); warps for a
-#: full 64-head block (smaller blocks take 4). Chosen from 15 variants timed on an H200 in CUDA
-#: graphs (benchmarks/README.md).
+#: full 64-head block (smaller blocks take 4). Timed in CUDA graphs (benchmarks/README.md).
 BLOCK_H, BLOCK_L, BLOCK_DK, BLOCK_DV, NUM_WARPS = 64, 64, 64, 128, 8
 #: Output columns per program when the launch has at least WIDE_ROWS (query row, head block)
 #: pairs: each program recomputes half as many logits, and there are programs enough (faster
@@ -199,22 +200,18 @@ WIDE_BLOCK_DV, WIDE_ROWS = 256, 32
 #: (config A) take all 512 columns, so no second program re-reads their keys and logits, where
 #: that leaves TARGET_PROGRAMS programs (``benchmarks/prefill_attention.py``). 64 heads: 256.
 WIDE_CELLS = 16 * 512
-#: Warps of a program of fewer than BLOCK_H heads: sparse or dense (8 lost at all prefill
-#: shapes), paged over heads wider than BLOCK_DV (decode rows: 8 won at every batch).
+#: Warps of a program of fewer than BLOCK_H heads: sparse or dense, and paged (decode rows).
 SMALL_WARPS, PAGED_WARPS = 4, 8
 #: Programs a launch should give the GPU before its keys are split (flash-decoding): a decode
 #: batch of a few rows has a handful of (row, head block, column block) programs, each walking
-#: all keys, on a GPU of 132 multiprocessors. Splitting past this lost more to the merge than
-#: it gained (64 heads x 512, 640 keys, 32 rows: 72 us whole, 107 us in three ranges).
+#: all keys. Splitting past this lost more to the merge than it gained (``benchmarks/README``).
 TARGET_PROGRAMS = 128
 #: Queries and keys of one 16-bit type meet in their own tensor-core dots (exact products, fp32
-#: sums, as TF32's would be) rather than upcast. Triton's CPU interpreter (3.7) gets 16-bit dots
-#: wrong, so there they are upcast.
+#: sums) rather than upcast; Triton's CPU interpreter gets 16-bit dots wrong, so there not.
 QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 #: bf16 values meet the fp32 probabilities in tensor-core dots of the probabilities cut into
 #: this many bf16 parts: three carry all 24 bits of an fp32 probability, so every product is
-#: exact and only the fp32 sums round, as in an IEEE fp32 dot on CUDA cores (64 heads x 512,
-#: 640 keys, 32 rows: 72 -> 60 us; two parts 55 us but no longer exact products).
+#: exact and only the fp32 sums round, as in an IEEE fp32 dot on CUDA cores (and faster).
 PV_PARTS = 3
 #: Blackwell (compute capability 10) holds tensor-core accumulators in tensor memory, 512
 #: columns an SM. Triton gives the PV_PARTS bf16 dots into a 64 x 256 fp32 accumulator 544 of
@@ -395,6 +392,9 @@ def paged_mqa_sink_attention(
         raise ValueError("paged attention takes one query a row and one or two key sources")
     one = KeyPool.of(sources[0])
     two = KeyPool.of(sources[1]) if len(sources) == 2 else one._replace(entries=one.entries[:, :0])
+    if attention_decode.fits(q, one, two):  # many rows of few heads: a program a row
+        args = (sinks, scale, derotate, splits or 1, QK_NATIVE, PV_PARTS if QK_NATIVE else 0)
+        return attention_decode.decode_attention(q, one, two, *args)
     return _launch(
         q, one.rows, one.entries, sinks, scale, splits=splits, pools=(one, two), angles=derotate
     )
