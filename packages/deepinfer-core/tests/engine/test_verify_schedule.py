@@ -1,8 +1,8 @@
 """The adaptive verifier's calibrations, against sums worked by hand.
 
 * The confidences' calibration: each planned row's outcome taught to its regime's per-position
-  temperatures (test_online_sts.py checks the fit): positions up to the first draft not kept,
-  and the first draft the plan cut, judged by the token the step drew there.
+  counts (test_online_calibration.py checks the reading): positions up to the first draft not
+  drawn as drafted, the drafts the plan cut judged by the tokens drawn after.
 * The mean survival per position that drafting is decided on: the prior 0.5, 0.25, 0.125
   before any row, then each row drafted moves it 1/32 of the way to the row's survivals.
 * The decision to draft: what it counted on (the mean survivals of the drafts it expected to
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from deepinfer.engine import decision_spells, step_overhead
-from deepinfer.engine.request import Request
+from deepinfer.engine.request import Request, RequestStatus
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.step_overhead import StepOverhead
 from deepinfer.engine.verify_cost import StepCost, VerifyCost
@@ -81,17 +81,19 @@ def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None
     assert greedy.draft_calibration == 1.0
     assert verifier.drafting_pays([a, b], 3)  # first rounds, on the prior: 0.875 each
     _draft(verifier, [a, b])
-    verifier.verified(a, 2, 7)
-    verifier.verified(b, 0, 7)
+    verifier.verified(a, 2, [9, 9, 7], 4)
+    verifier.verified(b, 0, [7], 4)
     assert (greedy.foreseen, greedy.realized) == (1.75, 2)
 
     assert verifier.drafting_pays([a, b], 3)  # every slot, at no cost
-    verifier.verified(a, 1, 7)  # a row of a round drafted before this decision
+    verifier.verified(a, 1, [9, 7], 4)  # a row of a round drafted before this decision
     assert greedy.foreseen == 1.75
     assert verifier.drafting_pays([a], 3)  # decided again, for a alone, and then drafted
     _draft(verifier, [a])
-    verifier.verified(a, 0, 7)
-    verifier.verified(b, 3, 7)  # b's round was never drafted on the decision that counted it
+    verifier.verified(a, 0, [7], 4)
+    verifier.verified(
+        b, 3, [9, 9, 9, 7], 4
+    )  # b's round was never drafted on the decision that counted it
     assert math.isclose(greedy.foreseen, 2.625) and greedy.realized == 2
     assert math.isclose(greedy.draft_calibration, (2 + 8) / (2.625 + 8))
 
@@ -171,7 +173,7 @@ def test_greedy_and_sampled_requests_learn_apart() -> None:
     assert verifier.drafting_pays([_request("g1"), _request("g2")], 3)
     _draft(verifier, hot)
     verifier.trim(_verifying(hot), {req: [9, 9, 9] for req in hot})
-    verifier.verified(hot[0], 2, 7)
+    verifier.verified(hot[0], 2, [9, 9, 7], 4)
     assert noisy.calibration.trials.sum() > 0 and greedy.calibration.trials.size == 0
 
 
@@ -259,29 +261,55 @@ def test_rounds_are_probed_until_their_host_work_is_measured() -> None:
     assert not verifier.drafting_pays([a, b], 3)
 
 
-def test_rows_the_plan_cut_teach_their_first_cut_draft() -> None:
-    """Verification costs 100 plain steps: the plan cuts every row to nothing. Each row still
-    teaches the calibration one trial, its first draft against the token the step drew there
-    (kept iff equal); after 24 rows whose first draft was always drawn, a confidence of 0.5
-    there reads (24 + 8 * 0.5) / (24 + 8) = 0.875, while positions never tried stay raw."""
+def test_rows_the_plan_cut_are_judged_by_the_tokens_drawn_after() -> None:
+    """Verification costs 100 plain steps: the plan cuts every row to nothing. Each row's
+    drafts (9, 9, 9) are still judged, each by the token the request draws at its position in
+    the steps after: here 9 (the first draft kept) then 4 (the second not), a trial at
+    positions 0 and 1 and a hit at 0. After 24 rows a confidence of 0.5 reads
+    (24 + 8 * 0.5) / (24 + 8) = 0.875 at position 0 and 4 / 32 at position 1, decayed; position
+    2, never tried, stays raw. A row whose first draft is not drawn is a miss at position 0;
+    one whose drafts are all drawn, over three steps, three hits; and a request that finishes
+    with its trial open counts the drafts judged by then."""
     cost = StepCost.by_tokens(VerifyCost.from_table({1: 100.0}), VerifyCost.from_table({1: 1.0}))
     verifier = AdaptiveVerifier(cost)
-    greedy = verifier.learnt[False]
-    for i in range(24):
-        req = _request(f"r{i}")
+    calibration = verifier.learnt[False].calibration
+
+    def planned(name: str) -> Request:
+        req = _request(name)
         _draft(verifier, [req])
         drafts = {req: [9, 9, 9]}
-        verifier.trim(_verifying([req]), drafts)
+        verifier.trim(_verifying([req]), drafts)  # the first draft at position 4
         assert drafts[req] == []
-        verifier.verified(req, 0, 9)
-    # the counts decay by 0.999 a trial: the first row's weighs 0.999 ** 23 by now
-    n = sum(0.999**j for j in range(24))
-    assert math.isclose(greedy.calibration.trials.sum(), n)
-    got = greedy.calibration.calibrate([0.5, 0.5])
-    assert math.isclose(got[0], (n + 8 * 0.5) / (n + 8)) and got[1] == 0.5
-    req = _request("miss")
-    _draft(verifier, [req])
-    verifier.trim(_verifying([req]), {req: [9, 9, 9]})
-    verifier.verified(req, 0, 4)  # drew another token: the first draft would have gone
-    assert math.isclose(greedy.calibration.hits.sum(), n * 0.999)
-    assert math.isclose(greedy.calibration.trials.sum(), n * 0.999 + 1)
+        return req
+
+    for i in range(24):
+        req = planned(f"r{i}")
+        verifier.verified(req, 0, [9], 4)
+        assert calibration.trials.size == 0 or calibration.trials.sum() < 2 * (i + 1)
+        verifier.verified(req, 0, [4], 5)  # the next step draws another token
+    n = sum(0.999**j for j in range(24))  # the counts decay by 0.999 a row observed
+    assert math.isclose(calibration.trials[0].sum(), n)
+    assert math.isclose(calibration.trials[1].sum(), n)
+    assert math.isclose(calibration.hits.sum(), n)
+    got = calibration.calibrate([0.5, 0.5, 0.5])
+    assert math.isclose(got[0], (n + 4) / (n + 8)) and math.isclose(got[1], 4 / (n + 8))
+    assert got[2] == 0.5
+
+    miss = planned("miss")
+    verifier.verified(miss, 0, [4], 4)
+    assert math.isclose(calibration.trials[0].sum(), n * 0.999 + 1)
+    assert math.isclose(calibration.hits.sum(), n * 0.999)
+
+    full = planned("full")
+    for at in (4, 5, 6):
+        verifier.verified(full, 0, [9], at)
+    assert calibration.trials.shape[0] == 3 and math.isclose(calibration.trials[2].sum(), 1)
+    assert math.isclose(calibration.hits[2].sum(), 1)
+
+    ends = planned("ends")
+    verifier.verified(ends, 0, [9], 4)
+    ends.status = RequestStatus.FINISHED
+    before = calibration.hits[0].sum()
+    verifier.trim(SchedulerOutput(scheduled={}), {})
+    assert math.isclose(calibration.hits[0].sum(), before * 0.999 + 1)
+    assert not verifier.trials.open

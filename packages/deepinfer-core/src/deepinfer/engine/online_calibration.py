@@ -16,11 +16,11 @@ reads the calibrated confidence off its bin: the bin's hit rate, with :data:`PRI
 pseudo-trials at the raw confidence (histogram binning; before any trial, the identity).
 
 What it learns from are *trials*: a draft whose predecessors were all kept, checked against the
-target. A verified row of ``m`` kept drafts out of ``l`` is a trial at positions ``k <
-min(m + 1, l)`` and a hit at ``k < m``; the caller also counts the first draft the plan cut
-from a row whose verified drafts were all kept, judged by the token the step drew there
-(:meth:`.verify_schedule.AdaptiveVerifier.verified`). Without that, rows trimmed to nothing
-would teach nothing, and an under-confident drafter would stay unverified for good.
+target. A row of ``l`` drafts whose first ``m`` were drawn as drafted is a trial at positions
+``k < min(m + 1, l)`` and a hit at ``k < m``; the drafts its plan cut count as well, each
+judged by the token the request drew at its position later (:mod:`.draft_trials`). Without
+them, rows trimmed to nothing would teach nothing, and an under-confident drafter would stay
+unverified for good.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ cost (:class:`.verify_cost.StepCost`, profiled at engine start by :mod:`.verify_
 given as tables), the step's rows and prefill chunks counted. The survivals are this step's
 own, the drafter's confidences in the drafts about to be verified, recalibrated by how the
 drafter's predictions have fared so far (per position and confidence,
-:mod:`.online_calibration`, learnt from every planned row's outcome, the first draft its plan
-cut included): the best estimate there is, and safe to use since the engine keeps a draft iff
-it equals the sampler's own draw, so no choice of drafts can bias the output (see
-:mod:`.verify_plan`). One of the plans is to verify nothing: the step's drafts are then
-dropped, and a step of decoding rows runs as a plain decode step (:mod:`.speculative`). So a
-step verifies drafts only when their expected tokens pay for what the verification rows cost
-over the plain step of the same rows.
+:mod:`.online_calibration`, learnt from every planned row's outcome, the drafts its plan cut
+judged by the tokens drawn after, :mod:`.draft_trials`): the best estimate there is, and safe
+to use since the engine keeps a draft iff it equals the sampler's own draw, so no choice of
+drafts can bias the output (see :mod:`.verify_plan`). One of the plans is to verify nothing:
+the step's drafts are then dropped, and a step of decoding rows runs as a plain decode step
+(:mod:`.speculative`). So a step verifies drafts only when their expected tokens pay for
+what the verification rows cost over the plain step of the same rows.
 
 Drafting costs time before any of that is known (:mod:`.draft_cost`), so before a round is
 drafted :meth:`AdaptiveVerifier.drafting_pays` asks whether it is worth it at all. The round's
@@ -42,6 +42,7 @@ from torch import Tensor
 from deepinfer.engine import profile_cache
 from deepinfer.engine.decision_spells import DecisionSpells, Finding
 from deepinfer.engine.draft_cost import ProfiledDrafter, profile_draft_cost
+from deepinfer.engine.draft_trials import DraftTrials
 from deepinfer.engine.request import Request
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.spec_config import CostTable
@@ -210,9 +211,9 @@ class AdaptiveVerifier:
         #: and what the rounds drafted so and not verified yet count on.
         self._decided: dict[Request, float] = {}
         self._foreseen: dict[Request, float] = {}
-        #: Each planned row's raw confidences and drafts before the plan cut them, until its
-        #: verification says how far they would have been kept (:meth:`verified`).
-        self._planned: dict[Request, tuple[list[float], list[int]]] = {}
+        #: Each planned row's raw confidences and drafts before the plan cut them, until the
+        #: tokens drawn after say how far they would have been kept (:meth:`verified`).
+        self.trials = DraftTrials()
         #: How long the latest decision to draft (or not) stands (:mod:`.decision_spells`).
         self.spells = DecisionSpells()
 
@@ -335,20 +336,15 @@ class AdaptiveVerifier:
         for g in regimes:
             self.learnt[g].age(k)
 
-    def verified(self, req: Request, kept: int, emitted: int) -> None:
+    def verified(self, req: Request, kept: int, emitted: Sequence[int], first: int) -> None:
         """Take in that ``req``'s verification row kept ``kept`` drafts (none: a row whose
-        drafts the plan dropped, or a plain step's) and drew ``emitted`` after them. The row's
-        confidences learn from it (:mod:`.online_calibration`): positions up to the first draft not
-        kept are trials, and where the plan cut the row after its last kept draft, the draft
-        after it is one too, kept iff it equals ``emitted`` (the engine keeps a draft iff it
-        equals the draw at its position, and that draw is ``emitted``)."""
+        drafts the plan dropped, or a plain step's) and drew ``emitted`` (the kept drafts and
+        the token after them), the first at token position ``first``. The confidences learn
+        from the planned rows these tokens judge (:mod:`.draft_trials`): this row's, up to
+        its first draft not drawn, and earlier rows' cut drafts at these positions."""
         learnt = self.of(req)
-        planned = self._planned.pop(req, None)
-        if planned is not None:
-            confidence, offered = planned
-            trials = min(kept + 1, len(offered))
-            hits = kept + (kept < len(offered) and offered[kept] == emitted)
-            learnt.calibration.observe(confidence, trials, hits)
+        for outcome in self.trials.drawn(req, emitted, first):
+            learnt.calibration.observe(*outcome)
         foreseen = self._foreseen.pop(req, None)
         if foreseen is not None:
             learnt.foreseen += foreseen
@@ -363,13 +359,14 @@ class AdaptiveVerifier:
         for req in verifying:
             n = len(drafts[req])
             raw = (self.confidence.pop(req, None) or [1.0] * n)[:n]
-            self._planned[req] = (raw, list(drafts[req]))
+            self.trials.plan(req, raw, drafts[req], req.num_computed_tokens + 1)
             current.append(survival([self.of(req).calibration.calibrate(raw)])[0])
         seconds = self.step_seconds(len(out.scheduled))
         chosen = plan(current, load, seconds, margin=self._margin())
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
-        self._planned = {r: p for r, p in self._planned.items() if not r.finished}
+        for req, outcome in self.trials.close_finished():
+            self.of(req).calibration.observe(*outcome)
         self.last = {}
         for req, calibrated, length in zip(verifying, current, chosen.lengths, strict=True):
             self.of(req).learn(calibrated)  # in the units of the prior: drafts expected kept

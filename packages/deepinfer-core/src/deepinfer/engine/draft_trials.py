@@ -1,0 +1,98 @@
+"""Each planned row's drafts judged by the tokens the request goes on to draw.
+
+The confidences' calibration (:mod:`.online_calibration`) learns from *trials*: a draft whose
+predecessors were all kept, checked against the target. A verification row only checks the
+drafts its plan kept, and the plan cuts most drafts of an under-confident drafter, so a row
+alone would teach its calibration little beyond its first cut draft, and positions after it
+would keep their raw (low) confidences for good: the schedule would never verify them.
+
+But every draft has a verdict waiting in the tokens the request draws next: the engine keeps a
+draft iff it equals the sampler's draw at its position, and the steps after this one draw those
+positions anyway (as a verification row's bonus token or as plain decode steps). So a planned
+row's drafts stay open here, each judged when the token at its position is drawn, until one
+differs (the trial ends there: it was tried and not kept) or all were kept. For greedy and
+seeded requests that draw is the very one a verification would have made (the same logits, the
+same seed at that position); for unseeded ones it is another draw from the same distribution, so
+the counts stay unbiased.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from deepinfer.engine.request import Request
+
+
+@dataclasses.dataclass
+class DraftTrial:
+    """A planned row's raw ``confidence`` and ``offered`` drafts (before its plan cut them), the
+    first at token position ``first``; ``judged`` of them were drawn as drafted so far."""
+
+    confidence: list[float]
+    offered: list[int]
+    first: int
+    judged: int = 0
+
+
+#: A finished trial: (confidences, positions tried, positions kept), as
+#: :meth:`.online_calibration.OnlineCalibration.observe` takes them.
+Outcome = tuple[list[float], int, int]
+
+
+class DraftTrials:
+    """The open trials of each request, judged as its tokens are drawn."""
+
+    def __init__(self) -> None:
+        self.open: dict[Request, list[DraftTrial]] = {}
+
+    def plan(
+        self, req: Request, confidence: Sequence[float], offered: Sequence[int], first: int
+    ) -> None:
+        """Open a trial of ``req``'s ``offered`` drafts, the first at position ``first``."""
+        if offered:
+            trial = DraftTrial(list(confidence), list(offered), first)
+            self.open.setdefault(req, []).append(trial)
+
+    def drawn(self, req: Request, tokens: Sequence[int], first: int) -> Iterator[Outcome]:
+        """``req`` drew ``tokens``, the first at position ``first``: the trials that this
+        decides, each ended by its first draft not drawn or by its last one drawn."""
+        trials = self.open.get(req)
+        if not trials:
+            return
+        still = []
+        for trial in trials:
+            outcome = _judge(trial, tokens, first)
+            if outcome is None:
+                still.append(trial)
+            else:
+                yield outcome
+        if still:
+            self.open[req] = still
+        else:
+            del self.open[req]
+
+    def close_finished(self) -> Iterator[tuple[Request, Outcome]]:
+        """The trials of requests that finished, ended at the drafts judged so far (the rest
+        had no token drawn at their positions), by request."""
+        for req in [r for r in self.open if r.finished]:
+            for trial in self.open.pop(req):
+                if trial.judged:
+                    yield req, (trial.confidence, trial.judged, trial.judged)
+
+
+def _judge(trial: DraftTrial, tokens: Sequence[int], first: int) -> Outcome | None:
+    """``trial`` against ``tokens`` drawn from position ``first`` on: its outcome if decided,
+    else None (its next position not drawn yet). A position already passed without a verdict
+    (tokens the trial never saw) ends it where it stands."""
+    n = len(trial.offered)
+    while trial.judged < n:
+        at = trial.first + trial.judged - first
+        if at < 0:
+            return trial.confidence, trial.judged, trial.judged
+        if at >= len(tokens):
+            return None
+        if tokens[at] != trial.offered[trial.judged]:
+            return trial.confidence, trial.judged + 1, trial.judged
+        trial.judged += 1
+    return trial.confidence, n, n
