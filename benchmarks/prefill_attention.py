@@ -48,9 +48,16 @@ DECODE_VARIANTS: dict[str, dict[str, Any]] = {"heads_as_rows": {"decode.ENABLED"
     f"keys_as_rows_w{w}_s{s}_l{bl}_r{r}": {
         "decode.ENABLED": True, "decode.MIN_ROWS": 0, "decode.NUM_WARPS": w,
         "decode.NUM_STAGES": s, "decode.BLOCK_L": bl, "decode.MAXNREG": r,
+        "decode.TARGET_PROGRAMS": None,
     }
-    for w, s, bl, r in ((8, 2, 32, 128), (8, 2, 32, None), (8, 1, 64, None), (8, 2, 64, None),
-                        (4, 2, 32, 128))
+    for w, s, bl, r in ((8, 2, 32, 128), (8, 2, 32, None), (8, 2, 64, None))
+} | {  # the same, a row's keys split in ranges up to that many programs (then merged)
+    f"keys_as_rows_w8_s2_l32_r128_split{t}": {
+        "decode.ENABLED": True, "decode.MIN_ROWS": 0, "decode.NUM_WARPS": 8,
+        "decode.NUM_STAGES": 2, "decode.BLOCK_L": 32, "decode.MAXNREG": 128,
+        "decode.TARGET_PROGRAMS": t,
+    }
+    for t in (256, 512)
 }  # fmt: skip
 #: (name, batch, queries, heads, chunk keys, long-range entries, picks per query)
 CASES = [

@@ -1,7 +1,8 @@
 """Draft trials judged by the tokens drawn after, against the outcome read off the whole token
 stream at once: a row of drafts d_0.. d_{l-1} at positions p.. p+l-1 of a stream t is kept up
 to its first j with d_j != t_{p+j} (a trial at 0..j, hits at 0..j-1), or whole if there is
-none; however the stream arrives in steps, and beside other rows' trials."""
+none; however the stream arrives in steps (each step's verdicts a piece), and beside other
+rows' trials."""
 
 from __future__ import annotations
 
@@ -47,29 +48,34 @@ def test_trials_end_where_the_stream_first_differs(
     trials, req = DraftTrials(), _request("r")
     for i, (first, offered) in enumerate(rows):
         trials.plan(req, [i / 10] * len(offered), offered, first)
-    got: dict[float, tuple[int, int]] = {}
+    got: dict[float, tuple[int, int]] = {}  # a trial's pieces put together
     at, s = 0, 0
     while at < len(stream):
         n = steps[s % len(steps)]
-        for conf, tried, hits in trials.drawn(req, stream[at : at + n], at):
-            got[conf[0]] = (tried, hits)
+        for trial, start, tried in trials.drawn(req, stream[at : at + n], at):
+            key = trial.confidence[0]
+            assert start == got.get(key, (0, 0))[0] < tried  # pieces follow each other
+            got[key] = (tried, trial.judged)
         at, s = at + n, s + 1
     for i, (first, offered) in enumerate(rows):
-        assert got.get(i / 10) == _expected(offered, stream, first), (i, first, offered)
+        want = _expected(offered, stream, first)
+        if want is None:  # open: its pieces so far are the drafts drawn as drafted
+            want = (len(stream) - first,) * 2 if len(stream) > first else None
+        assert got.get(i / 10) == want, (i, first, offered)
     still = sum(_expected(o, stream, f) is None for f, o in rows)
     assert len(trials.open.get(req, [])) == still
 
 
-def test_a_finished_request_counts_the_drafts_judged_and_only_its_own() -> None:
-    """A trial whose request finishes is ended at the drafts drawn as drafted by then (none
-    judged: nothing to count); another request's trial stays open."""
+def test_a_finished_requests_trials_are_dropped_and_only_its_own() -> None:
+    """A trial whose request finishes is dropped (its judged drafts were counted as they were
+    judged); another request's trial stays open."""
     trials, done, going = DraftTrials(), _request("done"), _request("going")
     trials.plan(done, [0.3, 0.4, 0.5], [7, 8, 9], 3)
-    trials.plan(done, [0.6], [5], 9)
     trials.plan(going, [0.1], [7], 3)
-    assert list(trials.drawn(done, [7, 8], 3)) == []
+    ((trial, start, tried),) = trials.drawn(done, [7, 8], 3)
+    assert (trial.confidence, start, tried, trial.judged) == ([0.3, 0.4, 0.5], 0, 2, 2)
     done.status = RequestStatus.FINISHED
-    assert list(trials.close_finished()) == [(done, ([0.3, 0.4, 0.5], 2, 2))]
+    trials.forget_finished()
     assert list(trials.open) == [going]
 
 
@@ -78,5 +84,24 @@ def test_tokens_past_a_trials_positions_end_it_where_it_stands() -> None:
     was preempted and recomputed) end it at the drafts judged so far."""
     trials, req = DraftTrials(), _request("r")
     trials.plan(req, [0.5, 0.5, 0.5], [4, 4, 4], 10)
-    assert list(trials.drawn(req, [4], 10)) == []
-    assert list(trials.drawn(req, [4], 12)) == [([0.5, 0.5, 0.5], 1, 1)]
+    ((trial, start, tried),) = trials.drawn(req, [4], 10)
+    assert (start, tried, trial.judged) == (0, 1, 1)
+    assert list(trials.drawn(req, [4], 12)) == []
+    assert not trials.open
+
+
+@given(st.integers(0, 5), st.lists(st.integers(0, 1), min_size=1, max_size=5), st.data())
+def test_drafts_kept_of_those_counted_add_up_over_the_pieces(
+    counted: int, offered: list[int], data: st.DataObject
+) -> None:
+    """``newly_kept`` over a trial's pieces adds up to min(drafts kept, drafts counted)."""
+    stream = data.draw(st.lists(st.integers(0, 1), min_size=len(offered), max_size=8))
+    trials, req = DraftTrials(), _request("r")
+    trials.plan(req, [0.5] * len(offered), offered, 0, counted)
+    total, kept = 0, 0
+    for at, token in enumerate(stream):
+        for trial, start, _ in trials.drawn(req, [token], at):
+            total += trial.newly_kept(start)
+            kept = trial.judged
+    assert kept == next((j for j, d in enumerate(offered) if stream[j] != d), len(offered))
+    assert total == min(kept, counted)

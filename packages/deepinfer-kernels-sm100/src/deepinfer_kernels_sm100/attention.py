@@ -393,7 +393,7 @@ def paged_mqa_sink_attention(
     one = KeyPool.of(sources[0])
     two = KeyPool.of(sources[1]) if len(sources) == 2 else one._replace(entries=one.entries[:, :0])
     if attention_decode.fits(q, one, two):  # many rows of few heads: a program a row
-        args = (sinks, scale, derotate, splits or 1, QK_NATIVE, PV_PARTS if QK_NATIVE else 0)
+        args = (sinks, scale, derotate, splits, QK_NATIVE, PV_PARTS if QK_NATIVE else 0)
         return attention_decode.decode_attention(q, one, two, *args)
     return _launch(
         q, one.rows, one.entries, sinks, scale, splits=splits, pools=(one, two), angles=derotate

@@ -150,6 +150,8 @@ MAX_HEADS = 16
 #: Rows a launch needs to come here: below, :mod:`.attention`'s program (a few rows split
 #: their keys over many programs, and its shorter walk per key block wins there).
 MIN_ROWS = 128
+#: Programs a launch should have before its rows' keys are split into ranges (None: never).
+TARGET_PROGRAMS: int | None = None
 
 
 def fits(q: Tensor, one: KeyPool, two: KeyPool) -> bool:
@@ -172,14 +174,14 @@ def decode_attention(  # noqa: PLR0917
     sinks: Tensor,
     scale: float,
     angles: tuple[Tensor, Tensor] | None,
-    splits: int,
+    splits: int | None,
     native: bool,
     pv_parts: int,
 ) -> Tensor:
     """Attention output [B, 1, H, D] of decode rows ``q`` over pools ``one`` then ``two``
     (``paged_mqa_sink_attention``'s contract), each row's keys cut into ``splits`` ranges
-    merged after (enough rows to fill the GPU need none); ``native``: bf16 dots as they are,
-    ``pv_parts``: see the module."""
+    merged after (None: enough for :data:`TARGET_PROGRAMS`); ``native``: bf16 dots as they
+    are, ``pv_parts``: see the module."""
     b, _, h, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if b * h == 0:
@@ -187,6 +189,9 @@ def decode_attention(  # noqa: PLR0917
     block_h = max(16, triton.next_power_of_2(h))
     block_d = triton.next_power_of_2(dim)
     keys = one.entries.shape[-1] + two.entries.shape[-1]
+    if splits is None:
+        wanted = triton.cdiv(TARGET_PROGRAMS, b) if TARGET_PROGRAMS else 1
+        splits = max(1, min(wanted, triton.cdiv(keys, BLOCK_L)))
     split_keys = triton.cdiv(triton.cdiv(max(keys, 1), splits), BLOCK_L) * BLOCK_L
     splits = triton.cdiv(max(keys, 1), split_keys)
     part = stat = out

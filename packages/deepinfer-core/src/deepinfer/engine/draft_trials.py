@@ -27,17 +27,23 @@ from deepinfer.engine.request import Request
 @dataclasses.dataclass
 class DraftTrial:
     """A planned row's raw ``confidence`` and ``offered`` drafts (before its plan cut them), the
-    first at token position ``first``; ``judged`` of them were drawn as drafted so far."""
+    first at token position ``first``; ``judged`` of them were drawn as drafted so far;
+    ``counted``: how many of them the decision to draft the round counted on (0: none)."""
 
     confidence: list[float]
     offered: list[int]
     first: int
+    counted: int = 0
     judged: int = 0
 
+    def newly_kept(self, start: int) -> int:
+        """Of the drafts the decision counted on, those judged kept since ``start``."""
+        return min(self.judged, self.counted) - min(start, self.counted)
 
-#: A finished trial: (confidences, positions tried, positions kept), as
-#: :meth:`.online_calibration.OnlineCalibration.observe` takes them.
-Outcome = tuple[list[float], int, int]
+
+#: Positions of a trial judged at once: the trial, the first position judged and the
+#: positions tried so far (its ``judged`` of them kept).
+Outcome = tuple[DraftTrial, int, int]
 
 
 class DraftTrials:
@@ -47,52 +53,59 @@ class DraftTrials:
         self.open: dict[Request, list[DraftTrial]] = {}
 
     def plan(
-        self, req: Request, confidence: Sequence[float], offered: Sequence[int], first: int
-    ) -> None:
-        """Open a trial of ``req``'s ``offered`` drafts, the first at position ``first``."""
+        self,
+        req: Request,
+        confidence: Sequence[float],
+        offered: Sequence[int],
+        first: int,
+        counted: int = 0,
+    ) -> bool:
+        """Open a trial of ``req``'s ``offered`` drafts, the first at position ``first``
+        (``counted`` of them counted on by the decision to draft them); False: none."""
         if offered:
-            trial = DraftTrial(list(confidence), list(offered), first)
+            trial = DraftTrial(list(confidence), list(offered), first, counted)
             self.open.setdefault(req, []).append(trial)
+        return bool(offered)
 
     def drawn(self, req: Request, tokens: Sequence[int], first: int) -> Iterator[Outcome]:
-        """``req`` drew ``tokens``, the first at position ``first``: the trials that this
-        decides, each ended by its first draft not drawn or by its last one drawn."""
+        """``req`` drew ``tokens``, the first at position ``first``: the positions of its
+        trials that these judge, a piece per trial (learnt at once, so that a row's first
+        positions teach the next step's plan); a trial ends at its first draft not drawn or
+        its last one drawn."""
         trials = self.open.get(req)
         if not trials:
             return
         still = []
         for trial in trials:
-            outcome = _judge(trial, tokens, first)
-            if outcome is None:
+            start = trial.judged
+            tried, done = _judge(trial, tokens, first)
+            if tried > start:
+                yield trial, start, tried
+            if not done:
                 still.append(trial)
-            else:
-                yield outcome
         if still:
             self.open[req] = still
         else:
             del self.open[req]
 
-    def close_finished(self) -> Iterator[tuple[Request, Outcome]]:
-        """The trials of requests that finished, ended at the drafts judged so far (the rest
-        had no token drawn at their positions), by request."""
+    def forget_finished(self) -> None:
+        """Drop the trials of requests that finished (no token will judge the rest)."""
         for req in [r for r in self.open if r.finished]:
-            for trial in self.open.pop(req):
-                if trial.judged:
-                    yield req, (trial.confidence, trial.judged, trial.judged)
+            del self.open[req]
 
 
-def _judge(trial: DraftTrial, tokens: Sequence[int], first: int) -> Outcome | None:
-    """``trial`` against ``tokens`` drawn from position ``first`` on: its outcome if decided,
-    else None (its next position not drawn yet). A position already passed without a verdict
-    (tokens the trial never saw) ends it where it stands."""
+def _judge(trial: DraftTrial, tokens: Sequence[int], first: int) -> tuple[int, bool]:
+    """``trial``'s next drafts against ``tokens`` drawn from position ``first`` on: (positions
+    tried so far, whether it ended). A position passed without a verdict (tokens the trial
+    never saw: the request was preempted and recomputed) ends it where it stands."""
     n = len(trial.offered)
     while trial.judged < n:
         at = trial.first + trial.judged - first
         if at < 0:
-            return trial.confidence, trial.judged, trial.judged
+            return trial.judged, True
         if at >= len(tokens):
-            return None
+            return trial.judged, False
         if tokens[at] != trial.offered[trial.judged]:
-            return trial.confidence, trial.judged + 1, trial.judged
+            return trial.judged + 1, True
         trial.judged += 1
-    return trial.confidence, n, n
+    return n, True

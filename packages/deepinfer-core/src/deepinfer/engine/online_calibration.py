@@ -13,7 +13,12 @@ confidence of 0.3 that is kept 60% of the time above one half, and the MTP layer
 of that kind. So here each position keeps vLLM's counts (trials and hits, decayed by
 :data:`DECAY` a row observed, in :data:`BINS` bins of the confidence logit over [-8, 8]) and
 reads the calibrated confidence off its bin: the bin's hit rate, with :data:`PRIOR_TRIALS`
-pseudo-trials at the raw confidence (histogram binning; before any trial, the identity).
+pseudo-trials at the raw confidence scaled by its position's hit rate over its expected one
+(all bins together: hits over the sum of the tried drafts' raw confidences, with
+:data:`POSITION_PRIOR` pseudo-hits as expected). A bin needs a few trials of its own to move,
+and an under-confident drafter's confidences spread over many bins, so the position's scale
+is what lifts a bin early on (histogram binning over a per-position scaling; before any trial,
+the identity).
 
 What it learns from are *trials*: a draft whose predecessors were all kept, checked against the
 target. A row of ``l`` drafts whose first ``m`` were drawn as drafted is a trial at positions
@@ -36,8 +41,11 @@ BINS = 16
 LOGIT_RANGE = 8.0
 #: Weight kept by the counts at each row observed: recent rounds count most.
 DECAY = 0.999
-#: Pseudo-trials at the raw confidence in every bin: a bin's first trials move it gradually.
+#: Pseudo-trials at the (position-scaled) raw confidence in every bin: a bin's first trials
+#: move it gradually.
 PRIOR_TRIALS = 8.0
+#: Pseudo-hits, as many as expected, in a position's scale: its first rows move it gradually.
+POSITION_PRIOR = 4.0
 #: Confidences are clipped this far from 0 and 1 before their logit is taken.
 EPS = 1e-6
 
@@ -58,32 +66,51 @@ class OnlineCalibration:
     def __init__(self) -> None:
         self.trials = np.zeros((0, BINS))
         self.hits = np.zeros((0, BINS))
-        #: The counts as Python lists, made once after the counts change: every draft of
-        #: every planned row reads them, where numpy's per-element indexing costs most.
-        self._read: tuple[list[list[float]], list[list[float]]] | None = None
+        #: Per position, the sum of the tried drafts' raw confidences (decayed as the counts).
+        self.expected = np.zeros(0)
+        #: The counts as Python lists, and each position's scale, made once after the counts
+        #: change: every draft of every planned row reads them, where numpy's per-element
+        #: indexing costs most.
+        self._read: tuple[list[list[float]], list[list[float]], list[float]] | None = None
 
-    def observe(self, confidences: Sequence[float], trials: int, hits: int) -> None:
-        """A row's conditional ``confidences`` and its outcome: positions ``k < trials`` were
-        tried (their predecessors kept), positions ``k < hits`` kept."""
+    def observe(self, confidences: Sequence[float], trials: int, hits: int, start: int = 0) -> None:
+        """A row's conditional ``confidences`` and its outcome at positions ``start <= k <
+        trials``: each was tried (its predecessors kept), and kept where ``k < hits``. A row's
+        positions may come in pieces as they are judged (``start`` > 0 after the first);
+        the counts decay once a row, with its first piece."""
         n = min(trials, len(confidences))
-        if n <= 0:
+        if n <= start:
             return
         if n > self.trials.shape[0]:
             grow = ((0, n - self.trials.shape[0]), (0, 0))
             self.trials, self.hits = np.pad(self.trials, grow), np.pad(self.hits, grow)
-        bins = [bin_of(c) for c in confidences[:n]]
-        self.trials *= DECAY
-        self.hits *= DECAY
-        for k, b in enumerate(bins):
+            self.expected = np.pad(self.expected, grow[0])
+        if start == 0:
+            self.trials *= DECAY
+            self.hits *= DECAY
+            self.expected *= DECAY
+        for k in range(start, n):
+            b = bin_of(confidences[k])
             self.trials[k, b] += 1
             self.hits[k, b] += k < hits
+            self.expected[k] += confidences[k]
         self._read = None
+
+    @property
+    def first_trials(self) -> float:
+        """First drafts tried (decayed)."""
+        return float(self.trials[0].sum()) if len(self.trials) else 0.0
+
+    def scale(self) -> list[float]:
+        """Each position's hit rate over its expected one (see the module; 1 before any)."""
+        found = self.hits.sum(axis=1) + POSITION_PRIOR
+        return (found / (self.expected + POSITION_PRIOR)).tolist() or [1.0]
 
     def calibrate(self, confidences: Sequence[float]) -> list[float]:
         """Each confidence read off its position's bin (see the module)."""
         if self._read is None:
-            self._read = (self.trials.tolist(), self.hits.tolist())
-        trials, hits = self._read
+            self._read = (self.trials.tolist(), self.hits.tolist(), self.scale())
+        trials, hits, scale = self._read
         out = []
         for k, c in enumerate(confidences):
             if k >= len(trials):
@@ -91,5 +118,6 @@ class OnlineCalibration:
                 continue
             b = bin_of(c)
             t, h = trials[k][b], hits[k][b]
-            out.append(float((h + PRIOR_TRIALS * c) / (t + PRIOR_TRIALS)))
+            prior = min(1.0, c * scale[k])
+            out.append(float((h + PRIOR_TRIALS * prior) / (t + PRIOR_TRIALS)))
         return out

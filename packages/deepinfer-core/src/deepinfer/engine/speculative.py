@@ -335,7 +335,7 @@ class SpeculativeRunner:
         self.num_drafts += offered
         self.num_accepted += n_kept
         if self.verifier is not None:
-            self.verifier.verified(req, n_kept, emitted, start + 1)
+            self.verifier.verified(req, emitted, start + 1)
         metrics = req.metrics
         metrics.spec_rounds += not result.plain  # a plain step's rows verify nothing
         metrics.spec_draft_tokens += offered

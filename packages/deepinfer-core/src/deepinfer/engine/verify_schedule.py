@@ -73,6 +73,12 @@ MIN_PREDICTED_GAIN = 0.04
 #: :data:`PROBE_ROUNDS` rounds that come this close are drafted and timed.
 PROBE_LOSS = 0.5
 PROBE_ROUNDS = 4
+#: Rounds are probed so, too, while a regime's calibration has tried fewer first drafts than
+#: this and finds them kept more often than their raw confidences say: a drafter whose
+#: confidences understate it (the MTP layer's) would otherwise stop drafting before its
+#: calibration, which learns only from drafted rounds, could show it. One that overstates
+#: them is not probed on.
+PROBE_TRIALS = 32
 
 
 @runtime_checkable
@@ -208,9 +214,10 @@ class AdaptiveVerifier:
         self.skipped = 0
         self.dropped = 0
         #: What the latest decision to draft counted on, per request (kept once drafted),
-        #: and what the rounds drafted so and not verified yet count on.
-        self._decided: dict[Request, float] = {}
-        self._foreseen: dict[Request, float] = {}
+        #: and what the rounds drafted so and not planned yet count on: (drafts expected
+        #: kept, drafts counted).
+        self._decided: dict[Request, tuple[float, int]] = {}
+        self._foreseen: dict[Request, tuple[float, int]] = {}
         #: Each planned row's raw confidences and drafts before the plan cut them, until the
         #: tokens drawn after say how far they would have been kept (:meth:`verified`).
         self.trials = DraftTrials()
@@ -273,12 +280,17 @@ class AdaptiveVerifier:
         """Profiled seconds of a step and of drafting ``drafted`` requests after it."""
         return self.cost.seconds(rows, tokens) + (self.draft_seconds(drafted) if drafted else 0)
 
-    def _margin(self) -> float:
+    def _margin(self, regimes: Iterable[bool] = ()) -> float:
         """The gain over a plain step that drafting and verifying must promise:
         :data:`MIN_PREDICTED_GAIN`, or a loss of up to :data:`PROBE_LOSS` while fewer than
-        :data:`PROBE_ROUNDS` rounds have been timed."""
+        :data:`PROBE_ROUNDS` rounds have been timed or (drafting) one of ``regimes`` has
+        tried fewer than :data:`PROBE_TRIALS` first drafts, found understated."""
         if self.overhead is not None and self.overhead.rounds < PROBE_ROUNDS:
             return -PROBE_LOSS
+        for g in regimes:
+            calibration = self.learnt[g].calibration
+            if calibration.first_trials < PROBE_TRIALS and calibration.scale()[0] > 1:
+                return -PROBE_LOSS
         return MIN_PREDICTED_GAIN
 
     def drafting_pays(self, reqs: Sequence[Request], k: int, noisy: int | None = None) -> bool:
@@ -307,7 +319,7 @@ class AdaptiveVerifier:
         load = StepLoad(len(reqs), len(reqs), sum(regimes), tuple(regimes))
         seconds = self.step_seconds(len(reqs))
         drafting = self.draft_seconds(len(reqs))
-        found = drafting_plan(past, load, seconds, drafting, self._margin())
+        found = drafting_plan(past, load, seconds, drafting, self._margin(expected))
         if found is None:
             self._skip(expected, k)
             self.spells.found(Finding(batch))
@@ -327,7 +339,7 @@ class AdaptiveVerifier:
         """Remember what drafting ``lengths`` for ``reqs`` counts on (by each regime's
         cumulative survivals ``counted``), for the draft calibration."""
         self._decided = {
-            req: counted[g][n] for req, g, n in zip(reqs, regimes, lengths, strict=True)
+            req: (counted[g][n], n) for req, g, n in zip(reqs, regimes, lengths, strict=True)
         }
 
     def _skip(self, regimes: Iterable[bool], k: int) -> None:
@@ -336,19 +348,17 @@ class AdaptiveVerifier:
         for g in regimes:
             self.learnt[g].age(k)
 
-    def verified(self, req: Request, kept: int, emitted: Sequence[int], first: int) -> None:
-        """Take in that ``req``'s verification row kept ``kept`` drafts (none: a row whose
-        drafts the plan dropped, or a plain step's) and drew ``emitted`` (the kept drafts and
-        the token after them), the first at token position ``first``. The confidences learn
-        from the planned rows these tokens judge (:mod:`.draft_trials`): this row's, up to
-        its first draft not drawn, and earlier rows' cut drafts at these positions."""
+    def verified(self, req: Request, emitted: Sequence[int], first: int) -> None:
+        """Take in that ``req``'s step drew ``emitted`` (a verification row's kept drafts and
+        the token after them, a plain row's token), the first at token position ``first``.
+        The planned rows these tokens judge (:mod:`.draft_trials`: this step's row, up to its
+        first draft not drawn, and earlier rows' cut drafts at these positions) teach the
+        confidences, and their drafts judged kept, of those their round's decision to draft
+        counted on, are set against what it counted on (the draft calibration)."""
         learnt = self.of(req)
-        for outcome in self.trials.drawn(req, emitted, first):
-            learnt.calibration.observe(*outcome)
-        foreseen = self._foreseen.pop(req, None)
-        if foreseen is not None:
-            learnt.foreseen += foreseen
-            learnt.realized += kept
+        for trial, start, tried in self.trials.drawn(req, emitted, first):
+            learnt.calibration.observe(trial.confidence, tried, trial.judged, start)
+            learnt.realized += trial.newly_kept(start)
 
     def trim(self, out: SchedulerOutput, drafts: dict[Request, list[int]]) -> None:
         """Cut ``drafts`` of the requests that verify in ``out`` to this step's plan, made on
@@ -359,14 +369,15 @@ class AdaptiveVerifier:
         for req in verifying:
             n = len(drafts[req])
             raw = (self.confidence.pop(req, None) or [1.0] * n)[:n]
-            self.trials.plan(req, raw, drafts[req], req.num_computed_tokens + 1)
+            foreseen, counted = self._foreseen.pop(req, (0.0, 0))
+            if self.trials.plan(req, raw, drafts[req], req.num_computed_tokens + 1, counted):
+                self.of(req).foreseen += foreseen  # set against the drafts judged kept
             current.append(survival([self.of(req).calibration.calibrate(raw)])[0])
         seconds = self.step_seconds(len(out.scheduled))
         chosen = plan(current, load, seconds, margin=self._margin())
         self.confidence = {r: c for r, c in self.confidence.items() if r in drafts}
         self._foreseen = {r: a for r, a in self._foreseen.items() if not r.finished}
-        for req, outcome in self.trials.close_finished():
-            self.of(req).calibration.observe(*outcome)
+        self.trials.forget_finished()
         self.last = {}
         for req, calibrated, length in zip(verifying, current, chosen.lengths, strict=True):
             self.of(req).learn(calibrated)  # in the units of the prior: drafts expected kept
