@@ -72,7 +72,7 @@ def test_a_batch_found_to_pay_drafts_on_that_finding_for_steady_steps(
     a, b = _request("a"), _request("b")
     assert w.pays([a, b], 0, HIGH)
     assert all(w.pays([a, b], step, LOW) for step in range(1, 5)) and w.steps == [0]
-    assert w.verifier._decided == {a: (3.0, 3), b: (3.0, 3)}  # what HIGH's finding counted on
+    assert w.verifier._decided == {a: 3.0, b: 3.0}  # what the finding counted on: HIGH's
     assert not w.pays([a, b], 5, LOW) and w.steps == [0, 5]
     assert not w.pays([a, b], 6, HIGH) and w.steps == [0, 5]
     assert w.pays([a, b], 7, HIGH) and w.steps == [0, 5, 7]

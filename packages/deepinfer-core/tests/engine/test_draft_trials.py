@@ -88,20 +88,3 @@ def test_tokens_past_a_trials_positions_end_it_where_it_stands() -> None:
     assert (start, tried, trial.judged) == (0, 1, 1)
     assert list(trials.drawn(req, [4], 12)) == []
     assert not trials.open
-
-
-@given(st.integers(0, 5), st.lists(st.integers(0, 1), min_size=1, max_size=5), st.data())
-def test_drafts_kept_of_those_counted_add_up_over_the_pieces(
-    counted: int, offered: list[int], data: st.DataObject
-) -> None:
-    """``newly_kept`` over a trial's pieces adds up to min(drafts kept, drafts counted)."""
-    stream = data.draw(st.lists(st.integers(0, 1), min_size=len(offered), max_size=8))
-    trials, req = DraftTrials(), _request("r")
-    trials.plan(req, [0.5] * len(offered), offered, 0, counted)
-    total, kept = 0, 0
-    for at, token in enumerate(stream):
-        for trial, start, _ in trials.drawn(req, [token], at):
-            total += trial.newly_kept(start)
-            kept = trial.judged
-    assert kept == next((j for j, d in enumerate(offered) if stream[j] != d), len(offered))
-    assert total == min(kept, counted)

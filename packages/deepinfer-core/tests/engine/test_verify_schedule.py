@@ -76,9 +76,6 @@ def _draft(verifier: AdaptiveVerifier, reqs: list[Request]) -> None:
 
 
 def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None:
-    """A decision counts on its rows' expected kept drafts (here the prior's 0.875 for three),
-    added when the rows are planned; the drafts judged kept (of those it counted on) are set
-    against them as the tokens are drawn."""
     free = StepCost.by_tokens(VerifyCost.from_table({1: 1.0}))  # verifying costs nothing
     verifier = AdaptiveVerifier(free)
     greedy = verifier.learnt[False]  # the tests' requests are greedy
@@ -86,21 +83,17 @@ def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None
     assert greedy.draft_calibration == 1.0
     assert verifier.drafting_pays([a, b], 3)  # first rounds, on the prior: 0.875 each
     _draft(verifier, [a, b])
-    verifier.trim(_verifying([a, b]), {a: [9, 9, 9], b: [9, 9, 9]})
-    assert greedy.foreseen == 1.75
-    verifier.verified(a, [9, 9, 7], 4)
+    verifier.verified(a, [9, 9, 7], 4)  # two drafts kept, then the token after them
     verifier.verified(b, [7], 4)
-    assert greedy.realized == 2
+    assert (greedy.foreseen, greedy.realized) == (1.75, 2)
 
     assert verifier.drafting_pays([a, b], 3)  # every slot, at no cost
     verifier.verified(a, [9, 7], 4)  # a row of a round drafted before this decision
     assert greedy.foreseen == 1.75
     assert verifier.drafting_pays([a], 3)  # decided again, for a alone, and then drafted
     _draft(verifier, [a])
-    verifier.trim(_verifying([a]), {a: [9, 9, 9]})
     verifier.verified(a, [7], 4)
-    verifier.trim(_verifying([b]), {b: [9, 9, 9]})  # b's round was not drafted on a decision
-    verifier.verified(b, [9, 9, 9], 4)
+    verifier.verified(b, [9, 9, 9, 7], 4)  # b's round was never drafted on the decision
     assert math.isclose(greedy.foreseen, 2.625) and greedy.realized == 2
     assert math.isclose(greedy.draft_calibration, (2 + 8) / (2.625 + 8))
 

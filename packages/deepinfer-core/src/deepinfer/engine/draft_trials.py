@@ -27,18 +27,12 @@ from deepinfer.engine.request import Request
 @dataclasses.dataclass
 class DraftTrial:
     """A planned row's raw ``confidence`` and ``offered`` drafts (before its plan cut them), the
-    first at token position ``first``; ``judged`` of them were drawn as drafted so far;
-    ``counted``: how many of them the decision to draft the round counted on (0: none)."""
+    first at token position ``first``; ``judged`` of them were drawn as drafted so far."""
 
     confidence: list[float]
     offered: list[int]
     first: int
-    counted: int = 0
     judged: int = 0
-
-    def newly_kept(self, start: int) -> int:
-        """Of the drafts the decision counted on, those judged kept since ``start``."""
-        return min(self.judged, self.counted) - min(start, self.counted)
 
 
 #: Positions of a trial judged at once: the trial, the first position judged and the
@@ -53,19 +47,12 @@ class DraftTrials:
         self.open: dict[Request, list[DraftTrial]] = {}
 
     def plan(
-        self,
-        req: Request,
-        confidence: Sequence[float],
-        offered: Sequence[int],
-        first: int,
-        counted: int = 0,
-    ) -> bool:
-        """Open a trial of ``req``'s ``offered`` drafts, the first at position ``first``
-        (``counted`` of them counted on by the decision to draft them); False: none."""
+        self, req: Request, confidence: Sequence[float], offered: Sequence[int], first: int
+    ) -> None:
+        """Open a trial of ``req``'s ``offered`` drafts, the first at position ``first``."""
         if offered:
-            trial = DraftTrial(list(confidence), list(offered), first, counted)
+            trial = DraftTrial(list(confidence), list(offered), first)
             self.open.setdefault(req, []).append(trial)
-        return bool(offered)
 
     def drawn(self, req: Request, tokens: Sequence[int], first: int) -> Iterator[Outcome]:
         """``req`` drew ``tokens``, the first at position ``first``: the positions of its

@@ -214,10 +214,9 @@ class AdaptiveVerifier:
         self.skipped = 0
         self.dropped = 0
         #: What the latest decision to draft counted on, per request (kept once drafted),
-        #: and what the rounds drafted so and not planned yet count on: (drafts expected
-        #: kept, drafts counted).
-        self._decided: dict[Request, tuple[float, int]] = {}
-        self._foreseen: dict[Request, tuple[float, int]] = {}
+        #: and what the rounds drafted so and not verified yet count on.
+        self._decided: dict[Request, float] = {}
+        self._foreseen: dict[Request, float] = {}
         #: Each planned row's raw confidences and drafts before the plan cut them, until the
         #: tokens drawn after say how far they would have been kept (:meth:`verified`).
         self.trials = DraftTrials()
@@ -339,7 +338,7 @@ class AdaptiveVerifier:
         """Remember what drafting ``lengths`` for ``reqs`` counts on (by each regime's
         cumulative survivals ``counted``), for the draft calibration."""
         self._decided = {
-            req: (counted[g][n], n) for req, g, n in zip(reqs, regimes, lengths, strict=True)
+            req: counted[g][n] for req, g, n in zip(reqs, regimes, lengths, strict=True)
         }
 
     def _skip(self, regimes: Iterable[bool], k: int) -> None:
@@ -353,12 +352,16 @@ class AdaptiveVerifier:
         the token after them, a plain row's token), the first at token position ``first``.
         The planned rows these tokens judge (:mod:`.draft_trials`: this step's row, up to its
         first draft not drawn, and earlier rows' cut drafts at these positions) teach the
-        confidences, and their drafts judged kept, of those their round's decision to draft
-        counted on, are set against what it counted on (the draft calibration)."""
+        confidences; the drafts this step kept are set against what the decision to draft
+        them counted on (the draft calibration: the drafts a plan cut count as not kept, so
+        drafting stops where the plans cut its rounds)."""
         learnt = self.of(req)
         for trial, start, tried in self.trials.drawn(req, emitted, first):
             learnt.calibration.observe(trial.confidence, tried, trial.judged, start)
-            learnt.realized += trial.newly_kept(start)
+        foreseen = self._foreseen.pop(req, None)
+        if foreseen is not None:
+            learnt.foreseen += foreseen
+            learnt.realized += len(emitted) - 1  # the drafts this step verified and kept
 
     def trim(self, out: SchedulerOutput, drafts: dict[Request, list[int]]) -> None:
         """Cut ``drafts`` of the requests that verify in ``out`` to this step's plan, made on
@@ -369,9 +372,7 @@ class AdaptiveVerifier:
         for req in verifying:
             n = len(drafts[req])
             raw = (self.confidence.pop(req, None) or [1.0] * n)[:n]
-            foreseen, counted = self._foreseen.pop(req, (0.0, 0))
-            if self.trials.plan(req, raw, drafts[req], req.num_computed_tokens + 1, counted):
-                self.of(req).foreseen += foreseen  # set against the drafts judged kept
+            self.trials.plan(req, raw, drafts[req], req.num_computed_tokens + 1)
             current.append(survival([self.of(req).calibration.calibrate(raw)])[0])
         seconds = self.step_seconds(len(out.scheduled))
         chosen = plan(current, load, seconds, margin=self._margin())
