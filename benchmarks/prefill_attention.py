@@ -185,11 +185,7 @@ def main() -> int:
         print(rows[-1], flush=True)
     for knob, value in shipped.items():
         setattr(att, knob, value)
-    for name, b, h, entries in PAGED_CASES:
-        fn = paged_call(att, b, h, entries, g)
-        timed = time_variants(att, fn, list(PAGED_VARIANTS), PAGED_VARIANTS)
-        rows.append({"case": name, "B": b, "heads": h, **timed})
-        print(rows[-1], flush=True)
+    rows += paged_rows(att, PAGED_CASES, PAGED_VARIANTS, g)
     for knob, value in shipped.items():
         setattr(att, knob, value)
     result = {
@@ -205,17 +201,28 @@ def main() -> int:
     return 0
 
 
+def paged_rows(
+    att: Any,
+    cases: list[tuple[str, int, int, int]],
+    table: dict[str, dict[str, Any]],
+    g: torch.Generator,
+) -> list[dict[str, Any]]:
+    """Each paged decode case (name, batch, heads, entries) timed under every variant of
+    ``table``."""
+    rows = []
+    for name, b, h, entries in cases:
+        timed = time_variants(att, paged_call(att, b, h, entries, g), list(table), table)
+        rows.append({"case": name, "B": b, "heads": h, **timed})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def decode_kernels(att: Any, decode: Any, out: Path | None) -> int:
     """The paged decode cases (and 128 rows) under each of ``DECODE_VARIANTS``."""
     shipped = {k: getattr(decode, k.split(".")[1]) for v in DECODE_VARIANTS.values() for k in v}
     g = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
     cases = PAGED_CASES + [(f"a-paged-{n}", 128, 16, n) for n in (128, 4)]
-    for name, b, h, entries in cases:
-        fn = paged_call(att, b, h, entries, g)
-        timed = time_variants(att, fn, list(DECODE_VARIANTS), DECODE_VARIANTS)
-        rows.append({"case": name, "B": b, "heads": h, **timed})
-        print(rows[-1], flush=True)
+    rows = paged_rows(att, cases, DECODE_VARIANTS, g)
     for knob, value in shipped.items():
         setattr(decode, knob.split(".")[1], value)
     result = {

@@ -93,10 +93,10 @@ def test_paged_keys_match_float64_and_the_copied_keys(
         torch.testing.assert_close(got[row, 0].double(), probs @ kv, atol=tol, rtol=tol)
 
     # The same keys copied into one tensor and masked: the reference's op, and the dense
-    # kernel over that copy. Where the paged rows run the dense kernel's program (fp32 keys),
-    # it walks the keys in the copy's order and blocks, and in the interpreter the two agree
-    # bit for bit; bf16 rows of few heads take attention_decode's transposed dots (another
-    # sum order), and on an H200 bf16 ones differ in the last bits, so there to rounding.
+    # kernel over that copy. Where the paged rows run the dense kernel's program (attention's
+    # own), it walks the keys in the copy's order and blocks, and in the interpreter the two
+    # agree bit for bit; attention_decode's transposed dots sum in another order, and on a GPU
+    # bf16 rows differ in the last bits either way, so there to rounding.
     want = TorchBackend("cpu").paged_attention(q, sources, sinks, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     copied = torch.cat([s.pool.flatten(0, 1)[s.rows()].to(dtype) for s in sources], dim=1)

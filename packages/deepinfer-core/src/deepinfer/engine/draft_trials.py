@@ -19,7 +19,7 @@ the counts stay unbiased.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from deepinfer.engine.request import Request
 
@@ -54,26 +54,23 @@ class DraftTrials:
             trial = DraftTrial(list(confidence), list(offered), first)
             self.open.setdefault(req, []).append(trial)
 
-    def drawn(self, req: Request, tokens: Sequence[int], first: int) -> Iterator[Outcome]:
+    def drawn(self, req: Request, tokens: Sequence[int], first: int) -> list[Outcome]:
         """``req`` drew ``tokens``, the first at position ``first``: the positions of its
         trials that these judge, a piece per trial (learnt at once, so that a row's first
         positions teach the next step's plan); a trial ends at its first draft not drawn or
         its last one drawn."""
-        trials = self.open.get(req)
-        if not trials:
-            return
-        still = []
+        trials = self.open.pop(req, [])
+        judged, still = [], []
         for trial in trials:
             start = trial.judged
             tried, done = _judge(trial, tokens, first)
             if tried > start:
-                yield trial, start, tried
+                judged.append((trial, start, tried))
             if not done:
                 still.append(trial)
         if still:
             self.open[req] = still
-        else:
-            del self.open[req]
+        return judged
 
     def forget_finished(self) -> None:
         """Drop the trials of requests that finished (no token will judge the rest)."""
