@@ -148,16 +148,23 @@ def test_an_under_confident_drafter_is_verified_once_calibrated(
 ) -> None:
     """The costs of the test before, four rows, drafts always right (bar a corrupted second
     draft every third round) at confidence 0.2. The first rounds' drafts are dropped, but
-    every dropped row's first draft is judged by the token its step drew: kept. The first
-    position's bin then reads (t + 8 * 0.2) / (t + 8) after t such trials, and verifying one
-    draft a row pays once that is above about 0.55 (4 + 4 c in V(8) = 1.51 s against 4 * 1.04
-    a second); so rows are verified, their drafts kept, and the run takes fewer steps."""
+    every dropped row's drafts are judged by the tokens drawn at their positions in the steps
+    after (``draft_trials``): the first ones kept, the second ones kept but where corrupted.
+    The first position's calibration rises with them (its scale, hits over expected hits, and
+    its bin), and verifying one draft a row pays once it reads above about 0.55 (4 + 4 c in
+    V(8) = 1.51 s against 4 * 1.04 a second); so rows are verified, their drafts kept, and the
+    run takes fewer steps. That every first draft was judged kept, and some second ones not,
+    checks that each draft met the token drawn at its own position."""
     spec = {**ADAPTIVE, "verify_cost": {1: 1.5, 64: 1.6}, "plain_cost": {1: 1.0}}
     _, engine, _, plain = _speculate(model, _prompts(4), GREEDY, monkeypatch, 0.2, spec)
     assert engine.spec is not None and engine.spec.verifier is not None
     verifier = engine.spec.verifier
     assert verifier.dropped >= 1 and verifier.planned > 0
     assert engine.spec.num_accepted > 0
+    calibration = verifier.learnt[False].calibration
+    tried, kept = calibration.trials[:2].sum(axis=1), calibration.hits[:2].sum(axis=1)
+    assert tried[0] > 4 and kept[0] == pytest.approx(tried[0])
+    assert 0 < kept[1] < tried[1]
     assert engine.num_steps < plain.num_steps
 
 
