@@ -45,7 +45,12 @@ from torch import Tensor
 
 from deepinfer.paging import KeyPages
 from deepinfer_kernels_sm100 import attention_decode
-from deepinfer_kernels_sm100.attention_combine import combine_splits, derotate
+from deepinfer_kernels_sm100.attention_combine import (
+    combine_splits,
+    derotate,
+    rope_angles,
+    split_buffers,
+)
 from deepinfer_kernels_sm100.attention_paged import KeyPool, key_tile, paged_rows
 
 
@@ -294,20 +299,10 @@ def _launch(
         wide_dv = min(wide_dv, WIDE_BLOCK_DV)
     block_dk, block_dv = min(width, BLOCK_DK), min(width, wide_dv)
     blocks = (b * s, triton.cdiv(h, block_h), triton.cdiv(dim, block_dv))
-    cos = sin = sinks  # unread without angles
-    half = rot_start = 0
-    if angles is not None:
-        half = angles[0].shape[-1]
-        rot_start = dim - 2 * half
-        cos, sin = (a.expand(b, s, half).reshape(b * s, half).float().contiguous() for a in angles)
+    cos, sin, rot_start, half = rope_angles(angles, b, s, dim, sinks)
     if splits is None:
         splits = num_splits(blocks[0] * blocks[1] * blocks[2], keys)
-    split_keys = triton.cdiv(triton.cdiv(max(keys, 1), splits), BLOCK_L) * BLOCK_L
-    splits = triton.cdiv(max(keys, 1), split_keys)  # no split left without keys
-    part = stat = out  # unused unless split
-    if splits > 1:
-        part = torch.empty(b * s, splits, h, dim, dtype=torch.float32, device=q.device)
-        stat = torch.empty(b * s, splits, 2, h, dtype=torch.float32, device=q.device)
+    split_keys, splits, part, stat = split_buffers(out, b * s, keys, splits, BLOCK_L)
     sinks = sinks.float().contiguous()
     # The probabilities are fp32 and keep IEEE dots (TF32 moved bf16 outputs by two ulps).
     _mqa_sink_kernel[(blocks[0], blocks[1], blocks[2] * splits)](

@@ -4,6 +4,7 @@ to the query position (``attention``'s ``DEROTATE``)."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -93,3 +94,33 @@ def combine_splits(  # noqa: PLR0917
         part, stat, sinks, out, cos, sin, heads, dim, splits, rot_start, half,
         DEROTATE=derotate, BLOCK_H=block_h, BLOCK_DV=block_dv,
     )  # fmt: skip
+
+
+def split_buffers(
+    out: Tensor, rows: int, keys: int, splits: int, block_l: int
+) -> tuple[int, int, Tensor, Tensor]:
+    """A walk of ``keys`` keys per query row cut into ``splits`` ranges: (keys per range, a
+    multiple of ``block_l``; the ranges, none left without keys; each range's unnormalised
+    output [rows, ranges, H, D] and running max and denominator [rows, ranges, 2, H], fp32,
+    for :func:`combine_splits`, or ``out`` twice, unread, where there is one range)."""
+    heads, dim = out.shape[-2:]
+    split_keys = triton.cdiv(triton.cdiv(max(keys, 1), splits), block_l) * block_l
+    splits = triton.cdiv(max(keys, 1), split_keys)
+    part = stat = out
+    if splits > 1:
+        part = torch.empty(rows, splits, heads, dim, dtype=torch.float32, device=out.device)
+        stat = torch.empty(rows, splits, 2, heads, dtype=torch.float32, device=out.device)
+    return split_keys, splits, part, stat
+
+
+def rope_angles(
+    angles: tuple[Tensor, Tensor] | None, b: int, s: int, dim: int, unread: Tensor
+) -> tuple[Tensor, Tensor, int, int]:
+    """(cos, sin [b * s, r/2] fp32, the first rope channel, r/2) of the query rows' ``angles``
+    (cos, sin broadcastable to [b, s, r/2]) for a head of ``dim`` columns whose trailing r
+    are rotated back; without angles ``unread`` twice and zeros."""
+    if angles is None:
+        return unread, unread, 0, 0
+    half = angles[0].shape[-1]
+    cos, sin = (a.expand(b, s, half).reshape(b * s, half).float().contiguous() for a in angles)
+    return cos, sin, dim - 2 * half, half

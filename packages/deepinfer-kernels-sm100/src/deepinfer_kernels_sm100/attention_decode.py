@@ -37,7 +37,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer_kernels_sm100.attention_combine import combine_splits, derotate
+from deepinfer_kernels_sm100.attention_combine import (
+    combine_splits,
+    derotate,
+    rope_angles,
+    split_buffers,
+)
 from deepinfer_kernels_sm100.attention_paged import KeyPool, key_tile, paged_rows
 
 
@@ -192,18 +197,8 @@ def decode_attention(  # noqa: PLR0917
     if splits is None:
         wanted = triton.cdiv(TARGET_PROGRAMS, b) if TARGET_PROGRAMS else 1
         splits = max(1, min(wanted, triton.cdiv(keys, BLOCK_L)))
-    split_keys = triton.cdiv(triton.cdiv(max(keys, 1), splits), BLOCK_L) * BLOCK_L
-    splits = triton.cdiv(max(keys, 1), split_keys)
-    part = stat = out
-    if splits > 1:
-        part = torch.empty(b, splits, h, dim, dtype=torch.float32, device=q.device)
-        stat = torch.empty(b, splits, 2, h, dtype=torch.float32, device=q.device)
-    cos = sin = sinks
-    half = rot_start = 0
-    if angles is not None:
-        half = angles[0].shape[-1]
-        rot_start = dim - 2 * half
-        cos, sin = (a.reshape(b, half).float().contiguous() for a in angles)
+    split_keys, splits, part, stat = split_buffers(out, b, keys, splits, BLOCK_L)
+    cos, sin, rot_start, half = rope_angles(angles, b, 1, dim, sinks)
     sinks = sinks.float().contiguous()
     blocks = (b, triton.cdiv(h, block_h), splits)
     _decode_t_kernel[blocks](
