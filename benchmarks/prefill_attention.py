@@ -14,6 +14,7 @@ rotated back) are timed under ``PAGED_VARIANTS``.
 
     python benchmarks/prefill_attention.py [--variants NAME ...] [--paged-only] [--out PATH]
     python benchmarks/prefill_attention.py --decode-kernels   # the two paged decode kernels
+    python benchmarks/prefill_attention.py --pv-parts   # bf16 parts of the probabilities
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ DECODE_CASES = [("a-decode-640", b, 16, 640) for b in (1, 32, 256)]
 PAGED_CASES = [(f"a-paged-{n}", b, 16, n) for n in (128, 4) for b in (1, 32, 64, 256)]
 #: Entries a page holds in the paged cases.
 PER_PAGE = 64
+#: ``attention.PV_PARTS`` values ``--pv-parts`` compares (bf16 parts of the probabilities).
+PV_CHOICES = (3, 2, 1)
+#: (batch, entries a row sees) of the paged decode cases ``--pv-parts`` times
+PV_PAGED = ((256, 128), (256, 4), (64, 128), (1, 128))
 
 
 def chunk_index(queries: int, chunk: int, entries: int, picks: int, g: torch.Generator) -> Any:
@@ -94,10 +99,11 @@ def chunk_index(queries: int, chunk: int, entries: int, picks: int, g: torch.Gen
     return torch.cat((window, rows), dim=-1)
 
 
-def paged_call(att: Any, b: int, h: int, entries: int, g: torch.Generator) -> Any:
-    """``paged_mqa_sink_attention`` over ``b`` rows of one query each: a full 128-slot bf16
-    ring a row (one page, the row's slot) and ``entries`` bf16 entries on pages of the rows'
-    own, in a shuffled page order, the output's 64 rope channels rotated back."""
+def paged_inputs(b: int, h: int, entries: int, g: torch.Generator) -> tuple[Any, ...]:
+    """(q, sources, sinks, derotate angles, keys) of ``b`` rows of one query each: a full
+    128-slot bf16 ring a row (one page, the row's slot) and ``entries`` bf16 entries on pages
+    of the rows' own, in a shuffled page order; ``keys`` [b, 128 + entries, D]: each row's keys
+    in order, for a reference."""
     from deepinfer.paging import KeyPages
 
     dev, dim = "cuda", 512
@@ -112,8 +118,15 @@ def paged_call(att: Any, b: int, h: int, entries: int, g: torch.Generator) -> An
     sources = [KeyPages(ring, slots, seen), KeyPages(pool, pages, listed)]
     angle = torch.rand(b, 1, 32, device=dev, generator=g) * 6.28
     sinks = torch.randn(h, device=dev, generator=g)
-    derotate = (angle.cos(), angle.sin())
-    return partial(att.paged_mqa_sink_attention, q, sources, sinks, dim**-0.5, derotate)
+    keys = torch.cat((ring[slots[:, 0]], pool[pages].flatten(1, 2)[:, :entries]), dim=1)
+    return q, sources, sinks, (angle.cos(), angle.sin()), keys
+
+
+def paged_call(att: Any, b: int, h: int, entries: int, g: torch.Generator) -> Any:
+    """``paged_mqa_sink_attention`` over :func:`paged_inputs`, the output's 64 rope channels
+    rotated back."""
+    q, sources, sinks, derotate, _ = paged_inputs(b, h, entries, g)
+    return partial(att.paged_mqa_sink_attention, q, sources, sinks, 512**-0.5, derotate)
 
 
 def time_variants(
@@ -149,6 +162,10 @@ def main() -> int:
         "--decode-kernels", action="store_true",
         help="only the paged decode cases, under DECODE_VARIANTS (the two decode kernels)",
     )  # fmt: skip
+    ap.add_argument(
+        "--pv-parts", action="store_true",
+        help=f"config A's cases under each of PV_CHOICES {PV_CHOICES}, against float64",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -158,6 +175,8 @@ def main() -> int:
 
     if args.decode_kernels:
         return decode_kernels(att, attention_decode, args.out)
+    if args.pv_parts:
+        return pv_parts(att, args.out)
     tables = (*VARIANTS.values(), *PAGED_VARIANTS.values())
     shipped = {knob: getattr(att, knob) for v in tables for knob in v}
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -233,6 +252,60 @@ def decode_kernels(att: Any, decode: Any, out: Path | None) -> int:
         "rows": rows,
     }
     write_result(result, out, "decode_attention_" + result["device"].split()[1].lower())
+    return 0
+
+
+def float64_attention(q: Any, keys: Any, visible: Any, sinks: Any) -> Any:
+    """[R, H, D] float64 attention of query rows ``q`` [R, H, D] over their own ``keys``
+    [R, K, D] (``visible`` [R, K]) with the sink logit, computed in blocks of rows."""
+    outs = []
+    for a in range(0, q.shape[0], 128):
+        k = keys[a : a + 128].double()
+        logits = torch.einsum("rhd,rkd->rhk", q[a : a + 128].double(), k) * q.shape[-1] ** -0.5
+        logits = logits.masked_fill(~visible[a : a + 128, None, :], float("-inf"))
+        sink = sinks.double().view(1, -1, 1).expand(k.shape[0], -1, 1)
+        probs = torch.cat((logits, sink), -1).softmax(-1)[..., :-1]
+        outs.append(torch.einsum("rhk,rkd->rhd", probs, k))
+    return torch.cat(outs)
+
+
+def pv_row(att: Any, fn: Any, exact: Any) -> dict[str, Any]:
+    """``fn()`` [R, H, D] timed and compared with float64 under each of :data:`PV_CHOICES`;
+    ``bf16_floor``: the float64 result's own error once rounded to bf16."""
+    row: dict[str, Any] = {"bf16_floor_mean_abs": float((exact.bfloat16() - exact).abs().mean())}
+    for parts in PV_CHOICES:
+        att.PV_PARTS = parts
+        diff = (fn().double().view(exact.shape) - exact).abs()
+        row[f"pv{parts}"] = {"us": graph_us(fn), "max_abs": float(diff.max()),
+                             "mean_abs": float(diff.mean())}  # fmt: skip
+    return row
+
+
+def pv_parts(att: Any, out: Path | None) -> int:
+    """Config A's prefill cases and paged decode rows under each of :data:`PV_CHOICES`:
+    time, and error against float64."""
+    shipped, rows = att.PV_PARTS, []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, b, s, h, chunk, entries, picks in CASES[:3]:
+        q = torch.randn(b, s, h, 512, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(b, chunk + entries, 512, device="cuda", generator=g).bfloat16()
+        sinks = torch.randn(h, device="cuda", generator=g)
+        index = chunk_index(s, chunk, entries, picks, g)[None]
+        exact = float64_attention(q[0], kv[0][index[0].clamp(min=0)], index[0] >= 0, sinks)
+        fn = partial(att.sparse_mqa_sink_attention, q, kv, index, sinks, 512**-0.5)
+        rows.append({"case": name, "S": s, "heads": h, **pv_row(att, fn, exact)})
+        print(rows[-1], flush=True)
+    for b, entries in PV_PAGED:
+        q, sources, sinks, _, keys = paged_inputs(b, 16, entries, g)
+        visible = torch.ones(keys.shape[:2], dtype=torch.bool, device="cuda")
+        exact = float64_attention(q[:, 0], keys, visible, sinks)
+        fn = partial(att.paged_mqa_sink_attention, q, sources, sinks, 512**-0.5)
+        rows.append({"case": f"a-paged-{entries}", "B": b, "heads": 16, **pv_row(att, fn, exact)})
+        print(rows[-1], flush=True)
+    att.PV_PARTS = shipped
+    result = {"benchmark": "attention_pv_parts", "device": torch.cuda.get_device_name(0),
+              "shipped": shipped, "rows": rows}  # fmt: skip
+    write_result(result, out, "attention_pv_parts_" + result["device"].split()[1].lower())
     return 0
 
 

@@ -266,15 +266,20 @@ def _mhc_specs() -> Iterator[AotSpec]:
 
 
 def _moe_specs() -> Iterator[AotSpec]:
-    # decode: 32 tokens x 6 slots; the largest batch one program sorts: 4096 pairs, 8 warps
-    for variant, pairs, warps in (("decode", 192, 4), ("largest", 4096, 8)):
+    # 256 experts: a program an expert (and the "none" bin, 512 bins) from 32 tokens x 6 slots
+    # to the largest batch one launch groups (4096 pairs, 8 warps); a few pairs (8 tokens)
+    # sorted by one program
+    cases = (("_expert_group_kernel", "decode", 192, 4, 512),
+             ("_expert_group_kernel", "largest", 4096, 8, 512),
+             ("_group_kernel", "decode-few-pairs", 48, 4, 256))  # fmt: skip
+    for kernel, variant, pairs, warps, e_pad in cases:
         yield AotSpec(
-            "moe_group._group_kernel",
+            f"moe_group.{kernel}",
             variant,
             {"idx_ptr": "*i64", "weight_ptr": "*fp32", "token_ptr": "*i32", "order_ptr": "*i32",
              "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32", "pairs": pairs,
              "k": 6, "num_experts": 256, "slots": min(256, pairs),
-             "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": 256},
+             "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": e_pad},
             num_warps=warps,
         )  # fmt: skip
     # a prefill chunk's pairs past that: counted and placed in chunks of 1024, 256 experts and
@@ -531,6 +536,8 @@ def _topk_specs() -> Iterator[AotSpec]:
 
 
 def _attention_specs() -> Iterator[AotSpec]:
+    from deepinfer_kernels_sm100 import attention
+
     k = "attention._mqa_sink_kernel"
     # (variant, dtype, mode, split, heads, dim, BLOCK_H, BLOCK_DK, BLOCK_DV, warps), as
     # attention._launch picks them: a decode batch of 8 rows cuts its keys into ranges
@@ -600,7 +607,8 @@ def _attention_specs() -> Iterator[AotSpec]:
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rot_start": dim - min(64, dim // 2),
              "half": min(32, dim // 4), "MODE": mode, "POOLS": pools, "SPLIT": split,
              "DEROTATE": derotate, "QK_NATIVE": native,
-             "QK_PRECISION": "tf32" if native else "ieee", "PV_PARTS": 3 if native else 0,
+             "QK_PRECISION": "tf32" if native else "ieee",
+             "PV_PARTS": attention.PV_PARTS if native else 0,
              "BLOCK_H": block_h, "BLOCK_L": 64, "BLOCK_DK": block_dk, "BLOCK_DV": block_dv},
             num_warps=warps,
             archs=archs,
@@ -623,6 +631,7 @@ def _decode_t_specs() -> Iterator[AotSpec]:
     bf16 rows of up to 16 heads: config A's decode rows (16 heads of 512; unsplit with the
     rope channels turned back, and split in key ranges) and the embedded model's (4 heads of
     32)."""
+    from deepinfer_kernels_sm100 import attention
     from deepinfer_kernels_sm100 import attention_decode as ad
 
     cases = (("a-unsplit", 16, 512, False), ("a-split", 16, 512, True), ("tiny", 4, 32, False))
@@ -638,7 +647,7 @@ def _decode_t_specs() -> Iterator[AotSpec]:
              "scale": dim**-0.5, "split_keys": 64 if split else 256, "splits": 4 if split else 1,
              "keys_a": 128, "n_pages": 1, "n_pages2": 2, "per_page": 128, "per_page2": 64,
              "rot_start": dim - min(64, dim // 2), "half": min(32, dim // 4), "POOLS": 1,
-             "SPLIT": split, "DEROTATE": not split, "NATIVE": True, "PV_PARTS": 3,
+             "SPLIT": split, "DEROTATE": not split, "NATIVE": True, "PV_PARTS": attention.PV_PARTS,
              "BLOCK_H": 16, "BLOCK_L": ad.BLOCK_L, "BLOCK_D": dim},
             num_warps=ad.NUM_WARPS,
             num_stages=ad.NUM_STAGES,

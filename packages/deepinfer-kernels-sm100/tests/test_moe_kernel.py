@@ -90,18 +90,21 @@ def test_tokens_without_any_expert_get_zero() -> None:
     assert got.isfinite().all()
 
 
-@pytest.mark.parametrize("path", ["one-program", "chunks-of-64", "chunks-of-16"])
+@pytest.mark.parametrize(
+    "path", ["a-program-an-expert", "one-program-sorts", "chunks-of-64", "chunks-of-16"]
+)
 @pytest.mark.parametrize(
     ("n", "experts", "k"), [(40, 6, 2), (300, 16, 6), (1, 8, 2), (5, 3, 3), (700, 13, 3)]
 )
 def test_grouping_equals_the_reference_sort(
     n: int, experts: int, k: int, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both sorts give the reference's stable order exactly: token rows, pair order, weights
-    and expert ends (the chunked sort over several chunks, one a partial chunk)."""
-    if path != "one-program":
+    """Every grouping gives the reference's stable order exactly: token rows, pair order,
+    weights and expert ends (the chunked sort over several chunks, one a partial chunk)."""
+    if path.startswith("chunks"):
         monkeypatch.setattr(moe_group, "GROUP_MAX_PAIRS", 0)
         monkeypatch.setattr(moe_group, "CHUNK_PAIRS", int(path.rsplit("-", 1)[1]))
+    monkeypatch.setattr(moe_group, "EXPERTS_PER_PAIR", 0 if path == "one-program-sorts" else 64)
     g = torch.Generator().manual_seed(n * experts + k)
     indices = torch.randint(0, experts, (n, k), generator=g)
     indices[0, -1] = -1

@@ -16,7 +16,8 @@ A head as wide as V4's (512 columns) does not fit in one program's registers bes
 keys. The logits are accumulated over 64-column slices of the head, and a program writes some
 of the output columns, recomputing the logits its neighbours also compute, which costs less than
 spills and gives the GPU more programs. 16-bit queries and keys meet in tensor-core dots (exact
-products, fp32 sums); the probabilities keep IEEE fp32 dots.
+products, fp32 sums); the fp32 probabilities meet bf16 values as :data:`PV_PARTS` bf16 parts in
+tensor-core dots, fp32 values in IEEE fp32 dots.
 
 Many decode rows of few heads go to :mod:`.attention_decode` (the key rows on the dots' long
 side). A decode batch of a few rows gives the GPU only a few such programs, each walking every key
@@ -215,9 +216,12 @@ TARGET_PROGRAMS = 128
 #: sums) rather than upcast; Triton's CPU interpreter gets 16-bit dots wrong, so there not.
 QK_NATIVE = os.environ.get("TRITON_INTERPRET") != "1"
 #: bf16 values meet the fp32 probabilities in tensor-core dots of the probabilities cut into
-#: this many bf16 parts: three carry all 24 bits of an fp32 probability, so every product is
-#: exact and only the fp32 sums round, as in an IEEE fp32 dot on CUDA cores (and faster).
-PV_PARTS = 3
+#: this many bf16 parts, each product exact and summed in fp32. Three carry all 24 bits of an
+#: fp32 probability (an IEEE fp32 dot's products); two carry 16, so a product is off by at most
+#: 2^-17 of itself, below what the fp32 sums over a row's keys already round away. Two measured
+#: the same error against float64 as three at config A's shapes, in less time
+#: (``results/attention_pv_parts_h100.json``); one part (a bf16 probability) more error.
+PV_PARTS = 2
 #: Blackwell (compute capability 10) holds tensor-core accumulators in tensor memory, 512
 #: columns an SM. Triton gives the PV_PARTS bf16 dots into a 64 x 256 fp32 accumulator 544 of
 #: them and refuses the launch, so there wide programs keep BLOCK_DV columns (found by

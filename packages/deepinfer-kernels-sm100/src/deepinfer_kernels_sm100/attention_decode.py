@@ -18,7 +18,7 @@ Here the roles turn round, as in the transposed formulation of small-head decode
 The key tile is a dot operand in shared memory, so Triton's pipeliner fetches the next block's
 rows while this one's dots run, and with a register cap two programs share an SM. The softmax
 runs down the columns (per head); the probabilities are cut into :data:`.attention.PV_PARTS`
-bf16 parts as there, so every product is exact and only the fp32 sums round. The running
+bf16 parts as there (each part's products exact, summed in fp32). The running
 maximum and denominator start at the sink (the sink joins the denominator once), and a split
 of the keys writes the same partial results as :mod:`.attention`'s, merged by
 :func:`.attention_combine.combine_splits`.

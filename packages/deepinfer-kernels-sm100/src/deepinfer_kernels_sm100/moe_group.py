@@ -6,8 +6,13 @@ contiguous range of the pairs sorted stably by expert, exactly the reference's o
 ends, gathers; with the list of experts that have pairs, about twenty launches, a multi-pass
 radix sort among them). Here:
 
-* up to ``GROUP_MAX_PAIRS`` pairs (every decode batch), one program sorts unique
-  (expert, pair) keys in registers;
+* up to ``GROUP_MAX_PAIRS`` pairs (every decode batch), a counting sort with a program per
+  expert (and one for the pairs without one): each counts every expert's pairs (a histogram)
+  and places its own after those of the experts before it, in pair order (a prefix sum over
+  its matches): a few short steps in parallel programs. With more than ``EXPERTS_PER_PAIR``
+  experts a pair (a few pairs among many experts, where E + 1 programs would each histogram
+  E bins for them), one program sorts unique (expert, pair) keys in registers instead (a
+  bitonic network, whose dependent steps grow with the pairs);
 * past it (prefill chunks), a stable counting sort in two launches over chunks of
   ``CHUNK_PAIRS`` pairs: the first counts each chunk's pairs an expert; the second places each
   chunk's pairs at its expert's start plus the pairs of that expert in earlier chunks plus its
@@ -25,8 +30,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: pairs one program sorts (registers); a longer chunk takes the chunked counting sort
+#: pairs the programs of one launch hold whole (registers); more take the chunked counting sort
 GROUP_MAX_PAIRS = 4096
+#: experts a pair past which one program sorts the pairs rather than a program an expert
+#: counting them (``benchmarks/moe_grouping.py``: V4-Flash's 256 experts at 8 tokens of 6 pairs)
+EXPERTS_PER_PAIR = 4
 #: pairs a program of the chunked sort counts and places
 CHUNK_PAIRS = 1024
 
@@ -104,6 +112,44 @@ def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     _store_ends(ends_ptr, experts_ptr, counts, num_experts, slots, E_PAD)
 
 
+@triton.jit(do_not_specialize=["pairs", "k", "num_experts", "slots"])
+def _expert_group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    idx_ptr,  # [P] expert of each (token, slot) pair, -1 = none
+    weight_ptr,  # [P] router weights
+    token_ptr,  # [P] out: token row of each sorted pair
+    order_ptr,  # [P] out: (token, slot) pair of each sorted pair
+    scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
+    ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
+    experts_ptr,  # [slots] out: the experts with pairs in order, then -1 (int32)
+    pairs,
+    k,
+    num_experts,
+    slots,
+    P_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,  # > num_experts: bin E counts the pairs without an expert
+):
+    """Program g places group g's pairs (expert g; g = E: the pairs without one, last): after
+    the pairs of the groups before it, in pair order, so the result is the stable sort's."""
+    g = tl.program_id(0)
+    p = tl.arange(0, P_PAD)
+    valid = p < pairs
+    e = tl.load(idx_ptr + p, mask=valid, other=-1)
+    key = tl.where(e >= 0, e, num_experts).to(tl.int32)
+    counts = tl.histogram(key, E_PAD, mask=valid)
+    bins = tl.arange(0, E_PAD)
+    start = tl.sum(tl.where(bins < g, counts, 0), 0)
+    mine = (key == g) & valid
+    at = start + tl.cumsum(mine.to(tl.int32), 0) - 1
+    _store_pairs(weight_ptr, token_ptr, order_ptr, scale_ptr, at, p, mine, k)
+    if g < num_experts:
+        n = tl.sum(mine.to(tl.int32), 0)
+        tl.store(ends_ptr + g, start + n)
+        busy = ((counts > 0) & (bins < num_experts)).to(tl.int32)
+        # the busy experts in order, then -1 up to the slots: disjoint stores
+        tl.store(experts_ptr + tl.sum(tl.where(bins < g, busy, 0), 0), g, mask=n > 0)
+        tl.store(experts_ptr + g, -1, mask=(g >= tl.sum(busy, 0)) & (g < slots))
+
+
 @triton.jit(do_not_specialize=["pairs", "num_experts"])
 def _chunk_counts_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     idx_ptr, counts_ptr, pairs, num_experts, CHUNK: tl.constexpr, E_PAD: tl.constexpr
@@ -179,7 +225,9 @@ def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> PairGroup
     if not pairs:
         ends.zero_()
     elif pairs <= GROUP_MAX_PAIRS:
-        _group_kernel[(1,)](
+        expert_programs = pairs * EXPERTS_PER_PAIR >= num_experts
+        kernel = _expert_group_kernel if expert_programs else _group_kernel
+        kernel[(num_experts + 1 if expert_programs else 1,)](
             idx,
             w,
             *out,
@@ -188,7 +236,7 @@ def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> PairGroup
             num_experts,
             slots,
             P_PAD=max(16, triton.next_power_of_2(pairs)),
-            E_PAD=max(16, triton.next_power_of_2(num_experts)),
+            E_PAD=max(16, triton.next_power_of_2(num_experts + expert_programs)),
             num_warps=4 if pairs <= 1024 else 8,
         )
     else:
