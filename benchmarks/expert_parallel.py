@@ -18,6 +18,7 @@ speed). CPU runs use gloo, CUDA runs NCCL.
 
     python benchmarks/expert_parallel.py [--model tiny] [--device cpu] [--dp-sizes 1,2]
         [--num-seqs 16] [--prompt-len 64] [--output-len 16] [--enforce-eager] [--out path.json]
+    python benchmarks/expert_parallel.py --compare-no-ep [...]   # EP at world size 1
 """
 
 from __future__ import annotations
@@ -118,19 +119,22 @@ def timed_run(
     }
 
 
-def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
-    """Warm-up, prefill-only and full runs at world size ``dp``."""
+def measure(
+    dp: int, prompts: list[list[int]], args: argparse.Namespace, ep: bool = True
+) -> dict[str, Any]:
+    """Warm-up, prefill-only and full runs at world size ``dp`` (``ep`` False: an engine
+    given no parallel options at all)."""
     timer = ExchangeTimer(args.device.startswith("cuda"))
     timer.install()
+    parallel = {"data_parallel_size": dp, "enable_expert_parallel": True} if ep else {}
     llm = LLM(
         args.model,
         device=args.device,
         load_format=args.load_format,
-        data_parallel_size=dp,
-        enable_expert_parallel=True,
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
         seed=0,
+        **parallel,
     )
     try:
         first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
@@ -150,6 +154,7 @@ def measure(dp: int, prompts: list[list[int]], args: argparse.Namespace) -> dict
     steps = max(whole["steps"], 1)
     return {
         "data_parallel_size": dp,
+        "enable_expert_parallel": ep,
         "prefill_tok_s": prompt_tokens / prefill["seconds"],
         # None where the decode steps took no measurable time over the prefill run's
         "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
@@ -175,16 +180,26 @@ def main() -> None:
         action="store_true",
         help="no CUDA graphs: the decode steps' exchanges are then timed too",
     )
+    parser.add_argument(
+        "--compare-no-ep",
+        action="store_true",
+        help="instead: D = 1 with enable_expert_parallel against no parallel options, twice each,"
+        " alternated (what EP costs at world size 1)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     rnd = random.Random(0)
     prompts = [
         [rnd.randrange(3, 4000) for _ in range(args.prompt_len)] for _ in range(args.num_seqs)
     ]
-    rows = [measure(int(d), prompts, args) for d in args.dp_sizes.split(",")]
+    if args.compare_no_ep:
+        rows = [measure(1, prompts, args, ep) for ep in (False, True, False, True)]
+    else:
+        rows = [measure(int(d), prompts, args) for d in args.dp_sizes.split(",")]
     for row in rows:
         print(
-            f"D={row['data_parallel_size']}: prefill {row['prefill_tok_s']:.0f} tok/s, "
+            f"D={row['data_parallel_size']} EP={row['enable_expert_parallel']}: "
+            f"prefill {row['prefill_tok_s']:.0f} tok/s, "
             f"decode {row['decode_tok_s'] or float('nan'):.0f} tok/s, exchange "
             f"{row['exchange_bytes_per_step']:.0f} B and "
             f"{1e3 * row['exchange_seconds_per_step']:.2f} ms per step (rank 0)"

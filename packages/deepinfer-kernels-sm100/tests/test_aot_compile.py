@@ -301,7 +301,9 @@ def _moe_specs() -> Iterator[AotSpec]:
     # moe.TIERS and moe.LARGE (block_m, block_n, block_k, warps, stages), by the mean pairs an
     # expert has; fp32 weights (moe.FP32_TIERS, FP32_LARGE): IEEE dots; decode's few experts
     # read from the slot list (LISTED), a prefill's from the slot index
-    tiles = ((16, 32, 128, 4, 4), (32, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3))
+    from deepinfer_kernels_sm100 import moe
+
+    tiles = [shape[:5] for shape in (*(tier for _, tier in moe.TIERS), moe.LARGE)]
     fp32_tiles = ((16, 64, 64, 4, 3), (64, 64, 64, 4, 3))
     for dt, (block_m, block_n, block_k, warps, stages) in [
         *(("bf16", tile) for tile in tiles),

@@ -68,12 +68,14 @@ class ExpertLaunch(NamedTuple):
 #: Launch shapes by the mean pairs an expert has (``rows``): (the most rows of a tier, its
 #: shape), in increasing order. Measured on an H100 at config A's and V4-Flash's widths
 #: (``benchmarks/moe_tiles.py``): a batch-1 step's single rows stream the weights through
-#: narrow column tiles with long K steps; 32-row tiles serve a batch of 64; from 64 rows an
-#: expert the tensor cores' 64- and 128-row tiles on eight warps.
+#: narrow column tiles with long K steps; 32-row tiles serve a batch of 64; up to 64 rows an
+#: expert 64 x 64 tiles on four warps, four stages deep (twice the programs of 64 x 128 ones,
+#: so the SMs share a batch of 256's weight tiles more evenly: ``results/moe_tiles_h200.json``);
+#: past that 128-row tiles on eight warps.
 TIERS: tuple[tuple[int, ExpertLaunch], ...] = (
     (1, ExpertLaunch(16, 32, 128, 4, 4, 4)),
     (16, ExpertLaunch(32, 64, 64, 4, 3, 2)),
-    (64, ExpertLaunch(64, 128, 64, 8, 3, 1)),
+    (64, ExpertLaunch(64, 64, 64, 4, 4, 1)),
 )
 #: Past the last tier: a prefill chunk's thousand rows an expert.
 LARGE = ExpertLaunch(128, 128, 64, 8, 3, 1)
