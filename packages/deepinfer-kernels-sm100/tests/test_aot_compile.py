@@ -269,17 +269,17 @@ def _moe_specs() -> Iterator[AotSpec]:
     # 256 experts: a program an expert (and the "none" bin, 512 bins) from 32 tokens x 6 slots
     # to the largest batch one launch groups (4096 pairs, 8 warps); a few pairs (8 tokens)
     # sorted by one program
-    cases = (("_expert_group_kernel", "decode", 192, 4, 512),
-             ("_expert_group_kernel", "largest", 4096, 8, 512),
-             ("_group_kernel", "decode-few-pairs", 48, 4, 256))  # fmt: skip
-    for kernel, variant, pairs, warps, e_pad in cases:
+    cases = (("decode", 192, 4, True), ("largest", 4096, 8, True),
+             ("decode-few-pairs", 48, 4, False))  # fmt: skip
+    for variant, pairs, warps, by_expert in cases:
         yield AotSpec(
-            f"moe_group.{kernel}",
+            "moe_group._group_kernel",
             variant,
             {"idx_ptr": "*i64", "weight_ptr": "*fp32", "token_ptr": "*i32", "order_ptr": "*i32",
              "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32", "pairs": pairs,
              "k": 6, "num_experts": 256, "slots": min(256, pairs),
-             "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": e_pad},
+             "P_PAD": max(16, 1 << (pairs - 1).bit_length()), "E_PAD": 512 if by_expert else 256,
+             "BY_EXPERT": by_expert},
             num_warps=warps,
         )  # fmt: skip
     # a prefill chunk's pairs past that: counted and placed in chunks of 1024, 256 experts and

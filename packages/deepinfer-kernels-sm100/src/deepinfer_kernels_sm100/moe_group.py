@@ -87,47 +87,11 @@ def _store_ends(  # noqa: PLR0917
     tl.store(experts_ptr + bins, -1, mask=(bins >= tl.sum(busy.to(tl.int32), 0)) & (bins < slots))
 
 
-@triton.jit(do_not_specialize=["pairs", "k", "num_experts"])
-def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    idx_ptr,  # [P] expert of each (token, slot) pair, -1 = none
-    weight_ptr,  # [P] router weights
-    token_ptr,  # [P] out: token row of each sorted pair
-    order_ptr,  # [P] out: (token, slot) pair of each sorted pair
-    scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
-    ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
-    experts_ptr,  # [slots] out: the experts with pairs in order, then -1 (int32)
-    pairs,
-    k,
-    num_experts,
-    slots,
-    P_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-):
-    """A stable sort of the pairs by expert, as one sort of unique (expert, pair) keys."""
-    key, src = _sort_keys(idx_ptr, 0, pairs, num_experts, P_PAD)
-    p = tl.arange(0, P_PAD)
-    _store_pairs(weight_ptr, token_ptr, order_ptr, scale_ptr, p, src, p < pairs, k)
-    expert = key < num_experts
-    counts = tl.histogram(tl.where(expert, key, 0), E_PAD, mask=expert)
-    _store_ends(ends_ptr, experts_ptr, counts, num_experts, slots, E_PAD)
-
-
-@triton.jit(do_not_specialize=["pairs", "k", "num_experts", "slots"])
-def _expert_group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
-    idx_ptr,  # [P] expert of each (token, slot) pair, -1 = none
-    weight_ptr,  # [P] router weights
-    token_ptr,  # [P] out: token row of each sorted pair
-    order_ptr,  # [P] out: (token, slot) pair of each sorted pair
-    scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
-    ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
-    experts_ptr,  # [slots] out: the experts with pairs in order, then -1 (int32)
-    pairs,
-    k,
-    num_experts,
-    slots,
-    P_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,  # > num_experts: bin E counts the pairs without an expert
-):
+@triton.jit
+def _place_group(  # noqa: PLR0917 (a jit helper takes positional arguments)
+    idx_ptr, weight_ptr, token_ptr, order_ptr, scale_ptr, ends_ptr, experts_ptr, pairs, k,
+    num_experts, slots, P_PAD: tl.constexpr, E_PAD: tl.constexpr,
+):  # fmt: skip
     """Program g places group g's pairs (expert g; g = E: the pairs without one, last): after
     the pairs of the groups before it, in pair order, so the result is the stable sort's."""
     g = tl.program_id(0)
@@ -148,6 +112,37 @@ def _expert_group_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
         # the busy experts in order, then -1 up to the slots: disjoint stores
         tl.store(experts_ptr + tl.sum(tl.where(bins < g, busy, 0), 0), g, mask=n > 0)
         tl.store(experts_ptr + g, -1, mask=(g >= tl.sum(busy, 0)) & (g < slots))
+
+
+@triton.jit(do_not_specialize=["pairs", "k", "num_experts", "slots"])
+def _group_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    idx_ptr,  # [P] expert of each (token, slot) pair, -1 = none
+    weight_ptr,  # [P] router weights
+    token_ptr,  # [P] out: token row of each sorted pair
+    order_ptr,  # [P] out: (token, slot) pair of each sorted pair
+    scale_ptr,  # [P] out: router weight of each sorted pair (fp32)
+    ends_ptr,  # [E] out: end of each expert's sorted pairs (int32)
+    experts_ptr,  # [slots] out: the experts with pairs in order, then -1 (int32)
+    pairs,
+    k,
+    num_experts,
+    slots,
+    P_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,  # BY_EXPERT: > num_experts (bin E counts the pairs without one)
+    BY_EXPERT: tl.constexpr,  # a program a group (_place_group), else one sorting them all
+):
+    """A stable sort of the pairs by expert: a program an expert counting, or one program
+    sorting unique (expert, pair) keys."""
+    if BY_EXPERT:
+        _place_group(idx_ptr, weight_ptr, token_ptr, order_ptr, scale_ptr, ends_ptr,
+                     experts_ptr, pairs, k, num_experts, slots, P_PAD, E_PAD)  # fmt: skip
+    else:
+        key, src = _sort_keys(idx_ptr, 0, pairs, num_experts, P_PAD)
+        p = tl.arange(0, P_PAD)
+        _store_pairs(weight_ptr, token_ptr, order_ptr, scale_ptr, p, src, p < pairs, k)
+        expert = key < num_experts
+        counts = tl.histogram(tl.where(expert, key, 0), E_PAD, mask=expert)
+        _store_ends(ends_ptr, experts_ptr, counts, num_experts, slots, E_PAD)
 
 
 @triton.jit(do_not_specialize=["pairs", "num_experts"])
@@ -225,9 +220,8 @@ def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> PairGroup
     if not pairs:
         ends.zero_()
     elif pairs <= GROUP_MAX_PAIRS:
-        expert_programs = pairs * EXPERTS_PER_PAIR >= num_experts
-        kernel = _expert_group_kernel if expert_programs else _group_kernel
-        kernel[(num_experts + 1 if expert_programs else 1,)](
+        by_expert = pairs * EXPERTS_PER_PAIR >= num_experts
+        _group_kernel[(num_experts + 1 if by_expert else 1,)](
             idx,
             w,
             *out,
@@ -236,7 +230,8 @@ def group_pairs(weights: Tensor, indices: Tensor, num_experts: int) -> PairGroup
             num_experts,
             slots,
             P_PAD=max(16, triton.next_power_of_2(pairs)),
-            E_PAD=max(16, triton.next_power_of_2(num_experts + expert_programs)),
+            E_PAD=max(16, triton.next_power_of_2(num_experts + by_expert)),
+            BY_EXPERT=by_expert,
             num_warps=4 if pairs <= 1024 else 8,
         )
     else:
