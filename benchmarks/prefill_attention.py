@@ -271,7 +271,7 @@ def float64_attention(q: Any, keys: Any, visible: Any, sinks: Any) -> Any:
 
 def pv_row(att: Any, fn: Any, exact: Any) -> dict[str, Any]:
     """``fn()`` [R, H, D] timed and compared with float64 under each of :data:`PV_CHOICES`;
-    ``bf16_floor``: the float64 result's own error once rounded to bf16."""
+    ``bf16_floor_mean_abs``: the float64 result's own error once rounded to bf16."""
     row: dict[str, Any] = {"bf16_floor_mean_abs": float((exact.bfloat16() - exact).abs().mean())}
     for parts in PV_CHOICES:
         att.PV_PARTS = parts

@@ -101,16 +101,21 @@ class OnlineCalibration:
         """First drafts tried (decayed)."""
         return float(self.trials[0].sum()) if len(self.trials) else 0.0
 
+    def _counts(self) -> tuple[list[list[float]], list[list[float]], list[float]]:
+        """The counts and each position's scale as Python lists (made once a change)."""
+        if self._read is None:
+            found = self.hits.sum(axis=1) + POSITION_PRIOR
+            scale = (found / (self.expected + POSITION_PRIOR)).tolist() or [1.0]
+            self._read = (self.trials.tolist(), self.hits.tolist(), scale)
+        return self._read
+
     def scale(self) -> list[float]:
         """Each position's hit rate over its expected one (see the module; 1 before any)."""
-        found = self.hits.sum(axis=1) + POSITION_PRIOR
-        return (found / (self.expected + POSITION_PRIOR)).tolist() or [1.0]
+        return self._counts()[2]
 
     def calibrate(self, confidences: Sequence[float]) -> list[float]:
         """Each confidence read off its position's bin (see the module)."""
-        if self._read is None:
-            self._read = (self.trials.tolist(), self.hits.tolist(), self.scale())
-        trials, hits, scale = self._read
+        trials, hits, scale = self._counts()
         out = []
         for k, c in enumerate(confidences):
             if k >= len(trials):
