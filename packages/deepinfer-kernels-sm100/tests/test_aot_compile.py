@@ -616,6 +616,7 @@ def _attention_specs() -> Iterator[AotSpec]:
             archs=archs,
         )  # fmt: skip
     yield from _decode_t_specs()
+    yield from _block_attention_specs()
     for dt in ("bf16", "fp32"):
         for derotate in (False, True):
             yield AotSpec(
@@ -626,6 +627,50 @@ def _attention_specs() -> Iterator[AotSpec]:
                  "dim": 512, "splits": 4, "rot_start": 448, "half": 32, "DEROTATE": derotate,
                  "BLOCK_H": 64, "BLOCK_DV": 128},
             )  # fmt: skip
+
+
+def _block_attention_specs() -> Iterator[AotSpec]:
+    """attention_blocks' union and attention kernels as block_sparse_attention launches them
+    for a config A prefill chunk (16 heads of 512: blocks of 4 queries over a ratio-4 layer's
+    640 keys a query), bf16 on the GPU and fp32 as the CPU-parity runs hold it; Blackwell's
+    programs keep 128 columns (attention_blocks.block_dv)."""
+    from deepinfer_kernels_sm100 import attention
+    from deepinfer_kernels_sm100 import attention_blocks as ab
+
+    queries = ab.queries_per_block(16)
+    yield AotSpec(
+        "attention_blocks._block_codes_kernel",
+        "a-ratio4",
+        {"index_ptr": "*i64", "codes_ptr": "*i32", "seq": 4096, "blocks": 1024, "keys": 640,
+         "width": queries * 640, "QUERIES": queries, "BLOCK": ab.CODES_BLOCK},
+    )  # fmt: skip
+    yield AotSpec(
+        "attention_blocks._block_keys_kernel",
+        "a-ratio4",
+        {"codes_ptr": "*i32", "rows_ptr": "*i32", "bits_ptr": "*i32", "count_ptr": "*i32",
+         "width": queries * 640, "QUERIES": queries,
+         "WIDTH_POW2": 1 << (queries * 640 - 1).bit_length()},
+        num_warps=ab.KEYS_WARPS,
+    )  # fmt: skip
+    for dt, block_dv, archs in (
+        ("bf16", ab.BLOCK_DV, (90,)),
+        ("bf16", ab.BLACKWELL_DV, (100,)),
+        ("fp32", ab.BLOCK_DV, ARCHS),
+    ):
+        native = dt == "bf16"
+        yield AotSpec(
+            "attention_blocks._block_attention_kernel",
+            f"{dt}-a-dv{block_dv}",
+            {"q_ptr": f"*{dt}", "kv_ptr": f"*{dt}", "rows_ptr": "*i32", "bits_ptr": "*i32",
+             "count_ptr": "*i32", "sink_ptr": "*fp32", "out_ptr": f"*{dt}", "seq": 4096,
+             "blocks": 1024, "width": queries * 640, "heads": 16, "kv_rows": 5120, "dim": 512,
+             "scale": 512**-0.5, "QK_NATIVE": native, "QK_PRECISION": "tf32" if native else "ieee",
+             "PV_PARTS": attention.PV_PARTS if native else 0, "QUERIES": queries,
+             "HEADS": ab.ROWS // queries, "BLOCK_L": ab.BLOCK_L, "BLOCK_DK": ab.BLOCK_DK,
+             "BLOCK_DV": block_dv},
+            num_warps=ab.NUM_WARPS,
+            archs=archs,
+        )  # fmt: skip
 
 
 def _decode_t_specs() -> Iterator[AotSpec]:

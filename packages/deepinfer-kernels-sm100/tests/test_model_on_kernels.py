@@ -72,6 +72,31 @@ def test_logits_match_the_reference(name: str) -> None:
         torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_query_blocks_give_the_reference_logits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above with every prefill chunk's sparse attention in blocks of queries
+    (``attention_blocks``, which real chunks of 64 or more queries take): the packed prompts'
+    windows, entries and indexer picks as the model lists them."""
+    from deepinfer_kernels_sm100 import attention_blocks
+
+    calls: list[tuple[int, ...]] = []
+    blocks = attention_blocks.block_sparse_attention
+
+    def counted(q: Tensor, *args: Any) -> Tensor:
+        calls.append(tuple(q.shape))
+        return blocks(q, *args)
+
+    monkeypatch.setattr(attention_blocks, "MIN_QUERIES", 1)
+    monkeypatch.setattr(attention_blocks, "block_sparse_attention", counted)
+    model = BUILDERS[name]()
+    want = _run(model)
+    model.ops = _kernel_ops()
+    got = _run(model)
+    assert calls, "no chunk took the block kernel"
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
+
+
 def _run(model: DeepseekV4ForCausalLM) -> list[torch.Tensor]:
     """Logits of a packed prefill of two prompts, then two decode steps. The longer prompt
     gives the tiny V4's ratio-4 indexers more entries than their top-k (37 // 4 > 8), so the

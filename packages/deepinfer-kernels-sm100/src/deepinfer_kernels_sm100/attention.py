@@ -49,6 +49,7 @@ from deepinfer_kernels_sm100 import attention_decode
 from deepinfer_kernels_sm100.attention_combine import (
     combine_splits,
     derotate,
+    pv_accumulate,
     rope_angles,
     split_buffers,
 )
@@ -160,17 +161,7 @@ def _mqa_sink_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
         keep = tl.exp(top - new_top)
         denom = denom * keep + tl.sum(p, axis=1)
         v = key_tile(kv_base, kv2_ptr, key_row, dv, load_row, dvmask, in_a, dim, POOLS)
-        if PV_PARTS > 0:
-            # p = p_1 + ... + p_n exactly, each part a bf16 whose products with the bf16
-            # values are exact in the tensor cores' fp32 sums
-            acc = acc * keep[:, None]
-            rest = p
-            for _ in tl.static_range(PV_PARTS):
-                p_part = rest.to(tl.bfloat16)
-                acc = tl.dot(p_part, v, acc)
-                rest = rest - p_part.to(tl.float32)
-        else:
-            acc = acc * keep[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = pv_accumulate(acc, p, v, keep, PV_PARTS)
         top = new_top
     if SPLIT:
         part = row * splits + split

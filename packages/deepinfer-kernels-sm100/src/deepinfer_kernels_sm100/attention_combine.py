@@ -1,5 +1,6 @@
-"""What follows an attention program's walk over its keys: the merge of a query row's key
-ranges (flash-decoding's second kernel) and the rotation of the output's rope channels back
+"""What an attention program's walk over its keys shares with the other attention kernels:
+adding a key tile's values to the output (:func:`pv_accumulate`), the merge of a query row's
+key ranges (flash-decoding's second kernel) and the rotation of the output's rope channels back
 to the query position (``attention``'s ``DEROTATE``)."""
 
 from __future__ import annotations
@@ -10,6 +11,24 @@ import triton.language as tl
 from torch import Tensor
 
 from deepinfer_kernels_sm100.elementwise import rope_pairs, turn
+
+
+@triton.jit
+def pv_accumulate(acc, p, v, keep, PV_PARTS: tl.constexpr):
+    """``acc`` [rows, cols] rescaled by ``keep`` [rows] plus ``p`` [rows, keys] (fp32
+    probabilities) times ``v`` [keys, cols]. bf16 values (``PV_PARTS`` > 0) meet p as that many
+    bf16 parts, p = p_1 + ... + p_n exactly, each part's products with the bf16 values exact in
+    the tensor cores' fp32 sums; fp32 values (0) an IEEE fp32 dot."""
+    if PV_PARTS > 0:
+        acc = acc * keep[:, None]
+        rest = p
+        for _ in tl.static_range(PV_PARTS):
+            p_part = rest.to(tl.bfloat16)
+            acc = tl.dot(p_part, v, acc)
+            rest = rest - p_part.to(tl.float32)
+    else:
+        acc = acc * keep[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return acc
 
 
 @triton.jit

@@ -332,8 +332,11 @@ class Sm100Backend(TorchBackend):
     def sparse_attention(
         self, q: Tensor, kv: Tensor, index: Tensor, sinks: Tensor, scale: float
     ) -> Tensor:
+        from deepinfer_kernels_sm100 import attention_blocks
         from deepinfer_kernels_sm100.attention import sparse_mqa_sink_attention
 
+        if attention_blocks.fits(q, index):  # a prefill chunk of few heads
+            return attention_blocks.block_sparse_attention(q, kv, index, sinks, scale)
         return sparse_mqa_sink_attention(q, kv, index, sinks, scale)
 
     def moe_route(
