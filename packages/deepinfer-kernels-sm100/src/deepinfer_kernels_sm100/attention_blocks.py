@@ -106,9 +106,9 @@ def block_keys(index: Tensor, queries: int) -> tuple[Tensor, Tensor, Tensor]:
     width = queries * k
     codes = torch.empty(b * blocks, width, dtype=torch.int32, device=index.device)
     rows, bits = torch.empty_like(codes), torch.empty_like(codes)
-    count = torch.zeros(b * blocks, dtype=torch.int32, device=index.device)
+    count = torch.empty(b * blocks, dtype=torch.int32, device=index.device)  # every one written
     if codes.numel() == 0:
-        return rows, bits, count
+        return rows, bits, count.zero_()
     _block_codes_kernel[(b * blocks, triton.cdiv(width, CODES_BLOCK))](
         index.to(torch.int64).contiguous(), codes, s, blocks, k, width,
         QUERIES=queries, BLOCK=CODES_BLOCK,
