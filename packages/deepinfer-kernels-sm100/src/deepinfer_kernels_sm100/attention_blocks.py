@@ -215,7 +215,8 @@ MIN_QUERIES = 64
 MAX_WIDTH = 8192
 #: Launch shapes: keys per tile, head-dim slice of the logits, output columns per program
 #: (a 64 x 512 fp32 accumulator does not fit beside the rest: two programs split the columns,
-#: each recomputing the logits), warps; BLACKWELL_DV: tensor memory holds 512 fp32 columns an
+#: each recomputing the logits), warps (``benchmarks/block_attention.py`` compares others);
+#: BLACKWELL_DV: tensor memory holds 512 fp32 columns an
 #: SM, fewer than PV_PARTS dots into 64 x 256 take (as ``attention.TENSOR_MEMORY_MAJOR``).
 BLOCK_L, BLOCK_DK, BLOCK_DV, BLACKWELL_DV, NUM_WARPS = 64, 64, 256, 128, 4
 #: Warps of the union kernel; codes a program of the coding kernel writes.
@@ -243,7 +244,7 @@ def queries_per_block(heads: int) -> int:
 
 def fits(q: Tensor, index: Tensor) -> bool:
     """Whether a chunk's sparse attention takes this kernel: enough queries, heads few enough
-    that a block holds two or more, and a union that one program sorts."""
+    that a block holds two or more, and codes few enough for one program to merge."""
     per_block = queries_per_block(q.shape[2])
     return q.shape[1] >= MIN_QUERIES and per_block > 1 and per_block * index.shape[-1] <= MAX_WIDTH
 
