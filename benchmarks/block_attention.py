@@ -32,9 +32,10 @@ CASES = [
     ("a-ratio4", 4096, 4096, 1024, 512),
     ("a-ratio4-16k", 16384, 16384, 4096, 512),
 ]
-#: name: attention_blocks knobs (ROWS = queries x 16 heads a program).
+#: name: attention_blocks knobs (ROWS = queries x 16 heads a program; DV: output columns a
+#: program, which ``attention.wide_block_dv`` otherwise picks).
 VARIANTS: dict[str, dict[str, int]] = {
-    f"r{r}_dv{dv}_w{w}_l{bl}": {"ROWS": r, "BLOCK_DV": dv, "NUM_WARPS": w, "BLOCK_L": bl}
+    f"r{r}_dv{dv}_w{w}_l{bl}": {"ROWS": r, "DV": dv, "NUM_WARPS": w, "BLOCK_L": bl}
     for r, dv, w, bl in ((64, 256, 4, 64), (64, 256, 4, 32), (64, 256, 8, 64), (32, 512, 4, 64),
                          (32, 512, 8, 64), (128, 128, 4, 64))
 }  # fmt: skip
@@ -58,10 +59,14 @@ def case_row(ab: Any, att: Any, case: tuple[Any, ...], variants: list[str], g: A
     row: dict[str, Any] = {"case": name, "S": s, "keys_per_query": index.shape[-1]}
     row["bf16_floor_mean_abs"] = float((exact.bfloat16() - exact).abs().mean())
     row["per_query"] = {"us": graph_us(per_query), **errors(per_query()[0], exact)}
-    shipped = {k: getattr(ab, k) for v in VARIANTS.values() for k in v}
+    knobs = {k for v in VARIANTS.values() for k in v} - {"DV"}
+    shipped = {k: getattr(ab, k) for k in knobs} | {"wide_block_dv": ab.wide_block_dv}
     for variant in variants:
         for knob, value in VARIANTS[variant].items():
-            setattr(ab, knob, value)
+            if knob == "DV":
+                ab.wide_block_dv = lambda *_, dv=value: dv  # every launch takes dv columns
+            else:
+                setattr(ab, knob, value)
         blocks = partial(ab.block_sparse_attention, q, kv, index, sinks, 512**-0.5)
         try:
             out = blocks()

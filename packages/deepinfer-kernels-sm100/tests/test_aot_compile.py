@@ -633,7 +633,7 @@ def _block_attention_specs() -> Iterator[AotSpec]:
     """attention_blocks' union and attention kernels as block_sparse_attention launches them
     for a config A prefill chunk (16 heads of 512: blocks of 4 queries over a ratio-4 layer's
     640 keys a query), bf16 on the GPU and fp32 as the CPU-parity runs hold it; Blackwell's
-    programs keep 128 columns (attention_blocks.block_dv)."""
+    bf16 programs keep 128 columns (attention.wide_block_dv)."""
     from deepinfer_kernels_sm100 import attention
     from deepinfer_kernels_sm100 import attention_blocks as ab
 
@@ -652,10 +652,11 @@ def _block_attention_specs() -> Iterator[AotSpec]:
          "WIDTH_POW2": 1 << (queries * 640 - 1).bit_length()},
         num_warps=ab.KEYS_WARPS,
     )  # fmt: skip
+    # attention.wide_block_dv for 64 rows: 256 columns, 128 for bf16 values on Blackwell
     for dt, block_dv, archs in (
-        ("bf16", ab.BLOCK_DV, (90,)),
-        ("bf16", ab.BLACKWELL_DV, (100,)),
-        ("fp32", ab.BLOCK_DV, ARCHS),
+        ("bf16", attention.WIDE_BLOCK_DV, (90,)),
+        ("bf16", attention.BLOCK_DV, (100,)),
+        ("fp32", attention.WIDE_BLOCK_DV, ARCHS),
     ):
         native = dt == "bf16"
         yield AotSpec(

@@ -21,8 +21,6 @@ the same sums); it does not depend on anything but its block's index rows.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -30,9 +28,9 @@ from torch import Tensor
 
 from deepinfer_kernels_sm100.attention import (
     PV_PARTS,
-    TENSOR_MEMORY_MAJOR,
     dot_precision,
     native_dot,
+    wide_block_dv,
 )
 from deepinfer_kernels_sm100.attention_combine import pv_accumulate
 
@@ -213,28 +211,14 @@ MIN_QUERIES = 64
 #: Widest union a block may list (queries x keys per query): one program holds its codes in
 #: registers.
 MAX_WIDTH = 8192
-#: Launch shapes: keys per tile, head-dim slice of the logits, output columns per program
-#: (a 64 x 512 fp32 accumulator does not fit beside the rest: two programs split the columns,
-#: each recomputing the logits), warps (``benchmarks/block_attention.py`` compares others);
-#: BLACKWELL_DV: tensor memory holds 512 fp32 columns an
-#: SM, fewer than PV_PARTS dots into 64 x 256 take (as ``attention.TENSOR_MEMORY_MAJOR``).
-BLOCK_L, BLOCK_DK, BLOCK_DV, BLACKWELL_DV, NUM_WARPS = 64, 64, 256, 128, 4
+#: Launch shapes: keys per tile, head-dim slice of the logits, warps
+#: (``benchmarks/block_attention.py`` compares others). A program's output columns are
+#: ``attention.wide_block_dv``'s for :data:`ROWS` rows: 256 (a 64 x 512 fp32 accumulator does
+#: not fit beside the rest, so two programs split the columns, each recomputing the logits),
+#: 128 for bf16 values on Blackwell (its tensor memory).
+BLOCK_L, BLOCK_DK, NUM_WARPS = 64, 64, 4
 #: Warps of the union kernel; codes a program of the coding kernel writes.
 KEYS_WARPS, CODES_BLOCK = 4, 1024
-
-
-@functools.cache
-def _capability_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
-
-
-def block_dv(device: torch.device) -> int:
-    """Output columns a program of :data:`ROWS` rows writes on ``device``."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if _capability_major(index) >= TENSOR_MEMORY_MAJOR:
-            return BLACKWELL_DV
-    return BLOCK_DV
 
 
 def queries_per_block(heads: int) -> int:
@@ -263,7 +247,7 @@ def block_sparse_attention(
     rows, bits, count = block_keys(index.expand(b, s, -1), per_block)
     width = max(16, triton.next_power_of_2(dim))
     pv_parts = PV_PARTS if native_dot(kv, kv) and kv.dtype == torch.bfloat16 else 0
-    dv = min(width, block_dv(q.device))
+    dv = min(width, wide_block_dv(q.device, pv_parts, ROWS))
     _block_attention_kernel[(rows.shape[0], triton.cdiv(dim, dv))](
         q.contiguous(), kv.contiguous(), rows, bits, count, sinks.float().contiguous(), out,
         s, triton.cdiv(s, per_block), rows.shape[1], h, kv.shape[1], dim, scale,
