@@ -34,7 +34,6 @@ class Sm100Backend(TorchBackend):
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     native_formats: ClassVar[frozenset[str]] = frozenset({"fp8", "fp4_experts", "bf16_projections"})
     fuse_projections: ClassVar[bool] = True
-    overlap_shared_experts: ClassVar[bool] = True
 
     @classmethod
     def availability(cls) -> Availability:

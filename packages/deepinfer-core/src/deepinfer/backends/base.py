@@ -82,10 +82,6 @@ class Backend(TokenOps):
     #: quantisation for FP8 weights, but summation orders of the fused GEMM's own, which the
     #: numeric reference does not take.
     fuse_projections: ClassVar[bool] = False
-    #: Whether the MoE's shared expert runs on a second CUDA stream beside the routed experts
-    #: at decode sizes (:mod:`deepinfer.models.layers.side_stream`): the same kernels, side by
-    #: side where each alone leaves the GPU idle.
-    overlap_shared_experts: ClassVar[bool] = False
 
     # -- the op table ------------------------------------------------------------------------
     # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,

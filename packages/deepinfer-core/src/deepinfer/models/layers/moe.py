@@ -26,7 +26,6 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.layers.expert_count import ExpertLoad
 from deepinfer.models.layers.fused import fused_group, pair
 from deepinfer.models.layers.norm import Linear, fp32_param
-from deepinfer.models.layers.side_stream import side_stream
 from deepinfer.parallel import ExpertParallel, dispatch_experts
 
 
@@ -214,18 +213,9 @@ class MoE(nn.Module):
         """Routed experts weighted by the router plus the shared expert, summed in fp32 and
         rounded to ``dtype``. Under expert parallelism the routed pairs travel to the ranks
         owning their experts and back (:func:`~deepinfer.parallel.dispatch_experts`); the
-        shared expert runs here. At decode sizes on a backend that overlaps, the shared expert
-        runs on a side stream while the routed experts run (:mod:`.side_stream`); the sum is
-        then one add after both, in the same order (the pairs', then the shared row)."""
+        shared expert runs here."""
         if self.expert_load is not None:
             self.expert_load.add(indices)
-        side = None if torch.is_grad_enabled() else side_stream(ops, flat.shape[0], flat.device)
-        if side is not None:
-            with side:
-                shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, False)
-            routed = self.routed(ops, flat, weights, indices)
-            side.join()
-            return add_residual(routed, shared, dtype)
         shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
         inputs = (shared, flat, weights, self.experts.w13, self.experts.w2)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
