@@ -6,9 +6,10 @@ Each way of doing that on the GPU, at V4-Flash's shapes (and the head at config 
 * ``fp32_weight``: the weight widened to fp32 at load, an fp32 GEMM (CUDA cores);
 * ``bf16_split3``: the weight held in bf16 and an fp32 input split into three bf16 parts in
   one GEMM of three times the rows (``deepinfer_kernels_sm100.split_linear``, the sm100
-  backend's choice): the fp32 product up to summation order;
-* ``bf16_split2`` / ``bf16_split1``: two parts, or the input rounded to bf16 once: cheaper at
-  large batch, with the input's last 8 or 16 significand bits dropped;
+  backend's choice for inputs narrower than 253): the fp32 product up to summation order;
+* ``bf16_split2`` / ``bf16_split1``: two parts (the backend's choice from 253 on: the 8 bits
+  dropped are within the fp32 dot-product bound there), or the input rounded to bf16 once:
+  cheaper at large batch, with the input's last 8 or 16 significand bits dropped;
 * a bf16 input (router gate, compressors: their input is the bf16 hidden state) needs no split,
   so ``bf16_split1`` is exact there.
 

@@ -178,12 +178,17 @@ def _sampling_specs() -> Iterator[AotSpec]:
 
 
 def _split_linear_specs() -> Iterator[AotSpec]:
-    # the head's three bf16 parts' products at a decode batch of 32 rows, summed
-    yield AotSpec(
-        "split_linear._sum_parts_kernel",
-        "head",
-        {"p_ptr": "*fp32", "out_ptr": "*fp32", "n": 32 * 129280, "PARTS": 3, "BLOCK": 2048},
-    )  # fmt: skip
+    from deepinfer_kernels_sm100 import split_linear
+
+    # the head's bf16 parts' products at a decode batch of 32 rows, summed: two parts for
+    # wide inputs, three for narrow ones
+    for parts in (2, split_linear.PARTS):
+        yield AotSpec(
+            "split_linear._sum_parts_kernel",
+            f"head_{parts}_parts",
+            {"p_ptr": "*fp32", "out_ptr": "*fp32", "n": 32 * 129280, "PARTS": parts,
+             "BLOCK": 2048},
+        )  # fmt: skip
 
 
 def _router_specs() -> Iterator[AotSpec]:

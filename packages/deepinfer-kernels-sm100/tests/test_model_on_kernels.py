@@ -218,7 +218,7 @@ def _round_fp32_projections(model: DeepseekV4ForCausalLM) -> None:
 def test_bf16_held_projections_give_the_fp32_logits() -> None:
     """Held in bf16, the head, router gates and compressors give the reference's fp32-held
     logits: exactly on the reference (it widens them back), to fp32 summation order on the
-    kernels (bf16 products on tensor cores, the head's fp32 input split in three parts)."""
+    kernels (bf16 products on tensor cores, the head's fp32 input split in bf16 parts)."""
     model = random_tiny_model(device=DEVICE, seed=3)
     _round_fp32_projections(model)
     want = _run(model)

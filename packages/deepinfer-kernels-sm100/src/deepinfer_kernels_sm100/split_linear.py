@@ -1,19 +1,28 @@
-"""fp32 projections on bf16 tensor cores, exactly.
+"""fp32 projections on bf16 tensor cores, to fp32's own error bound.
 
 The head, the router gate and the compressors' projections are computed in fp32 (model
 reference §3: ``x.float() @ w.float().T``) from weights the checkpoint stores in bf16. Widened
 to fp32 they are read at twice their bytes and multiplied on CUDA cores. Held in bf16 they give
-the same fp32 result on tensor cores:
+an fp32 result on tensor cores:
 
 * a bf16 input (the router gate's and compressors' hidden states): every product of two bf16
   values is exact in fp32, and the GEMM accumulates in fp32, so the result is the fp32 product
   up to summation order;
-* an fp32 input (the head's normed hidden state) is first split into three bf16 parts,
-  ``x = hi + mid + lo`` to fp32's 24-bit significand (each part holds the next 8 bits of what
-  the previous ones missed), stacked as three times the rows of one GEMM, so the weight is read
-  once; the parts' products are then added smallest first, in one kernel that reads each
-  product once (at a batch of decode rows the head's products are each [B, vocab] fp32, and
-  two torch adds would read and write them twice).
+* an fp32 input (the head's normed hidden state) is first split into bf16 parts, each the
+  rounding of what the parts before it left (``x = hi + mid + lo`` to fp32's 24-bit
+  significand with three), stacked as rows of one GEMM, so the weight is read once; the parts'
+  products are then added smallest first, in one kernel that reads each product once (at a
+  batch of decode rows the head's products are each [B, vocab] fp32, and two torch adds would
+  read and write them twice).
+
+How many parts (:func:`parts_for`): an fp32 GEMM's result may itself be off by up to
+``(K + 3) 2**-24 sum |x||w|`` (the dot-product bound, summation order unknown). Two parts carry
+16 of the input's 24 significand bits; what they drop moves the product by at most
+``2**-16 sum |x||w|``, which for ``K >= 253`` is within that bound again, so the result stays
+within twice fp32's worst case and, measured, within 1% of it (``benchmarks/fp32_projections.py``:
+0.0057 of the bound for config A's head, 0.0045 with three parts). A third part would cost a
+third more of the GEMM's rows (at 256 decode rows about 290 us of config A's step, 500 us of
+V4-Flash's) for bits an fp32 GEMM does not promise. Narrow inputs keep three parts.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ from torch import Tensor
 
 #: bf16 parts an fp32 value is split into: 3 x 8 significand bits cover fp32's 24.
 PARTS = 3
+#: The input width from which :func:`linear_fp32` splits an fp32 input into two parts (see the
+#: module): 2**-16 <= (K + 3) 2**-24 from K = 253 on.
+TWO_PARTS_MIN_K = 253
 _SUM_BLOCK = 2048
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -98,13 +110,20 @@ def mm_fp32(a: Tensor, weight: Tensor) -> Tensor:
     return F.linear(a.float(), weight.float())
 
 
-def linear_fp32(x: Tensor, weight: Tensor, parts: int = PARTS) -> Tensor:
+def parts_for(k: int) -> int:
+    """bf16 parts of an fp32 input of width ``k`` (see the module): two from
+    :data:`TWO_PARTS_MIN_K` on, else :data:`PARTS`."""
+    return 2 if k >= TWO_PARTS_MIN_K else PARTS
+
+
+def linear_fp32(x: Tensor, weight: Tensor, parts: int | None = None) -> Tensor:
     """``x.float() @ weight.float().T`` [..., N] for a ``weight`` held in bf16 or fp32 (see
-    the module); ``parts`` below :data:`PARTS` trades the input's last bits for time
-    (``benchmarks/fp32_projections.py`` measures both)."""
+    the module), an fp32 input split into ``parts`` bf16 parts (default :func:`parts_for`;
+    ``benchmarks/fp32_projections.py`` measures each count)."""
     if weight.dtype != torch.bfloat16:
         return F.linear(x.float(), weight.float())
     lead, k = x.shape[:-1], x.shape[-1]
+    parts = parts_for(k) if parts is None else parts
     flat = x.reshape(-1, k)
     n, rows = weight.shape[0], flat.shape[0]
     if flat.dtype == torch.bfloat16:

@@ -97,8 +97,10 @@ class Backend(TokenOps):
         """``x @ weight.T`` as the reference computes the head, router gate and compressor
         projections: ``x`` and ``weight`` widened to fp32, an fp32 result. ``weight`` is held
         in fp32 or, where its values are exact there (a checkpoint stores these in bf16), in
-        bf16; a kernel backend may then use bf16 tensor cores as long as the result is the fp32
-        product up to summation order."""
+        bf16; a kernel backend may then use bf16 tensor cores as long as the result stays
+        within a small factor of the error bound of an fp32 GEMM in any summation order (the
+        sm100 backend: within it for a bf16 input, within twice it for an fp32 input of width
+        253 or more, which it splits into two bf16 parts)."""
 
     @abstractmethod
     def fp8_linear(
