@@ -418,10 +418,31 @@ def activities(device: str) -> list[ProfilerActivity]:
     return [ProfilerActivity.CPU]
 
 
-def kernel_table(prof: profile, device: str, steps: int, wall_s: float) -> dict[str, Any]:
+def kernel_sequence(prof: profile, steps: int) -> list[tuple[str, float, float]]:
+    """One profiled step's GPU kernels in launch order: (name, us, idle us before it). The
+    last step's (the first may follow a capture or a warm-up); :func:`kernel_table` totals
+    hide which kernels repeat where in a layer, and which could be one."""
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = sorted(
+        (e for e in kernels if e.time_range.elapsed_us() > 0), key=lambda e: e.time_range.start
+    )
+    per = len(kernels) // max(steps, 1)
+    step = kernels[len(kernels) - per :]
+    out, end = [], None
+    for e in step:
+        idle = 0.0 if end is None else e.time_range.start - end
+        out.append((e.name[:120], round(e.time_range.elapsed_us(), 2), round(idle, 2)))
+        end = e.time_range.end
+    return out
+
+
+def kernel_table(
+    prof: profile, device: str, steps: int, wall_s: float, sequence: bool = False
+) -> dict[str, Any]:
     """Top kernels by total time, kernels per step and the busy fraction of the profiled wall
     time. On a GPU each kernel's time is its span on the device (graph replays included); on
-    the CPU the rows are aten ops by self time (nested ops counted as calls too)."""
+    the CPU the rows are aten ops by self time (nested ops counted as calls too). ``sequence``
+    (a GPU only): also one step's kernels in order (:func:`kernel_sequence`)."""
     cuda = device.startswith("cuda")
     calls: Counter[str] = Counter()
     total: Counter[str] = Counter()
@@ -453,11 +474,14 @@ def kernel_table(prof: profile, device: str, steps: int, wall_s: float) -> dict[
             }
             for name, us in total.most_common(PROFILE_TOP)
         ],
-    }
+    } | ({"sequence": kernel_sequence(prof, steps)} if sequence and cuda else {})
 
 
-def profile_calls(call: Callable[[], object], steps: int, device: str) -> dict[str, Any]:
-    """Profile ``steps`` calls of ``call`` (already warm), each timed between device syncs."""
+def profile_calls(
+    call: Callable[[], object], steps: int, device: str, sequence: bool = False
+) -> dict[str, Any]:
+    """Profile ``steps`` calls of ``call`` (already warm), each timed between device syncs
+    (``sequence``: with one call's kernels in order)."""
     wall = 0.0
     with profile(activities=activities(device)) as prof:
         for _ in range(steps):
@@ -466,7 +490,7 @@ def profile_calls(call: Callable[[], object], steps: int, device: str) -> dict[s
             call()
             sync(device)
             wall += time.perf_counter() - start
-    return kernel_table(prof, device, steps, wall)
+    return kernel_table(prof, device, steps, wall, sequence)
 
 
 def profiled_api(
@@ -517,7 +541,7 @@ def profile_decode(
         shaped,
         top,
     )
-    return kernel_table(prof, run.device, steps, sum(wall))
+    return kernel_table(prof, run.device, steps, sum(wall), run.kernel_sequence)
 
 
 # -- our side -------------------------------------------------------------------------------------
@@ -594,7 +618,7 @@ def prefill_row(
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     if run.profile:
         row["profile"] = profile_calls(
-            lambda: api.prefill(model, [ids], [model.new_state(1)]), 1, device
+            lambda: api.prefill(model, [ids], [model.new_state(1)]), 1, device, run.kernel_sequence
         )
     free_memory(device)
     print(f"  prefill {tokens}: {row['tok_per_s']} tok/s, MFU {row['mfu']}", file=sys.stderr)
@@ -933,6 +957,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.add_argument(f"--{name}", type=at_least(low), default=None, help="default: DEFAULTS")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip profiles")
+    ap.add_argument(
+        "--kernel-sequence", action="store_true",
+        help="profiles also list one step's kernels in order (a GPU only)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="default: results/model_speed_*.json")
     args = ap.parse_args(argv)
