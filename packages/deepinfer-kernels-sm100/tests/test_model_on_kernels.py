@@ -215,10 +215,18 @@ def _round_fp32_projections(model: DeepseekV4ForCausalLM) -> None:
         module.weight.data.copy_(module.weight.to(torch.bfloat16))
 
 
-def test_bf16_held_projections_give_the_fp32_logits() -> None:
+@pytest.mark.parametrize("two_parts_from", [None, 64])
+def test_bf16_held_projections_give_the_fp32_logits(
+    two_parts_from: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Held in bf16, the head, router gates and compressors give the reference's fp32-held
     logits: exactly on the reference (it widens them back), to fp32 summation order on the
-    kernels (bf16 products on tensor cores, the head's fp32 input split in bf16 parts)."""
+    kernels (bf16 products on tensor cores, the head's fp32 input split in bf16 parts: three
+    at the tiny model's width, and two, as wider heads take them, with ``two_parts_from``)."""
+    if two_parts_from is not None:
+        from deepinfer_kernels_sm100 import split_linear
+
+        monkeypatch.setattr(split_linear, "TWO_PARTS_MIN_K", two_parts_from)
     model = random_tiny_model(device=DEVICE, seed=3)
     _round_fp32_projections(model)
     want = _run(model)
