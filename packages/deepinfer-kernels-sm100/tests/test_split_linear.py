@@ -1,7 +1,7 @@
 """fp32 projections from bf16 weights (:mod:`deepinfer_kernels_sm100.split_linear`) against a
 float64 recomputation: within the dot-product bound of the parts taken (three: the fp32 product
-up to summation order; two, for wide inputs: within twice fp32's bound), and visibly better
-than rounding the input to bf16 once."""
+up to summation order; two, for wide inputs: that bound plus the bits they drop), and visibly
+better than rounding the input to bf16 once."""
 
 from __future__ import annotations
 
@@ -55,8 +55,6 @@ def test_fp32_input_against_float64(rows: int, k: int) -> None:
     parts = parts_for(k)
     bound = _bound(x, w.float(), parts)
     assert bool(((got.double() - want).abs() <= bound).all())
-    if parts == 2:  # within twice what an fp32 GEMM may miss in any summation order
-        assert bool((bound <= 2 * _bound(x, w.float(), PARTS)).all())
     if rows and k <= 1024:  # the bound is tight enough to catch an input rounded to bf16 once
         # (at 4096 random rounding errors, a random walk, stay under the worst-case bound)
         coarse = x.to(torch.bfloat16).double() @ w.double().T

@@ -19,10 +19,10 @@ How many parts (:func:`parts_for`): an fp32 GEMM's result may itself be off by u
 ``(K + 3) 2**-24 sum |x||w|`` (the dot-product bound, summation order unknown). Two parts carry
 16 of the input's 24 significand bits; what they drop moves the product by at most
 ``2**-16 sum |x||w|``, which for ``K >= 253`` is within that bound again, so the result stays
-within twice fp32's worst case and, measured, within 1% of it (``benchmarks/fp32_projections.py``:
-0.0057 of the bound for config A's head, 0.0045 with three parts). A third part would cost a
-third more of the GEMM's rows (at 256 decode rows about 290 us of config A's step, 500 us of
-V4-Flash's) for bits an fp32 GEMM does not promise. Narrow inputs keep three parts.
+within twice fp32's worst case (``benchmarks/fp32_projections.py`` measures the error of each
+part count against the bound, and the time). A third part would cost a third more of the
+GEMM's rows, and of the products summed, at every decode batch large enough to be bound by
+them, for bits an fp32 GEMM does not promise. Narrow inputs keep three parts.
 """
 
 from __future__ import annotations
