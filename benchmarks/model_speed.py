@@ -799,21 +799,20 @@ def hf_peer(
 
 
 @torch.no_grad()
-def hold_as_checkpoint(model: torch.nn.Module, *, fuse: bool = True) -> None:
+def hold_as_checkpoint(model: torch.nn.Module) -> None:
     """The projections computed in fp32 (head, router gates, compressors) rounded to bf16, as
     a checkpoint stores them, then held as the engine holds such a checkpoint's
     (:func:`~deepinfer.models.hold_computed_formats`): random fp32 draws would keep them fp32.
     Then what a load does once the weights are in (:func:`~deepinfer.models.weights_loaded`):
     on a backend that asks for it, projections of one input fused into one GEMM, so the steps
-    timed here launch what the engine's do (``fuse=False``: left unfused)."""
+    timed here launch what the engine's do."""
     from deepinfer.models import hold_computed_formats, weights_loaded
     from deepinfer.models.stored_formats import fp32_projections
 
     for _, module in fp32_projections(model):
         module.weight.copy_(module.weight.to(torch.bfloat16))
     hold_computed_formats(model, "auto")  # type: ignore[arg-type]
-    if fuse:
-        weights_loaded(model)  # type: ignore[arg-type]
+    weights_loaded(model)  # type: ignore[arg-type]
 
 
 def run_config_a(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, Any]:
