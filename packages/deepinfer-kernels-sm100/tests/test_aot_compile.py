@@ -189,34 +189,6 @@ def _split_linear_specs() -> Iterator[AotSpec]:
             {"p_ptr": "*fp32", "out_ptr": "*fp32", "n": 32 * 129280, "PARTS": parts,
              "BLOCK": 2048},
         )  # fmt: skip
-    # decode-size bf16 linears (skinny_linear): (variant, rows, N, K, groups, out, split,
-    # tensor-core dots, BLOCK_N, BLOCK_K); config A's wo_b (2048 x 2048) and router gate
-    # (16 x 2048, fp32 out for linear_fp32), V4-Flash-width's grouped wo_a (8 x 1024 x 4096)
-    cases = (
-        ("wo_b-split-dot", 1, 2048, 2048, 1, "bf16", True, True, 64, 128),
-        ("router-split-dot-fp32", 8, 16, 2048, 1, "fp32", True, True, 16, 128),
-        ("wo_a-grouped-dot", 8, 8192, 4096, 8, "bf16", False, True, 64, 128),
-        ("wo_b-split-fma", 8, 2048, 2048, 1, "bf16", True, False, 64, 32),
-        ("wo_b-split-fma-1-row", 1, 2048, 2048, 1, "bf16", True, False, 64, 64),
-    )
-    for variant, m, n, k, groups, out, split, dot, block_n, block_k in cases:
-        yield AotSpec(
-            "skinny_linear._skinny_kernel",
-            variant,
-            {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": f"*{out}",
-             "part_ptr": "*fp32" if split else f"*{out}", "count_ptr": "*i32", "m": m, "n": n,
-             "k": k, "ldx": groups * k, "group_n": n // groups,
-             "k_split": 256 if split else k, "splits": k // 256 if split else 1,
-             "SPLIT": split, "DOT": dot, "NATIVE": True, "EMULATE": False,
-             "BLOCK_M": 16 if dot else triton_pow2(m), "BLOCK_N": block_n,
-             "BLOCK_K": block_k},
-            num_stages=4,
-        )  # fmt: skip
-
-
-def triton_pow2(n: int) -> int:
-    """The smallest power of two of at least ``n`` (the CUDA-core body's row tile)."""
-    return 1 << (n - 1).bit_length()
 
 
 def _router_specs() -> Iterator[AotSpec]:

@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
 from deepinfer.backends.compress_ref import WindowBuffers
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.paging import KeyPages, PagedEntries
-from deepinfer_kernels_sm100.dense import DenseProjections
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
 
 
-class Sm100Backend(DenseProjections, TorchBackend):
+class Sm100Backend(TorchBackend):
     """Triton kernels on NVIDIA Hopper and Blackwell GPUs; torch reference for the rest.
 
     The kernel modules are imported inside the ops: this module must import (for the plugin
@@ -364,6 +364,15 @@ class Sm100Backend(DenseProjections, TorchBackend):
             return super().moe_route(x, gate_weight, bias, **kw)
         # the gate's fp32 matmul (on tensor cores where held in bf16); the rest in one kernel
         return route(self.linear_fp32(x, gate_weight), bias, **kw)
+
+    def swiglu_mlp(
+        self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
+    ) -> Tensor:
+        from deepinfer_kernels_sm100.elementwise import swiglu
+
+        x = x.to(w1.dtype)
+        h = swiglu(F.linear(x, w1), F.linear(x, w3), swiglu_limit, w2.dtype)
+        return F.linear(h, w2).float()
 
     def moe_experts(
         self,

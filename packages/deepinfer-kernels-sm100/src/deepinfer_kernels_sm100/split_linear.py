@@ -36,8 +36,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from deepinfer_kernels_sm100 import skinny_linear
-
 #: bf16 parts an fp32 value is split into: 3 x 8 significand bits cover fp32's 24.
 PARTS = 3
 #: The input width from which :func:`linear_fp32` splits an fp32 input into two parts (see the
@@ -129,8 +127,6 @@ def linear_fp32(x: Tensor, weight: Tensor, parts: int | None = None) -> Tensor:
     flat = x.reshape(-1, k)
     n, rows = weight.shape[0], flat.shape[0]
     if flat.dtype == torch.bfloat16:
-        if skinny_linear.fits(flat, weight):  # a decode batch: K split over the SMs
-            return skinny_linear.skinny_linear(flat, weight, out_dtype=torch.float32).view(*lead, n)
         return mm_fp32(flat, weight).view(*lead, n)
     if rows == 0:
         return flat.new_zeros(*lead, n, dtype=torch.float32)
