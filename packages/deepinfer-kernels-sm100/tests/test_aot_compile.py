@@ -305,22 +305,26 @@ def _moe_specs() -> Iterator[AotSpec]:
     )  # fmt: skip
     # moe.TIERS and moe.LARGE (block_m, block_n, block_k, warps, stages), by the mean pairs an
     # expert has; fp32 weights (moe.FP32_TIERS, FP32_LARGE): IEEE dots; decode's few experts
-    # read from the slot list (LISTED), a prefill's from the slot index
+    # read from the slot list (LISTED), a prefill's from the slot index; each with the shared
+    # expert as the grids' last slot (SHARED: config A's bf16 and the tiny models' fp32 layers)
     from deepinfer_kernels_sm100 import moe
 
     tiles = [shape[:5] for shape in (*(tier for _, tier in moe.TIERS), moe.LARGE)]
     fp32_tiles = ((16, 64, 64, 4, 3), (64, 64, 64, 4, 3))
-    for dt, (block_m, block_n, block_k, warps, stages) in [
-        *(("bf16", tile) for tile in tiles),
-        *(("fp32", tile) for tile in fp32_tiles),
+    for dt, (block_m, block_n, block_k, warps, stages), shared in [
+        (dt, tile, shared)
+        for dt, tile in [*(("bf16", t) for t in tiles), *(("fp32", t) for t in fp32_tiles)]
+        for shared in (False, True)
     ]:
         ieee = dt == "fp32"
-        variant = f"{dt}-m{block_m}-n{block_n}-k{block_k}"
+        variant = f"{dt}-m{block_m}-n{block_n}-k{block_k}" + ("-shared" if shared else "")
+        rows = {"pairs": 192, "tokens": 32 if shared else 0, "SHARED": shared}
         yield AotSpec(
             "moe._gate_up_kernel",
             variant,
             {"x_ptr": f"*{dt}", "token_ptr": "*i32", "w_ptr": f"*{dt}", "scale_ptr": "*fp32",
-             "ends_ptr": "*i32", "experts_ptr": "*i32", "h_ptr": f"*{dt}", "inter": 2048,
+             "ends_ptr": "*i32", "experts_ptr": "*i32", "h_ptr": f"*{dt}",
+             "shared_ptr": f"*{dt}", **rows, "inter": 2048,
              "k_dim": 4096, "limit": 10.0, "CLAMP": True, "IEEE": ieee, "WIDEN": False,
              "LISTED": block_m < 64, "BLOCK_M": block_m, "BLOCK_N": block_n,
              "BLOCK_K": block_k},
@@ -331,20 +335,27 @@ def _moe_specs() -> Iterator[AotSpec]:
             "moe._down_kernel",
             variant,
             {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "ends_ptr": "*i32", "experts_ptr": "*i32",
-             "order_ptr": "*i32", "y_ptr": "*fp32", "d_out": 4096, "inter": 2048, "IEEE": ieee,
+             "order_ptr": "*i32", "y_ptr": "*fp32", "shared_ptr": f"*{dt}", **rows,
+             "d_out": 4096, "inter": 2048, "IEEE": ieee,
              "WIDEN": False, "LISTED": block_m < 64, "BLOCK_M": block_m, "BLOCK_N": block_n,
              "BLOCK_K": block_k},
             num_warps=warps,
             num_stages=stages,
         )  # fmt: skip
     # each token's six slot rows added: V4-Flash's hidden 4096 in blocks of 1024; in the
-    # model the shared expert's bf16 output joins them and the sum is stored in bf16
-    for variant, residual, out in (("top6", False, "fp32"), ("top6-shared-bf16", True, "bf16")):
+    # model the shared expert's bf16 output joins them and the sum is stored in bf16, or (a
+    # shared expert run as the grids' last slot) its fp32 row after the slots'
+    for variant, residual, shared, out in (
+        ("top6", False, False, "fp32"),
+        ("top6-residual-bf16", True, False, "bf16"),
+        ("top6-shared-slot-bf16", False, True, "bf16"),
+    ):
         yield AotSpec(
             "moe._slot_sum_kernel",
             variant,
             {"y_ptr": "*fp32", "idx_ptr": "*i64", "res_ptr": f"*{out}", "out_ptr": f"*{out}",
-             "d_out": 4096, "K": 6, "RESIDUAL": residual, "EMULATE": False, "BLOCK": 1024},
+             "d_out": 4096, "K": 6, "RESIDUAL": residual, "SHARED": shared, "EMULATE": False,
+             "BLOCK": 1024},
         )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from deepinfer.models.checkpoint_config import QuantSettings
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer.models.dummy_weights import fill_dummy_weights
 from deepinfer.models.layers.fused import fuse_projections
+from deepinfer.models.layers.moe import MoE
 from deepinfer.models.stored_formats import (
     fp32_projections,
     hold_bf16_projections,
@@ -115,11 +116,14 @@ def _run(model: DeepseekV4ForCausalLM) -> list[torch.Tensor]:
 def test_slot_rows_with_fused_projections_match_the_reference(name: str) -> None:
     """The engine's layout: states in shared slot rows, a packed prefill, then decode steps
     (every compressor's window kernel over the slot buffers), with the projections fused as a
-    load fuses them for this backend, give the reference's logits on its own slot rows."""
+    load fuses them for this backend (the shared experts then run as one more expert of the
+    grouped kernels), give the reference's logits on its own slot rows."""
     model = BUILDERS[name]()
     want = _run_slots(model)
     model.ops = _kernel_ops()
     assert fuse_projections(model) > 0
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    assert model.ops.fuses_shared_expert and all(m.fused_shared() is not None for m in moes)
     got = _run_slots(model)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)

@@ -160,3 +160,58 @@ def test_long_chunks_split_each_experts_rows_without_changing_bits(
     monkeypatch.setattr(moe, "FP32_LARGE", moe.FP32_LARGE._replace(tiles=1000))
     assert moe.launch_for(indices.numel(), 4, ieee)[1] == 1
     assert torch.equal(_on_device(case, 1.5), got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("limit", [0.0, 1.5])
+@pytest.mark.parametrize(
+    "shape",
+    [(40, 32, 24, 6, 2), (1, 32, 16, 8, 2), (300, 32, 24, 4, 2)],
+    ids=["decode-batch", "one-token-listed-slots", "long-chunk-splits"],
+)
+def test_shared_expert_as_the_grids_last_slot(
+    shape: tuple[int, int, int, int, int], limit: float, dtype: torch.dtype
+) -> None:
+    """``shared``: the reference's experts with the shared expert appended to the stacks as
+    expert E, which every token takes in one more slot at weight 1, summed after its routed
+    slots; rounded once to ``out_dtype``."""
+    n, d, inter, experts, _ = shape
+    x, weights, indices, w13, w2 = _case(shape, seed=n + d + 1, dtype=dtype)
+    g = torch.Generator().manual_seed(n)
+    s13 = (torch.randn(2 * inter, d, generator=g) / d**0.5).to(dtype)
+    s2 = (torch.randn(d, inter, generator=g) / inter**0.5).to(dtype)
+    stacks = {"w13": torch.cat([w13, s13[None]]), "w2": torch.cat([w2, s2[None]])}
+    every = torch.full((n, 1), experts, dtype=indices.dtype)
+    want = ref.moe_experts(
+        x, torch.cat([weights, torch.ones(n, 1)], 1), torch.cat([indices, every], 1),
+        swiglu_limit=limit, **stacks,
+    )  # fmt: skip
+    dev = [t.to(DEVICE) for t in (x, weights, indices, w13, w2, s13, s2)]
+    for out_dtype in (torch.float32, torch.bfloat16):
+        got = moe.moe_experts(
+            *dev[:3], w13=dev[3], w2=dev[4], swiglu_limit=limit, out_dtype=out_dtype,
+            shared=(dev[5], dev[6]),
+        ).cpu()  # fmt: skip
+        assert got.dtype == out_dtype and got.shape == (n, d)
+        tol = 1e-5 if dtype == torch.float32 and out_dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_backend_routes_the_shared_expert_through_the_grouped_kernels() -> None:
+    """``moe_experts_shared`` of the sm100 backend (one more expert of the kernels) and of the
+    reference (its dense ops as the residual) agree, in fp32 where both are exact up to
+    summation order."""
+    from deepinfer_kernels_sm100.backend import Sm100Backend
+
+    ops = object.__new__(Sm100Backend)
+    assert ops.fuses_shared_expert and not ref.fuses_shared_expert
+    x, weights, indices, w13, w2 = _case((9, 32, 24, 6, 2), seed=5, dtype=torch.float32)
+    g = torch.Generator().manual_seed(6)
+    s13, s2 = torch.randn(48, 32, generator=g) / 6, torch.randn(32, 24, generator=g) / 5
+    kw = {"w13": w13, "w2": w2, "shared_w13": s13, "shared_w2": s2, "swiglu_limit": 1.5}
+    want = ref.moe_experts_shared(x, weights, indices, **kw)
+    dev = {key: t.to(DEVICE) for key, t in kw.items() if isinstance(t, torch.Tensor)}
+    got = ops.moe_experts_shared(
+        x.to(DEVICE), weights.to(DEVICE), indices.to(DEVICE), swiglu_limit=1.5, **dev
+    ).cpu()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
 from deepinfer.backends.compress_ref import WindowBuffers
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.paging import KeyPages, PagedEntries
+from deepinfer_kernels_sm100.moe_ops import MoeOps
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
 
 
-class Sm100Backend(TorchBackend):
+class Sm100Backend(MoeOps, TorchBackend):
     """Triton kernels on NVIDIA Hopper and Blackwell GPUs; torch reference for the rest.
 
     The kernel modules are imported inside the ops: this module must import (for the plugin
@@ -90,29 +90,6 @@ class Sm100Backend(TorchBackend):
 
         h, q, s = swiglu_fp8(gate, up, swiglu_limit, gate.dtype)
         return h, Fp8Activation(q, s)
-
-    def moe_experts_fp4(
-        self,
-        x: Tensor,
-        weights: Tensor,
-        indices: Tensor,
-        *,
-        w13: Tensor,
-        w13_scale: Tensor,
-        w2: Tensor,
-        w2_scale: Tensor,
-        swiglu_limit: float,
-        scales_fit: bool = False,
-        residual: Tensor | None = None,
-        out_dtype: torch.dtype = torch.float32,
-    ) -> Tensor:
-        from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
-
-        return moe_experts_fp4(
-            x, weights, indices, w13_packed=w13, w13_scale=w13_scale, w2_packed=w2,
-            w2_scale=w2_scale, swiglu_limit=swiglu_limit, scales_fit=scales_fit,
-            residual=residual, out_dtype=out_dtype,
-        )  # fmt: skip
 
     def mhc_pre(
         self,
@@ -338,57 +315,3 @@ class Sm100Backend(TorchBackend):
         if attention_blocks.fits(q, index):  # a prefill chunk of few heads
             return attention_blocks.block_sparse_attention(q, kv, index, sinks, scale)
         return sparse_mqa_sink_attention(q, kv, index, sinks, scale)
-
-    def moe_route(
-        self,
-        x: Tensor,
-        gate_weight: Tensor,
-        bias: Tensor | None,
-        *,
-        topk: int,
-        scoring_func: str,
-        routed_scaling_factor: float,
-        norm_topk_prob: bool,
-        fixed_indices: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        from deepinfer_kernels_sm100.router import fits, route
-
-        kw = {
-            "topk": topk,
-            "scoring_func": scoring_func,
-            "routed_scaling_factor": routed_scaling_factor,
-            "norm_topk_prob": norm_topk_prob,
-            "fixed_indices": fixed_indices,
-        }
-        if not fits(gate_weight.shape[0], topk, scoring_func):
-            return super().moe_route(x, gate_weight, bias, **kw)
-        # the gate's fp32 matmul (on tensor cores where held in bf16); the rest in one kernel
-        return route(self.linear_fp32(x, gate_weight), bias, **kw)
-
-    def swiglu_mlp(
-        self, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, swiglu_limit: float
-    ) -> Tensor:
-        from deepinfer_kernels_sm100.elementwise import swiglu
-
-        x = x.to(w1.dtype)
-        h = swiglu(F.linear(x, w1), F.linear(x, w3), swiglu_limit, w2.dtype)
-        return F.linear(h, w2).float()
-
-    def moe_experts(
-        self,
-        x: Tensor,
-        weights: Tensor,
-        indices: Tensor,
-        *,
-        w13: Tensor,
-        w2: Tensor,
-        swiglu_limit: float,
-        residual: Tensor | None = None,
-        out_dtype: torch.dtype = torch.float32,
-    ) -> Tensor:
-        from deepinfer_kernels_sm100.moe import moe_experts
-
-        return moe_experts(
-            x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
-            residual=residual, out_dtype=out_dtype,
-        )  # fmt: skip

@@ -94,7 +94,7 @@ def _fp4_gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional argume
 ):
     """h = silu(min(gate, l)) * clamp(up, -l, l) * router weight for one (slot, column tile)."""
     # e is int64: E * 2I * K / 2 bytes pass 2**31 at V4-Flash's shapes
-    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
+    e, start, end = _slot_range(experts_ptr, ends_ptr, tl.program_id(0), LISTED)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
     gate_rows = e * 2 * inter + cols
@@ -154,7 +154,7 @@ def _fp4_down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     BLOCK_K: tl.constexpr,
 ):
     """y = h @ w2.T for one (slot, output column tile), written at each pair's own row."""
-    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
+    e, start, end = _slot_range(experts_ptr, ends_ptr, tl.program_id(0), LISTED)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < d_out
     w_rows = w_ptr + (e * d_out + cols)[:, None] * (inter // 2)

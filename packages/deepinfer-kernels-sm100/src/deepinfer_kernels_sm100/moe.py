@@ -110,18 +110,37 @@ def _expert_range(ends_ptr, e):
 
 
 @triton.jit
-def _slot_range(experts_ptr, ends_ptr, LISTED: tl.constexpr):
-    """(expert, start, end) of this program's slot: its expert (int64) and sorted-pair range,
+def _slot_range(experts_ptr, ends_ptr, slot, LISTED: tl.constexpr):
+    """(expert, start, end) of grid slot ``slot``: its expert (int64) and sorted-pair range,
     empty for a slot past the experts that have pairs (expert -1, read as 0). Without
     ``LISTED`` (a slot per expert) slot e is expert e, read without the list's load."""
     if not LISTED:
-        expert = tl.program_id(0).to(tl.int64)
+        expert = slot.to(tl.int64)
         start, end = _expert_range(ends_ptr, expert)
         return expert, start, end
-    e = tl.load(experts_ptr + tl.program_id(0))
+    e = tl.load(experts_ptr + slot)
     expert = tl.maximum(e, 0).to(tl.int64)
     start, end = _expert_range(ends_ptr, expert)
     return expert, start, tl.where(e >= 0, end, start)
+
+
+@triton.jit
+def _rows_and_weights(  # noqa: PLR0917 (a jit helper takes positional arguments)
+    w_ptr, shared_ptr, experts_ptr, ends_ptr, pairs, tokens, expert_size,
+    LISTED: tl.constexpr, SHARED: tl.constexpr,
+):  # fmt: skip
+    """(this program's expert's weights, its sorted rows' range). With ``SHARED`` the grid's
+    last slot is the shared expert (weights at ``shared_ptr``), whose rows follow the ``pairs``
+    sorted pairs, one a token: row ``pairs + t`` is token t, at weight 1."""
+    slot = tl.program_id(0)
+    if not SHARED:
+        e, start, end = _slot_range(experts_ptr, ends_ptr, slot, LISTED)
+        return w_ptr + e * expert_size, start, end
+    mine = slot == tl.num_programs(0) - 1
+    # the shared slot reads slot 0's entries (in bounds), then takes its own
+    e, start, end = _slot_range(experts_ptr, ends_ptr, tl.where(mine, 0, slot), LISTED)
+    w = tl.where(mine, shared_ptr, w_ptr + e * expert_size)
+    return w, tl.where(mine, pairs, start), tl.where(mine, pairs + tokens, end)
 
 
 @triton.jit
@@ -132,7 +151,10 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     scale_ptr,  # [P] router weights (fp32)
     ends_ptr,  # [E] int32
     experts_ptr,  # [slots] int32
-    h_ptr,  # [P, I] out
+    h_ptr,  # [P (+ N with SHARED), I] out
+    shared_ptr,  # [2I, K] the shared expert's gate rows over its up rows (SHARED)
+    pairs,  # P
+    tokens,  # N
     inter,
     k_dim,
     limit,
@@ -140,21 +162,26 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
     LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
+    SHARED: tl.constexpr,  # the last slot is the shared expert (_rows_and_weights)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     # An expert's offset passes 2**31 elements at V4-Flash shapes (256 x 4096 x 4096): int64.
-    w_gate = w_ptr + e * 2 * inter * k_dim + cols[:, None] * k_dim
+    w_e, start, end = _rows_and_weights(w_ptr, shared_ptr, experts_ptr, ends_ptr, pairs,
+                                        tokens, 2 * inter * k_dim, LISTED, SHARED)  # fmt: skip
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_gate = w_e + cols[:, None] * k_dim
     w_up = w_gate + inter * k_dim
     kk = tl.arange(0, BLOCK_K)
     split, splits = tl.program_id(2), tl.num_programs(2)
     for m0 in range(start + split * BLOCK_M, end, splits * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
-        token = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        routed = row_ok & (rows < pairs)  # with SHARED, rows past the pairs are its tokens'
+        token = tl.load(token_ptr + rows, mask=routed, other=0).to(tl.int64)
+        if SHARED:
+            token = tl.where(rows >= pairs, rows - pairs, token)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
@@ -172,7 +199,7 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
         if CLAMP:
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
-        scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+        scale = tl.load(scale_ptr + rows, mask=routed, other=1.0)
         h = gate * tl.sigmoid(gate) * up * scale[:, None]
         tl.store(
             h_ptr + rows[:, None] * inter + cols[None, :],
@@ -188,19 +215,24 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     ends_ptr,
     experts_ptr,  # [slots] int32
     order_ptr,  # [P] (token, slot) pair of each sorted pair
-    y_ptr,  # [P, D] fp32 out, by (token, slot) pair
+    y_ptr,  # [P (+ N with SHARED), D] fp32 out, by (token, slot) pair (then by token)
+    shared_ptr,  # [D, I] the shared expert's down projection (SHARED)
+    pairs,  # P
+    tokens,  # N
     d_out,
     inter,
     IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
     LISTED: tl.constexpr,  # fewer slots than experts: each slot's expert read from the list
+    SHARED: tl.constexpr,  # the last slot is the shared expert (_rows_and_weights)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    e, start, end = _slot_range(experts_ptr, ends_ptr, LISTED)
+    w_e, start, end = _rows_and_weights(w_ptr, shared_ptr, experts_ptr, ends_ptr, pairs,
+                                        tokens, d_out * inter, LISTED, SHARED)  # fmt: skip
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w_ptr + e * d_out * inter + cols[:, None] * inter
+    w = w_e + cols[:, None] * inter
     kk = tl.arange(0, BLOCK_K)
     split, splits = tl.program_id(2), tl.num_programs(2)
     for m0 in range(start + split * BLOCK_M, end, splits * BLOCK_M):
@@ -216,7 +248,9 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
             )
             wt = tl.load(w + k0 + kk[None, :], mask=(cols[:, None] < d_out) & k_ok[None, :])
             acc = _mma(h, wt, acc, IEEE, WIDEN)
-        pair = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        pair = tl.load(order_ptr + rows, mask=row_ok & (rows < pairs), other=0).to(tl.int64)
+        if SHARED:  # the shared expert's rows stay where they are: after the pairs
+            pair = tl.where(rows >= pairs, rows, pair)
         tl.store(
             y_ptr + pair[:, None] * d_out + cols[None, :],
             acc,
@@ -238,60 +272,49 @@ def moe_experts(
     swiglu_limit: float,
     residual: Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
+    shared: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The backend's ``moe_experts``: [N, d] weighted sum of each token's experts (fp32),
-    plus ``residual``, in ``out_dtype`` (:func:`slot_sum`)."""
+    plus ``residual``, in ``out_dtype`` (:func:`slot_sum`). ``shared`` (gate over up [2I, d],
+    down [d, I], held as the stacks are): one more expert every token takes at weight 1, as
+    the grids' last slot (``moe_experts_shared``), its fp32 output added after the slots."""
     num_experts, two_inter, d_in = w13.shape
     inter, d_out = two_inter // 2, w2.shape[1]
     groups = group_pairs(weights, indices, num_experts)
     pairs, slots = groups.rows.shape[0], groups.experts.shape[0]
+    tokens = x.shape[0] if shared is not None else 0
     ieee = w13.dtype == torch.float32
     # The hidden activation is rounded to the weights' dtype before w2, as in the reference.
-    h = torch.empty(pairs, inter, dtype=w2.dtype, device=x.device)
+    h = torch.empty(pairs + tokens, inter, dtype=w2.dtype, device=x.device)
     # Pairs without an expert are never computed: slot_sum skips their rows.
-    y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
+    y = torch.empty(pairs + tokens, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         shape, splits = launch_for(pairs, slots, ieee)
+        # the shared expert's N rows are split as finely as the busiest routed expert's
+        splits = max(splits, triton.cdiv(tokens, shape.block_m * shape.tiles))
         launch = {
             "IEEE": ieee,
             "WIDEN": _WIDEN,
             "LISTED": slots < num_experts,
+            "SHARED": shared is not None,
             "BLOCK_M": shape.block_m,
             "num_warps": shape.num_warps,
             "num_stages": shape.num_stages,
         }
+        grid = slots + (shared is not None)
+        s13, s2 = shared if shared is not None else (w13, w2)  # unread without SHARED
         bn, bk = _tile(inter, shape.block_n), _tile(d_in, shape.block_k)
-        _gate_up_kernel[(slots, triton.cdiv(inter, bn), splits)](
-            x.contiguous(),
-            groups.rows,
-            w13.contiguous(),
-            groups.scale,
-            groups.ends,
-            groups.experts,
-            h,
-            inter,
-            d_in,
-            float(swiglu_limit),
-            CLAMP=swiglu_limit > 0,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            **launch,
-        )
+        _gate_up_kernel[(grid, triton.cdiv(inter, bn), splits)](
+            x.contiguous(), groups.rows, w13.contiguous(), groups.scale, groups.ends,
+            groups.experts, h, s13.contiguous(), pairs, tokens, inter, d_in,
+            float(swiglu_limit), CLAMP=swiglu_limit > 0, BLOCK_N=bn, BLOCK_K=bk, **launch,
+        )  # fmt: skip
         bn, bk = _tile(d_out, shape.block_n), _tile(inter, shape.block_k)
-        _down_kernel[(slots, triton.cdiv(d_out, bn), splits)](
-            h,
-            w2.contiguous(),
-            groups.ends,
-            groups.experts,
-            groups.order,
-            y,
-            d_out,
-            inter,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            **launch,
-        )
-    return slot_sum(y, indices, residual, out_dtype)
+        _down_kernel[(grid, triton.cdiv(d_out, bn), splits)](
+            h, w2.contiguous(), groups.ends, groups.experts, groups.order, y, s2.contiguous(),
+            pairs, tokens, d_out, inter, BLOCK_N=bn, BLOCK_K=bk, **launch,
+        )  # fmt: skip
+    return slot_sum(y, indices, residual, out_dtype, shared=shared is not None)
 
 
 @triton.jit
@@ -303,11 +326,12 @@ def _slot_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     d_out,
     K: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    SHARED: tl.constexpr,  # y's rows past the N * K pairs: each token's shared expert's
     EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
     BLOCK: tl.constexpr,
 ):
-    """One token's k pair rows added in slot order, then its residual row; a pair without an
-    expert adds nothing."""
+    """One token's k pair rows added in slot order, then its shared expert's row, then its
+    residual row; a pair without an expert adds nothing."""
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < d_out
@@ -315,6 +339,9 @@ def _slot_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     for j in tl.static_range(K):
         live = tl.load(idx_ptr + n * K + j) >= 0
         acc += tl.load(y_ptr + (n * K + j) * d_out + cols, mask=cmask & live, other=0.0)
+    if SHARED:
+        shared_row = tl.num_programs(0).to(tl.int64) * K + n
+        acc += tl.load(y_ptr + shared_row * d_out + cols, mask=cmask, other=0.0)
     if RESIDUAL:
         acc += tl.load(res_ptr + n * d_out + cols, mask=cmask, other=0.0).to(tl.float32)
     store_rounded(out_ptr + n * d_out + cols, acc, cmask, EMULATE)
@@ -325,13 +352,16 @@ def slot_sum(
     indices: Tensor,
     residual: Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
+    *,
+    shared: bool = False,
 ) -> Tensor:
     """[N, D] in ``out_dtype``: each token's k pair rows of ``y`` [N * k, D] added in slot
     order, as the reference's combine adds them, skipping the pairs whose expert index is
     negative, then ``residual`` [N, D] widened, the fp32 sum rounded once (the reference's
     ``add_residual``). Unlisted pairs are never computed, so ``y`` needs no zeroing first,
     and the shared expert's output joins here: one launch where zeroing, a sum and an add
-    were three."""
+    were three. ``shared``: ``y`` [N * k + N, D] also holds each token's shared expert
+    output after the pairs, added after its slots."""
     n, k = indices.shape
     d_out = y.shape[1]
     out = torch.empty(n, d_out, dtype=out_dtype, device=y.device)
@@ -340,6 +370,6 @@ def slot_sum(
         res = out if residual is None else residual.contiguous()
         _slot_sum_kernel[(n, triton.cdiv(d_out, block))](
             y, indices.contiguous(), res, out, d_out, K=k, RESIDUAL=residual is not None,
-            EMULATE=EMULATE_CAST, BLOCK=block,
+            SHARED=shared, EMULATE=EMULATE_CAST, BLOCK=block,
         )  # fmt: skip
     return out

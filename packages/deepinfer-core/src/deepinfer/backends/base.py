@@ -82,6 +82,11 @@ class Backend(TokenOps):
     #: quantisation for FP8 weights, but summation orders of the fused GEMM's own, which the
     #: numeric reference does not take.
     fuse_projections: ClassVar[bool] = False
+    #: Whether an MoE layer whose shared expert is held as its routed experts are (float, one
+    #: expert's width) runs it through :meth:`moe_experts_shared`: one more expert of the
+    #: routed kernels rather than GEMMs of its own (fewer launches, its output summed in
+    #: fp32 unrounded, which the numeric reference does not do).
+    fuses_shared_expert: ClassVar[bool] = False
 
     # -- the op table ------------------------------------------------------------------------
     # Every op the model calls. Shapes use B batch, S new tokens, H heads, D head dim, d hidden,

@@ -126,6 +126,33 @@ class TokenOps(ABC):
         (:func:`~deepinfer.backends.moe_ref.add_residual`).
         """
 
+    def moe_experts_shared(
+        self,
+        x: Tensor,
+        weights: Tensor,
+        indices: Tensor,
+        *,
+        w13: Tensor,
+        w2: Tensor,
+        shared_w13: Tensor,
+        shared_w2: Tensor,
+        swiglu_limit: float,
+        out_dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        """:meth:`moe_experts` plus the shared expert, ``shared_w13`` [2I, d] (gate over up)
+        and ``shared_w2`` [d, I]: an expert every token takes at weight 1, clamped alike, its
+        output added after the routed slots and the sum rounded once to ``out_dtype``
+        (:attr:`~deepinfer.backends.base.Backend.fuses_shared_expert`). Here composed of the
+        ops: :meth:`swiglu_mlp` (its output in the weights' dtype, widened) as the residual; a
+        backend may instead run it as one more expert of its grouped kernels and add its fp32
+        output unrounded."""
+        i = shared_w13.shape[0] // 2
+        shared = self.swiglu_mlp(x, shared_w13[:i], shared_w2, shared_w13[i:], swiglu_limit)
+        return self.moe_experts(
+            x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit, residual=shared,
+            out_dtype=out_dtype,
+        )  # fmt: skip
+
     @abstractmethod
     def moe_experts_fp4(
         self,

@@ -216,17 +216,41 @@ class MoE(nn.Module):
         shared expert runs here."""
         if self.expert_load is not None:
             self.expert_load.add(indices)
+        ep = self.expert_parallel
+        local = ep is None or not ep.enabled
+        fused = self.fused_shared() if local and ops.fuses_shared_expert else None
+        if fused is not None and not (torch.is_grad_enabled() and flat.requires_grad):
+            experts = self.experts
+            return ops.moe_experts_shared(
+                flat, weights, indices, w13=experts.w13, w2=experts.w2, shared_w13=fused[0],
+                shared_w2=fused[1], swiglu_limit=self.cfg.swiglu_limit, out_dtype=dtype,
+            )  # fmt: skip
         shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
         inputs = (shared, flat, weights, self.experts.w13, self.experts.w2)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             # training: the rounding add (out=) does not differentiate
             return (self.routed(ops, flat, weights, indices) + shared).to(dtype)
-        ep = self.expert_parallel
-        if ep is not None and ep.enabled:
+        if not local:
             # one kernel: the shared output widened to fp32 in the add, the sum rounded on store
             return add_residual(self.routed(ops, flat, weights, indices), shared, dtype)
         # the routed experts' last kernel adds the shared output and rounds
         return self.local_experts(ops, flat, weights, indices, residual=shared, out_dtype=dtype)
+
+    def fused_shared(self) -> tuple[Tensor, Tensor] | None:
+        """The shared expert's (gate over up [2I, d], down [d, I]) where it can run as one
+        more expert of the routed stacks (``Backend.moe_experts_shared``): gate and up fused
+        into one weight (:mod:`.fused`), every weight float, shaped and typed as a routed
+        expert's; else None."""
+        shared, experts = self.shared_experts, self.experts
+        w13 = fused_group(shared, "w1", "w3")
+        if w13 is None or experts.w13_scale is not None:
+            return None
+        if w13.scale is not None or shared.w2.scale is not None:
+            return None
+        pairs = ((w13.weight, experts.w13), (shared.w2.weight, experts.w2))
+        if any(w.dtype != stack.dtype or w.shape != stack.shape[1:] for w, stack in pairs):
+            return None
+        return w13.weight, shared.w2.weight
 
     def routed(self, ops: Backend, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """The routed experts' fp32 weighted sum [N, d]: the held ones, or under expert
