@@ -41,6 +41,8 @@ a roofline plot beside it (same name, ``.png``) where matplotlib is importable.
 ``--small`` shrinks both models (config A's structure at ``step_ab.small_config``'s size, the
 V4-Flash config's layer schedule, routing and quantisation config at hidden 256) and every
 shape, so a shared CPU runs it in a few minutes; its numbers mean nothing.
+``--no-shared-fusion`` runs the shared experts as GEMMs of their own where the backend would
+run them inside its grouped MoE kernels (``Backend.fuses_shared_expert``), for A/B runs.
 """
 
 from __future__ import annotations
@@ -824,6 +826,7 @@ def run_config_a(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, An
 
     cfg = small_config() if run.small else midsize_config()
     ops = plugins.backends.load(run.backend)(run.device)
+    ops.fuses_shared_expert &= run.shared_fusion  # type: ignore[misc]
     model = DeepseekV4ForCausalLM(cfg, dtype=torch.bfloat16, device=run.device, backend=ops)
     init_random_weights(model, seed=0)  # drawn on the CPU: the same weights on every device
     hold_as_checkpoint(model)
@@ -858,6 +861,7 @@ def run_flash(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, Any]:
 
     raw = flash_config(run)
     backend = plugins.backends.load(run.backend)(run.device)
+    backend.fuses_shared_expert &= run.shared_fusion  # type: ignore[misc]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(raw))
         net, _ = load(
@@ -956,6 +960,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.add_argument(f"--{name}", type=at_least(low), default=None, help="default: DEFAULTS")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip profiles")
+    ap.add_argument(
+        "--no-shared-fusion", dest="shared_fusion", action="store_false",
+        help="shared experts as GEMMs of their own, not in the grouped MoE kernels",
+    )  # fmt: skip
     ap.add_argument(
         "--kernel-sequence", action="store_true",
         help="profiles also list one step's kernels in order (a GPU only)",
