@@ -29,6 +29,12 @@ from deepinfer.models.layers.norm import Linear, fp32_param
 from deepinfer.parallel import ExpertParallel, dispatch_experts
 
 
+def _trains(*tensors: Tensor) -> bool:
+    """Whether autograd records an op on ``tensors`` (the kernels' fused paths do not
+    differentiate)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class Gate(nn.Module):
     def __init__(self, cfg: ModelConfig, hashed: bool) -> None:
         super().__init__()
@@ -219,15 +225,14 @@ class MoE(nn.Module):
         ep = self.expert_parallel
         local = ep is None or not ep.enabled
         fused = self.fused_shared() if local and ops.fuses_shared_expert else None
-        if fused is not None and not (torch.is_grad_enabled() and flat.requires_grad):
-            experts = self.experts
+        experts = self.experts
+        if fused is not None and not _trains(flat, weights, experts.w13, experts.w2, *fused):
             return ops.moe_experts_shared(
                 flat, weights, indices, w13=experts.w13, w2=experts.w2, shared_w13=fused[0],
                 shared_w2=fused[1], swiglu_limit=self.cfg.swiglu_limit, out_dtype=dtype,
             )  # fmt: skip
         shared = self.shared_experts(ops, flat, self.cfg.swiglu_limit, flat_fp8, widen=False)
-        inputs = (shared, flat, weights, self.experts.w13, self.experts.w2)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        if _trains(shared, flat, weights, experts.w13, experts.w2):
             # training: the rounding add (out=) does not differentiate
             return (self.routed(ops, flat, weights, indices) + shared).to(dtype)
         if not local:
