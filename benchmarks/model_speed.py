@@ -817,16 +817,24 @@ def hold_as_checkpoint(model: torch.nn.Module) -> None:
     weights_loaded(model)  # type: ignore[arg-type]
 
 
+def load_backend(run: argparse.Namespace) -> Any:
+    """The ``--backend`` op table on the device, its shared-expert fusion off with
+    ``--no-shared-fusion``."""
+    from deepinfer import plugins
+
+    ops = plugins.backends.load(run.backend)(run.device)
+    ops.fuses_shared_expert &= run.shared_fusion
+    return ops
+
+
 def run_config_a(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, Any]:
     """Config A (``small_config`` with ``--small``), built and drawn as ``step_ab.py`` does,
     then transformers on its weights."""
-    from deepinfer import plugins
     from deepinfer.assets import init_random_weights
     from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     cfg = small_config() if run.small else midsize_config()
-    ops = plugins.backends.load(run.backend)(run.device)
-    ops.fuses_shared_expert &= run.shared_fusion  # type: ignore[misc]
+    ops = load_backend(run)
     model = DeepseekV4ForCausalLM(cfg, dtype=torch.bfloat16, device=run.device, backend=ops)
     init_random_weights(model, seed=0)  # drawn on the CPU: the same weights on every device
     hold_as_checkpoint(model)
@@ -855,13 +863,11 @@ def flash_config(run: argparse.Namespace) -> dict[str, Any]:
 def run_flash(run: argparse.Namespace, rates: dict[str, Any]) -> dict[str, Any]:
     """The V4-Flash-width model loaded as ``low_precision.time_model`` loads it: dummy weights,
     stored formats kept where the backend computes on them."""
-    from deepinfer import plugins
     from deepinfer.loading import load
     from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     raw = flash_config(run)
-    backend = plugins.backends.load(run.backend)(run.device)
-    backend.fuses_shared_expert &= run.shared_fusion  # type: ignore[misc]
+    backend = load_backend(run)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(raw))
         net, _ = load(
