@@ -197,15 +197,24 @@ def test_shared_expert_as_the_grids_last_slot(
         torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
-def test_backend_routes_the_shared_expert_through_the_grouped_kernels() -> None:
-    """``moe_experts_shared`` of the sm100 backend (one more expert of the kernels) and of the
-    reference (its dense ops as the residual) agree, in fp32 where both are exact up to
-    summation order."""
+@pytest.mark.parametrize("tokens", [9, 300], ids=["fused", "beside-long-chunk"])
+def test_backend_routes_the_shared_expert_through_the_grouped_kernels(
+    tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``moe_experts_shared`` of the sm100 backend (one more expert of the kernels, or for a
+    chunk whose rows take more than ``SHARED_TILES`` of their tiles, dense GEMMs beside them)
+    and of the reference (its dense ops as the residual) agree, in fp32 where both are exact
+    up to summation order."""
     from deepinfer_kernels_sm100.backend import Sm100Backend
 
     ops = object.__new__(Sm100Backend)
     assert ops.fuses_shared_expert and not ref.fuses_shared_expert
-    x, weights, indices, w13, w2 = _case((9, 32, 24, 6, 2), seed=5, dtype=torch.float32)
+    shared_slots = []
+    grouped = moe.moe_experts
+    monkeypatch.setattr(
+        moe, "moe_experts", lambda *a, **k: shared_slots.append(k.get("shared")) or grouped(*a, **k)
+    )
+    x, weights, indices, w13, w2 = _case((tokens, 32, 24, 6, 2), seed=5, dtype=torch.float32)
     g = torch.Generator().manual_seed(6)
     s13, s2 = torch.randn(48, 32, generator=g) / 6, torch.randn(32, 24, generator=g) / 5
     kw = {"w13": w13, "w2": w2, "shared_w13": s13, "shared_w2": s2, "swiglu_limit": 1.5}
@@ -215,3 +224,6 @@ def test_backend_routes_the_shared_expert_through_the_grouped_kernels() -> None:
         x.to(DEVICE), weights.to(DEVICE), indices.to(DEVICE), swiglu_limit=1.5, **dev
     ).cpu()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # fp32 stacks take the FP32 tiers: 64-row tiles for the long chunk's 100 rows an expert
+    fused = tokens <= moe.SHARED_TILES * moe.FP32_LARGE.block_m
+    assert len(shared_slots) == 1 and (shared_slots[0] is not None) == fused

@@ -85,6 +85,13 @@ FP32_TIERS: tuple[tuple[int, ExpertLaunch], ...] = ((64, ExpertLaunch(16, 64, 64
 FP32_LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
 
 
+#: Most row tiles (of the routed experts' launch shape) the shared expert's rows may take for it
+#: to run as the grids' last slot: past that the routed experts' tiles are small for it, and a
+#: dense GEMM's tiles run it faster beside the grouped kernels (``benchmarks/shared_expert.py``
+#: at config A's and V4-Flash's widths: ``results/shared_expert_h100.json``).
+SHARED_TILES = 4
+
+
 #: The splits are sized for an expert with this many standard deviations more rows than the
 #: mean (routing's binomial spread, about sqrt(mean) rows): the busiest expert, not the mean
 #: one, sets when the kernel ends, and a split with no tile of its expert returns at once
@@ -101,6 +108,15 @@ def launch_for(pairs: int, slots: int, ieee: bool = False) -> tuple[ExpertLaunch
     shape = next((tier for most, tier in tiers if rows <= most), large)
     busiest = rows + math.ceil(SPLIT_HEADROOM * math.sqrt(rows))
     return shape, max(1, triton.cdiv(busiest, shape.block_m * shape.tiles))
+
+
+def fuses_shared(tokens: int, top_k: int, num_experts: int, dtype: torch.dtype) -> bool:
+    """Whether :func:`moe_experts` runs a step's shared expert (``tokens`` rows, ``top_k`` of
+    ``num_experts`` routed experts each, weights in ``dtype``) as its grids' last slot: where
+    its rows fit :data:`SHARED_TILES` row tiles of the routed experts' launch shape."""
+    pairs = tokens * top_k
+    shape, _ = launch_for(pairs, min(num_experts, pairs), dtype == torch.float32)
+    return triton.cdiv(tokens, shape.block_m) <= SHARED_TILES
 
 
 @triton.jit
@@ -290,8 +306,9 @@ def moe_experts(
     y = torch.empty(pairs + tokens, d_out, dtype=torch.float32, device=x.device)
     if pairs:
         shape, splits = launch_for(pairs, slots, ieee)
-        # the shared expert's N rows are split as finely as the busiest routed expert's
-        splits = max(splits, triton.cdiv(tokens, shape.block_m * shape.tiles))
+        # one row tile of the shared expert's N rows a program: no fewer than the busiest
+        # routed expert's program walks, so the shared slot does not end the kernel last
+        splits = max(splits, triton.cdiv(tokens, shape.block_m))
         launch = {
             "IEEE": ieee,
             "WIDEN": _WIDEN,

@@ -112,8 +112,22 @@ class MoeOps:
         swiglu_limit: float,
         out_dtype: torch.dtype = torch.float32,
     ) -> Tensor:
-        from deepinfer_kernels_sm100.moe import moe_experts
+        """The shared expert as the grouped kernels' last slot where a step's rows fit a few of
+        their tiles (:func:`~deepinfer_kernels_sm100.moe.fuses_shared`); a longer chunk's as
+        dense GEMMs beside them (the reference's composition), whose tiles suit its rows."""
+        from deepinfer_kernels_sm100.moe import fuses_shared, moe_experts
 
+        if not fuses_shared(x.shape[0], indices.shape[1], w13.shape[0], w13.dtype):
+            # gate and up as one GEMM of the fused weight, its halves read in place
+            from deepinfer_kernels_sm100.elementwise import swiglu
+
+            i = shared_w13.shape[0] // 2
+            gate_up = F.linear(x.to(shared_w13.dtype), shared_w13)
+            h = swiglu(gate_up[:, :i], gate_up[:, i:], swiglu_limit, shared_w2.dtype)
+            return self.moe_experts(
+                x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
+                residual=F.linear(h, shared_w2).float(), out_dtype=out_dtype,
+            )  # fmt: skip
         return moe_experts(
             x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
             out_dtype=out_dtype, shared=(shared_w13, shared_w2),
