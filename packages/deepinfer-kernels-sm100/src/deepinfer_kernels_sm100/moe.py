@@ -7,13 +7,17 @@ token row of ``x`` in place and write each pair's output at its (token, slot) ro
 the gathered inputs nor the un-sorting copy exist.
 
 One program per (expert with pairs, column tile, split) walks its expert's rows in tiles of
-``BLOCK_M``. The grid's first axis has ``min(E, pairs)`` slots, which the experts that have
+``BLOCK_M``. The grid's slot axis has ``min(E, pairs)`` slots, which the experts that have
 pairs fill in order (:class:`~.moe_group.PairGroups`), so a decode step of a few tokens starts
-programs for its few experts only, not for all E. The third axis splits each expert's row
+programs for its few experts only, not for all E. The split axis divides each expert's row
 tiles among ``splits`` programs (tile t to program t mod splits), sized from the mean rows an
 expert has and their spread (:func:`launch_for`), so a prefill chunk's thousand rows an expert
 are not one program's serial loop, nor a decode batch's busiest expert two tiles in one. Each
-row is still computed by one program in the same order, so the split changes no bits.
+row is still computed by one program in the same order, so the split changes no bits. The grid
+is laid out (split, column tile, slot), the splits fastest: the GPU starts programs in that
+order, so the programs that read one weight tile of an expert run together and the later ones
+find it in L2. With the slot fastest, every split of a long chunk read all the experts' weights
+from HBM again (a prefill chunk's expert stacks are larger than L2).
 
 The first kernel computes the gate and up projections of a tile together and applies the
 clamped SwiGLU and the router weight in its epilogue (the reference's
@@ -148,11 +152,11 @@ def _rows_and_weights(  # noqa: PLR0917 (a jit helper takes positional arguments
     """(this program's expert's weights, its sorted rows' range). With ``SHARED`` the grid's
     last slot is the shared expert (weights at ``shared_ptr``), whose rows follow the ``pairs``
     sorted pairs, one a token: row ``pairs + t`` is token t, at weight 1."""
-    slot = tl.program_id(0)
+    slot = tl.program_id(2)
     if not SHARED:
         e, start, end = _slot_range(experts_ptr, ends_ptr, slot, LISTED)
         return w_ptr + e * expert_size, start, end
-    mine = slot == tl.num_programs(0) - 1
+    mine = slot == tl.num_programs(2) - 1
     # the shared slot reads slot 0's entries (in bounds), then takes its own
     e, start, end = _slot_range(experts_ptr, ends_ptr, tl.where(mine, 0, slot), LISTED)
     w = tl.where(mine, shared_ptr, w_ptr + e * expert_size)
@@ -190,7 +194,7 @@ def _gate_up_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     w_gate = w_e + cols[:, None] * k_dim
     w_up = w_gate + inter * k_dim
     kk = tl.arange(0, BLOCK_K)
-    split, splits = tl.program_id(2), tl.num_programs(2)
+    split, splits = tl.program_id(0), tl.num_programs(0)
     for m0 in range(start + split * BLOCK_M, end, splits * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
@@ -250,7 +254,7 @@ def _down_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w = w_e + cols[:, None] * inter
     kk = tl.arange(0, BLOCK_K)
-    split, splits = tl.program_id(2), tl.num_programs(2)
+    split, splits = tl.program_id(0), tl.num_programs(0)
     for m0 in range(start + split * BLOCK_M, end, splits * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
@@ -321,13 +325,13 @@ def moe_experts(
         grid = slots + (shared is not None)
         s13, s2 = shared if shared is not None else (w13, w2)  # unread without SHARED
         bn, bk = _tile(inter, shape.block_n), _tile(d_in, shape.block_k)
-        _gate_up_kernel[(grid, triton.cdiv(inter, bn), splits)](
+        _gate_up_kernel[(splits, triton.cdiv(inter, bn), grid)](
             x.contiguous(), groups.rows, w13.contiguous(), groups.scale, groups.ends,
             groups.experts, h, s13.contiguous(), pairs, tokens, inter, d_in,
             float(swiglu_limit), CLAMP=swiglu_limit > 0, BLOCK_N=bn, BLOCK_K=bk, **launch,
         )  # fmt: skip
         bn, bk = _tile(d_out, shape.block_n), _tile(inter, shape.block_k)
-        _down_kernel[(grid, triton.cdiv(d_out, bn), splits)](
+        _down_kernel[(splits, triton.cdiv(d_out, bn), grid)](
             h, w2.contiguous(), groups.ends, groups.experts, groups.order, y, s2.contiguous(),
             pairs, tokens, d_out, inter, BLOCK_N=bn, BLOCK_K=bk, **launch,
         )  # fmt: skip
