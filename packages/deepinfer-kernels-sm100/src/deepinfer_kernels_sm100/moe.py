@@ -90,10 +90,11 @@ FP32_LARGE = ExpertLaunch(64, 64, 64, 4, 3, 1)
 
 
 #: Most row tiles (of the routed experts' launch shape) the shared expert's rows may take for it
-#: to run as the grids' last slot: past that the routed experts' tiles are small for it, and a
-#: dense GEMM's tiles run it faster beside the grouped kernels (``benchmarks/shared_expert.py``
-#: at config A's and V4-Flash's widths: ``results/shared_expert_h100.json``).
-SHARED_TILES = 4
+#: to run as the grids' last slot: past that a dense GEMM's tiles run it faster beside the
+#: grouped kernels than the routed experts' tiles do inside them, by more than the launches the
+#: fusion saves (``benchmarks/shared_expert.py`` at config A's and V4-Flash's widths:
+#: ``results/moe_grid_order_ab_h100.json``).
+SHARED_TILES = 16
 
 
 #: The splits are sized for an expert with this many standard deviations more rows than the
