@@ -118,7 +118,8 @@ class MoeOps:
         from deepinfer_kernels_sm100.moe import fuses_shared, moe_experts
 
         if not fuses_shared(x.shape[0], indices.shape[1], w13.shape[0], w13.dtype):
-            # gate and up as one GEMM of the fused weight, its halves read in place
+            # gate and up as one GEMM of the fused weight, its halves read in place; the
+            # output in the weights' dtype, widened where the slot sum adds it
             from deepinfer_kernels_sm100.elementwise import swiglu
 
             i = shared_w13.shape[0] // 2
@@ -126,7 +127,7 @@ class MoeOps:
             h = swiglu(gate_up[:, :i], gate_up[:, i:], swiglu_limit, shared_w2.dtype)
             return self.moe_experts(
                 x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
-                residual=F.linear(h, shared_w2).float(), out_dtype=out_dtype,
+                residual=F.linear(h, shared_w2), out_dtype=out_dtype,
             )  # fmt: skip
         return moe_experts(
             x, weights, indices, w13=w13, w2=w2, swiglu_limit=swiglu_limit,
