@@ -540,6 +540,18 @@ def _topk_specs() -> Iterator[AotSpec]:
             {"n_vis_ptr": n_vis, "allowed_ptr": allowed, "scratch_ptr": "*i64", "out_ptr": "*i64",
              "entries": 32768, "k": k_pad, "MODE": code, "K_PAD": k_pad},
         )  # fmt: skip
+    # a prefill chunk's rows selected from in registers: the longest (topk.ROW_SELECT_MAX, a
+    # 16k-token chunk's entries at ratio 4), causal or with a mask, and a shorter causal one
+    for mode, t_pad in (("prefix", 4096), ("mask", 4096), ("prefix", 2048)):
+        code, n_vis, allowed = _TOPK_MODES[mode]
+        yield AotSpec(
+            "topk._row_select_kernel",
+            f"{mode}-t{t_pad}",
+            {"score_ptr": "*fp32", "n_vis_ptr": n_vis, "allowed_ptr": allowed,
+             "scratch_ptr": "*i64", "entries": t_pad, "k": 512, "score_stride": t_pad,
+             "MODE": code, "T_PAD": t_pad, "K_PAD": 512},
+            num_warps=8,
+        )  # fmt: skip
     # rows sorted whole: a short decode row, and the longest (topk.ROW_SORT_MAX) with a mask
     for mode, t_pad, warps in (("prefix", 128, 4), ("all", 2048, 8), ("mask", 2048, 8)):
         code, n_vis, allowed = _TOPK_MODES[mode]

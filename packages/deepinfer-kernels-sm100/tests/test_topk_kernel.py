@@ -41,23 +41,29 @@ _SEGMENTED = {
 
 
 @pytest.mark.parametrize(
-    ("rows", "entries", "k", "block", "whole_row"),
-    [pytest.param(*c, True, id=f"{n}-row-sort") for n, c in _CASES.items()]
-    + [pytest.param(*c, False, id=f"{n}-radix") for n, c in (_CASES | _SEGMENTED).items()],
+    ("rows", "entries", "k", "block", "path"),
+    [pytest.param(*c, "row-sort", id=f"{n}-row-sort") for n, c in _CASES.items()]
+    + [pytest.param(*c, "row-select", id=f"{n}-row-select") for n, c in _CASES.items()]
+    + [pytest.param(*c, "radix", id=f"{n}-radix") for n, c in (_CASES | _SEGMENTED).items()],
 )
 def test_picks_equal_reference(  # noqa: PLR0917
     rows: int,
     entries: int,
     k: int,
     block: int | None,
-    whole_row: bool,
+    path: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Rows sorted whole by one program, and rows through the radix select, also cut into
-    several segments (``block`` entries each), which place their picks after the earlier
-    segments' and count ties across them."""
-    if not whole_row:
+    """Rows sorted whole by one program; rows selected from by one program, their keys in
+    registers (as when a chunk's rows alone fill the GPU); and rows through the segmented
+    radix select, also cut into several segments (``block`` entries each), which place their
+    picks after the earlier segments' and count ties across them."""
+    if path != "row-sort":
         monkeypatch.setattr(topk, "ROW_SORT_MAX", 0)
+    if path == "row-select":
+        monkeypatch.setattr(topk, "TARGET_PROGRAMS", 1)  # one segment a row
+    if path == "radix":
+        monkeypatch.setattr(topk, "ROW_SELECT_MAX", 0)
     if block is not None:
         monkeypatch.setattr(topk, "BLOCK", block)
     g = torch.Generator().manual_seed(entries)

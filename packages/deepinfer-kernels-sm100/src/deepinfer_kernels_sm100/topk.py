@@ -27,6 +27,11 @@ visible, and then written as -1).
 A row of at most ``ROW_SORT_MAX`` entries (every decode row of a context up to four times that,
 at ratio 4) is one program's instead: it sorts all of the row's keys in registers and writes
 the first k, the same picks in the same order, in one launch for the seven above.
+
+Where the rows alone fill the GPU (a prefill chunk's thousands of queries: one segment a row)
+and a row has at most ``ROW_SELECT_MAX`` entries, one program a row runs steps 1 and 2 on the row's
+keys held in registers: the four passes and the collection read the scores once, not six
+times, and need no atomics (the program owns its row's histogram); step 3 follows.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ TARGET_PROGRAMS = 528  # programs a pass (four per multiprocessor of an H200)
 
 #: Longest row one program sorts whole (untimed on a GPU against the radix select so far).
 ROW_SORT_MAX = 2048
+#: Longest row one program selects from in registers (``_row_select_kernel``, on
+#: ``NUM_WARPS``): a 16k-token chunk's entries at ratio 4. Rows of 8,192 spill registers in the
+#: compiled kernel (sm_90a, on 8 warps and with a mask on 16).
+ROW_SELECT_MAX = 4096
 
 # which entries a row may see
 ALL, PREFIX, MASK = 0, 1, 2
@@ -200,6 +209,51 @@ def _collect_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
 
 
 @triton.jit(do_not_specialize=["entries", "k"])
+def _row_select_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
+    score_ptr,
+    n_vis_ptr,
+    allowed_ptr,
+    scratch_ptr,  # [R, K_PAD] int64: the row's k picks as keys, in entry order
+    entries,
+    k,
+    score_stride,
+    MODE: tl.constexpr,
+    T_PAD: tl.constexpr,
+    K_PAD: tl.constexpr,
+):
+    """The histogram passes and the collection of one row of at most ``T_PAD`` entries, its
+    keys held in registers: the same threshold and picks as the segmented kernels."""
+    row = tl.program_id(0).to(tl.int64)
+    score_ptr += row * score_stride
+    allowed_ptr += row * entries
+    n_vis = 0
+    if MODE == 1:
+        n_vis = tl.load(n_vis_ptr + row)
+    idx = tl.arange(0, T_PAD)
+    inb = idx < entries
+    o = _ordered(score_ptr, idx, inb, _visible(n_vis, allowed_ptr, idx, inb, MODE))
+    u = _unsigned(o)
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros([], dtype=tl.uint32)
+    rem = k
+    for p in tl.static_range(4):  # the digits of the k-th largest key, as _threshold finds them
+        shift = 24 - 8 * p
+        match = inb
+        if p > 0:
+            match = inb & ((u >> (shift + 8)) == prefix)
+        hist = tl.histogram(((u >> shift) & 255).to(tl.int32), 256, mask=match)
+        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+        d = tl.max(tl.where(at_least >= rem, bins, 0), 0)
+        rem -= tl.sum(tl.where(bins > d, hist, 0), 0)
+        prefix = (prefix << 8) | d.to(tl.uint32)
+    eq = (inb & (u == prefix)).to(tl.int32)
+    take = (inb & (u > prefix)) | ((eq != 0) & (tl.cumsum(eq, 0) - eq < rem))
+    take_i = take.to(tl.int32)
+    key = (o.to(tl.int64) << 32) | (entries - 1 - idx).to(tl.int64)
+    tl.store(scratch_ptr + row * K_PAD + tl.cumsum(take_i, 0) - take_i, key, mask=take)
+
+
+@triton.jit(do_not_specialize=["entries", "k"])
 def _sort_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments)
     n_vis_ptr,
     allowed_ptr,
@@ -298,9 +352,17 @@ def stable_topk_picks(
     segment = triton.cdiv(chunks, per_row) * block
     segments = triton.cdiv(t, segment)
     segments_pad = triton.next_power_of_2(segments)
+    scratch = torch.empty(rows, k_pad, dtype=torch.int64, device=dev)
+    t_pad = triton.next_power_of_2(t)
+    if rows and segments == 1 and t_pad <= ROW_SELECT_MAX:
+        _row_select_kernel[(rows,)](
+            flat, n_vis, mask, scratch, t, k, flat.stride(0), MODE=mode, T_PAD=t_pad,
+            K_PAD=k_pad, num_warps=NUM_WARPS,
+        )  # fmt: skip
+        _sort_kernel[(rows,)](n_vis, mask, scratch, out, t, k, MODE=mode, K_PAD=k_pad)
+        return out.view(*lead, k)
     hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=dev)
     counts = torch.empty(rows, segments_pad, 2, dtype=torch.int32, device=dev)
-    scratch = torch.empty(rows, k_pad, dtype=torch.int64, device=dev)
     if rows:
         grid = (rows, segments)
         common = dict(MODE=mode, BLOCK=block, num_warps=NUM_WARPS)
