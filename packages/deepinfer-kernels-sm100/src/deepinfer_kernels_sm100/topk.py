@@ -80,6 +80,26 @@ def _ordered(score_ptr, idx, inb, visible):
 
 
 @triton.jit
+def _row_keys(  # noqa: PLR0917 (a jit helper takes positional arguments)
+    score_ptr, n_vis_ptr, allowed_ptr, entries, score_stride,
+    MODE: tl.constexpr, T_PAD: tl.constexpr,
+):  # fmt: skip
+    """A one-program row's (index, its ``allowed`` row, its visible count, entry ids [T_PAD],
+    which are in bounds, their ordered keys)."""
+    row = tl.program_id(0).to(tl.int64)
+    allowed_ptr += row * entries
+    n_vis = 0
+    if MODE == 1:
+        n_vis = tl.load(n_vis_ptr + row)
+    idx = tl.arange(0, T_PAD)
+    inb = idx < entries
+    o = _ordered(
+        score_ptr + row * score_stride, idx, inb, _visible(n_vis, allowed_ptr, idx, inb, MODE)
+    )
+    return row, allowed_ptr, n_vis, idx, inb, o
+
+
+@triton.jit
 def _unsigned(o):
     """The ordered int32 keys as unsigned numbers of the same order (for radix digits)."""
     return (o ^ -2147483648).to(tl.uint32, bitcast=True)
@@ -223,15 +243,9 @@ def _row_select_kernel(  # noqa: PLR0917 (Triton kernels take positional argumen
 ):
     """The histogram passes and the collection of one row of at most ``T_PAD`` entries, its
     keys held in registers: the same threshold and picks as the segmented kernels."""
-    row = tl.program_id(0).to(tl.int64)
-    score_ptr += row * score_stride
-    allowed_ptr += row * entries
-    n_vis = 0
-    if MODE == 1:
-        n_vis = tl.load(n_vis_ptr + row)
-    idx = tl.arange(0, T_PAD)
-    inb = idx < entries
-    o = _ordered(score_ptr, idx, inb, _visible(n_vis, allowed_ptr, idx, inb, MODE))
+    row, _, _, idx, inb, o = _row_keys(
+        score_ptr, n_vis_ptr, allowed_ptr, entries, score_stride, MODE, T_PAD
+    )
     u = _unsigned(o)
     bins = tl.arange(0, 256)
     prefix = tl.zeros([], dtype=tl.uint32)
@@ -293,15 +307,9 @@ def _row_sort_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
 ):
     """A row of at most ``T_PAD`` entries: all its keys (the collect kernel's) sorted in
     descending order, the first k written as entry ids, -1 for entries it may not see."""
-    row = tl.program_id(0).to(tl.int64)
-    score_ptr += row * score_stride
-    allowed_ptr += row * entries
-    n_vis = 0
-    if MODE == 1:
-        n_vis = tl.load(n_vis_ptr + row)
-    idx = tl.arange(0, T_PAD)
-    inb = idx < entries
-    o = _ordered(score_ptr, idx, inb, _visible(n_vis, allowed_ptr, idx, inb, MODE))
+    row, allowed_ptr, n_vis, idx, inb, o = _row_keys(
+        score_ptr, n_vis_ptr, allowed_ptr, entries, score_stride, MODE, T_PAD
+    )
     keys = (o.to(tl.int64) << 32) | (entries - 1 - idx).to(tl.int64)
     keys = tl.sort(tl.where(inb, keys, -9223372036854775808), descending=True)
     ids = (entries - 1) - (keys & 0xFFFFFFFF)
