@@ -20,6 +20,7 @@ from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.verify_windows import (
     store_prev,
+    verify_phase,
     verify_windows,
     write_verify_entries,
 )
@@ -158,7 +159,7 @@ class Compressor(nn.Module):
         (capturable): each row's candidate windows pooled in one op, those that close written
         (:mod:`.verify_windows`)."""
         pool = rows.pool
-        score = score + self.ape[positions % self.ratio]
+        score = score + self.ape[verify_phase(rows)]
         windows = verify_windows(rows, kv, score)
         prev_kv = prev_score = None
         if self.overlap:
@@ -169,7 +170,8 @@ class Compressor(nn.Module):
             store_prev(rows, windows.score, windows.count, prev_score, pool.prev_score_buf)
         pooled = ops.compress(windows.kv, windows.score, prev_kv, prev_score, self.overlap)
         assert pool.pages is not None
-        cos, sin = rotary.cos_sin(windows.entry * self.ratio)
+        key = ("verify entry angles", self.ratio, id(rotary))  # alike for the ratio's layers
+        cos, sin = rows.step_memo.get(key, lambda: rotary.cos_sin(windows.entry * self.ratio))
         entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, W, D]
         return write_verify_entries(rows, windows, entries)
 

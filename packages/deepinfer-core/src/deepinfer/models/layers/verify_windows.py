@@ -31,47 +31,64 @@ class VerifyWindows:
     count: Tensor  # [B] windows that close
 
 
+@dataclass
+class _Plan:
+    """What every compressor of one ratio computes alike in a pass (``step_memo``)."""
+
+    closes: Tensor  # [B, W] bool: the window completes within the row's real tokens
+    entry: Tensor  # [B, W] the entry each window makes
+    source: Tensor  # [B, W, r] each window row's source among [open window ; new tokens]
+    open_slots: Tensor  # [B, T] the slot whose open window a token fills (0: the padding's)
+    count: Tensor  # [B] windows that close
+
+
+def verify_phase(rows: CompressorRows) -> Tensor:
+    """[B, T] each token's phase in its window (position mod ratio), once a pass and ratio."""
+    tokens, r = rows.tokens, rows.ratio
+    assert tokens is not None
+    return rows.step_memo.get(("verify phase", r), lambda: tokens.positions % r)
+
+
 def verify_windows(rows: CompressorRows, kv: Tensor, score: Tensor) -> VerifyWindows:
     """Put the new projections ``kv``/``score`` [B, T, width] into each row's open window and
     (with rollback slack) history ring, and return the row's candidate windows."""
     tokens, pool, r = rows.tokens, rows.pool, rows.ratio
     assert tokens is not None
     plan = rows.step_memo.get(("verify windows", r), lambda: _plan(tokens, r))
-    offset, closes, entry, source = plan
     if pool.hist_kv_buf is not None:  # position p at row p % keep, as the decode pass writes
         assert pool.hist_score_buf is not None
         keep = pool.hist_kv_buf.shape[1]
-        pool.hist_kv_buf[tokens.slots, tokens.positions % keep] = kv
-        pool.hist_score_buf[tokens.slots, tokens.positions % keep] = score
+        ring = rows.step_memo.get(("verify ring rows", keep), lambda: tokens.positions % keep)
+        pool.hist_kv_buf[tokens.slots, ring] = kv
+        pool.hist_score_buf[tokens.slots, ring] = score
     if r == 1:  # every token is a whole window: nothing to buffer
         win_kv, win_score = kv[:, :, None], score[:, :, None]
     else:
         open_kv = pool.kv_buf.index_select(0, rows.slots)
         open_score = pool.score_buf.index_select(0, rows.slots)
-        win_kv = _gather(torch.cat((open_kv, kv), dim=1), source)
-        win_score = _gather(torch.cat((open_score, score), dim=1), source)
-        # The window left open: the row's last real tokens, one per phase.
-        last = tokens.real & (offset >= tokens.lengths[:, None] - r)
-        slots = torch.where(last, tokens.slots, 0)
-        pool.kv_buf[slots, tokens.positions % r] = kv
-        pool.score_buf[slots, tokens.positions % r] = score
-    return VerifyWindows(win_kv, win_score, closes, entry, closes.sum(dim=1))
+        win_kv = _gather(torch.cat((open_kv, kv), dim=1), plan.source)
+        win_score = _gather(torch.cat((open_score, score), dim=1), plan.source)
+        phase = verify_phase(rows)
+        pool.kv_buf[plan.open_slots, phase] = kv
+        pool.score_buf[plan.open_slots, phase] = score
+    return VerifyWindows(win_kv, win_score, plan.closes, plan.entry, plan.count)
 
 
-def _plan(tokens: SlotTokens, r: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(each token's offset in its row [B, T], which candidate windows close [B, W], their
-    entries [B, W], each window row's source among [open window ; new tokens] [B, W, r])."""
+def _plan(tokens: SlotTokens, r: int) -> _Plan:
+    """The windows of a pass's rows at ratio ``r`` (:class:`_Plan`)."""
     t = tokens.positions.shape[1]
     device = tokens.positions.device
     offset = torch.arange(t, device=device).expand_as(tokens.positions)
     start = tokens.positions[:, :1]  # [B, 1]: the row's first position (padding: 0)
     ends = (r - 1 - start) % r + r * torch.arange(-(-t // r), device=device)  # [B, W]
     closes = ends < tokens.lengths[:, None]
-    entry = (start + ends) // r
     at = (start + ends)[..., None] - (r - 1) + torch.arange(r, device=device)  # positions
     new = at - start[..., None]  # offset among the new tokens (< 0: before the step)
     source = torch.where(new >= 0, r + new.clamp(max=t - 1), at % r)
-    return offset, closes, entry, source
+    # The window left open: the row's last real tokens, one per phase.
+    last = tokens.real & (offset >= tokens.lengths[:, None] - r)
+    open_slots = torch.where(last, tokens.slots, 0)
+    return _Plan(closes, (start + ends) // r, source, open_slots, closes.sum(dim=1))
 
 
 def _gather(rows: Tensor, source: Tensor) -> Tensor:
@@ -88,10 +105,13 @@ def store_prev(
     width], ``count`` [B] completed) in ``buf``, where the next window's overlap reads it; a
     row that completed none keeps ``prev``."""
     half = prev.shape[-1]
-    last = (count - 1).clamp(min=0)
-    b = torch.arange(last.shape[0], device=last.device)
-    done = windows[b, last, :, :half]
-    buf[rows.slots] = torch.where((count > 0)[:, None, None], done, prev)
+
+    def pick() -> tuple[Tensor, Tensor, Tensor]:  # alike for every compressor of the ratio
+        last = (count - 1).clamp(min=0)
+        return torch.arange(last.shape[0], device=last.device), last, (count > 0)[:, None, None]
+
+    b, last, completed = rows.step_memo.get(("verify last window", rows.ratio), pick)
+    buf[rows.slots] = torch.where(completed, windows[b, last, :, :half], prev)
 
 
 def write_verify_entries(rows: CompressorRows, windows: VerifyWindows, new: Tensor) -> PagedEntries:
