@@ -166,8 +166,10 @@ class Compressor(nn.Module):
             assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
             prev_kv = pool.prev_kv_buf.index_select(0, rows.slots)
             prev_score = pool.prev_score_buf.index_select(0, rows.slots)
-            store_prev(rows, windows.kv, windows.count, prev_kv, pool.prev_kv_buf)
-            store_prev(rows, windows.score, windows.count, prev_score, pool.prev_score_buf)
+            store_prev(rows, windows.kv, windows.plan.last_closed, prev_kv, pool.prev_kv_buf)
+            store_prev(
+                rows, windows.score, windows.plan.last_closed, prev_score, pool.prev_score_buf
+            )
         pooled = ops.compress(windows.kv, windows.score, prev_kv, prev_score, self.overlap)
         assert pool.pages is not None
         key = ("verify entry angles", self.ratio, id(rotary))  # alike for the ratio's layers

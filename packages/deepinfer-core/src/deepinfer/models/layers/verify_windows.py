@@ -11,6 +11,7 @@ the pass is capturable.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,13 +27,21 @@ class VerifyWindows:
 
     kv: Tensor  # [B, W, ratio, width]: complete or not
     score: Tensor
-    closes: Tensor  # [B, W] bool: the window completes within the row's real tokens
-    entry: Tensor  # [B, W] the entry each window makes
-    count: Tensor  # [B] windows that close
+    plan: Plan  # which windows close, their entries: alike for the ratio's compressors
+
+    @property
+    def closes(self) -> Tensor:
+        """[B, W] bool: the window completes within the row's real tokens."""
+        return self.plan.closes
+
+    @property
+    def entry(self) -> Tensor:
+        """[B, W] the entry each window makes."""
+        return self.plan.entry
 
 
 @dataclass
-class _Plan:
+class Plan:
     """What every compressor of one ratio computes alike in a pass (``step_memo``)."""
 
     closes: Tensor  # [B, W] bool: the window completes within the row's real tokens
@@ -40,6 +49,13 @@ class _Plan:
     source: Tensor  # [B, W, r] each window row's source among [open window ; new tokens]
     open_slots: Tensor  # [B, T] the slot whose open window a token fills (0: the padding's)
     count: Tensor  # [B] windows that close
+
+    @functools.cached_property
+    def last_closed(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows [B], each row's last closing window [B], whether it has one [B, 1, 1]): made
+        once, for the compressors that keep the previous window's half (:func:`store_prev`)."""
+        rows = torch.arange(self.count.shape[0], device=self.count.device)
+        return rows, (self.count - 1).clamp(min=0), (self.count > 0)[:, None, None]
 
 
 def verify_phase(rows: CompressorRows) -> Tensor:
@@ -71,11 +87,11 @@ def verify_windows(rows: CompressorRows, kv: Tensor, score: Tensor) -> VerifyWin
         phase = verify_phase(rows)
         pool.kv_buf[plan.open_slots, phase] = kv
         pool.score_buf[plan.open_slots, phase] = score
-    return VerifyWindows(win_kv, win_score, plan.closes, plan.entry, plan.count)
+    return VerifyWindows(win_kv, win_score, plan)
 
 
-def _plan(tokens: SlotTokens, r: int) -> _Plan:
-    """The windows of a pass's rows at ratio ``r`` (:class:`_Plan`)."""
+def _plan(tokens: SlotTokens, r: int) -> Plan:
+    """The windows of a pass's rows at ratio ``r`` (:class:`Plan`)."""
     t = tokens.positions.shape[1]
     device = tokens.positions.device
     offset = torch.arange(t, device=device).expand_as(tokens.positions)
@@ -88,7 +104,7 @@ def _plan(tokens: SlotTokens, r: int) -> _Plan:
     # The window left open: the row's last real tokens, one per phase.
     last = tokens.real & (offset >= tokens.lengths[:, None] - r)
     open_slots = torch.where(last, tokens.slots, 0)
-    return _Plan(closes, (start + ends) // r, source, open_slots, closes.sum(dim=1))
+    return Plan(closes, (start + ends) // r, source, open_slots, closes.sum(dim=1))
 
 
 def _gather(rows: Tensor, source: Tensor) -> Tensor:
@@ -99,19 +115,17 @@ def _gather(rows: Tensor, source: Tensor) -> Tensor:
 
 
 def store_prev(
-    rows: CompressorRows, windows: Tensor, count: Tensor, prev: Tensor, buf: Tensor
+    rows: CompressorRows,
+    windows: Tensor,
+    last_closed: tuple[Tensor, Tensor, Tensor],
+    prev: Tensor,
+    buf: Tensor,
 ) -> None:
     """Keep the first half of each row's last completed window (of ``windows`` [B, W, r,
-    width], ``count`` [B] completed) in ``buf``, where the next window's overlap reads it; a
-    row that completed none keeps ``prev``."""
-    half = prev.shape[-1]
-
-    def pick() -> tuple[Tensor, Tensor, Tensor]:  # alike for every compressor of the ratio
-        last = (count - 1).clamp(min=0)
-        return torch.arange(last.shape[0], device=last.device), last, (count > 0)[:, None, None]
-
-    b, last, completed = rows.step_memo.get(("verify last window", rows.ratio), pick)
-    buf[rows.slots] = torch.where(completed, windows[b, last, :, :half], prev)
+    width], at :attr:`Plan.last_closed`) in ``buf``, where the next window's overlap
+    reads it; a row that completed none keeps ``prev``."""
+    b, last, completed = last_closed
+    buf[rows.slots] = torch.where(completed, windows[b, last, :, : prev.shape[-1]], prev)
 
 
 def write_verify_entries(rows: CompressorRows, windows: VerifyWindows, new: Tensor) -> PagedEntries:
