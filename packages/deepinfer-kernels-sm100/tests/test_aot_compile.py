@@ -45,7 +45,7 @@ import torch
 if TYPE_CHECKING:
     from triton.runtime.jit import JITFunction
 
-# About 30 s of compiling per target, in the module fixture: one xdist worker builds it.
+# Minutes of compiling, in the module fixture: the group keeps it on one xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("aot_compile")]
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "deepinfer_kernels_sm100"
