@@ -176,7 +176,8 @@ class CompressorState:
         if n <= buf.shape[1]:
             return
         grown = buf.new_empty(buf.shape[0], n, buf.shape[2])  # exact: the pool charges T rows
-        grown[:, : self.count] = buf[:, : self.count]
+        if self.count:
+            grown[:, : self.count] = buf[:, : self.count]
         self.entries_buf = grown
 
     @property
@@ -186,7 +187,8 @@ class CompressorState:
 
     @buf_kv.setter
     def buf_kv(self, value: Tensor) -> None:
-        self.kv_buf[:, : value.shape[1]] = value
+        if value.shape[1]:  # a chunk that ends on a window's end leaves nothing open
+            self.kv_buf[:, : value.shape[1]] = value
         self.fill = value.shape[1]
 
     @property
@@ -195,7 +197,8 @@ class CompressorState:
 
     @buf_score.setter
     def buf_score(self, value: Tensor) -> None:
-        self.score_buf[:, : value.shape[1]] = value
+        if value.shape[1]:
+            self.score_buf[:, : value.shape[1]] = value
         self.fill = value.shape[1]
 
     @property

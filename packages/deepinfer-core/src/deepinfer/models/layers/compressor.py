@@ -283,8 +283,9 @@ def close_windows(
     (kept for rollback and recorded at marks on the way) and return the windows that closed,
     [B, n, ratio, width] each, or None; the rest stays open in the state's buffers."""
     state.remember(kv, score)
-    kv = torch.cat((state.buf_kv, kv), dim=1)
-    score = torch.cat((state.buf_score, score), dim=1)
+    if state.fill:  # a fresh state's chunk starts a window: nothing to join it to
+        kv = torch.cat((state.buf_kv, kv), dim=1)
+        score = torch.cat((state.buf_score, score), dim=1)
     state.capture(kv, score)
     b, total, width = kv.shape
     r = state.ratio

@@ -48,7 +48,8 @@ def chunk_window(
 
     key = ("chunk window", start, s, ring.capacity, ring.window, window)
     past, written, index = memo.get(key, plan)
-    keys = torch.cat((ring.kv[:, past].to(kv.dtype), kv), dim=1)
+    # A fresh state's first chunk has no past rows (start is host-known): its keys are its own.
+    keys = torch.cat((ring.kv[:, past].to(kv.dtype), kv), dim=1) if start else kv
     ring.write(kv, start, written)
     return keys, index
 
