@@ -187,9 +187,7 @@ class CompressorState:
 
     @buf_kv.setter
     def buf_kv(self, value: Tensor) -> None:
-        if value.shape[1]:  # a chunk that ends on a window's end leaves nothing open
-            self.kv_buf[:, : value.shape[1]] = value
-        self.fill = value.shape[1]
+        self._set_open(self.kv_buf, value)
 
     @property
     def buf_score(self) -> Tensor:
@@ -197,8 +195,12 @@ class CompressorState:
 
     @buf_score.setter
     def buf_score(self, value: Tensor) -> None:
-        if value.shape[1]:
-            self.score_buf[:, : value.shape[1]] = value
+        self._set_open(self.score_buf, value)
+
+    def _set_open(self, buf: Tensor, value: Tensor) -> None:
+        """Hold ``value`` [B, fill, width] as the open window in ``buf``."""
+        if value.shape[1]:  # a chunk that ends on a window's end leaves nothing open
+            buf[:, : value.shape[1]] = value
         self.fill = value.shape[1]
 
     @property

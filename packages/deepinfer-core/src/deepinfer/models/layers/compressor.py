@@ -20,6 +20,7 @@ from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.verify_windows import (
     store_prev,
+    verify_entry_angles,
     verify_phase,
     verify_windows,
     write_verify_entries,
@@ -172,8 +173,7 @@ class Compressor(nn.Module):
             )
         pooled = ops.compress(windows.kv, windows.score, prev_kv, prev_score, self.overlap)
         assert pool.pages is not None
-        key = ("verify entry angles", self.ratio, id(rotary))  # alike for the ratio's layers
-        cos, sin = rows.step_memo.get(key, lambda: rotary.cos_sin(windows.entry * self.ratio))
+        cos, sin = verify_entry_angles(rows, windows, rotary)
         entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, W, D]
         return write_verify_entries(rows, windows, entries)
 

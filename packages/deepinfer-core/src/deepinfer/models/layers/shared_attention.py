@@ -24,7 +24,7 @@ from deepinfer.models.layers.compressor import (
 )
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.shared_compressor import SharedCompressor
-from deepinfer.models.layers.verify_windows import write_verify_entries
+from deepinfer.models.layers.verify_windows import verify_entry_angles, write_verify_entries
 from deepinfer.models.layers.visibility import visible_mask
 from deepinfer.models.layouts import RaggedRows, SlotRows
 from deepinfer.models.ragged_plan import ScoreGroup, by_score_group, group_entries
@@ -130,7 +130,7 @@ class SharedAttention(MQA):
         assert self.compressor is not None and self.indexer is not None
         assert rows.compressor is not None and rows.indexer is not None
         latents, windows = self.compressor.forward_verify(ops, x, rows.compressor)
-        cos, sin = rotary.cos_sin(windows.entry * self.ratio)
+        cos, sin = verify_entry_angles(rows.compressor, windows, rotary)
         keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
         entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
         shared.entries[self.layer_id] = write_verify_entries(rows.compressor, windows, entries)

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from deepinfer.models.layouts import CompressorRows, SlotTokens
 from deepinfer.paging import PagedEntries
+
+if TYPE_CHECKING:
+    from deepinfer.models.layers.rope import Rotary
 
 
 @dataclass
@@ -63,6 +67,15 @@ def verify_phase(rows: CompressorRows) -> Tensor:
     tokens, r = rows.tokens, rows.ratio
     assert tokens is not None
     return rows.step_memo.get(("verify phase", r), lambda: tokens.positions % r)
+
+
+def verify_entry_angles(
+    rows: CompressorRows, windows: VerifyWindows, rotary: Rotary
+) -> tuple[Tensor, Tensor]:
+    """(cos, sin) of each candidate window's entry position [B, W]: the same for every layer of
+    the ratio (the plan is), so made once a pass and shared by compressors and KV sources."""
+    key = ("verify entry angles", rows.ratio, id(rotary))
+    return rows.step_memo.get(key, lambda: rotary.cos_sin(windows.entry * rows.ratio))
 
 
 def verify_windows(rows: CompressorRows, kv: Tensor, score: Tensor) -> VerifyWindows:
