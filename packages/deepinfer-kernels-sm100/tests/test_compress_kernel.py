@@ -67,6 +67,9 @@ def test_matches_reference(case: tuple[int, int, int, int, bool, bool]) -> None:
     else:
         exact = (score.double().softmax(dim=2) * kv.double()).sum(dim=2)
     torch.testing.assert_close(got.double(), exact, atol=1e-6, rtol=1e-5)
+    # Stored as bf16 (the entries' type) the pooled values are rounded as ``Tensor.to`` does.
+    low = softmax_pool(*dev, overlap, dtype=torch.bfloat16).cpu()
+    assert low.dtype == torch.bfloat16 and torch.equal(low, got.to(torch.bfloat16))
 
 
 def test_strided_windows() -> None:
@@ -117,8 +120,8 @@ class _UnfusedKernels(TorchBackend):
     """The reference's torch ops around the pooling kernel: the decode path before the fused
     kernel, whose arithmetic the fused kernel must keep."""
 
-    def compress(self, kv, score, prev_kv, prev_score, overlap):
-        return softmax_pool(kv, score, prev_kv, prev_score, overlap)
+    def compress(self, kv, score, prev_kv, prev_score, overlap, *, dtype=torch.float32):
+        return softmax_pool(kv, score, prev_kv, prev_score, overlap, dtype=dtype)
 
 
 @pytest.mark.parametrize(

@@ -243,10 +243,12 @@ class Sm100Backend(MoeOps, TorchBackend):
         prev_kv: Tensor | None,
         prev_score: Tensor | None,
         overlap: bool,
+        *,
+        dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         from deepinfer_kernels_sm100.compress import softmax_pool
 
-        return softmax_pool(kv, score, prev_kv, prev_score, overlap)
+        return softmax_pool(kv, score, prev_kv, prev_score, overlap, dtype=dtype)
 
     def indexer_scores(
         self, q: Tensor, keys: Tensor | PagedEntries, weights: Tensor, weight_scale: float = 1.0

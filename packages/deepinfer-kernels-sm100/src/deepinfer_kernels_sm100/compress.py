@@ -79,7 +79,7 @@ def _softmax_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     score_ptr,  # [B, n, r, c * dim] fp32, last dimension contiguous, the strides below
     prev_kv_ptr,
     prev_score_ptr,  # [B, r, dim], contiguous: window -1's first halves (HAS_PREV)
-    out_ptr,  # [B, n, dim] fp32
+    out_ptr,  # [B, n, dim]: fp32 or the entries' dtype (rounded once)
     n,
     r,
     dim,
@@ -90,6 +90,7 @@ def _softmax_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
     HAS_PREV: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    EMULATE: tl.constexpr,  # the interpreter's casts truncate: round in fp32 first
 ):
     row = tl.program_id(0)  # b * n + i
     b = row // n
@@ -119,7 +120,7 @@ def _softmax_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
             v0 = tl.where(
                 first, tl.load(prev_kv_ptr + carried, mask=first, other=0.0).to(tl.float32), v0
             )
-    tl.store(out_ptr + row * dim + c, _pool_window(s, v, s0, v0, OVERLAP), mask=c < dim)
+    store_rounded(out_ptr + row * dim + c, _pool_window(s, v, s0, v0, OVERLAP), c < dim, EMULATE)
 
 
 def softmax_pool(
@@ -128,12 +129,15 @@ def softmax_pool(
     prev_kv: Tensor | None,
     prev_score: Tensor | None,
     overlap: bool,
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """:meth:`deepinfer.backends.base.Backend.compress`: ``kv``/``score`` [B, n, r, c * D] fp32
-    (c = 2 with ``overlap``), ``prev_kv``/``prev_score`` [B, r, D] or None -> [B, n, D] fp32."""
+    (c = 2 with ``overlap``), ``prev_kv``/``prev_score`` [B, r, D] or None -> [B, n, D],
+    pooled in fp32 and stored as ``dtype`` (round to nearest even, as ``Tensor.to``)."""
     b, n, r, width = kv.shape
     dim = width // 2 if overlap else width
-    out = torch.empty(b, n, dim, dtype=torch.float32, device=kv.device)
+    out = torch.empty(b, n, dim, dtype=dtype, device=kv.device)
     if out.numel() == 0:
         return out
     if kv.stride() != score.stride() or kv.stride(-1) != 1:
@@ -163,6 +167,7 @@ def softmax_pool(
         HAS_PREV=has_prev,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
+        EMULATE=EMULATE_CAST,
         **NO_FMA,
     )
     return out

@@ -269,13 +269,16 @@ class Backend(TokenOps):
         prev_kv: Tensor | None,
         prev_score: Tensor | None,
         overlap: bool,
+        *,
+        dtype: torch.dtype = torch.float32,
     ) -> Tensor:
         """Softmax-pool complete windows into compressed entries (before norm and RoPE).
 
         ``kv``/``score`` [B, n, r, c*D] fp32 with the position bias already in ``score``. With
         ``overlap`` (c = 2) entry w pools the first half of window w-1 and the second half of
         window w; ``prev_kv``/``prev_score`` [B, r, D] supply window -1 (None: no such window).
-        Returns [B, n, D] fp32."""
+        Returns [B, n, D] pooled in fp32 and rounded to ``dtype`` (the entries' storage type:
+        a kernel stores them so, with no cast of its own)."""
 
     def compress_slots(  # noqa: PLR0917
         self,

@@ -170,8 +170,10 @@ class TorchBackend(Backend):
         prev_kv: Tensor | None,
         prev_score: Tensor | None,
         overlap: bool,
+        *,
+        dtype: torch.dtype = torch.float32,
     ) -> Tensor:
-        return pool_windows(kv, score, prev_kv, prev_score, overlap)
+        return pool_windows(kv, score, prev_kv, prev_score, overlap).to(dtype)
 
     def indexer_topk(  # noqa: PLR0917
         self,

@@ -64,6 +64,7 @@ class PageTable:
         self._free = list(range(self.num_pages, 0, -1))  # popped from the end: lowest first
         self._owned: dict[int, list[int]] = {}
         self._refs: dict[int, int] = {}  # page -> slots and cached blocks that refer to it
+        self._rows_memo: dict[int, tuple[tuple, Tensor]] = {}  # see _flat_rows
         #: Frees cached pages when the list runs dry: drops one cached block (the least
         #: recently used that holds a page), False when none is left.
         self.reclaim: Callable[[], bool] | None = None
@@ -178,14 +179,31 @@ class PageTable:
         return flat[start - first * rows : stop - first * rows][None]
 
     def write(self, pages: Tensor, slot: int, start: int, values: Tensor) -> None:
-        """Put ``values`` [1, n, D] at entries ``start..`` of ``slot`` (pages already held)."""
-        rows, owned = pages.shape[1], self._owned[slot]
-        done, n = 0, values.shape[1]
-        while done < n:
-            page, row = divmod(start + done, rows)
-            take = min(rows - row, n - done)
-            pages[owned[page], row : row + take] = values[0, done : done + take]
-            done += take
+        """Put ``values`` [1, n, D] at entries ``start..`` of ``slot`` (pages already held):
+        a slice of one page, or one indexed copy over every page the entries span (a long
+        chunk spans one page per ``128 / ratio`` entries, one entry a page at ratio 128)."""
+        rows, n = pages.shape[1], values.shape[1]
+        page, row = divmod(start, rows)
+        if not n:  # nothing finished (``page`` may not be held yet)
+            return
+        if row + n <= rows:
+            pages[self._owned[slot][page], row : row + n] = values[0]
+        else:
+            pages.flatten(0, 1).index_copy_(0, self._flat_rows(slot, start, n, pages), values[0])
+
+    def _flat_rows(self, slot: int, start: int, n: int, pages: Tensor) -> Tensor:
+        """Rows of ``pages.flatten(0, 1)`` holding entries ``start:start + n`` of ``slot``;
+        the last made for each page size is kept, since every compressor of a ratio writes
+        the same entries of a chunk."""
+        rows = pages.shape[1]
+        first, last = start // rows, (start + n - 1) // rows
+        key = (start, n, tuple(self._owned[slot][first : last + 1]), pages.device)
+        held = self._rows_memo.get(rows)
+        if held is None or held[0] != key:
+            base = torch.tensor(key[2]) * rows
+            flat = (base[:, None] + torch.arange(rows)).flatten()[start - first * rows :][:n]
+            held = self._rows_memo[rows] = (key, to_device(flat, pages.device))
+        return held[1]
 
     def rows_view(
         self, pages: Tensor, slots: Tensor, limit: int, counts: Tensor | None = None

@@ -158,13 +158,16 @@ class CompressorState:
         pages, table = self._pages()
         return table.read(pages, self.slot, first, self.count)
 
-    def append_entries(self, new: Tensor) -> None:
-        """Append ``new`` [B, n, D] after the existing entries."""
-        end = self.count + new.shape[1]
-        if self.entries_buf is None:
+    def append_entries(self, new: Tensor, *, owned: bool = False) -> None:
+        """Append ``new`` [B, n, D] after the existing entries. ``owned``: nothing else holds
+        ``new``, so a state with no entries that must grow its buffer takes ``new`` as it."""
+        end, buf = self.count + new.shape[1], self.entries_buf
+        if buf is None:
             self._pages()[1].ensure(self.slot, end * self.ratio)  # may move the pages
             pages, table = self._pages()
             table.write(pages, self.slot, self.count, new.to(pages.dtype))
+        elif owned and not self.count and end > buf.shape[1] and new.dtype == buf.dtype:
+            self.entries_buf = new.contiguous()  # a fresh state's first chunk: no copy
         else:
             self._reserve(end)
             self.entries_buf[:, self.count : end] = new

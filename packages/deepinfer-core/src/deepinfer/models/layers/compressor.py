@@ -95,14 +95,20 @@ class Compressor(nn.Module):
         if isinstance(state, RaggedCompressor):
             return self._forward_ragged(ops, kv[0], score[0], positions, rotary, state)
         memo, r = memo_of(state), self.ratio  # the same phases and angles in every layer
-        phase = memo.get(("span phase", id(positions), r), lambda: positions % r)
-        score = score + self.ape[phase]
+        # In place (fp32 both, the projection's own output): ``score`` stays a view beside
+        # ``kv`` with its strides, so the pooling kernel reads both where they are.
+        b, s, width = score.shape
+        if state.fill == 0 and s % r == 0:  # whole windows from a window's start: no gather
+            score.view(b, s // r, r, width).add_(self.ape)
+        else:
+            score.add_(self.ape[memo.get(("span phase", id(positions), r), lambda: positions % r)])
         windows = close_windows(state, kv, score)
         if windows is None:
             return state.entries
         win_kv, win_score = windows
         n = win_kv.shape[1]
-        pooled = ops.compress(win_kv, win_score, state.prev_kv, state.prev_score, self.overlap)
+        prev_kv, prev_score, dtype = state.prev_kv, state.prev_score, state.entry_dtype
+        pooled = ops.compress(win_kv, win_score, prev_kv, prev_score, self.overlap, dtype=dtype)
         if self.overlap:
             state.prev_kv = win_kv[:, -1, :, : self.dim]  # copied into the state's buffer
             state.prev_score = win_score[:, -1, :, : self.dim]
@@ -113,9 +119,9 @@ class Compressor(nn.Module):
             return rotary.cos_sin(torch.arange(first, first + n, device=x.device) * r)
 
         cos, sin = memo.get(("entry angles", id(rotary), r, first, n), angles)
-        entries = self.norm.rotated(ops, pooled.to(state.entry_dtype), cos, sin)
-        state.append_entries(entries)
-        return state.entries
+        entries = self.norm.rotated(ops, pooled, cos, sin)
+        state.append_entries(entries, owned=True)
+        return entries if first == 0 else state.entries  # no read back of what it just wrote
 
     def _forward_slots(  # noqa: PLR0917
         self,
@@ -171,10 +177,12 @@ class Compressor(nn.Module):
             store_prev(
                 rows, windows.score, windows.plan.last_closed, prev_score, pool.prev_score_buf
             )
-        pooled = ops.compress(windows.kv, windows.score, prev_kv, prev_score, self.overlap)
         assert pool.pages is not None
+        pooled = ops.compress(
+            windows.kv, windows.score, prev_kv, prev_score, self.overlap, dtype=pool.pages.dtype
+        )
         cos, sin = verify_entry_angles(rows, windows, rotary)
-        entries = self.norm.rotated(ops, pooled.to(pool.pages.dtype), cos, sin)  # [B, W, D]
+        entries = self.norm.rotated(ops, pooled, cos, sin)  # [B, W, D]
         return write_verify_entries(rows, windows, entries)
 
     def _forward_ragged(  # noqa: PLR0917
@@ -189,19 +197,22 @@ class Compressor(nn.Module):
         """The projections [N, c*D] of a ragged pass's spans' new tokens: every completed
         window of every span pooled in one op, its entry written by index; returns every
         span's entries."""
-        score = score + self.ape[positions % self.ratio]
+        r, memo = self.ratio, comp.meta.step_memo  # phases and angles alike for the ratio
+        phase = memo.get(("ragged phase", id(positions), r), lambda: positions % r)
+        score = score + self.ape[phase]
         windows = ragged_windows(comp, kv, score, self.dim if self.overlap else 0)
         if windows.plan.num_windows:
+            assert comp.pool.pages is not None
             pooled = ops.compress(
                 windows.kv[:, None],
                 windows.score[:, None],
                 windows.prev_kv,
                 windows.prev_score,
                 self.overlap,
+                dtype=comp.pool.pages.dtype,
             )
-            assert comp.pool.pages is not None
-            cos, sin = rotary.cos_sin(windows.plan.entry[:, None] * self.ratio)
-            entries = self.norm.rotated(ops, pooled.to(comp.pool.pages.dtype), cos, sin)
+            cos, sin = ragged_entry_angles(comp, windows.plan, rotary)
+            entries = self.norm.rotated(ops, pooled, cos, sin)
             write_ragged_entries(comp, windows.plan, entries)
         return ragged_entries(comp, windows.plan)
 
@@ -250,6 +261,15 @@ def ragged_windows(comp: RaggedCompressor, kv: Tensor, score: Tensor, half: int)
         pool.hist_kv_buf[kept.slots, kept.rows] = kv[kept.tokens]
         pool.hist_score_buf[kept.slots, kept.rows] = score[kept.tokens]
     return RaggedWindows(plan, win_kv, win_score, prev_kv, prev_score)
+
+
+def ragged_entry_angles(
+    comp: RaggedCompressor, plan: ClosePlan, rotary: Rotary
+) -> tuple[Tensor, Tensor]:
+    """(cos, sin) [W, 1, r/2] of a ragged step's completed windows' entry positions: the same
+    for every layer of the ratio, so made once a pass (compressors and KV sources alike)."""
+    key = ("ragged entry angles", comp.ratio, id(rotary))
+    return comp.meta.step_memo.get(key, lambda: rotary.cos_sin(plan.entry[:, None] * comp.ratio))
 
 
 def write_ragged_entries(comp: RaggedCompressor, plan: ClosePlan, new: Tensor) -> None:

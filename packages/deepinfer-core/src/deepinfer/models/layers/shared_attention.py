@@ -19,6 +19,7 @@ from deepinfer.models.layers.attention import MQA, init_mqa
 from deepinfer.models.layers.candidate_indexer import LongRange, SharedIndexer, SharedKV
 from deepinfer.models.layers.compressor import (
     ragged_entries,
+    ragged_entry_angles,
     write_ragged_entries,
     write_slot_entries,
 )
@@ -145,7 +146,7 @@ class SharedAttention(MQA):
         assert rows.compressor is not None and rows.indexer is not None
         latents, plan = self.compressor.forward_ragged(ops, x, rows.compressor)
         if plan.num_windows:
-            cos, sin = rotary.cos_sin(plan.entry[:, None] * self.ratio)
+            cos, sin = ragged_entry_angles(rows.compressor, plan, rotary)
             keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
             entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
             write_ragged_entries(rows.compressor, plan, entries)

@@ -68,8 +68,8 @@ class SharedCompressor(nn.Module):
         windows = close_windows(state, kv, score)
         if windows is None:
             return kv.new_zeros(kv.shape[0], 0, self.dim).to(state.entry_dtype), first
-        pooled = ops.compress(*windows, None, None, False)
-        return self.norm(ops, pooled.to(state.entry_dtype)), first
+        pooled = ops.compress(*windows, None, None, False, dtype=state.entry_dtype)
+        return self.norm(ops, pooled), first
 
     def _project(self, ops: Backend, x: Tensor) -> tuple[Tensor, Tensor]:
         kv = self.wkv(ops, x)
@@ -98,9 +98,10 @@ class SharedCompressor(nn.Module):
         work (:mod:`.verify_windows`)."""
         kv, score = self._project(ops, x)
         windows = verify_windows(rows, kv, score)
-        pooled = ops.compress(windows.kv, windows.score, None, None, False)
         assert rows.pool.pages is not None
-        return self.norm(ops, pooled.to(rows.pool.pages.dtype)), windows
+        dtype = rows.pool.pages.dtype
+        pooled = ops.compress(windows.kv, windows.score, None, None, False, dtype=dtype)
+        return self.norm(ops, pooled), windows
 
     def forward_ragged(
         self, ops: Backend, x: Tensor, comp: RaggedCompressor
@@ -114,5 +115,7 @@ class SharedCompressor(nn.Module):
         dtype = comp.pool.pages.dtype
         if not windows.plan.num_windows:
             return kv.new_zeros(0, 1, self.dim).to(dtype), windows.plan
-        pooled = ops.compress(windows.kv[:, None], windows.score[:, None], None, None, False)
-        return self.norm(ops, pooled.to(dtype)), windows.plan
+        pooled = ops.compress(
+            windows.kv[:, None], windows.score[:, None], None, None, False, dtype=dtype
+        )
+        return self.norm(ops, pooled), windows.plan
