@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from _results import write_result
 from model_speed import hold_as_checkpoint
-from step_ab import midsize_config, pick_api, small_config, sync
+from step_ab import midsize_config, pick_api, prefill_slots, small_config, sync
 
 from deepinfer import plugins
 from deepinfer.assets import init_random_weights
@@ -146,6 +146,10 @@ def main() -> int:
         "--capture-warmups", type=int, nargs="+", default=None,
         help="also time a fresh graph set's first call under these CAPTURE_WARMUPS, in turn",
     )  # fmt: skip
+    ap.add_argument(
+        "--prefill-state", choices=("slot", "own"), default="slot",
+        help="a slot state with paged entries, as the engine's, or the model's own new_state",
+    )  # fmt: skip
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
@@ -161,12 +165,18 @@ def main() -> int:
     api = pick_api(model, "new")
     ids = torch.randint(3, args.top, (args.prefill_len,), device=args.device)
 
-    def prefill() -> None:
-        api.prefill(model, [ids], [model.new_state(1)])
+    slots = prefill_slots(model, args.prefill_len) if args.prefill_state == "slot" else None
+
+    def prefill() -> None:  # from a fresh state each call
+        state = model.new_state(1) if slots is None else slots.new_state()
+        api.prefill(model, [ids], [state])
+        if slots is not None:
+            slots.release(state)
 
     with torch.inference_mode():
         prefill_row: dict[str, Any] = {
             "tokens": args.prefill_len,
+            "state": args.prefill_state,
             **issue_and_wall(prefill, args.device, args.repeats),
         }
         if args.cprofile:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from _results import RESULTS, write_result
 from low_precision import FLASH_CONFIG, cut
-from step_ab import midsize_config
+from step_ab import midsize_config, prefill_slots
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer.assets import init_random_weights
@@ -157,6 +157,16 @@ def counting(counter: _Counter) -> Iterator[collections.Counter[str]]:
         InterpretedFunction.run = original  # type: ignore[method-assign]
 
 
+def skip_kernels() -> None:
+    """Launch the Triton kernels without running them (``--skip-kernels``): their outputs stay
+    unwritten, which changes no launch, since the passes counted here make no host decision on
+    a kernel's values; a 4k-token prefill is then counted in seconds, not a quarter of an hour.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    InterpretedFunction.run = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
+
+
 def kernel_ops() -> Any:
     """The ``sm100`` backend bound to the CPU, its kernels interpreted (no GPU check)."""
     from deepinfer_kernels_sm100.backend import Sm100Backend
@@ -231,17 +241,21 @@ def count_step(
     )
 
 
-def count_prefill(cfg: ModelConfig, tokens: int, where: bool, dtype: torch.dtype) -> dict[str, Any]:
+def count_prefill(
+    cfg: ModelConfig, tokens: int, where: bool, dtype: torch.dtype, state: str = "slot"
+) -> dict[str, Any]:
     """Launches of one prefill chunk of ``tokens`` from a fresh state: the chunk's kernels are
     issued by the host one by one (no CUDA graph), so on a GPU their count sets its host time
-    (``host_time.py``)."""
+    (``host_time.py``). ``state``: ``slot``, a slot with paged entries as the engine's states
+    are, or ``own``, the model's ``new_state`` (entries in a buffer of their own)."""
     model = build(cfg, dtype)
     ids = torch.randint(3, cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    fresh = model.new_state(1) if state == "own" else prefill_slots(model, tokens).new_state()
 
     def prefill() -> None:
-        model(ForwardBatch.of(ids, model.new_state(1), num_logits=1))
+        model(ForwardBatch.of(ids, fresh, num_logits=1))
 
-    return counted_layers(model, prefill, where, {"prefill_tokens": tokens})
+    return counted_layers(model, prefill, where, {"prefill_tokens": tokens, "state": state})
 
 
 def main() -> int:
@@ -255,8 +269,15 @@ def main() -> int:
     ap.add_argument(
         "--prefill", type=int, nargs="+", default=[], help="also count prefill chunks of N tokens"
     )
+    ap.add_argument(
+        "--prefill-state", choices=("slot", "own"), default="slot",
+        help="prefill into a slot with paged entries (the engine's) or the model's new_state",
+    )  # fmt: skip
+    ap.add_argument("--skip-kernels", action="store_true", help="see skip_kernels")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.skip_kernels:
+        skip_kernels()
     result: dict[str, Any] = {
         "note": (
             "kernels of one decode step's layers (rows with prefill_tokens: one prefill chunk's "
@@ -265,13 +286,14 @@ def main() -> int:
             "scores take their portable paths"
         ),
         "dtype": args.dtype,
+        "kernels_run": not args.skip_kernels,
         "models": {},
     }
     for name in args.models:
         cfg = MODELS[name]()
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         rows = [count_step(cfg, b, args.prompt_len, args.where, dtype) for b in args.batches]
-        rows += [count_prefill(cfg, n, args.where, dtype) for n in args.prefill]
+        rows += [count_prefill(cfg, n, args.where, dtype, args.prefill_state) for n in args.prefill]
         result["models"][name] = {"layers": cfg.num_hidden_layers, "rows": rows}
         for row in rows:
             what = f"batch {row['batch']}" if "batch" in row else f"prefill {row['prefill_tokens']}"

@@ -72,6 +72,7 @@ from step_ab import (
     free_memory,
     midsize_config,
     pick_api,
+    prefill_slots,
     small_config,
     sync,
     time_decode,
@@ -607,8 +608,9 @@ def prefill_row(
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     reason = None
+    slots = prefill_slots(model, tokens) if run.prefill_state == "slot" else None
     try:
-        times = time_prefill(model, api, ids, run.prefill_reps, device)
+        times = time_prefill(model, api, ids, run.prefill_reps, device, slots)
     except torch.cuda.OutOfMemoryError as exc:
         reason = f"out of memory: {str(exc).splitlines()[0]}"
     if reason is not None:  # freed here, once the exception no longer holds the frames
@@ -616,12 +618,18 @@ def prefill_row(
         return {"tokens": tokens, "skipped": reason}
     row = prefill_figures(fp, tokens, statistics.median(times), rates)
     row["s_all"] = [round(t, 4) for t in times]
+    row["state"] = run.prefill_state
     if cuda:
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     if run.profile:
-        row["profile"] = profile_calls(
-            lambda: api.prefill(model, [ids], [model.new_state(1)]), 1, device, run.kernel_sequence
-        )
+
+        def prefill() -> None:  # from a fresh state each call, as timed
+            state = model.new_state(1) if slots is None else slots.new_state()
+            api.prefill(model, [ids], [state])
+            if slots is not None:
+                slots.release(state)
+
+        row["profile"] = profile_calls(prefill, 1, device, run.kernel_sequence)
     free_memory(device)
     print(f"  prefill {tokens}: {row['tok_per_s']} tok/s, MFU {row['mfu']}", file=sys.stderr)
     return row
@@ -973,6 +981,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--kernel-sequence", action="store_true",
         help="profiles also list one step's kernels in order (a GPU only)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prefill-state", choices=("slot", "own"), default="slot",
+        help="prefill into a slot state with paged entries, as the engine does, or the "
+        "model's own new_state (the figures before this option)",
     )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="default: results/model_speed_*.json")

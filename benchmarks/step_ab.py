@@ -252,22 +252,45 @@ def midsize_config() -> ModelConfig:
 # -- midsize --------------------------------------------------------------------------------------
 
 
-def time_prefill(
-    model: DeepseekV4ForCausalLM, api: StepApi, ids: Tensor, reps: int, device: str
+def time_prefill(  # noqa: PLR0917
+    model: DeepseekV4ForCausalLM,
+    api: StepApi,
+    ids: Tensor,
+    reps: int,
+    device: str,
+    slots: Any = None,
 ) -> list[float]:
     """Seconds of one prefill of ``ids`` [S] from a fresh state, ``reps`` times after a warm-up
-    (the first call pays for kernel compilation and allocator growth)."""
+    (the first call pays for kernel compilation and allocator growth). With ``slots``
+    (:func:`prefill_slots`) the state is a slot of them, as the engine's are (entries in
+    pages); else the model's own ``new_state``."""
     times = []
     for rep in range(reps + 1):
-        state = model.new_state(1)
+        state = model.new_state(1) if slots is None else slots.new_state()
         sync(device)
         start = time.perf_counter()
         api.prefill(model, [ids], [state])
         sync(device)
         if rep:
             times.append(time.perf_counter() - start)
+        if slots is not None:
+            slots.release(state)
         del state
     return times
+
+
+def prefill_slots(model: DeepseekV4ForCausalLM, tokens: int) -> Any:
+    """One slot for a prompt of ``tokens``, its entry pages allocated up front: the state an
+    engine prefills a prompt into."""
+    from deepinfer.cache.slots import StateSlots
+
+    return StateSlots(
+        lambda: model.new_state(1),
+        max_slots=1,
+        max_len=tokens + 1,
+        initial_slots=1,
+        initial_pages=pages_for(tokens + 1),
+    )
 
 
 def time_decode(
