@@ -258,6 +258,23 @@ def count_prefill(
     return counted_layers(model, prefill, where, {"prefill_tokens": tokens, "state": state})
 
 
+def count_ragged(
+    cfg: ModelConfig, tokens: int, spans: int, where: bool, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Launches of one ragged pass: ``spans`` prompts of ``tokens`` each from fresh slot states,
+    in one step (the engine's pass for several prompts, or prompts beside decode rows)."""
+    model = build(cfg, dtype)
+    slots = prefill_slots(model, tokens, spans)
+    states = [slots.new_state() for _ in range(spans)]
+    g = torch.Generator().manual_seed(0)
+    chunks = [torch.randint(3, cfg.vocab_size, (tokens,), generator=g) for _ in states]
+
+    def ragged() -> None:
+        model(ForwardBatch.build(chunks, states))
+
+    return counted_layers(model, ragged, where, {"ragged_tokens": tokens, "spans": spans})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -272,6 +289,10 @@ def main() -> int:
     ap.add_argument(
         "--prefill-state", choices=("slot", "own"), default="slot",
         help="prefill into a slot with paged entries (the engine's) or the model's new_state",
+    )  # fmt: skip
+    ap.add_argument(
+        "--ragged", type=int, nargs=2, default=None, metavar=("TOKENS", "SPANS"),
+        help="also count one ragged pass of SPANS prompts of TOKENS each",
     )  # fmt: skip
     ap.add_argument("--skip-kernels", action="store_true", help="see skip_kernels")
     ap.add_argument("--out", type=Path, default=None)
@@ -294,9 +315,16 @@ def main() -> int:
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         rows = [count_step(cfg, b, args.prompt_len, args.where, dtype) for b in args.batches]
         rows += [count_prefill(cfg, n, args.where, dtype, args.prefill_state) for n in args.prefill]
+        if args.ragged:
+            rows.append(count_ragged(cfg, *args.ragged, args.where, dtype))
         result["models"][name] = {"layers": cfg.num_hidden_layers, "rows": rows}
         for row in rows:
-            what = f"batch {row['batch']}" if "batch" in row else f"prefill {row['prefill_tokens']}"
+            if "batch" in row:
+                what = f"batch {row['batch']}"
+            elif "spans" in row:
+                what = f"ragged {row['spans']} x {row['ragged_tokens']}"
+            else:
+                what = f"prefill {row['prefill_tokens']}"
             print(
                 f"{name} {what}: {row['kernels']} kernels "
                 f"({row['triton_launches']} Triton, {row['torch_ops']} torch)",

@@ -279,17 +279,17 @@ def time_prefill(  # noqa: PLR0917
     return times
 
 
-def prefill_slots(model: DeepseekV4ForCausalLM, tokens: int) -> Any:
-    """One slot for a prompt of ``tokens``, its entry pages allocated up front: the state an
-    engine prefills a prompt into."""
+def prefill_slots(model: DeepseekV4ForCausalLM, tokens: int, slots: int = 1) -> Any:
+    """``slots`` slots for prompts of ``tokens``, their entry pages allocated up front: the
+    states an engine prefills prompts into."""
     from deepinfer.cache.slots import StateSlots
 
     return StateSlots(
         lambda: model.new_state(1),
-        max_slots=1,
+        max_slots=slots,
         max_len=tokens + 1,
-        initial_slots=1,
-        initial_pages=pages_for(tokens + 1),
+        initial_slots=slots,
+        initial_pages=slots * pages_for(tokens + 1),
     )
 
 
