@@ -3,10 +3,11 @@
 ``deepinfer_kernels_sm100.topk.stable_topk_picks`` picks a prefill chunk's rows with one program
 a row holding its keys in registers (``_row_select_kernel``) where every row fits
 ``topk.ROW_SELECT_MAX`` entries, and with the segmented radix select (four histogram and two
-collection launches) otherwise; rows of at most ``topk.ROW_SORT_MAX`` entries are sorted whole
-by one program instead (``_row_sort_kernel``). This script times the three on the same scores,
-side by side in one process, by setting the two limits for each arm's calls: ``shipped`` (the
-module's limits), ``row_select`` (no whole-row sort) and ``segmented`` (neither). Shapes are
+collection launches) otherwise; rows of at most ``topk.ROW_SORT_MAX`` entries
+(``ROW_SORT_MAX_MANY_ROWS`` where the rows alone fill the GPU) are sorted whole by one program
+instead (``_row_sort_kernel``). This script times the three on the same scores, side by side
+in one process, by setting the limits for each arm's calls: ``shipped`` (the module's limits),
+``row_select`` (no whole-row sort) and ``segmented`` (neither). Shapes are
 those of a ratio-4 indexer over a causal prefill chunk of ``tokens`` queries (``tokens / 4``
 entries a row, each row seeing the entries its position has closed, 512 picks as V4-Flash's
 ``index_topk``).
@@ -68,16 +69,18 @@ ARMS: dict[str, tuple[int | None, int | None]] = {
 
 def run_case(tokens: int, repeats: int, iters: int, seed: int) -> dict[str, Any]:
     scores, n_visible = chunk_scores(tokens, seed)
-    shipped = (topk.ROW_SORT_MAX, topk.ROW_SELECT_MAX)
+    shipped = (topk.ROW_SORT_MAX, topk.ROW_SORT_MAX_MANY_ROWS, topk.ROW_SELECT_MAX)
 
     def pick(arm: str) -> torch.Tensor:
         sort_max, select_max = ARMS[arm]
-        topk.ROW_SORT_MAX = shipped[0] if sort_max is None else sort_max
-        topk.ROW_SELECT_MAX = shipped[1] if select_max is None else select_max
+        if sort_max is not None:  # both row-sort limits: few rows and many
+            topk.ROW_SORT_MAX = topk.ROW_SORT_MAX_MANY_ROWS = sort_max
+        if select_max is not None:
+            topk.ROW_SELECT_MAX = select_max
         try:
             return topk.stable_topk_picks(scores, TOP_K, n_visible=n_visible)
         finally:
-            topk.ROW_SORT_MAX, topk.ROW_SELECT_MAX = shipped
+            topk.ROW_SORT_MAX, topk.ROW_SORT_MAX_MANY_ROWS, topk.ROW_SELECT_MAX = shipped
 
     picks = {arm: pick(arm) for arm in ARMS}
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
@@ -119,6 +122,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "row_sort_max": topk.ROW_SORT_MAX,
+        "row_sort_max_many_rows": topk.ROW_SORT_MAX_MANY_ROWS,
         "row_select_max": topk.ROW_SELECT_MAX,
         "rows": rows,
     }

@@ -60,6 +60,7 @@ def test_picks_equal_reference(  # noqa: PLR0917
     picks after the earlier segments' and count ties across them."""
     if path != "row-sort":
         monkeypatch.setattr(topk, "ROW_SORT_MAX", 0)
+        monkeypatch.setattr(topk, "ROW_SORT_MAX_MANY_ROWS", 0)
     if path == "row-select":
         monkeypatch.setattr(topk, "TARGET_PROGRAMS", 1)  # one segment a row
     if path == "radix":
