@@ -766,9 +766,10 @@ def _compress_specs() -> Iterator[AotSpec]:
             "compress._softmax_pool_kernel",
             variant,
             {"kv_ptr": "*fp32", "score_ptr": "*fp32", "prev_kv_ptr": "*fp32",
-             "prev_score_ptr": "*fp32", "out_ptr": "*fp32", "n": 1, "r": r, "dim": 512,
+             "prev_score_ptr": "*fp32", "out_ptr": "*bf16", "n": 1, "r": r, "dim": 512,
              "stride_b": r * width, "stride_n": r * width, "stride_r": width,
-             "OVERLAP": overlap, "HAS_PREV": prev, "BLOCK_R": block_r, "BLOCK_D": block_d},
+             "OVERLAP": overlap, "HAS_PREV": prev, "BLOCK_R": block_r, "BLOCK_D": block_d,
+             "EMULATE": False},
             fp_fusion=False,
         )  # fmt: skip
     # a decode step's windows over the slot buffers: the CSA kinds with and without rollback
