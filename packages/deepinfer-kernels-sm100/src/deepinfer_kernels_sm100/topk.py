@@ -24,10 +24,9 @@ Keys are unique, so the picks and their order equal the reference's bit for bit.
 query may not see score -inf, as in the reference (they are picked only when fewer than k are
 visible, and then written as -1).
 
-A row of at most ``ROW_SORT_MAX`` entries (every decode row of a context up to four times that,
-at ratio 4; ``ROW_SORT_MAX_MANY_ROWS`` where the rows alone fill the GPU) is one program's
-instead: it sorts all of the row's keys in registers and writes the first k, the same picks in
-the same order, in one launch for the seven above.
+A row of at most ``ROW_SORT_MAX`` entries (``ROW_SORT_MAX_MANY_ROWS`` where the rows alone fill
+the GPU) is one program's instead: it sorts the row's keys in registers and writes the first k,
+the same picks in the same order, in one launch for the seven above.
 
 Where the rows alone fill the GPU (a prefill chunk's thousands of queries: one segment a row)
 and a row has at most ``ROW_SELECT_MAX`` entries, one program a row runs steps 1 and 2 on the row's
@@ -49,16 +48,12 @@ BLOCK = 1024  # entries a program reads at once
 NUM_WARPS = 8
 TARGET_PROGRAMS = 528  # programs a pass (four per multiprocessor of an H200)
 
-#: Longest row one program sorts whole, where few rows leave the GPU to the segmented select.
+#: Longest row one program sorts whole: where few rows leave the GPU to the segmented select,
+#: and where the rows alone fill it (the row select wins beyond, ``benchmarks/topk_select.py``).
 ROW_SORT_MAX = 2048
-#: The same where the rows alone fill the GPU (a prefill chunk's queries), which then take the
-#: row select beyond it: on an H100 with 512 picks the whole-row sort of 2,048 entries took
-#: about three times the row select's time, and one of 1,024 about as long
-#: (``benchmarks/topk_select.py``).
 ROW_SORT_MAX_MANY_ROWS = 1024
-#: Longest row one program selects from in registers (``_row_select_kernel``, on
-#: ``NUM_WARPS``): a 16k-token chunk's entries at ratio 4. Rows of 8,192 spill registers in the
-#: compiled kernel (sm_90a, on 8 warps and with a mask on 16).
+#: Longest row one program selects from in registers (``_row_select_kernel``): a 16k-token
+#: chunk's entries at ratio 4; rows of 8,192 spill registers (sm_90a, on 8 and on 16 warps).
 ROW_SELECT_MAX = 4096
 
 # which entries a row may see
