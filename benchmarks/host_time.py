@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from _results import write_result
 from model_speed import hold_as_checkpoint
-from step_ab import midsize_config, pick_api, prefill_slots, small_config, sync
+from step_ab import midsize_config, pick_api, prefill_fresh, prefill_slots, small_config, sync
 
 from deepinfer import plugins
 from deepinfer.assets import init_random_weights
@@ -168,10 +168,7 @@ def main() -> int:
     slots = prefill_slots(model, args.prefill_len) if args.prefill_state == "slot" else None
 
     def prefill() -> None:  # from a fresh state each call
-        state = model.new_state(1) if slots is None else slots.new_state()
-        api.prefill(model, [ids], [state])
-        if slots is not None:
-            slots.release(state)
+        prefill_fresh(model, api, ids, slots)
 
     with torch.inference_mode():
         prefill_row: dict[str, Any] = {

@@ -72,6 +72,7 @@ from step_ab import (
     free_memory,
     midsize_config,
     pick_api,
+    prefill_fresh,
     prefill_slots,
     small_config,
     sync,
@@ -622,14 +623,9 @@ def prefill_row(
     if cuda:
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     if run.profile:
-
-        def prefill() -> None:  # from a fresh state each call, as timed
-            state = model.new_state(1) if slots is None else slots.new_state()
-            api.prefill(model, [ids], [state])
-            if slots is not None:
-                slots.release(state)
-
-        row["profile"] = profile_calls(prefill, 1, device, run.kernel_sequence)
+        row["profile"] = profile_calls(
+            lambda: prefill_fresh(model, api, ids, slots), 1, device, run.kernel_sequence
+        )
     free_memory(device)
     print(f"  prefill {tokens}: {row['tok_per_s']} tok/s, MFU {row['mfu']}", file=sys.stderr)
     return row

@@ -279,6 +279,17 @@ def time_prefill(  # noqa: PLR0917
     return times
 
 
+def prefill_fresh(
+    model: DeepseekV4ForCausalLM, api: StepApi, ids: Tensor, slots: Any = None
+) -> None:
+    """One prefill of ``ids`` [S] from a fresh state: a slot of ``slots`` (given back after),
+    or with None the model's own ``new_state``."""
+    state = model.new_state(1) if slots is None else slots.new_state()
+    api.prefill(model, [ids], [state])
+    if slots is not None:
+        slots.release(state)
+
+
 def prefill_slots(model: DeepseekV4ForCausalLM, tokens: int, slots: int = 1) -> Any:
     """``slots`` slots for prompts of ``tokens``, their entry pages allocated up front: the
     states an engine prefills prompts into."""
