@@ -140,17 +140,19 @@ def test_overlapping_compressor_pools_eight_tokens() -> None:
     torch.testing.assert_close(first[0, 0].double(), want, atol=1e-6, rtol=0)
 
 
-def test_sinkhorn_matches_float64_and_is_nearly_doubly_stochastic() -> None:
-    logits = torch.randn(5, 4, 4, generator=g)
+@pytest.mark.parametrize("lead", [(5,), (2, 300), ()])
+def test_sinkhorn_matches_float64_and_is_nearly_doubly_stochastic(lead: tuple[int, ...]) -> None:
+    logits = torch.randn(*lead, 4, 4, generator=g)
     comb = sinkhorn(logits, iters=20, eps=1e-6)
+    assert comb.shape == logits.shape
     want = logits.double().softmax(-1) + 1e-6
     want = want / (want.sum(-2, keepdim=True) + 1e-6)
     for _ in range(19):
         want = want / (want.sum(-1, keepdim=True) + 1e-6)
         want = want / (want.sum(-2, keepdim=True) + 1e-6)
     torch.testing.assert_close(comb.double(), want, atol=1e-6, rtol=0)
-    torch.testing.assert_close(comb.sum(-2), torch.ones(5, 4), atol=1e-4, rtol=0)
-    torch.testing.assert_close(comb.sum(-1), torch.ones(5, 4), atol=1e-2, rtol=0)
+    torch.testing.assert_close(comb.sum(-2), torch.ones(*lead, 4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(comb.sum(-1), torch.ones(*lead, 4), atol=1e-2, rtol=0)
 
 
 def test_router_bias_selects_but_does_not_weight() -> None:

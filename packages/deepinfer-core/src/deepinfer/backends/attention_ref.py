@@ -45,7 +45,7 @@ def gathered_attention(
     """``Backend.paged_attention`` as copies: every source's listed entries gathered into one
     key tensor [B, K, D] in the first pool's dtype, masked where none, for ``attention``."""
     dtype = sources[0].pool.dtype
-    keys = [s.pool.flatten(0, 1)[s.rows()].to(dtype) for s in sources]
+    keys = [_take_rows(s.pool.flatten(0, 1), s.rows()).to(dtype) for s in sources]
     mask = torch.cat([s.entries >= 0 for s in sources], dim=-1)
     return attention(q, torch.cat(keys, dim=1), mask, sinks, scale)
 
@@ -56,13 +56,19 @@ def sparse_sink_attention(
     """``Backend.sparse_attention`` in fp32: each query's listed ``kv`` rows (``index``
     [B, S, K], -1 = none) are gathered into [B, S, K, D] and attended like a mask would."""
     b, s, h, _ = q.shape
-    batch = torch.arange(b, device=kv.device)[:, None, None]
-    keys = kv[batch, index.clamp(min=0)].float()  # [B, S, K, D]
+    batch = torch.arange(b, device=kv.device)[:, None, None] * kv.shape[1]
+    keys = _take_rows(kv.flatten(0, 1), index.clamp(min=0) + batch).float()  # [B, S, K, D]
     logits = torch.matmul(q.float(), keys.transpose(-1, -2)) * scale  # [B, S, H, K]
     logits = logits.masked_fill((index < 0)[:, :, None], float("-inf"))
     sink = sinks.float().view(1, 1, h, 1).expand(b, s, h, 1)
     probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
     return torch.matmul(probs, keys).to(q.dtype)
+
+
+def _take_rows(table: Tensor, rows: Tensor) -> Tensor:
+    """``table[rows]`` for a 2-D ``table`` as one ``index_select``: whole rows at a time,
+    several times faster on a CPU than advanced indexing, which goes element by element."""
+    return table.index_select(0, rows.flatten()).view(*rows.shape, table.shape[-1])
 
 
 def pool_windows(
