@@ -18,9 +18,12 @@ kernels take another path under the interpreter (noted in the output): the count
 model's launches, not a GPU trace.
 
 ``--prefill N`` also counts one prefill chunk of N tokens from a fresh state (whose kernels the
-host issues one by one: ``host_time.py`` shows a 4k chunk bound by that).
+host issues one by one: ``host_time.py`` shows a 4k chunk bound by that). ``--verify K`` counts a
+speculative round's verification pass at each batch: rows of the last token and K drafts, whose
+captured pass a round replays where a plain step replays the decode step's.
 
     python benchmarks/launch_count.py [--models config_a v4_flash] [--batches 1 8] [--prefill 64]
+        [--verify 5]
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from deepinfer.models import weights_loaded
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.decode import run_decode
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.verify import run_verify
 from deepinfer.paging import pages_for
 
 #: Widths the interpreter runs in seconds (the layer schedule and routing stay the model's).
@@ -241,6 +245,35 @@ def count_step(
     )
 
 
+def count_verify(  # noqa: PLR0917 - as count_step, plus the drafts
+    cfg: ModelConfig, batch: int, drafts: int, prompt_len: int, where: bool, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Launches of one verification pass (:func:`~deepinfer.models.verify.run_verify`) of
+    ``batch`` rows of a last token and ``drafts`` drafts each, over states with the rollback
+    slack speculation gives them, after a ``prompt_len`` prefill: what a speculative round
+    captures where a plain step captures :func:`count_step`'s."""
+    model = build(cfg, dtype)
+    max_len = prompt_len + drafts + 4
+    slots = StateSlots(
+        lambda: model.new_state(1, slack=drafts),
+        max_slots=batch,
+        max_len=max_len,
+        initial_slots=batch,
+        initial_pages=batch * pages_for(max_len),
+    )
+    states = [slots.new_state() for _ in range(batch)]
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g) for _ in states]
+    model(ForwardBatch.build(prompts, states))
+    rows = [torch.randint(3, cfg.vocab_size, (drafts + 1,), generator=g) for _ in states]
+    return counted_layers(
+        model,
+        lambda: run_verify(model, rows, states, None),
+        where,
+        {"batch": batch, "verify_tokens": drafts + 1},
+    )
+
+
 def count_prefill(
     cfg: ModelConfig, tokens: int, where: bool, dtype: torch.dtype, state: str = "slot"
 ) -> dict[str, Any]:
@@ -294,9 +327,15 @@ def main() -> int:
         "--ragged", type=int, nargs=2, default=None, metavar=("TOKENS", "SPANS"),
         help="also count one ragged pass of SPANS prompts of TOKENS each",
     )  # fmt: skip
+    ap.add_argument(
+        "--verify", type=int, default=0, metavar="K",
+        help="also count a verification pass of rows of K drafts (plus the last token) per batch",
+    )  # fmt: skip
     ap.add_argument("--skip-kernels", action="store_true", help="see skip_kernels")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.verify and args.skip_kernels:  # its pages are read at the top-k's picks
+        ap.error("--verify reads kernel outputs on the host: run it without --skip-kernels")
     if args.skip_kernels:
         skip_kernels()
     result: dict[str, Any] = {
@@ -317,9 +356,15 @@ def main() -> int:
         rows += [count_prefill(cfg, n, args.where, dtype, args.prefill_state) for n in args.prefill]
         if args.ragged:
             rows.append(count_ragged(cfg, *args.ragged, args.where, dtype))
+        rows += [
+            count_verify(cfg, b, args.verify, args.prompt_len, args.where, dtype)
+            for b in (args.batches if args.verify else [])
+        ]
         result["models"][name] = {"layers": cfg.num_hidden_layers, "rows": rows}
         for row in rows:
-            if "batch" in row:
+            if "verify_tokens" in row:
+                what = f"verify batch {row['batch']} x {row['verify_tokens']}"
+            elif "batch" in row:
                 what = f"batch {row['batch']}"
             elif "spans" in row:
                 what = f"ragged {row['spans']} x {row['ragged_tokens']}"
