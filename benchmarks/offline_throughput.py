@@ -108,7 +108,18 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def build(out_dir: Path, device: str) -> tuple[Any, Any]:
+#: ``--config narrow``: the same layers with a smaller window and top-k and narrower experts,
+#: where a step's matmuls are smaller beside the rest of its work than in :data:`CONFIG` (the
+#: vocabulary stays: the tiny tokenizer's 8,192 ids need it).
+NARROW: dict[str, Any] = CONFIG | {
+    "sliding_window": 32,
+    "index_topk": 8,
+    "moe_intermediate_size": 64,
+}
+CONFIGS = {"standard": CONFIG, "narrow": NARROW}
+
+
+def build(out_dir: Path, device: str, config: dict[str, Any] = CONFIG) -> tuple[Any, Any]:
     """(HF model, DeepInfer LLM) over the same random weights."""
     from export_hf import export_model  # tools/export_hf.py
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
@@ -117,7 +128,7 @@ def build(out_dir: Path, device: str) -> tuple[Any, Any]:
     from deepinfer.assets import TINY_TOKENIZER
 
     torch.manual_seed(0)
-    hf = DeepseekV4ForCausalLM(DeepseekV4Config(**CONFIG)).eval()
+    hf = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).eval()
     with torch.no_grad():  # transformers leaves sinks, mHC bases and router biases at zero
         g = torch.Generator().manual_seed(1)
         for name, p in hf.named_parameters():
@@ -157,12 +168,12 @@ def time_ours(llm: Any, prompts: torch.Tensor, n: int) -> float:
 
 
 def varied_lengths(
-    batch: int, inputs: tuple[int, int], outputs: tuple[int, int], seed: int
+    batch: int, inputs: tuple[int, int], outputs: tuple[int, int], seed: int, vocab: int
 ) -> tuple[list[torch.Tensor], list[int]]:
     """``batch`` random prompts and output lengths drawn uniformly from the two ranges."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(inputs[0], inputs[1] + 1, (batch,), generator=g).tolist()
-    prompts = [torch.randint(3, CONFIG["vocab_size"], (n,), generator=g) for n in lens]
+    prompts = [torch.randint(3, vocab, (n,), generator=g) for n in lens]
     return prompts, torch.randint(outputs[0], outputs[1] + 1, (batch,), generator=g).tolist()
 
 
@@ -204,8 +215,9 @@ def time_ours_varied(llm: Any, prompts: list[torch.Tensor], outputs: list[int]) 
 
 
 def varied_row(hf: Any, llm: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
-    prompts, outputs = varied_lengths(batch, args.input_range, args.output_range, seed=batch)
-    warm, _ = varied_lengths(batch, (8, 16), (2, 2), seed=-batch)
+    vocab = CONFIGS[args.config]["vocab_size"]
+    prompts, outputs = varied_lengths(batch, args.input_range, args.output_range, batch, vocab)
+    warm, _ = varied_lengths(batch, (8, 16), (2, 2), -batch, vocab)
     time_hf_varied(hf, warm, [2] * batch)
     time_ours_varied(llm, warm, [2] * batch)
     hf_s, our_s = [], []
@@ -378,16 +390,18 @@ def main() -> int:
     ap.add_argument("--varied", action="store_true", help="add nano-vllm-style rows (see above)")
     ap.add_argument("--input-range", type=int, nargs=2, default=(64, 512), metavar=("MIN", "MAX"))
     ap.add_argument("--output-range", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
+    ap.add_argument("--config", choices=list(CONFIGS), default="standard", help="see NARROW")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    config = CONFIGS[args.config]
 
     with tempfile.TemporaryDirectory() as tmp:
-        hf, llm = build(Path(tmp) / "model", args.device)
+        hf, llm = build(Path(tmp) / "model", args.device, config)
         rows = []
         for batch in args.batches:
             g = torch.Generator().manual_seed(batch)
-            prompts = torch.randint(3, CONFIG["vocab_size"], (batch, args.prompt_len), generator=g)
+            prompts = torch.randint(3, config["vocab_size"], (batch, args.prompt_len), generator=g)
             prompts = prompts.to(args.device)
             time_hf(hf, prompts[:, :8], 2)  # warm-up both sides
             time_ours(llm, prompts[:, :8], 2)
@@ -427,7 +441,11 @@ def main() -> int:
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "repeats": args.repeats,
-        "config": {k: CONFIG[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+        "config": {
+            "name": args.config,
+            **{k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+            **{k: config[k] for k in ("sliding_window", "index_topk")},
+        },
         "rows": rows,
     }
     write_result(result, args.out, f"offline_throughput_{args.device}")
