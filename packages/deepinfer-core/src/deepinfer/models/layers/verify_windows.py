@@ -51,6 +51,7 @@ class Plan:
     closes: Tensor  # [B, W] bool: the window completes within the row's real tokens
     entry: Tensor  # [B, W] the entry each window makes
     source: Tensor  # [B, W, r] each window row's source among [open window ; new tokens]
+    position: Tensor  # [B, W, r] each window row's position
     open_slots: Tensor  # [B, T] the slot whose open window a token fills (0: the padding's)
     count: Tensor  # [B] windows that close
 
@@ -93,10 +94,14 @@ def verify_windows(rows: CompressorRows, kv: Tensor, score: Tensor) -> VerifyWin
     if r == 1:  # every token is a whole window: nothing to buffer
         win_kv, win_score = kv[:, :, None], score[:, :, None]
     else:
-        open_kv = pool.kv_buf.index_select(0, rows.slots)
-        open_score = pool.score_buf.index_select(0, rows.slots)
-        win_kv = _gather(torch.cat((open_kv, kv), dim=1), plan.source)
-        win_score = _gather(torch.cat((open_score, score), dim=1), plan.source)
+        if pool.hist_kv_buf is not None:
+            assert pool.hist_score_buf is not None
+            win_kv, win_score = _ring_windows(rows, plan, pool.hist_kv_buf, pool.hist_score_buf)
+        else:
+            open_kv = pool.kv_buf.index_select(0, rows.slots)
+            open_score = pool.score_buf.index_select(0, rows.slots)
+            win_kv = _gather(torch.cat((open_kv, kv), dim=1), plan.source)
+            win_score = _gather(torch.cat((open_score, score), dim=1), plan.source)
         phase = verify_phase(rows)
         pool.kv_buf[plan.open_slots, phase] = kv
         pool.score_buf[plan.open_slots, phase] = score
@@ -117,7 +122,27 @@ def _plan(tokens: SlotTokens, r: int) -> Plan:
     # The window left open: the row's last real tokens, one per phase.
     last = tokens.real & (offset >= tokens.lengths[:, None] - r)
     open_slots = torch.where(last, tokens.slots, 0)
-    return Plan(closes, (start + ends) // r, source, open_slots, closes.sum(dim=1))
+    return Plan(closes, (start + ends) // r, source, at, open_slots, closes.sum(dim=1))
+
+
+def _ring_windows(
+    rows: CompressorRows, plan: Plan, hist_kv: Tensor, hist_score: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The candidate windows [B, W, r, width] read from the history rings, which the pass has
+    just written: a ring keeps ``slack + 2 * ratio`` positions, so it holds the open window's
+    rows and every real token of a row (a row has at most ``slack + 1``), and a window that
+    closes within them has all its rows there. One row gather a buffer, where the open
+    window joined to the new tokens takes three; a window past a row's real tokens reads
+    stale rows, as it read padding before, and closes nowhere."""
+    keep = hist_kv.shape[1]
+
+    def ring_rows() -> Tensor:
+        return (rows.slots[:, None, None] * keep + plan.position % keep).flatten()
+
+    at = rows.step_memo.get(("verify window ring rows", rows.ratio, keep), ring_rows)
+    shape = (*plan.position.shape, hist_kv.shape[-1])
+    win_kv = hist_kv.flatten(0, 1).index_select(0, at).view(shape)
+    return win_kv, hist_score.flatten(0, 1).index_select(0, at).view(shape)
 
 
 def _gather(rows: Tensor, source: Tensor) -> Tensor:
