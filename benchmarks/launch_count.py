@@ -55,6 +55,7 @@ from deepinfer.models import weights_loaded
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.decode import run_decode
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer.models.state import ModelState
 from deepinfer.models.verify import run_verify
 from deepinfer.paging import pages_for
 
@@ -222,14 +223,14 @@ def counted_layers(
     }
 
 
-def count_step(
-    cfg: ModelConfig, batch: int, prompt_len: int, where: bool, dtype: torch.dtype
-) -> dict[str, Any]:
-    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill."""
-    model = build(cfg, dtype)
-    max_len = prompt_len + 4
+def prefilled_rows(
+    model: DeepseekV4ForCausalLM, batch: int, prompt_len: int, slack: int = 0
+) -> tuple[list[ModelState], torch.Generator]:
+    """``batch`` slot states (``slack`` for rollback) each prefilled with a random
+    ``prompt_len``-token prompt, and the generator that drew them, for the next ids."""
+    max_len = prompt_len + slack + 4
     slots = StateSlots(
-        lambda: model.new_state(1),
+        lambda: model.new_state(1, slack=slack),
         max_slots=batch,
         max_len=max_len,
         initial_slots=batch,
@@ -237,8 +238,18 @@ def count_step(
     )
     states = [slots.new_state() for _ in range(batch)]
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g) for _ in states]
+    vocab = model.cfg.vocab_size
+    prompts = [torch.randint(3, vocab, (prompt_len,), generator=g) for _ in states]
     model(ForwardBatch.build(prompts, states))
+    return states, g
+
+
+def count_step(
+    cfg: ModelConfig, batch: int, prompt_len: int, where: bool, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Launches of one decode step of ``batch`` slot rows after a ``prompt_len`` prefill."""
+    model = build(cfg, dtype)
+    states, g = prefilled_rows(model, batch, prompt_len)
     ids = torch.randint(3, cfg.vocab_size, (batch,), generator=g)
     return counted_layers(
         model, lambda: run_decode(model, ids, states, None), where, {"batch": batch}
@@ -253,18 +264,7 @@ def count_verify(  # noqa: PLR0917 - as count_step, plus the drafts
     slack speculation gives them, after a ``prompt_len`` prefill: what a speculative round
     captures where a plain step captures :func:`count_step`'s."""
     model = build(cfg, dtype)
-    max_len = prompt_len + drafts + 4
-    slots = StateSlots(
-        lambda: model.new_state(1, slack=drafts),
-        max_slots=batch,
-        max_len=max_len,
-        initial_slots=batch,
-        initial_pages=batch * pages_for(max_len),
-    )
-    states = [slots.new_state() for _ in range(batch)]
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g) for _ in states]
-    model(ForwardBatch.build(prompts, states))
+    states, g = prefilled_rows(model, batch, prompt_len, slack=drafts)
     rows = [torch.randint(3, cfg.vocab_size, (drafts + 1,), generator=g) for _ in states]
     return counted_layers(
         model,
