@@ -795,6 +795,31 @@ def _compress_specs() -> Iterator[AotSpec]:
         )  # fmt: skip
 
 
+def _compress_verify_specs() -> Iterator[AotSpec]:
+    # a verification pass's windows (T = 6: the last token and 5 drafts) over the slot
+    # buffers with rollback history, reading a fused wkv/wgate output in place: V4's CSA and
+    # HCA kinds (position bias) and V4.1's shared ratio-2 pairs (none)
+    for variant, r, overlap, bias, windows, block_r, block_d in (
+        ("ratio4-overlap", 4, True, True, 2, 16, 128),
+        ("ratio128", 128, False, True, 1, 128, 32),
+        ("ratio2-shared", 2, False, False, 3, 16, 128),
+    ):
+        width = 2 * 512 if overlap else 512
+        yield AotSpec(
+            "compress_verify._verify_pool_kernel",
+            variant,
+            {"kv_ptr": "*fp32", "score_ptr": "*fp32", "bias_ptr": "*fp32", "kv_buf_ptr": "*fp32",
+             "score_buf_ptr": "*fp32", "prev_kv_ptr": "*fp32", "prev_score_ptr": "*fp32",
+             "hist_kv_ptr": "*fp32", "hist_score_ptr": "*fp32", "slots_ptr": "*i64",
+             "positions_ptr": "*i64", "lengths_ptr": "*i64", "out_ptr": "*bf16", "r": r,
+             "dim": 512, "keep": 5 + 2 * r, "t_len": 6, "stride_b": 6 * 2 * width,
+             "stride_t": 2 * width, "stride_slot": 1, "stride_pos": 6, "stride_pos_t": 1,
+             "NUM_WINDOWS": windows, "OVERLAP": overlap, "HISTORY": True, "HAS_BIAS": bias,
+             "EMULATE": False, "BLOCK_R": block_r, "BLOCK_D": block_d, "BLOCK_T": 16},
+            fp_fusion=False,
+        )  # fmt: skip
+
+
 def _fp8_linear_specs() -> Iterator[AotSpec]:
     # activations quantised once ahead of a prefill GEMM: bf16 model activations, fp32 runs
     for dt in ("bf16", "fp32"):
@@ -914,6 +939,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_attention_specs(),
     *_norm_rope_specs(),
     *_compress_specs(),
+    *_compress_verify_specs(),
     *_fp8_linear_specs(),
 )
 

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from deepinfer.backends.torch_ref import TorchBackend
+from deepinfer.models.layers.verify_windows import plan_windows
+from deepinfer.models.layouts import SlotTokens
 from deepinfer_kernels_sm100.compress import slot_pool, softmax_pool
+from deepinfer_kernels_sm100.compress_verify import verify_pool
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -172,3 +175,94 @@ def test_slot_pool_matches_the_unfused_ops(case: tuple[int, int, bool, int, bool
         assert torch.equal(a[1:], b[1:])  # row 0: the padding rows' writes, in any order
         assert torch.equal(a[1:], c[1:])
     assert not torch.equal(fused.kv_buf, start.kv_buf)  # the new rows went in
+
+
+#: A verification pass: T = 6 tokens a row (the last token and 5 drafts), rows of every kind.
+VERIFY_SLOTS = (3, 0, 5, 1, 7, 2)  # 0: a padding row
+VERIFY_LENGTHS = (6, 0, 1, 3, 6, 4)
+
+
+def _verify_rows(r: int, keep: int) -> tuple[SlotTokens, torch.Tensor]:
+    """(the pass's tokens, its rows' slots [B]): rows starting at every kind of phase (a window
+    closing at the first token, at a later one, at none), one padding row."""
+    t = 6
+    start = torch.tensor([2 * r - 3, 0, r - 1, 3 * r - 2, 4 * r, r + 1]).clamp(min=0)
+    lengths = torch.tensor(VERIFY_LENGTHS)
+    real = torch.arange(t) < lengths[:, None]
+    slots = torch.tensor(VERIFY_SLOTS)
+    positions = torch.where(real, start[:, None] + torch.arange(t), 0)
+    tokens = SlotTokens(positions.to(DEVICE), torch.where(real, slots[:, None], 0).to(DEVICE),
+                        lengths.to(DEVICE))  # fmt: skip
+    return tokens, slots.to(DEVICE)
+
+
+def _seed_open_windows(buffers: _Buffers, tokens: SlotTokens, slots: torch.Tensor) -> None:
+    """Make each row's history ring hold its open window's rows (positions before the pass), as
+    the decode steps that filled the window left it."""
+    if buffers.hist_kv_buf is None or buffers.hist_score_buf is None:
+        return
+    r, keep = buffers.ratio, buffers.hist_kv_buf.shape[1]
+    for row, slot in enumerate(slots.tolist()):
+        first = int(tokens.positions[row, 0])
+        for p in range(first - first % r, first):
+            buffers.hist_kv_buf[slot, p % keep] = buffers.kv_buf[slot, p % r]
+            buffers.hist_score_buf[slot, p % keep] = buffers.score_buf[slot, p % r]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(4, 40, True, True, True), (4, 40, True, True, False), (128, 24, False, True, True),
+     (128, 24, False, True, False), (2, 24, False, False, True)],
+    ids=["csa-history", "csa", "hca-history", "hca", "shared-pairs-history"],
+)  # fmt: skip
+def test_verify_pool_equals_token_by_token_decoding(
+    case: tuple[int, int, bool, bool, bool],
+) -> None:
+    """A verification pass's windows in one kernel against the same tokens fed one decode step
+    at a time (``slot_pool``, the decode kernel): every window that closes within a row's real
+    tokens pooled to the same bits as the step that completes it, the others zeros, and every
+    real slot's open window, history ring and stored previous half left as the steps leave
+    them. Against the torch reference (``TorchBackend.compress_verify``, which reads windows
+    from the history ring where there is one): the same windows within float tolerance, the
+    same buffers bit for bit."""
+    r, d, overlap, has_bias, history = case
+    t, slack = 6, 5
+    keep = slack + 2 * r if history else 0
+    g = torch.Generator().manual_seed(r + d + keep)
+    width = 2 * d if overlap else d
+    both = torch.randn(len(VERIFY_SLOTS), t, 2 * width, generator=g).to(DEVICE)
+    both[..., width:] *= 3
+    kv, score = both[..., :width], both[..., width:]  # a fused projection's halves, in place
+    bias = torch.randn(r, width, generator=g).to(DEVICE) if has_bias else None
+    tokens, slots = _verify_rows(r, keep)
+    plan = plan_windows(tokens, r)
+    start = _Buffers.random(9, r, d, overlap, keep, g)
+    _seed_open_windows(start, tokens, slots)
+    fused, stepped, reference = start.copy(), start.copy(), start.copy()
+    got = verify_pool(kv, score, bias, fused, slots, plan, overlap=overlap)
+    want = TorchBackend("cpu").compress_verify(kv, score, bias, reference, slots, plan, overlap)
+    assert got.shape == want.shape == (len(VERIFY_SLOTS), -(-t // r), d)
+    lengths, compared = torch.tensor(VERIFY_LENGTHS), 0
+    for step in range(t):
+        rows = (lengths > step).nonzero()[:, 0].to(DEVICE)
+        at = tokens.positions[rows, step]
+        out = slot_pool(
+            kv[rows, step], score[rows, step], bias, stepped, slots[rows], at % r,
+            at % keep if keep else None, overlap=overlap,
+        )  # fmt: skip
+        for i, row in enumerate(rows.tolist()):
+            if int(at[i]) % r == r - 1:  # the step completes a window: the pass's window w
+                w = (step - (r - 1 - int(plan.positions[row, 0]) % r)) // r
+                assert bool(plan.closes[row, w])
+                assert torch.equal(got[row, w], out[i, 0])
+                compared += 1
+    assert compared == int(plan.closes.sum()) > 0
+    assert not got[~plan.closes].any()  # windows that stay open: provisional zeros
+    torch.testing.assert_close(got[plan.closes], want[plan.closes], atol=1e-5, rtol=1e-5)
+    for a, b, c in zip(fused.tensors(), stepped.tensors(), reference.tensors(), strict=True):
+        assert torch.equal(a[1:], b[1:])  # slot 0: the padding's
+        assert torch.equal(a[1:], c[1:])
+    rounded = verify_pool(
+        kv, score, bias, start.copy(), slots, plan, overlap=overlap, dtype=torch.bfloat16
+    )
+    assert torch.equal(rounded, got.to(torch.bfloat16))

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
 from deepinfer.backends.compress_ref import WindowBuffers
+from deepinfer.backends.compress_verify_ref import VerifyPlan
 from deepinfer.backends.torch_ref import TorchBackend
 from deepinfer.paging import KeyPages, PagedEntries
 from deepinfer_kernels_sm100.moe_ops import MoeOps
@@ -235,6 +236,24 @@ class Sm100Backend(MoeOps, TorchBackend):
         from deepinfer_kernels_sm100.compress import slot_pool
 
         return slot_pool(*rows, overlap=overlap, dtype=dtype)
+
+    def compress_verify(  # noqa: PLR0917
+        self,
+        kv: Tensor,
+        score: Tensor,
+        bias: Tensor | None,
+        buffers: WindowBuffers,
+        slots: Tensor,
+        plan: VerifyPlan,
+        overlap: bool,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        rows = (kv, score, bias, buffers, slots, plan)
+        if buffers.ratio == 1:  # every token a whole window: the reference's few ops
+            return super().compress_verify(*rows, overlap, dtype)
+        from deepinfer_kernels_sm100.compress_verify import verify_pool
+
+        return verify_pool(*rows, overlap=overlap, dtype=dtype)
 
     def compress(
         self,

@@ -15,7 +15,7 @@ is not read at all (a ratio-128 window is 512 KiB of fp32 rows at V4's width): i
 result is zeros, a provisional entry that no query sees before the step completing the window
 overwrites it.
 
-Both kernels pool through :func:`_pool_window`, whose sums over a window's rows have an order
+Both kernels pool through :func:`pool_window`, whose sums over a window's rows have an order
 fixed by the window (not by the tile's layout, which the compiler picks per kernel), and both
 launch with FMA contraction off: a window pooled by a prefill chunk and by a decode step (or a
 verification row) gets the same bits, so no output depends on which path computed an entry.
@@ -55,7 +55,7 @@ def _row_sum(x):
 
 
 @triton.jit
-def _pool_window(s, v, s0, v0, OVERLAP: tl.constexpr):
+def pool_window(s, v, s0, v0, OVERLAP: tl.constexpr):
     """A window's softmax-weighted sum over its rows: scores ``s`` and values ``v`` [R, C]
     fp32 (and, with ``OVERLAP``, the previous window's first halves ``s0``/``v0``), masked rows
     at -inf score -> [C]."""
@@ -71,6 +71,15 @@ def _pool_window(s, v, s0, v0, OVERLAP: tl.constexpr):
         denom = _row_sum(e)
         total = _row_sum(e * v)
     return total / denom
+
+
+def pool_tiles(r: int, dim: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_D) of every pooling kernel: a window's rows padded to a power of two
+    and a block of channels, two [BLOCK_R, BLOCK_D] tiles (four with overlap) in one
+    program's registers. One rule for all of them: :func:`_row_sum`'s tree follows BLOCK_R,
+    so the kernels pool a window to the same bits."""
+    block_r = max(16, triton.next_power_of_2(r))
+    return block_r, max(16, min(128, triton.next_power_of_2(dim), 4096 // block_r))
 
 
 @triton.jit(do_not_specialize=["n", "r", "dim"])
@@ -120,7 +129,7 @@ def _softmax_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argum
             v0 = tl.where(
                 first, tl.load(prev_kv_ptr + carried, mask=first, other=0.0).to(tl.float32), v0
             )
-    store_rounded(out_ptr + row * dim + c, _pool_window(s, v, s0, v0, OVERLAP), c < dim, EMULATE)
+    store_rounded(out_ptr + row * dim + c, pool_window(s, v, s0, v0, OVERLAP), c < dim, EMULATE)
 
 
 def softmax_pool(
@@ -148,9 +157,7 @@ def softmax_pool(
         prev_kv, prev_score = prev_kv.contiguous(), prev_score.contiguous()
     else:
         prev_kv, prev_score = kv, score  # never read
-    block_r = max(16, triton.next_power_of_2(r))
-    # two [r, block_d] tiles (four with overlap) in one program's registers
-    block_d = max(16, min(128, triton.next_power_of_2(dim), 4096 // block_r))
+    block_r, block_d = pool_tiles(r, dim)
     _softmax_pool_kernel[(b * n, triton.cdiv(dim, block_d))](
         kv,
         score,
@@ -233,7 +240,7 @@ def _slot_pool_kernel(  # noqa: PLR0917 (Triton kernels take positional argument
             s0 = tl.load(prev_score_ptr + carried, mask=mask, other=0.0)
             s0 = tl.where(mask, s0, float("-inf"))
             v0 = tl.load(prev_kv_ptr + carried, mask=mask, other=0.0)
-        pooled = _pool_window(s, v, s0, v0, OVERLAP)
+        pooled = pool_window(s, v, s0, v0, OVERLAP)
     else:
         pooled = tl.zeros((BLOCK_D,), dtype=tl.float32)
     store_rounded(out_ptr + b * dim + c, pooled, cmask, EMULATE)
@@ -277,33 +284,21 @@ def slot_pool(  # noqa: PLR0917
     """:meth:`deepinfer.backends.base.Backend.compress_slots` for ratios above 1, in one
     kernel: ``kv``/``score`` [B, c * D] fp32 (row slices of one fused projection's output
     are read in place) -> [B, 1, D] in ``dtype`` (the fp32 pooling rounded once)."""
-    kv_buf, score_buf = buffers.kv_buf, buffers.score_buf
-    assert kv_buf is not None and score_buf is not None
     b, width = kv.shape
     r = buffers.ratio
     dim = width // 2 if overlap else width
     out = torch.empty(b, 1, dim, dtype=dtype, device=kv.device)
     if b == 0:
         return out
-    # a kernel argument the launch's constexprs leave unread gets the window buffer
-    prev_kv, prev_score = (
-        (buffers.prev_kv_buf, buffers.prev_score_buf) if overlap else (kv_buf,) * 2
-    )
     history = history_row is not None
-    hist_kv, hist_score = (
-        (buffers.hist_kv_buf, buffers.hist_score_buf) if history else (kv_buf,) * 2
+    kv_buf, score_buf, prev_kv, prev_score, hist_kv, hist_score = slot_buffers(
+        buffers, overlap, history, "compress_slots"
     )
-    assert prev_kv is not None and prev_score is not None
-    assert hist_kv is not None and hist_score is not None
-    written = (kv_buf, score_buf, prev_kv, prev_score, hist_kv, hist_score)
-    if not all(t.is_contiguous() and t.dtype == torch.float32 for t in written):
-        raise ValueError("compress_slots needs contiguous fp32 buffers")
     if kv.stride(-1) != 1 or score.stride(-1) != 1 or kv.stride(0) != score.stride(0):
         kv, score = kv.contiguous(), score.contiguous()
     phase = phase.contiguous()
     history_row = None if history_row is None else history_row.contiguous()
-    block_r = max(16, triton.next_power_of_2(r))
-    block_d = max(16, min(128, triton.next_power_of_2(dim), 4096 // block_r))
+    block_r, block_d = pool_tiles(r, dim)
     _slot_pool_kernel[(b, triton.cdiv(dim, block_d))](
         kv,
         score,
@@ -332,3 +327,21 @@ def slot_pool(  # noqa: PLR0917
         **NO_FMA,
     )
     return out
+
+
+def slot_buffers(
+    buffers: WindowBuffers, overlap: bool, history: bool, op: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(open windows kv/score, stored halves kv/score, history rings kv/score) as the slot
+    kernels take them, checked contiguous fp32 (the kernels index them as such); an argument
+    the launch's constexprs leave unread (no overlap, no history) gets the window buffer."""
+    kv_buf, score_buf = buffers.kv_buf, buffers.score_buf
+    assert kv_buf is not None and score_buf is not None
+    prev = (buffers.prev_kv_buf, buffers.prev_score_buf) if overlap else (kv_buf, kv_buf)
+    hist = (buffers.hist_kv_buf, buffers.hist_score_buf) if history else (kv_buf, kv_buf)
+    assert prev[0] is not None and prev[1] is not None
+    assert hist[0] is not None and hist[1] is not None
+    written = (kv_buf, score_buf, prev[0], prev[1], hist[0], hist[1])
+    if not all(x.is_contiguous() and x.dtype == torch.float32 for x in written):
+        raise ValueError(f"{op} needs contiguous fp32 buffers")
+    return written

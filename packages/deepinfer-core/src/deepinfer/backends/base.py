@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from deepinfer.backends.compress_ref import WindowBuffers
+    from deepinfer.backends.compress_verify_ref import VerifyPlan
     from deepinfer.paging import KeyPages, PagedEntries
 
 __all__ = ["Availability", "Backend", "Fp8Activation", "Fp8Output"]
@@ -308,6 +309,34 @@ class Backend(TokenOps):
 
         rows = (kv, score, bias, buffers, slots, phase, history_row)
         return pool_slot_windows(self.compress, *rows, overlap=overlap).to(dtype)
+
+    def compress_verify(  # noqa: PLR0917
+        self,
+        kv: Tensor,
+        score: Tensor,
+        bias: Tensor | None,
+        buffers: WindowBuffers,
+        slots: Tensor,
+        plan: VerifyPlan,
+        overlap: bool,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        """A verification pass's compressor windows over shared buffers, up to T new tokens a
+        row (:mod:`deepinfer.backends.compress_verify_ref`).
+
+        Row i's projections ``kv``/``score`` [B, T, c*D] fp32, with ``bias[phase]`` (None:
+        none) added to ``score``, go to the history ring (where the buffers keep one) and, for
+        the row's last ``ratio`` real tokens, to slot ``slots[i]``'s open window; each of the
+        row's candidate windows (``plan``) is pooled as :meth:`compress` pools it (overlap:
+        window -1 is the stored previous half), and the first half of the row's last closing
+        window replaces the stored one. Returns [B, W, D], the fp32 pooling rounded once to
+        ``dtype``; rows of windows that do not close are provisional (written where no query
+        reads them), so a backend may leave them zero and need not read those windows. One op,
+        so a backend can do all of it in one kernel; here: torch ops around :meth:`compress`."""
+        from deepinfer.backends.compress_verify_ref import pool_verify_windows
+
+        rows = (kv, score, bias, buffers, slots, plan)
+        return pool_verify_windows(self.compress, *rows, overlap=overlap).to(dtype)
 
     @abstractmethod
     def indexer_topk(  # noqa: PLR0917

@@ -31,7 +31,7 @@ from deepinfer.models.layers.window import (
     chunk_window,
     ragged_window,
     ring_rows,
-    verify_window,
+    verify_window_pages,
     window_pages,
 )
 from deepinfer.models.layouts import (
@@ -165,28 +165,30 @@ class MQA(nn.Module, ABC):
             if extra is not None:
                 sources.append(extra.decode_pages())
             return ops.paged_attention(q, sources, self.attn_sink, scale, angles)
-        if isinstance(state, SlotRows) and state.tokens is not None:
-            keys, index = verify_window(kv, positions, state, self.window)
+        if isinstance(state, SlotRows) and state.tokens is not None:  # verification rows
+            b, t = q.shape[:2]
+            sources = [verify_window_pages(kv, positions, state, self.window)]
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:
-                entries, rows = extra.verify_keys(keys.shape[1])
-                keys = torch.cat((keys, entries.to(kv.dtype)), dim=1)
-                index = torch.cat((index, rows), dim=-1)
-        elif not isinstance(state, SlotRows):
-            if isinstance(state, RaggedRows):
-                keys, index = ragged_window(kv, state, self.window)
-            else:
-                keys, window = chunk_window(kv, state, self.window, memo_of(state))
-                index = window.expand(q.shape[0], -1, -1)
-            extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
-            if extra is not None:
-                index = torch.cat((index, extra.index(keys.shape[1])), dim=-1)
-                entries = dense_entries(extra.entries).to(kv.dtype)
-                if extra.span_of is not None:  # [n, T, D]: every span's, one after another
-                    entries = entries.flatten(0, 1)[None]
-                keys = torch.cat((keys, entries), dim=1)
-        else:
+                sources.append(extra.verify_pages(state.step_memo))
+            flat = (angles[0].reshape(b * t, 1, -1), angles[1].reshape(b * t, 1, -1))
+            query = q.reshape(b * t, 1, *q.shape[2:])
+            o = ops.paged_attention(query, sources, self.attn_sink, scale, flat)
+            return o.view(b, t, *o.shape[2:])
+        if isinstance(state, SlotRows):
             raise AssertionError("decode rows write their kv rows in project()")
+        if isinstance(state, RaggedRows):
+            keys, index = ragged_window(kv, state, self.window)
+        else:
+            keys, window = chunk_window(kv, state, self.window, memo_of(state))
+            index = window.expand(q.shape[0], -1, -1)
+        extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
+        if extra is not None:
+            index = torch.cat((index, extra.index(keys.shape[1])), dim=-1)
+            entries = dense_entries(extra.entries).to(kv.dtype)
+            if extra.span_of is not None:  # [n, T, D]: every span's, one after another
+                entries = entries.flatten(0, 1)[None]
+            keys = torch.cat((keys, entries), dim=1)
         o = ops.sparse_attention(q, keys, index, self.attn_sink, scale)
         return ops.rope(o, *angles, inverse=True)
 
@@ -281,6 +283,6 @@ class Attention(MQA):
         memo, batch = memo_of(state), x.shape[0]
         visible = visible_mask(positions, self.ratio, n, batch, memo)
         listed = None
-        if isinstance(state, SlotRows) and state.tokens is None:  # decode rows
+        if isinstance(state, SlotRows):  # decode and verification rows: read in place
             listed = visible_entries(positions, self.ratio, n, batch, state.step_memo)
         return LongRange(entries, visible=visible, span_of=span_of, listed=listed, memo=memo)

@@ -29,7 +29,7 @@ from deepinfer.models.layers.norm import Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.visibility import listed
 from deepinfer.models.memo import StepMemo
-from deepinfer.paging import KeyPages, PagedEntries, dense_entries
+from deepinfer.paging import KeyPages, PagedEntries
 
 
 @dataclass
@@ -93,21 +93,18 @@ class LongRange:
 
         return rows() if self.memo is None else self.memo.get(("rows", id(visible), offset), rows)
 
-    def verify_keys(self, offset: int) -> tuple[Tensor, Tensor]:
-        """(keys [B, K, D], each query's rows ``offset + key`` among them [B, S, k], -1 =
-        none) for verification rows: a top-k layer's picks of every query gathered from
-        their pages (K = S * k, query s's at ``s * k``), otherwise every entry."""
-        if self.picks is None:
-            return dense_entries(self.entries), self.index(offset)
-        b, s, k = self.picks.shape
-        flat = self.picks.clamp(min=0).reshape(b, s * k)
-        if isinstance(self.entries, PagedEntries):
-            taken = self.entries.take(flat)
-        else:
-            index = flat[..., None].expand(-1, -1, self.entries.shape[-1])
-            taken = torch.gather(self.entries, 1, index)
-        rows = offset + torch.arange(s * k, device=flat.device).view(s, k)
-        return taken, torch.where(self.picks >= 0, rows, -1)
+    def verify_pages(self, memo: StepMemo) -> KeyPages:
+        """The entries verification rows ([B, S]) see, to be read in place with each query as
+        its own decode row ([B * S] rows, row b's S queries one after another): a top-k
+        layer's picks, otherwise every visible entry (``listed``)."""
+        seen = self.picks if self.picks is not None else self.listed
+        assert seen is not None and isinstance(self.entries, PagedEntries)
+        b, s = seen.shape[:2]
+        index = self.entries.index
+        pages = memo.get(
+            ("verify entry pages", id(index), s), lambda: index.repeat_interleave(s, dim=0)
+        )
+        return KeyPages(self.entries.pages, pages, seen.reshape(b * s, 1, -1))
 
     def decode_pages(self) -> KeyPages:
         """The entries decode rows (one query each) see, to be read in place: a top-k layer's

@@ -19,10 +19,8 @@ from deepinfer.models.layers.fused import pair
 from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.verify_windows import (
-    store_prev,
     verify_entry_angles,
-    verify_phase,
-    verify_windows,
+    verify_plan,
     write_verify_entries,
 )
 from deepinfer.models.layouts import (
@@ -165,25 +163,13 @@ class Compressor(nn.Module):
         """A verification pass's tokens' projections [B, T, c*D] over shared buffers
         (capturable): each row's candidate windows pooled in one op, those that close written
         (:mod:`.verify_windows`)."""
-        pool = rows.pool
-        score = score + self.ape[verify_phase(rows)]
-        windows = verify_windows(rows, kv, score)
-        prev_kv = prev_score = None
-        if self.overlap:
-            assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
-            prev_kv = pool.prev_kv_buf.index_select(0, rows.slots)
-            prev_score = pool.prev_score_buf.index_select(0, rows.slots)
-            store_prev(rows, windows.kv, windows.plan.last_closed, prev_kv, pool.prev_kv_buf)
-            store_prev(
-                rows, windows.score, windows.plan.last_closed, prev_score, pool.prev_score_buf
-            )
-        assert pool.pages is not None
-        pooled = ops.compress(
-            windows.kv, windows.score, prev_kv, prev_score, self.overlap, dtype=pool.pages.dtype
-        )
-        cos, sin = verify_entry_angles(rows, windows, rotary)
+        plan, pages = verify_plan(rows), rows.pool.pages
+        assert pages is not None
+        verify = (kv, score, self.ape, rows.pool, rows.slots, plan)
+        pooled = ops.compress_verify(*verify, self.overlap, pages.dtype)
+        cos, sin = verify_entry_angles(rows, plan, rotary)
         entries = self.norm.rotated(ops, pooled, cos, sin)  # [B, W, D]
-        return write_verify_entries(rows, windows, entries)
+        return write_verify_entries(rows, plan, entries)
 
     def _forward_ragged(  # noqa: PLR0917
         self,

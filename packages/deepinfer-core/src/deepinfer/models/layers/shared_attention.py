@@ -130,12 +130,12 @@ class SharedAttention(MQA):
         keys written by index (the rest to the padding slot), every row's published."""
         assert self.compressor is not None and self.indexer is not None
         assert rows.compressor is not None and rows.indexer is not None
-        latents, windows = self.compressor.forward_verify(ops, x, rows.compressor)
-        cos, sin = verify_entry_angles(rows.compressor, windows, rotary)
+        latents, plan = self.compressor.forward_verify(ops, x, rows.compressor)
+        cos, sin = verify_entry_angles(rows.compressor, plan, rotary)
         keys = self.indexer.keys(ops, latents, cos, sin).to(latents.dtype)
         entries = ops.rope(latents[:, :, None], cos, sin)[:, :, 0]
-        shared.entries[self.layer_id] = write_verify_entries(rows.compressor, windows, entries)
-        shared.keys[self.layer_id] = write_verify_entries(rows.indexer, windows, keys)
+        shared.entries[self.layer_id] = write_verify_entries(rows.compressor, plan, entries)
+        shared.keys[self.layer_id] = write_verify_entries(rows.indexer, plan, keys)
 
     def _update_ragged_sources(
         self, ops: Backend, x: Tensor, rotary: Rotary, rows: RaggedRows, shared: SharedKV

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from deepinfer.backends.base import Backend
+from deepinfer.backends.compress_verify_ref import VerifyPlan
 from deepinfer.models.layers.compressor import (
     SlotPhase,
     close_windows,
@@ -20,7 +21,7 @@ from deepinfer.models.layers.compressor import (
     slot_phase,
 )
 from deepinfer.models.layers.norm import Linear, RMSNorm
-from deepinfer.models.layers.verify_windows import VerifyWindows, verify_windows
+from deepinfer.models.layers.verify_windows import verify_plan
 from deepinfer.models.layouts import CompressorRows, RaggedCompressor
 from deepinfer.models.ragged_plan import ClosePlan
 from deepinfer.models.state import CompressorState
@@ -92,16 +93,17 @@ class SharedCompressor(nn.Module):
 
     def forward_verify(
         self, ops: Backend, x: Tensor, rows: CompressorRows
-    ) -> tuple[Tensor, VerifyWindows]:
+    ) -> tuple[Tensor, VerifyPlan]:
         """A verification pass's tokens [B, T, d] over shared buffers: (the normalised latents
         [B, W, D] of each row's candidate pairs, complete or not, and which close); no host
         work (:mod:`.verify_windows`)."""
         kv, score = self._project(ops, x)
-        windows = verify_windows(rows, kv, score)
-        assert rows.pool.pages is not None
-        dtype = rows.pool.pages.dtype
-        pooled = ops.compress(windows.kv, windows.score, None, None, False, dtype=dtype)
-        return self.norm(ops, pooled), windows
+        plan, pages = verify_plan(rows), rows.pool.pages
+        assert pages is not None
+        pooled = ops.compress_verify(
+            kv, score, None, rows.pool, rows.slots, plan, False, pages.dtype
+        )
+        return self.norm(ops, pooled), plan
 
     def forward_ragged(
         self, ops: Backend, x: Tensor, comp: RaggedCompressor

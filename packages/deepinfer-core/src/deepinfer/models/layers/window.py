@@ -9,9 +9,9 @@ positions) writes its new rows into the rings first, as the kv norm stores them
 the rings where they are, so the batch copies no key whatever the positions
 (:func:`window_pages`). Spans of any length over shared rings ([1, N] packed) gather
 every span's ring before writing any, and list each query's rows among those and the new ones
-(:func:`ragged_window`). Verification rows ([B, T] over shared rings, :func:`verify_window`)
-write their T rows, then list each query's ring rows. All give each query its own token plus
-the ``window - 1`` before it.
+(:func:`ragged_window`). Verification rows ([B, T] over shared rings,
+:func:`verify_window_pages`) write their T rows, then list each query's ring slots as a decode
+row's, read in place. All give each query its own token plus the ``window - 1`` before it.
 """
 
 from __future__ import annotations
@@ -83,28 +83,30 @@ def window_pages(positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
     return KeyPages(ring, rows.slots[:, None], entries)
 
 
-def verify_window(
-    kv: Tensor, positions: Tensor, rows: SlotRows, window: int
-) -> tuple[Tensor, Tensor]:
-    """Keys [B, capacity, D] and each query's window rows [B, T, window] (-1 = none) for the
-    new rows ``kv`` [B, T, D] of a verification pass at ``positions`` [B, T]; writes the
-    rings (a padding token's row goes to the padding slot). All on the device (capturable).
+def verify_window_pages(kv: Tensor, positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
+    """Write the new rows ``kv`` [B, T, D] of a verification pass at ``positions`` [B, T] into
+    the rings (a padding token's row goes to the padding slot), and list the ring slots each
+    query sees as its own decode row ([B * T] rows, row b's T queries one after another), the
+    rings read in place (:func:`window_pages`). All on the device (capturable).
 
-    Rows are listed newest first, as :func:`ragged_window` lists them. The ring still holds
-    every position a query sees: a ring of ``window + slack`` rows loses a position p - j
-    only to a write of p - j + capacity, past the row's last token while T <= slack + 1.
+    A slot holds the latest position <= the query's that it was written for: a ring of
+    ``window + slack`` rows loses a position p - j only to a write of p - j + capacity, past
+    the row's last token while T <= slack + 1.
     """
     assert rows.tokens is not None
     ring = rows.ring
     capacity = ring.shape[1]
     ring[rows.tokens.slots, positions % capacity] = kv.to(ring.dtype)
-    keys = ring.index_select(0, rows.slots)  # [B, capacity, D]
 
-    def index() -> Tensor:  # the same for every layer of the step with this ring shape
-        q = positions[..., None] - torch.arange(window, device=kv.device)
-        return torch.where(q >= 0, q.remainder(capacity), -1)
+    def seen() -> tuple[Tensor, Tensor]:  # the same for every layer of the pass
+        p = positions.reshape(-1, 1)
+        slot = torch.arange(capacity, device=p.device)
+        held = p - torch.remainder(p - slot, capacity)  # latest position <= p in each slot
+        entries = torch.where((held >= 0) & (p - held < window), slot, -1)[:, None, :]
+        return rows.slots.repeat_interleave(positions.shape[1])[:, None], entries
 
-    return keys.to(kv.dtype), rows.step_memo.get(("verify window", capacity, window), index)
+    pages, entries = rows.step_memo.get(("verify window", capacity, window), seen)
+    return KeyPages(ring, pages, entries)
 
 
 def ragged_window(kv: Tensor, rows: RaggedRows, window: int) -> tuple[Tensor, Tensor]:
