@@ -94,3 +94,22 @@ def test_parts_products_summed_smallest_first() -> None:
     assert got.shape == (5, 3001) and torch.equal(got.double(), want)
     exact, magnitude = products.double().sum(0), products.double().abs().sum(0)
     assert bool(((got.double() - exact).abs() <= 2 * 2.0**-24 * magnitude).all())
+
+
+@pytest.mark.parametrize("rows", [1, 6, 7, 12, 16, 17])
+def test_fp32_weights_at_few_rows(rows: int) -> None:
+    """The backend's ``linear`` on fp32 weights, whose products of a few rows it pads: every
+    row within the fp32 dot-product bound of a float64 recomputation, leading dimensions and
+    an input of another dtype kept."""
+    from deepinfer_kernels_sm100.backend import Sm100Backend, pads_fp32_rows
+
+    ops = object.__new__(Sm100Backend)  # skip the availability check: no GPU in CI
+    ops.device = torch.device(DEVICE)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, 128, generator=g).to(torch.bfloat16)
+    w = torch.randn(160, 128, generator=g) / 11
+    assert pads_fp32_rows(rows, w) == (7 <= rows <= 16)
+    got = ops.linear(x.to(DEVICE), w.to(DEVICE)).cpu()
+    assert got.shape == (1, rows, 160) and got.dtype == torch.float32 and got.is_contiguous()
+    want = x.double() @ w.double().T
+    assert bool(((got.double() - want).abs() <= _bound(x.float(), w, parts=3)).all())

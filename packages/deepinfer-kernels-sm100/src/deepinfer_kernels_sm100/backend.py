@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from deepinfer.backends.base import Availability, Fp8Activation, Fp8Output
@@ -22,6 +23,27 @@ from deepinfer.paging import KeyPages, PagedEntries
 from deepinfer_kernels_sm100.moe_ops import MoeOps
 
 MIN_CAPABILITY: tuple[int, int] = (9, 0)
+
+#: fp32 products that cuBLAS runs with a far slower kernel than for a few rows fewer or more
+#: (``benchmarks/fp32_linear_rows.py``, on the embedded tiny model's shapes): rows in
+#: ``FP32_SLOW_ROWS`` (inclusive) by a weight of at least ``FP32_SLOW_MIN_IN`` columns and
+#: ``FP32_SLOW_OUT`` rows (inclusive); their rows are padded to ``FP32_PADDED_ROWS``. Narrower
+#: or much taller weights ran as fast there unpadded, so they keep the plain product.
+FP32_SLOW_ROWS = (7, 16)
+FP32_SLOW_MIN_IN = 128
+FP32_SLOW_OUT = (128, 1024)
+FP32_PADDED_ROWS = 24
+
+
+def pads_fp32_rows(rows: int, weight: Tensor) -> bool:
+    """Whether ``linear`` pads an fp32 product of ``rows`` rows by ``weight`` (see above)."""
+    out, width = weight.shape
+    return (
+        weight.dtype == torch.float32
+        and FP32_SLOW_ROWS[0] <= rows <= FP32_SLOW_ROWS[1]
+        and width >= FP32_SLOW_MIN_IN
+        and FP32_SLOW_OUT[0] <= out <= FP32_SLOW_OUT[1]
+    )
 
 
 class Sm100Backend(MoeOps, TorchBackend):
@@ -55,6 +77,17 @@ class Sm100Backend(MoeOps, TorchBackend):
 
     def supports_cuda_graphs(self, dtype: Any) -> bool:
         return True  # every token-wise op is a kernel or a sync-free torch op
+
+    def linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """fp32 weights (a model built in fp32, as the embedded tiny model runs): the products
+        of a few rows for which cuBLAS's fp32 GEMM picks a far slower kernel than for a few
+        rows more (:func:`pads_fp32_rows`) get their rows padded; the result is the padded
+        product's first rows, contiguous."""
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not pads_fp32_rows(rows, weight):
+            return super().linear(x, weight)
+        flat = F.pad(x.reshape(rows, -1).to(weight.dtype), (0, 0, 0, FP32_PADDED_ROWS - rows))
+        return F.linear(flat, weight)[:rows].view(*x.shape[:-1], weight.shape[0])
 
     def linear_fp32(self, x: Tensor, weight: Tensor) -> Tensor:
         from deepinfer_kernels_sm100.split_linear import linear_fp32
