@@ -5,7 +5,7 @@ k + 1 tokens that keeps every logit. The ragged pass runs any mix of spans but p
 the host, so it cannot be captured. A step of verification rows only has a fixed shape instead:
 [B, T] tokens, row i's first ``lengths[i]`` real and the rest padding whose state writes go to
 the slot tensors' padding row (:class:`~deepinfer.models.layouts.SlotTokens`). Each layer writes
-the rows' T ring rows (:func:`~deepinfer.models.layers.window.verify_window_pages`), pools each
+the rows' T ring rows (:func:`~deepinfer.models.layers.window.ring_rows`), pools each
 row's candidate windows (:mod:`~deepinfer.models.layers.verify_windows`) and attends with each
 query as its own decode row, the rings and entry pages read in place (``paged_attention``); all
 indices come from the positions on the device. So the

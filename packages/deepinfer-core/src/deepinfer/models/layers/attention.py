@@ -98,8 +98,9 @@ class MQA(nn.Module, ABC):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """(rotated queries [B, S, H, D], query latent ``qr``, rotated kv row [B, S, D]).
         ``x_fp8``: ``x`` quantised for FP8 projections by the norm that made it. ``ring``:
-        decode rows' kv go straight into these rows of their rings ((flattened rings, row
-        [B]), :func:`~.window.ring_rows`) and come back as None."""
+        slot rows' kv (a decode step's, a verification pass's) go straight into these rows of
+        their rings ((flattened rings, rows [B] or [B, T]), :func:`~.window.ring_rows`) and
+        come back as None."""
         b, s, _ = x.shape
         q_latent, kv = pair(self, "wq_a", "wkv", ops, x, x_fp8=x_fp8)
         qr, qr_fp8 = self.q_norm.feeding(ops, q_latent, self.wq_b)
@@ -129,8 +130,7 @@ class MQA(nn.Module, ABC):
         in shared slots. ``shared``: V4.1's per-call source-layer outputs; ``x_fp8``: ``x``
         quantised already (:meth:`~deepinfer.models.layers.norm.RMSNorm.feeding`)."""
         cos, sin = rotary.cos_sin(positions)
-        decode = isinstance(state, SlotRows) and state.tokens is None
-        ring = ring_rows(positions, state) if decode else None
+        ring = ring_rows(positions, state) if isinstance(state, SlotRows) else None
         q, qr, kv = self.project(ops, x, cos, sin, x_fp8, ring)
         o = self.attend(ops, x, q, qr, kv, positions, rotary, state, shared)
         return self.output(ops, o)
@@ -158,16 +158,15 @@ class MQA(nn.Module, ABC):
         """
         scale = self.head_dim**-0.5
         angles = rotary.cos_sin(positions)
-        if kv is None:  # decode rows whose kv rows are in their rings already
-            assert isinstance(state, SlotRows)
+        if isinstance(state, SlotRows) and state.tokens is None:  # decode rows
             sources = [window_pages(positions, state, self.window)]
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:
                 sources.append(extra.decode_pages())
             return ops.paged_attention(q, sources, self.attn_sink, scale, angles)
-        if isinstance(state, SlotRows) and state.tokens is not None:  # verification rows
+        if isinstance(state, SlotRows):  # verification rows, each query a decode row's
             b, t = q.shape[:2]
-            sources = [verify_window_pages(kv, positions, state, self.window)]
+            sources = [verify_window_pages(positions, state, self.window)]
             extra = self.long_range(ops, x, qr, positions, rotary, state, shared)
             if extra is not None:
                 sources.append(extra.verify_pages(state.step_memo))
@@ -175,8 +174,7 @@ class MQA(nn.Module, ABC):
             query = q.reshape(b * t, 1, *q.shape[2:])
             o = ops.paged_attention(query, sources, self.attn_sink, scale, flat)
             return o.view(b, t, *o.shape[2:])
-        if isinstance(state, SlotRows):
-            raise AssertionError("decode rows write their kv rows in project()")
+        assert kv is not None, "slot rows write their kv rows in project()"
         if isinstance(state, RaggedRows):
             keys, index = ragged_window(kv, state, self.window)
         else:

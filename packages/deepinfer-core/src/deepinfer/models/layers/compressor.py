@@ -20,8 +20,8 @@ from deepinfer.models.layers.norm import Linear, RMSNorm, fp32_param
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layers.verify_windows import (
     verify_entry_angles,
+    verify_entry_targets,
     verify_plan,
-    write_verify_entries,
 )
 from deepinfer.models.layouts import (
     CompressorRows,
@@ -168,8 +168,9 @@ class Compressor(nn.Module):
         verify = (kv, score, self.ape, rows.pool, rows.slots, plan)
         pooled = ops.compress_verify(*verify, self.overlap, pages.dtype)
         cos, sin = verify_entry_angles(rows, plan, rotary)
-        entries = self.norm.rotated(ops, pooled, cos, sin)  # [B, W, D]
-        return write_verify_entries(rows, plan, entries)
+        target, entries = verify_entry_targets(rows, plan)
+        self.norm.rotated_into(ops, pooled, cos, sin, entries.pages.flatten(0, 1), target)
+        return entries
 
     def _forward_ragged(  # noqa: PLR0917
         self,

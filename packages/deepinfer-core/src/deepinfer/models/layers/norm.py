@@ -33,9 +33,15 @@ class RMSNorm(nn.Module):
     def rotated_into(  # noqa: PLR0917
         self, ops: Backend, x: Tensor, cos: Tensor, sin: Tensor, pool: Tensor, rows: Tensor
     ) -> None:
-        """:meth:`rotated` of decode rows ``x`` [B, 1, D], stored at rows ``rows`` [B] of
-        ``pool`` [R, D] (:meth:`~deepinfer.backends.base.Backend.rms_norm_rope_into`)."""
-        ops.rms_norm_rope_into(x[:, :, None], self.weight, self.eps, cos, sin, pool, rows)
+        """:meth:`rotated` of rows ``x`` [B, S, D] (``cos``/``sin`` [B, S, r/2]), each stored
+        at its row of ``pool`` [R, D] (``rows`` [B, S] or, with S = 1, [B]): a decode step's
+        rows, or a verification pass's tokens or candidate windows, as one op over B * S rows
+        (:meth:`~deepinfer.backends.base.Backend.rms_norm_rope_into`)."""
+        n = rows.numel()
+        rotated = (x.reshape(n, 1, 1, -1), cos.reshape(n, 1, -1), sin.reshape(n, 1, -1))
+        ops.rms_norm_rope_into(
+            *rotated[:1], self.weight, self.eps, *rotated[1:], pool, rows.reshape(n)
+        )
 
     def feeding(
         self, ops: Backend, x: Tensor, consumer: Linear

@@ -68,22 +68,31 @@ def plan_windows(tokens: SlotTokens, r: int) -> VerifyPlan:
     )
 
 
-def write_verify_entries(rows: CompressorRows, plan: VerifyPlan, new: Tensor) -> PagedEntries:
-    """Write the entries ``new`` [B, W, D] of the windows that close (the others to the
-    padding slot's first entry); returns every row's entries ``:entry_limit``, in their pages.
-    Where they go and the pages read back are the same for every layer of the ratio."""
+def verify_entry_targets(rows: CompressorRows, plan: VerifyPlan) -> tuple[Tensor, PagedEntries]:
+    """(the flattened pages' row [B, W] where each candidate window's entry goes: the padding
+    slot's first entry for a window that does not close; every row's entries ``:entry_limit``,
+    in their pages). The same for every layer of the ratio: memoised in the pass."""
     pages, table, tokens = rows.pool.pages, rows.pool.page_table, rows.tokens
     assert pages is not None and table is not None and tokens is not None
     per_page = pages.shape[1]
 
-    def locate() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def locate() -> tuple[Tensor, Tensor, Tensor]:
         slots = torch.where(plan.closes, rows.slots[:, None], 0)
         page, row = table.locate(slots, torch.where(plan.closes, plan.entry, 0), per_page)
         last = tokens.positions[:, 0] + tokens.lengths - 1  # the row's last real position
         counts = torch.where(tokens.lengths > 0, last // rows.ratio + 1, 0)
-        return page, row, table.row_pages(rows.slots, rows.entry_limit, per_page), counts
+        held = table.row_pages(rows.slots, rows.entry_limit, per_page)
+        return page * per_page + row, held, counts
 
     key = ("verify pages", id(table), rows.ratio, per_page, rows.entry_limit)
-    page, row, held, counts = rows.step_memo.get(key, locate)
-    pages[page, row] = new.to(pages.dtype)
-    return PagedEntries(pages, held, rows.entry_limit, counts)
+    target, held, counts = rows.step_memo.get(key, locate)
+    return target, PagedEntries(pages, held, rows.entry_limit, counts)
+
+
+def write_verify_entries(rows: CompressorRows, plan: VerifyPlan, new: Tensor) -> PagedEntries:
+    """Write the entries ``new`` [B, W, D] of the windows that close (the others to the
+    padding slot's first entry, :func:`verify_entry_targets`); returns every row's entries
+    ``:entry_limit``, in their pages."""
+    target, entries = verify_entry_targets(rows, plan)
+    entries.pages.flatten(0, 1)[target] = new.to(entries.pages.dtype)
+    return entries

@@ -9,9 +9,9 @@ positions) writes its new rows into the rings first, as the kv norm stores them
 the rings where they are, so the batch copies no key whatever the positions
 (:func:`window_pages`). Spans of any length over shared rings ([1, N] packed) gather
 every span's ring before writing any, and list each query's rows among those and the new ones
-(:func:`ragged_window`). Verification rows ([B, T] over shared rings,
-:func:`verify_window_pages`) write their T rows, then list each query's ring slots as a decode
-row's, read in place. All give each query its own token plus the ``window - 1`` before it.
+(:func:`ragged_window`). Verification rows ([B, T] over shared rings) write their T rows as a
+decode batch writes its one, then list each query's ring slots as a decode row's, read in place
+(:func:`verify_window_pages`). All give each query its own token plus the ``window - 1`` before it.
 """
 
 from __future__ import annotations
@@ -55,16 +55,21 @@ def chunk_window(
 
 
 def ring_rows(positions: Tensor, rows: SlotRows) -> tuple[Tensor, Tensor]:
-    """(the rings flattened [slots * capacity, D], the row [B] of it that each decode row's new
-    kv row at ``positions`` [B, 1] goes to): the slot a new row takes held position
-    p - capacity, which no query at p can see. The rows are the same for every layer of the
-    step with this ring shape. All on the device (capturable)."""
+    """(the rings flattened [slots * capacity, D], the row of it that each new kv row goes to:
+    [B] for a decode batch at ``positions`` [B, 1], [B, T] for a verification pass's tokens at
+    ``positions`` [B, T], a padding token's in the padding slot): the slot a new row takes held
+    position p - capacity, which no query at p can see (a verification row's own later tokens
+    included, while T <= slack + 1). The rows are the same for every layer of the pass with
+    this ring shape. All on the device (capturable)."""
     ring = rows.ring
     capacity = ring.shape[1]
-    at = rows.step_memo.get(
-        ("ring rows", capacity), lambda: rows.slots * capacity + positions[:, 0] % capacity
-    )
-    return ring.flatten(0, 1), at
+
+    def make() -> Tensor:
+        if rows.tokens is None:
+            return rows.slots * capacity + positions[:, 0] % capacity
+        return rows.tokens.slots * capacity + positions % capacity
+
+    return ring.flatten(0, 1), rows.step_memo.get(("ring rows", capacity), make)
 
 
 def window_pages(positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
@@ -83,20 +88,15 @@ def window_pages(positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
     return KeyPages(ring, rows.slots[:, None], entries)
 
 
-def verify_window_pages(kv: Tensor, positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
-    """Write the new rows ``kv`` [B, T, D] of a verification pass at ``positions`` [B, T] into
-    the rings (a padding token's row goes to the padding slot), and list the ring slots each
-    query sees as its own decode row ([B * T] rows, row b's T queries one after another), the
-    rings read in place (:func:`window_pages`). All on the device (capturable).
-
-    A slot holds the latest position <= the query's that it was written for: a ring of
-    ``window + slack`` rows loses a position p - j only to a write of p - j + capacity, past
-    the row's last token while T <= slack + 1.
-    """
-    assert rows.tokens is not None
+def verify_window_pages(positions: Tensor, rows: SlotRows, window: int) -> KeyPages:
+    """The ring slots each query of a verification pass at ``positions`` [B, T] sees, listed
+    as its own decode row's ([B * T] rows, row b's T queries one after another), the rings
+    read in place (:func:`window_pages`); the pass's new kv rows are in the rings already
+    (:func:`ring_rows`). A slot holds the latest position <= the query's that it was written
+    for: a ring of ``window + slack`` rows loses a position p - j only to a write of
+    p - j + capacity, past the row's last token while T <= slack + 1."""
     ring = rows.ring
     capacity = ring.shape[1]
-    ring[rows.tokens.slots, positions % capacity] = kv.to(ring.dtype)
 
     def seen() -> tuple[Tensor, Tensor]:  # the same for every layer of the pass
         p = positions.reshape(-1, 1)
