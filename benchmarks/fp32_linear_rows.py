@@ -5,8 +5,8 @@ The embedded tiny model runs in fp32, so its projections are cuBLAS fp32 GEMMs o
 counts and shapes cuBLAS picks a kernel far slower than for a few rows fewer or more; the
 ``sm100`` backend's ``linear`` pads those products' rows (``pads_fp32_rows``). For
 each of the tiny model's weight shapes and each row count this times, side by side, the plain
-``F.linear`` and the backend's ``linear``: ``--calls`` products captured in one CUDA graph and
-replayed, so the figure is GPU time per product, not launch overhead (median of ``--repeats``).
+``F.linear`` and the backend's ``linear``: products captured in one CUDA graph and replayed, so
+the figure is GPU time per product, not launch overhead (median of ``--repeats`` replays).
 
     python benchmarks/fp32_linear_rows.py
 
@@ -16,45 +16,20 @@ Results go to ``benchmarks/results/fp32_linear_rows_<gpu>.json``.
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from _results import write_result
+from attention_kernels import graph_us
 
 #: (out, in) of the tiny model's fp32 projections (its config: hidden 128, q rank 64).
 SHAPES = ((128, 128), (256, 64), (384, 128), (640, 128), (8192, 128))
 ROWS = (*range(1, 25), 32, 48, 64)
 
 
-def graph_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
-    """Median GPU microseconds of one ``fn()``, from ``calls`` captured in one graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return round(statistics.median(times), 2)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -67,8 +42,8 @@ def main() -> int:
         w = torch.randn(n, k, device="cuda", generator=g)
         for rows in ROWS:
             x = torch.randn(rows, k, device="cuda", generator=g)
-            plain = graph_us(lambda x=x, w=w: F.linear(x, w), args.calls, args.repeats)
-            padded = graph_us(lambda x=x, w=w: ops.linear(x, w), args.calls, args.repeats)
+            plain = graph_us(lambda x=x, w=w: F.linear(x, w), args.repeats)
+            padded = graph_us(lambda x=x, w=w: ops.linear(x, w), args.repeats)
             cases[f"{rows}x{k}->{n}"] = {
                 "F.linear_us": plain,
                 "backend_linear_us": padded,
