@@ -97,15 +97,6 @@ class PagedEntries:
         hold there, zeros or provisional entries; callers mask by each row's count)."""
         return self.pages[self.index].flatten(1, 2)[:, : self.limit]
 
-    def take(self, entry: Tensor) -> Tensor:
-        """[B, K, D]: row i's entries ``entry[i]`` [B, K] (each in ``0..limit-1``)."""
-        rows = self.pages.shape[1]
-        flat = self.index.gather(1, entry // rows) * rows + entry % rows
-        # One row index into the flattened pages gathers whole rows at a time (index_select);
-        # a (page, slot) index pair goes element by element, several times slower on a GPU.
-        picked = self.pages.flatten(0, 1).index_select(0, flat.flatten())
-        return picked.view(*entry.shape, *self.pages.shape[2:])
-
 
 class KeyPages(NamedTuple):
     """Keys of decode rows read in place (:meth:`deepinfer.backends.base.Backend.paged_attention`):

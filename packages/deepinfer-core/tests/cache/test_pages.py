@@ -100,7 +100,6 @@ def test_pages_equal_per_slot_lists() -> None:
             picks = torch.stack(
                 [torch.randint(0, len(ref[s][0]), (3,), generator=gen) for s in slots]
             )
-            taken = view.take(picks)
             # as decode attention reads them in place: each pick's row of the flattened pages
             keys = KeyPages(view.pages, view.index, picks[:, None])
             in_place = pool.pages.flatten(0, 1)[keys.rows()]
@@ -108,7 +107,6 @@ def test_pages_equal_per_slot_lists() -> None:
                 n = len(ref[s][0])
                 torch.testing.assert_close(got[i, :n], torch.stack(ref[s][0]), rtol=0, atol=0)
                 want = torch.stack([ref[s][0][j] for j in picks[i].tolist()])
-                torch.testing.assert_close(taken[i], want, rtol=0, atol=0)
                 torch.testing.assert_close(in_place[i], want, rtol=0, atol=0)
                 catch_up(s)  # the ratio-16 compressor
         for s in tokens:
