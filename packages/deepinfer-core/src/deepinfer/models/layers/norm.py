@@ -38,10 +38,8 @@ class RMSNorm(nn.Module):
         rows, or a verification pass's tokens or candidate windows, as one op over B * S rows
         (:meth:`~deepinfer.backends.base.Backend.rms_norm_rope_into`)."""
         n = rows.numel()
-        rotated = (x.reshape(n, 1, 1, -1), cos.reshape(n, 1, -1), sin.reshape(n, 1, -1))
-        ops.rms_norm_rope_into(
-            *rotated[:1], self.weight, self.eps, *rotated[1:], pool, rows.reshape(n)
-        )
+        x, cos, sin = x.reshape(n, 1, 1, -1), cos.reshape(n, 1, -1), sin.reshape(n, 1, -1)
+        ops.rms_norm_rope_into(x, self.weight, self.eps, cos, sin, pool, rows.reshape(n))
 
     def feeding(
         self, ops: Backend, x: Tensor, consumer: Linear
