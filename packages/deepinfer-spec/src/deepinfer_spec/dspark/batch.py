@@ -103,9 +103,10 @@ def draft_block(  # noqa: PLR0917
     positions = starts[:, None] + torch.arange(c.block_size, device=starts.device)
     h = drafter.backbone(drafter.block_input(anchors, embed), positions, context, mask)
     base = head(h)  # [R, block, V] fp32
-    prev, tokens, conf = anchors, [], []
+    prev, tokens = anchors, [anchors]
     for k in range(c.block_size):
-        conf.append(torch.sigmoid(drafter.confidence_logit(h[:, k], prev)))
         prev = (base[:, k] + drafter.markov_bias(prev)).argmax(dim=-1)
         tokens.append(prev)
-    return torch.stack(tokens, dim=1), torch.stack(conf, dim=1)
+    chain = torch.stack(tokens, dim=1)  # [R, 1 + block]: the anchor, then the drafts
+    # every slot's confidence at once, once the token before each is known
+    return chain[:, 1:], torch.sigmoid(drafter.confidence_logit(h, chain[:, :-1]))

@@ -42,19 +42,34 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
+        x32, weight = x.float(), self.weight.float()
+        if x.is_cuda:  # one fused kernel; on a CPU the composite below is the faster
+            return F.rms_norm(x32, weight.shape, weight, self.eps).to(x.dtype)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        return (x32 * weight).to(x.dtype)
 
 
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotate-half RoPE over the whole head: x [..., S, H, D], positions [..., S]."""
-    half = x.shape[-1] // 2
-    freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+#: (cos, sin) [..., S, 1, D] of rotate-half RoPE at some positions, each half's angles twice
+Rotation = tuple[Tensor, Tensor]
+
+
+def rotation(positions: Tensor, head_dim: int, theta: float) -> Rotation:
+    """The rotation of every head at ``positions`` [..., S]: computed once a pass and shared
+    by the queries and keys of every layer (they sit at the same positions)."""
+    half = head_dim // 2
+    freq = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
     angles = positions.float()[..., None] * freq  # [..., S, half]
-    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]
-    a, b = x.float()[..., :half], x.float()[..., half:]
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)
+    angles = torch.cat((angles, angles), dim=-1)[..., None, :]
+    return angles.cos(), angles.sin()
+
+
+def rope(x: Tensor, rot: Rotation) -> Tensor:
+    """Rotate-half RoPE over the whole head: x [..., S, H, D], halves (a, b) to
+    (a cos - b sin, b cos + a sin)."""
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    turned = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * rot[0] + turned * rot[1]).to(x.dtype)
 
 
 class DraftLayer(nn.Module):
@@ -79,19 +94,19 @@ class DraftLayer(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(*x.shape[:-1], self.c.num_heads, self.c.head_dim)
 
-    def kv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys (normed, rotated) and values [..., S, H, D] of already normed inputs."""
-        k = rope(self.k_norm(self._heads(self.wk(x))), positions, self.c.rope_theta)
+    def kv(self, x: Tensor, rot: Rotation) -> tuple[Tensor, Tensor]:
+        """Keys (normed, rotated by ``rot``) and values [..., S, H, D] of normed inputs."""
+        k = rope(self.k_norm(self._heads(self.wk(x))), rot)
         return k, self._heads(self.wv(x))
 
     def forward(
-        self, x: Tensor, positions: Tensor, context: tuple[Tensor, Tensor], mask: Tensor | None
+        self, x: Tensor, rot: Rotation, context: tuple[Tensor, Tensor], mask: Tensor | None
     ) -> Tensor:
-        """x [B, Q, d] block rows at ``positions`` [B, Q]; ``context`` keys and values
-        [B, T, H, D]; ``mask`` [B, Q, T + Q] (True: visible) or None (all visible)."""
+        """x [B, Q, d] block rows rotated by ``rot`` (their positions'); ``context`` keys and
+        values [B, T, H, D]; ``mask`` [B, Q, T + Q] (True: visible) or None (all visible)."""
         n = self.attn_norm(x)
-        q = rope(self.q_norm(self._heads(self.wq(n))), positions, self.c.rope_theta)
-        k, v = self.kv(n, positions)
+        q = rope(self.q_norm(self._heads(self.wq(n))), rot)
+        k, v = self.kv(n, rot)
         k = torch.cat((context[0], k), dim=1)
         v = torch.cat((context[1], v), dim=1)
         out = F.scaled_dot_product_attention(
@@ -121,7 +136,11 @@ class DSparkDrafter(nn.Module):
         """Each layer's context keys and values [B, T, H, D] for target features
         [B, T, feature_size] at ``positions`` [B, T]."""
         h = self.ctx_norm(self.fc(features.to(self.fc.weight.dtype)))
-        return [layer.kv(h, positions) for layer in self.layers]
+        rot = self.rotation(positions)
+        return [layer.kv(h, rot) for layer in self.layers]
+
+    def rotation(self, positions: Tensor) -> Rotation:
+        return rotation(positions, self.c.head_dim, self.c.rope_theta)
 
     def backbone(
         self,
@@ -131,9 +150,9 @@ class DSparkDrafter(nn.Module):
         mask: Tensor | None,
     ) -> Tensor:
         """Normed hidden states [B, Q, d] of embedded block rows ``block`` [B, Q, d]."""
-        x = block.to(self.fc.weight.dtype)
+        x, rot = block.to(self.fc.weight.dtype), self.rotation(positions)
         for layer, kv in zip(self.layers, context, strict=True):
-            x = layer(x, positions, kv, mask)
+            x = layer(x, rot, kv, mask)
         return self.norm(x)
 
     def markov_bias(self, prev: Tensor) -> Tensor:
