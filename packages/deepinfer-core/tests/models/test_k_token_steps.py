@@ -135,9 +135,10 @@ def test_batched_verification_rows_roll_back_exactly(
     """Several sequences in the engine's slots, built with rollback slack, verify drafts of
     1-6 tokens in one step (some steps all single-token rows, the decode pass; the others the
     verification pass, rows padded to the longest or, with graphs, to slack + 1 and captured
-    on a GPU), keep a prefix of each and roll back. Every kept logit equals a from-scratch
-    forward over that sequence's accepted tokens, so the rings, open windows and history
-    rings the shared passes wrote by index are exactly what a rollback needs."""
+    on a GPU), keep a prefix of each and roll them all back in one call. Every kept logit
+    equals a from-scratch forward over that sequence's accepted tokens, so the rings, open
+    windows and history rings the shared passes wrote by index are exactly what a rollback
+    needs."""
     model = _model(name, device, backend)
     slots = StateSlots(lambda: model.new_state(1, slack=6), max_slots=3, max_len=1024)
     states = [slots.new_state() for _ in range(3)]
@@ -163,12 +164,13 @@ def test_batched_verification_rows_roll_back_exactly(
             [d.to(device) for d in drafts], states, [d.numel() for d in drafts]
         )
         got = model(batch, step_graphs).split(batch)
-        for i, (state, draft, logits) in enumerate(zip(states, drafts, got, strict=True)):
-            keep = rnd.randint(1, draft.numel())
+        keeps = [rnd.randint(1, draft.numel()) for draft in drafts]
+        for i, (draft, keep) in enumerate(zip(drafts, keeps, strict=True)):
             accepted[i] += draft[:keep].tolist()
-            model.rollback(state, len(accepted[i]), accepted[i])
-            ids = torch.tensor([accepted[i]], device=device)
-            want = model.forward_logits(ids)[0, -keep:]
+        # every row at once, as the engine rolls back a step's rows
+        model.rollback_many([(s, len(a), a) for s, a in zip(states, accepted, strict=True)])
+        for logits, keep, ids in zip(got, keeps, accepted, strict=True):
+            want = model.forward_logits(torch.tensor([ids], device=device))[0, -keep:]
             torch.testing.assert_close(logits[:keep], want, rtol=0, atol=tol)
     assert decode_steps > 0 and [s.pos for s in states] == [len(a) for a in accepted]
     assert widths and set(widths) == ({7} if graphs else set(range(2, 7)))

@@ -14,6 +14,7 @@ import pytest
 import torch
 from _tiny_models import text_ids, tiny_models
 
+from deepinfer.cache.slots import StateSlots
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM
 
@@ -74,6 +75,31 @@ def test_rollback_refuses_what_it_cannot_do_exactly(model: DeepseekV4ForCausalLM
     if getattr(model, "engram_history", 0):  # V4.1 Engram rebuilds its look-back from ids
         with pytest.raises(ValueError, match="token ids"):
             model.rollback(state, 29)
+
+
+def test_a_batch_with_an_impossible_rollback_changes_no_state(
+    model: DeepseekV4ForCausalLM,
+) -> None:
+    """``rollback_many`` checks every rollback before it changes any state: one it cannot do
+    raises and leaves the others as they were (their next logits are a forward over all their
+    tokens), and the same batch without it then rolls them back exactly."""
+    gen = torch.Generator().manual_seed(7)
+    slots = StateSlots(lambda: model.new_state(1, slack=4), max_slots=3, max_len=256)
+    ids = [text_ids(model, gen, 40 + 3 * i).tolist() for i in range(3)]
+    states = [slots.new_state() for _ in ids]
+    for state, seq in zip(states, ids, strict=True):
+        model.step(torch.tensor([seq]), state)
+    bad = [(states[0], len(ids[0]) - 2, ids[0]), (states[1], len(ids[1]) - 5, ids[1])]
+    with pytest.raises(ValueError, match="cannot roll back 5 tokens"):
+        model.rollback_many(bad)
+    assert [s.pos for s in states] == [len(seq) for seq in ids]
+    nxt = text_ids(model, gen, 1).tolist()
+    kept = [seq[:-3] for seq in ids]
+    model.rollback_many([(s, len(k), k) for s, k in zip(states[1:], kept[1:], strict=True)])
+    for state, seq in zip(states, [ids[0], *kept[1:]], strict=True):
+        got = model.step(torch.tensor([nxt]), state)[0, -1]
+        want = model.forward_logits(torch.tensor([seq + nxt]))[0, -1]
+        torch.testing.assert_close(got, want, rtol=0, atol=5e-5)
 
 
 @pytest.mark.parametrize("extra", [1, 3, 6])

@@ -34,6 +34,9 @@ class SpecStep:
     #: Positions the step's pass ran, and requests drafted after it.
     positions: int = 0
     drafted: int = 0
+    #: (state, length, token ids) of every verification row that rejected a draft: rolled
+    #: back together once the step's rows are read (``model.rollback_many``).
+    rollbacks: list[tuple[ModelState, int, list[int]]] = field(default_factory=list)
 
 
 @dataclass

@@ -278,6 +278,8 @@ class SpeculativeRunner:
                 runner.record_block(req, view)
             self._prefill(req, span, targets.get(i), streams, result)
             runner.maybe_record(req)
+        if result.rollbacks:  # every rejecting row's state, together (before it drafts again)
+            self.model.rollback_many(result.rollbacks)
         self._draft(result)
         return result
 
@@ -325,9 +327,9 @@ class SpeculativeRunner:
         result: SpecStep,
     ) -> None:
         """A verification row of ``offered`` drafts: keep the drafts that pass, take the
-        token after them, roll the state back to what was kept. Drafts after a stop token or
-        one the grammar rejects are not verified (:mod:`.spec_sampling`): they count as
-        rejected."""
+        token after them; the state is rolled back to what was kept with the step's other
+        rows (:meth:`execute`). Drafts after a stop token or one the grammar rejects are not
+        verified (:mod:`.spec_sampling`): they count as rejected."""
         start = span.start
         n_kept = target.kept()
         emitted = target.tokens[: n_kept + 1]
@@ -346,7 +348,8 @@ class SpeculativeRunner:
             per[j] += 1
         assert req.state is not None
         if n_kept < offered:  # else the state holds just what was kept (no token list to build)
-            self.model.rollback(req.state, start + n_kept + 1, req.all_token_ids + emitted[:-1])
+            ids = req.all_token_ids + emitted[:-1]
+            result.rollbacks.append((req.state, start + n_kept + 1, ids))
         result.num_computed[req] = start + n_kept + 1
         pending = self._pending(req)
         pending.streams.append(streams[: n_kept + 1])

@@ -199,8 +199,7 @@ class _DummySteps:
         return seconds[0], seconds[1]
 
     def _rollback(self, states: Sequence[ModelState]) -> None:
-        for state in states:
-            self.model.rollback(state, self.context, self.history)
+        self.model.rollback_many([(state, self.context, self.history) for state in states])
 
     def close(self) -> None:
         for state in self.states:

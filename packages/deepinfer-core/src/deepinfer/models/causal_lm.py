@@ -37,7 +37,7 @@ from deepinfer.models.layers.norm import Embedding, Linear, RMSNorm
 from deepinfer.models.layers.rope import Rotary
 from deepinfer.models.layouts import span_memo
 from deepinfer.models.ragged import run_ragged
-from deepinfer.models.rollback import rollback_layers
+from deepinfer.models.rollback import rollback_states
 from deepinfer.models.state import ModelState, clone_or_none
 from deepinfer.models.state_views import clear_marks, set_marks, states_at
 from deepinfer.models.training import mtp_context, train_logits
@@ -153,7 +153,13 @@ class DeepseekCausalLM(nn.Module):
         """Take ``state`` back to its first ``length`` tokens, exactly as if the later ones had
         never run (at most ``state.slack`` tokens back). ``token_ids``: the sequence's tokens,
         needed by models that hash recent ids (V4.1 Engram)."""
-        rollback_layers(state, length)
+        self.rollback_many([(state, length, token_ids)])
+
+    def rollback_many(self, rollbacks: Sequence[tuple[ModelState, int, Sequence[int]]]) -> None:
+        """:meth:`rollback` for each (state, length, token_ids), all checked before any
+        changes; the buffers of states in the shared slot rows are rebuilt with a few ops for
+        all of them (a verification step rolls back most of its rows)."""
+        rollback_states([(state, length) for state, length, _ in rollbacks])
 
     # -- the step ---------------------------------------------------------------------------------
 

@@ -134,21 +134,29 @@ class DeepseekV41ForCausalLM(DeepseekCausalLM):
             )
         return state
 
-    def rollback(self, state: ModelState, length: int, token_ids: Sequence[int] = ()) -> None:
-        history: Tensor | None = None
-        if self.engram_history and 0 <= length < state.pos:
+    def rollback_many(self, rollbacks: Sequence[tuple[ModelState, int, Sequence[int]]]) -> None:
+        """Also rebuild each rolled-back state's Engram history from its token ids (one upload
+        for all of them)."""
+        rolled, recent = [], []
+        h = self.engram_history
+        for state, length, token_ids in rollbacks if h else ():
+            if not 0 <= length < state.pos:
+                continue
             if len(token_ids) < length:
                 raise ValueError(
                     f"rolling back a V4.1 state needs the sequence's token ids (at least {length}) "
                     "to rebuild the Engram history"
                 )
-            h = self.engram_history
-            recent = list(token_ids[max(0, length - h) : length])
-            recent = [self.cfg.engram_pad_token_id] * (h - len(recent)) + recent
-            history = to_device(torch.tensor([recent] * state.batch_size), self.device)
-        super().rollback(state, length, token_ids)
-        if history is not None:
-            state.token_history = history
+            ids = list(token_ids[max(0, length - h) : length])
+            recent += [[self.cfg.engram_pad_token_id] * (h - len(ids)) + ids] * state.batch_size
+            rolled.append(state)
+        histories = to_device(torch.tensor(recent), self.device) if recent else None
+        super().rollback_many(rollbacks)
+        at = 0
+        for state in rolled:
+            assert histories is not None
+            state.token_history = histories[at : at + state.batch_size]
+            at += state.batch_size
 
     # -- the layers -------------------------------------------------------------------------------
 
