@@ -234,7 +234,7 @@ def test_bf16_held_projections_give_the_fp32_logits(
     model = random_tiny_model(device=DEVICE, seed=3)
     _round_fp32_projections(model)
     want = _run(model)
-    kept = hold_bf16_projections(model)
+    kept = hold_bf16_projections(model, fp32_input_min_bytes=0)  # at every size
     assert "head.weight" in kept and any(n.endswith("gate.weight") for n in kept)
     assert any(n.endswith("compressor.wkv.weight") for n in kept)
     assert model.head.weight.dtype == torch.bfloat16
@@ -249,5 +249,22 @@ def test_projections_not_exact_in_bf16_stay_fp32() -> None:
     """The embedded model's head was trained and stored in fp32: holding it in bf16 would
     round it, so it stays."""
     model = tiny_model(device=DEVICE)
-    kept = hold_bf16_projections(model)
+    kept = hold_bf16_projections(model, fp32_input_min_bytes=0)
     assert "head.weight" not in kept and model.head.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_fp32_model_holds_only_large_projections_in_bf16(dtype: torch.dtype) -> None:
+    """An fp32 model's projections take fp32 inputs, which a bf16 weight's product splits in
+    parts: it keeps its small projections (the tiny model's all) in fp32 and holds in bf16 only
+    those of at least ``FP32_INPUT_HOLD_MIN_BYTES``; a bf16 model holds every exact one."""
+    model = random_tiny_model(dtype=dtype, device=DEVICE, seed=3)
+    _round_fp32_projections(model)
+    names = {f"{n}.weight": m.weight.numel() * 4 for n, m in fp32_projections(model)}
+    kept = hold_bf16_projections(model)
+    if dtype == torch.bfloat16:
+        assert kept == set(names)
+        return
+    assert not kept
+    head = names["head.weight"]
+    assert hold_bf16_projections(model, fp32_input_min_bytes=head) == {"head.weight"}

@@ -154,15 +154,30 @@ def fp32_projections(model: nn.Module) -> Iterator[tuple[str, Linear | Gate]]:
             yield prefix, module
 
 
-def hold_bf16_projections(model: nn.Module) -> frozenset[str]:
+#: An fp32 model feeds these projections fp32 inputs, which a product by a bf16 weight splits
+#: into bf16 parts to stay exact (``sm100``'s ``linear_fp32``: about ten small kernels a call
+#: where the fp32 weight takes one GEMM). Half the bytes pay for those launches only for large
+#: weights (a full-size head): an fp32 model holds in bf16 only weights of at least this many
+#: fp32 bytes. A bf16 model's inputs (all but the head's) need no split, so it holds them all.
+FP32_INPUT_HOLD_MIN_BYTES = 64 << 20
+
+
+def hold_bf16_projections(
+    model: nn.Module, fp32_input_min_bytes: int = FP32_INPUT_HOLD_MIN_BYTES
+) -> frozenset[str]:
     """After the weights are in: hold every projection that is computed in fp32
     (:func:`fp32_projections`) in bf16 where each of its values is exact there, as a DeepSeek
     checkpoint stores them; returns their weight names. The backend's
     :meth:`~deepinfer.backends.base.Backend.linear_fp32` then gives the same fp32 products from
     half the bytes. A weight that is not exact (a checkpoint that stores it in fp32) stays
-    fp32. On the meta device (memory planning) every one counts as exact."""
+    fp32, and so does one of an fp32 model under ``fp32_input_min_bytes`` (see
+    :data:`FP32_INPUT_HOLD_MIN_BYTES`). On the meta device (memory planning) every one counts as
+    exact."""
+    fp32_inputs = getattr(model, "dtype", None) == torch.float32
     kept = []
     for prefix, module in fp32_projections(model):
+        if fp32_inputs and module.weight.numel() * 4 < fp32_input_min_bytes:
+            continue
         if _exact_in_bf16(module.weight):
             module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
             kept.append(f"{prefix}.weight")
