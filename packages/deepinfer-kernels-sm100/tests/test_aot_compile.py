@@ -820,6 +820,20 @@ def _compress_verify_specs() -> Iterator[AotSpec]:
         )  # fmt: skip
 
 
+def _verify_plan_specs() -> Iterator[AotSpec]:
+    # a verification pass of k = 5 drafts (6 tokens a row) at V4-Flash's ratios 4 and 128
+    for r in (4, 128):
+        w = -(-6 // r)
+        yield AotSpec(
+            "verify_plan._verify_plan_kernel",
+            f"ratio_{r}",
+            {"pos_ptr": "*i64", "slot_ptr": "*i64", "len_ptr": "*i64", "phase_ptr": "*i64",
+             "closes_ptr": "*i1", "entry_ptr": "*i64", "source_ptr": "*i64",
+             "position_ptr": "*i64", "open_ptr": "*i64", "count_ptr": "*i64", "t": 6, "w": w,
+             "R": r, "BLOCK_T": 8, "BLOCK_W": 2 if w == 2 else 1},
+        )  # fmt: skip
+
+
 def _fp8_linear_specs() -> Iterator[AotSpec]:
     # activations quantised once ahead of a prefill GEMM: bf16 model activations, fp32 runs
     for dt in ("bf16", "fp32"):
@@ -928,6 +942,7 @@ AOT_SPECS: tuple[AotSpec, ...] = (
     *_swiglu_specs(),
     *_sampling_specs(),
     *_split_linear_specs(),
+    *_verify_plan_specs(),
     *_router_specs(),
     *_mhc_specs(),
     *_moe_specs(),

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from deepinfer.backends.compress_verify_ref import plan_windows
 from deepinfer.backends.torch_ref import TorchBackend
-from deepinfer.models.layers.verify_windows import plan_windows
 from deepinfer.models.layouts import SlotTokens
 from deepinfer_kernels_sm100.compress import slot_pool, softmax_pool
 from deepinfer_kernels_sm100.compress_verify import verify_pool
+from deepinfer_kernels_sm100.verify_plan import verify_plan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -235,7 +236,7 @@ def test_verify_pool_equals_token_by_token_decoding(
     kv, score = both[..., :width], both[..., width:]  # a fused projection's halves, in place
     bias = torch.randn(r, width, generator=g).to(DEVICE) if has_bias else None
     tokens, slots = _verify_rows(r, keep)
-    plan = plan_windows(tokens, r)
+    plan = plan_windows(tokens.positions, tokens.slots, tokens.lengths, r)
     start = _Buffers.random(9, r, d, overlap, keep, g)
     _seed_open_windows(start, tokens, slots)
     fused, stepped, reference = start.copy(), start.copy(), start.copy()
@@ -266,3 +267,25 @@ def test_verify_pool_equals_token_by_token_decoding(
         kv, score, bias, start.copy(), slots, plan, overlap=overlap, dtype=torch.bfloat16
     )
     assert torch.equal(rounded, got.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("t", [1, 6, 7])
+@pytest.mark.parametrize("r", [1, 2, 4, 128])
+def test_verify_plan_kernel_equals_the_reference(r: int, t: int) -> None:
+    """The plan kernel against the reference's index ops (``plan_windows``), every field:
+    rows at positions on and off window boundaries, near the start, of every real length
+    (0: a padding row, its tokens at position 0 in slot 0)."""
+    g = torch.Generator().manual_seed(r * 10 + t)
+    starts = [0, 1, r - 1, r, 3 * r + 1, 517, 1000]
+    lengths = [int(torch.randint(0, t + 1, (), generator=g)) for _ in starts] + [0]
+    starts.append(0)
+    offs = torch.arange(t)
+    real = offs[None] < torch.tensor(lengths)[:, None]
+    positions = torch.where(real, torch.tensor(starts)[:, None] + offs, 0)
+    slot_ids = torch.arange(1, len(starts) + 1)[:, None].expand(-1, t)
+    slots = torch.where(real, slot_ids, 0)
+    args = (positions.to(DEVICE), slots.to(DEVICE), torch.tensor(lengths).to(DEVICE), r)
+    got, want = verify_plan(*args), plan_windows(*args)
+    for name in ("phase", "closes", "entry", "source", "position", "open_slots", "count"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name

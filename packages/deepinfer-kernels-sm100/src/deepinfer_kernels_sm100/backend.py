@@ -270,6 +270,13 @@ class Sm100Backend(MoeOps, TorchBackend):
 
         return slot_pool(*rows, overlap=overlap, dtype=dtype)
 
+    def verify_plan(
+        self, positions: Tensor, slots: Tensor, lengths: Tensor, ratio: int
+    ) -> VerifyPlan:
+        from deepinfer_kernels_sm100.verify_plan import verify_plan
+
+        return verify_plan(positions, slots, lengths, ratio)
+
     def compress_verify(  # noqa: PLR0917
         self,
         kv: Tensor,

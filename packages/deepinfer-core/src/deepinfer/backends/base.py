@@ -310,6 +310,16 @@ class Backend(TokenOps):
         rows = (kv, score, bias, buffers, slots, phase, history_row)
         return pool_slot_windows(self.compress, *rows, overlap=overlap).to(dtype)
 
+    def verify_plan(
+        self, positions: Tensor, slots: Tensor, lengths: Tensor, ratio: int
+    ) -> VerifyPlan:
+        """Where a verification pass's rows (tokens at ``positions`` [B, T] writing ``slots``,
+        the first ``lengths`` [B] real) stand in the windows of ``ratio``: one op a pass and
+        ratio, which a kernel backend makes in one launch (here: the reference's index ops)."""
+        from deepinfer.backends.compress_verify_ref import plan_windows
+
+        return plan_windows(positions, slots, lengths, ratio)
+
     def compress_verify(  # noqa: PLR0917
         self,
         kv: Tensor,

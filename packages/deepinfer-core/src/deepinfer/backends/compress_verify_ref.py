@@ -62,6 +62,34 @@ class VerifyPlan:
         return self._rings[key]
 
 
+def plan_windows(positions: Tensor, slots: Tensor, lengths: Tensor, r: int) -> VerifyPlan:
+    """The windows of a verification pass's rows at ratio ``r`` (:class:`VerifyPlan`): rows of
+    tokens at ``positions`` [B, T] writing ``slots`` [B, T], the first ``lengths`` [B] real."""
+    t = positions.shape[1]
+    device = positions.device
+    offset = torch.arange(t, device=device).expand_as(positions)
+    start = positions[:, :1]  # [B, 1]: the row's first position (padding: 0)
+    ends = (r - 1 - start) % r + r * torch.arange(-(-t // r), device=device)  # [B, W]
+    closes = ends < lengths[:, None]
+    at = (start + ends)[..., None] - (r - 1) + torch.arange(r, device=device)  # positions
+    new = at - start[..., None]  # offset among the new tokens (< 0: before the step)
+    source = torch.where(new >= 0, r + new.clamp(max=t - 1), at % r)
+    # The window left open: the row's last real tokens, one per phase.
+    last = (offset < lengths[:, None]) & (offset >= lengths[:, None] - r)
+    return VerifyPlan(
+        positions=positions,
+        token_slots=slots,
+        lengths=lengths,
+        phase=positions % r,
+        closes=closes,
+        entry=(start + ends) // r,
+        source=source,
+        position=at,
+        open_slots=torch.where(last, slots, 0),
+        count=closes.sum(dim=1),
+    )
+
+
 def pool_verify_windows(  # noqa: PLR0917
     compress: Compress,
     kv: Tensor,

@@ -163,7 +163,7 @@ class Compressor(nn.Module):
         """A verification pass's tokens' projections [B, T, c*D] over shared buffers
         (capturable): each row's candidate windows pooled in one op, those that close written
         (:mod:`.verify_windows`)."""
-        plan, pages = verify_plan(rows), rows.pool.pages
+        plan, pages = verify_plan(rows, ops), rows.pool.pages
         assert pages is not None
         verify = (kv, score, self.ape, rows.pool, rows.slots, plan)
         pooled = ops.compress_verify(*verify, self.overlap, pages.dtype)

@@ -98,7 +98,7 @@ class SharedCompressor(nn.Module):
         [B, W, D] of each row's candidate pairs, complete or not, and which close); no host
         work (:mod:`.verify_windows`)."""
         kv, score = self._project(ops, x)
-        plan, pages = verify_plan(rows), rows.pool.pages
+        plan, pages = verify_plan(rows, ops), rows.pool.pages
         assert pages is not None
         pooled = ops.compress_verify(
             kv, score, None, rows.pool, rows.slots, plan, False, pages.dtype

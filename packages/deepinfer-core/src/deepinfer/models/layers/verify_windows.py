@@ -2,7 +2,7 @@
 
 A verification row feeds its last token and its drafts ([B, T], :mod:`deepinfer.models.verify`).
 Which windows each row's tokens close, and where their entries go, is the same for every
-compressor of a ratio: :func:`verify_plan` makes it once a pass
+compressor of a ratio: :func:`verify_plan` makes it once a pass, one backend op
 (:class:`~deepinfer.backends.compress_verify_ref.VerifyPlan`), each compressor's windows are
 pooled by one backend op (:meth:`~deepinfer.backends.base.Backend.compress_verify`), and the
 entries of the windows that close are written here (the others, and padding rows', to the
@@ -17,18 +17,22 @@ import torch
 from torch import Tensor
 
 from deepinfer.backends.compress_verify_ref import VerifyPlan
-from deepinfer.models.layouts import CompressorRows, SlotTokens
+from deepinfer.models.layouts import CompressorRows
 from deepinfer.paging import PagedEntries
 
 if TYPE_CHECKING:
+    from deepinfer.backends.base import Backend
     from deepinfer.models.layers.rope import Rotary
 
 
-def verify_plan(rows: CompressorRows) -> VerifyPlan:
+def verify_plan(rows: CompressorRows, ops: Backend) -> VerifyPlan:
     """The pass's :class:`VerifyPlan` for ``rows``' ratio (memoised in the pass)."""
     tokens, r = rows.tokens, rows.ratio
     assert tokens is not None
-    return rows.step_memo.get(("verify plan", r), lambda: plan_windows(tokens, r))
+    key = ("verify plan", r)
+    return rows.step_memo.get(
+        key, lambda: ops.verify_plan(tokens.positions, tokens.slots, tokens.lengths, r)
+    )
 
 
 def verify_entry_angles(
@@ -38,34 +42,6 @@ def verify_entry_angles(
     the ratio (the plan is), so made once a pass and shared by compressors and KV sources."""
     key = ("verify entry angles", rows.ratio, id(rotary))
     return rows.step_memo.get(key, lambda: rotary.cos_sin(plan.entry * rows.ratio))
-
-
-def plan_windows(tokens: SlotTokens, r: int) -> VerifyPlan:
-    """The windows of a pass's rows at ratio ``r`` (:class:`VerifyPlan`)."""
-    t = tokens.positions.shape[1]
-    device = tokens.positions.device
-    offset = torch.arange(t, device=device).expand_as(tokens.positions)
-    start = tokens.positions[:, :1]  # [B, 1]: the row's first position (padding: 0)
-    ends = (r - 1 - start) % r + r * torch.arange(-(-t // r), device=device)  # [B, W]
-    closes = ends < tokens.lengths[:, None]
-    at = (start + ends)[..., None] - (r - 1) + torch.arange(r, device=device)  # positions
-    new = at - start[..., None]  # offset among the new tokens (< 0: before the step)
-    source = torch.where(new >= 0, r + new.clamp(max=t - 1), at % r)
-    # The window left open: the row's last real tokens, one per phase.
-    last = tokens.real & (offset >= tokens.lengths[:, None] - r)
-    open_slots = torch.where(last, tokens.slots, 0)
-    return VerifyPlan(
-        positions=tokens.positions,
-        token_slots=tokens.slots,
-        lengths=tokens.lengths,
-        phase=tokens.positions % r,
-        closes=closes,
-        entry=(start + ends) // r,
-        source=source,
-        position=at,
-        open_slots=open_slots,
-        count=closes.sum(dim=1),
-    )
 
 
 def verify_entry_targets(rows: CompressorRows, plan: VerifyPlan) -> tuple[Tensor, PagedEntries]:
