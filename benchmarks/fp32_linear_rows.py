@@ -31,6 +31,7 @@ ROWS = (*range(1, 25), 32, 48, 64)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     from deepinfer_kernels_sm100.backend import Sm100Backend, pads_fp32_rows
@@ -40,7 +41,7 @@ def main() -> int:
     cases: dict[str, dict[str, float]] = {}
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", generator=g)
-        for rows in ROWS:
+        for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", generator=g)
             plain = graph_us(lambda x=x, w=w: F.linear(x, w), args.repeats)
             padded = graph_us(lambda x=x, w=w: ops.linear(x, w), args.repeats)

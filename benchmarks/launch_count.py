@@ -22,8 +22,11 @@ host issues one by one: ``host_time.py`` shows a 4k chunk bound by that). ``--ve
 speculative round's verification pass at each batch: rows of the last token and K drafts, whose
 captured pass a round replays where a plain step replays the decode step's.
 
-    python benchmarks/launch_count.py [--models config_a v4_flash] [--batches 1 8] [--prefill 64]
-        [--verify 5]
+``--models tiny`` counts the embedded tiny model (its trained weights, V4.1), the model the
+speculative benchmarks run.
+
+    python benchmarks/launch_count.py [--models config_a v4_flash tiny] [--batches 1 8]
+        [--prefill 64] [--verify 5]
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from low_precision import FLASH_CONFIG, cut
 from step_ab import midsize_config, prefill_slots
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from deepinfer.assets import init_random_weights
+from deepinfer.assets import init_random_weights, tiny_config, tiny_model
 from deepinfer.cache.slots import StateSlots
 from deepinfer.config import ModelConfig
 from deepinfer.models import weights_loaded
@@ -103,7 +106,13 @@ def v4_flash() -> ModelConfig:
     return ModelConfig.from_dict(raw)
 
 
-MODELS = {"config_a": config_a, "v4_flash": v4_flash}
+def tiny() -> ModelConfig:
+    """The embedded tiny model (V4.1), with its trained weights: what the speculative
+    benchmarks run."""
+    return tiny_config()
+
+
+MODELS = {"config_a": config_a, "v4_flash": v4_flash, "tiny": tiny}
 
 
 class _Counter(TorchDispatchMode):
@@ -184,6 +193,8 @@ def kernel_ops() -> Any:
 def build(cfg: ModelConfig, dtype: torch.dtype) -> DeepseekV4ForCausalLM:
     """The model in ``dtype`` (bf16 as on a GPU: its casts count; the interpreter's bf16 values
     are not the GPU's, which does not change what launches) on the interpreted kernels."""
+    if cfg == tiny_config():
+        return tiny_model(dtype, "cpu", kernel_ops()).eval()  # type: ignore[return-value]
     model = DeepseekV4ForCausalLM(cfg, dtype=dtype, device="cpu")
     init_random_weights(model, seed=0)
     model.ops = kernel_ops()
@@ -310,7 +321,7 @@ def count_ragged(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=["config_a", "v4_flash"], choices=list(MODELS))
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--label", default="run")
