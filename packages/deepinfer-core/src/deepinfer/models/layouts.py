@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from deepinfer.models.memo import StepMemo
@@ -36,12 +35,6 @@ class SlotTokens:
     positions: Tensor  # [B, T] each token's position (padding: 0)
     slots: Tensor  # [B, T] the slot row each token writes (padding: 0)
     lengths: Tensor  # [B] real tokens of each row
-
-    @property
-    def real(self) -> Tensor:
-        """[B, T] True at real tokens."""
-        t = torch.arange(self.positions.shape[1], device=self.positions.device)
-        return t < self.lengths[:, None]
 
 
 @dataclass

@@ -27,16 +27,12 @@ from deepinfer.models.state import CompressorState, LayerState, ModelState, Slot
 from deepinfer.transfer import to_device
 
 
-def rollback_layers(state: ModelState, length: int) -> None:
-    """Roll every main (and MTP) layer state and ``pos`` back to ``length`` tokens."""
-    rollback_states([(state, length)])
-
-
 def rollback_states(rollbacks: Sequence[tuple[ModelState, int]]) -> None:
-    """:func:`rollback_layers` for each (state, length), every one checked before any state
-    changes. The compressor buffers of states in shared slot rows are rebuilt together: one
-    gather and one scatter per buffer over every such state, where one state at a time costs
-    a verification step a few small ops per compressor per rejected row."""
+    """Roll each state's main (and MTP) layers and ``pos`` back to its length, every one
+    checked before any state changes. The compressor buffers of states in shared slot rows
+    are rebuilt together: one gather and one scatter per buffer over every such state, where
+    one state at a time costs a verification step a few small ops per compressor per
+    rejected row."""
     todo = [(state, length) for state, length in rollbacks if _checked(state, length)]
     rows = _RowCopies()
     for state, length in todo:
@@ -140,12 +136,11 @@ class _RowCopies:
         return True
 
     def run(self) -> None:
-        if not self.pools:
-            return
+        """Every queued copy, from one upload of the index rows (each pool's open-window
+        triples, previous-half triples and emptied slots, in that order)."""
         todos = list(self.pools.values())
-        flat = [i for t in todos for triple in (*t.open, *t.prev) for i in triple]
-        flat += [slot for t in todos for slot in t.empty]
-        if not flat:  # every window rolled back to its start: nothing open to rebuild
+        flat = [i for t in todos for i in (*_flat(t.open), *_flat(t.prev), *t.empty)]
+        if not flat:  # nothing queued, or every window rolled back to its start
             return
         device = todos[0].pool.hist_kv_buf.device  # type: ignore[union-attr]
         index = to_device(torch.tensor(flat, dtype=torch.long), device)
@@ -161,13 +156,16 @@ class _RowCopies:
                     where = index[at : at + 3 * len(triples)].view(-1, 3).unbind(1)
                     at += 3 * len(triples)
                     _copy_rows(where, dst, ring, dim)
-        for t in todos:
             if t.empty:
                 slots = index[at : at + len(t.empty)]
                 at += len(t.empty)
-                assert t.pool.prev_kv_buf is not None and t.pool.prev_score_buf is not None
-                t.pool.prev_kv_buf[slots] = 0.0
-                t.pool.prev_score_buf[slots] = float("-inf")
+                assert pool.prev_kv_buf is not None and pool.prev_score_buf is not None
+                pool.prev_kv_buf[slots] = 0.0
+                pool.prev_score_buf[slots] = float("-inf")
+
+
+def _flat(triples: list[tuple[int, int, int]]) -> list[int]:
+    return [i for triple in triples for i in triple]
 
 
 def _copy_rows(

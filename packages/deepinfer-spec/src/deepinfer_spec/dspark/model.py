@@ -140,6 +140,7 @@ class DSparkDrafter(nn.Module):
         return [layer.kv(h, rot) for layer in self.layers]
 
     def rotation(self, positions: Tensor) -> Rotation:
+        """The rotation of this drafter's heads at ``positions`` (:func:`rotation`)."""
         return rotation(positions, self.c.head_dim, self.c.rope_theta)
 
     def backbone(
