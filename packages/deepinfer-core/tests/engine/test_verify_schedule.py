@@ -72,7 +72,11 @@ def _verifying(reqs: list[Request]) -> SchedulerOutput:
 
 
 def _draft(verifier: AdaptiveVerifier, reqs: list[Request]) -> None:
-    verifier.draft(_Drafter(), reqs, [], torch.zeros(0), torch.zeros(0), [1] * len(reqs))
+    """Draft for ``reqs`` and take the round's confidences in, as the engine does."""
+    _, confidence = verifier.draft(
+        _Drafter(), reqs, [], torch.zeros(0), torch.zeros(0), [1] * len(reqs)
+    )
+    verifier.took(dict(zip(reqs, confidence.tolist(), strict=True)))
 
 
 def test_the_decision_to_draft_is_checked_against_what_its_rounds_kept() -> None:

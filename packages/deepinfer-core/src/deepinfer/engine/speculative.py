@@ -9,7 +9,8 @@ first draw that differs (or the one after the last draft): one to k + 1 tokens p
 the token the engine draws there without speculation. So outputs are the target's own (greedy
 and seeded alike), in any batch and however many drafts a step verifies. The state is rolled
 back to the accepted tokens, and the speculator drafts the next round from the target's streams
-at the verified positions.
+at the verified positions; its drafts are read when the next step needs them
+(:mod:`.draft_round`).
 
 Every position of a row is processed as the sampler would process a draw there had the drafts
 before it been emitted (:mod:`.spec_sampling`): penalties, logit bias, bad words, allowed
@@ -28,11 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.draft_round import LaunchedRound, charge
 from deepinfer.engine.drafter import Drafter, load_drafter
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import SampledToken
@@ -104,6 +107,8 @@ class SpeculativeRunner:
         self.verifier = verifier
         self.k = drafter.k
         self.drafts: dict[Request, list[int]] = {}
+        #: The latest drafting round, until the next step takes its drafts (:meth:`_take`).
+        self.launched: LaunchedRound | None = None
         self.pending: dict[Request, PendingPositions] = {}
         #: Drafts proposed and kept, over the engine's life (acceptance statistics).
         self.num_drafts = 0
@@ -163,9 +168,8 @@ class SpeculativeRunner:
         round would read. Its requests' drafter contexts then start again after it (their
         features of the plain step's positions were never taken). A step whose drafts the
         plan drops runs as a plain decode step here, features captured, since drafting the
-        next round may pay. Decode-only steps are timed for the verifier's overhead
-        (:mod:`.step_overhead`). A step with a prefill chunk whose request asks for prompt
-        logprobs is always the engine's plain step (in fixed scheduling too)."""
+        next round may pay. Decode-only steps are timed (:mod:`.step_overhead`). A step with
+        a prompt-logprobs chunk is always the engine's plain step (fixed scheduling too)."""
         if not out.scheduled:
             return True
         decode_only, noisy = True, 0  # one pass over the rows: this runs before every step
@@ -178,6 +182,7 @@ class SpeculativeRunner:
                     return self._plain(list(out.scheduled))
         if self.verifier is None:
             return True
+        self._take()
         rows, overhead = list(out.scheduled), self.verifier.overhead
         start = overhead.begin(decode_only) if overhead is not None else 0.0
         self._started = start if overhead is not None and decode_only else None
@@ -190,6 +195,7 @@ class SpeculativeRunner:
 
     def _plain(self, rows: list[Request]) -> bool:
         """Hand the step of ``rows`` to the engine's plain path (False: not speculative)."""
+        self._take()
         if self.drafts or self.pending:  # (a run of plain steps has neither)
             for req in rows:
                 self.forget(req)
@@ -218,6 +224,7 @@ class SpeculativeRunner:
         result = SpecStep()
         if not out.scheduled:  # nothing to run this step (a preemption only)
             return result
+        self._take()
         if self.verifier is not None:
             self.verifier.trim(out, self.drafts)
         reqs, ids, keep, marks, rows = [], [], [], [], []
@@ -362,26 +369,32 @@ class SpeculativeRunner:
         reqs = [r for r in result.tokens if r.state is not None]
         if not reqs:
             return
-        # the next step, as far as it is known now: a decoding row each
         if self.verifier is not None and not self.verifier.drafting_pays(reqs, self.k):
-            return  # their positions stay pending, for a round that pays
+            return  # (priced on a decoding row each) positions stay pending, for a round that pays
         pieces = [self.pending.pop(r) for r in reqs]
         streams = torch.cat([s for p in pieces for s in p.streams])
         next_ids = to_device(torch.tensor([t for p in pieces for t in p.next_ids]), streams.device)
         lengths = [len(p.next_ids) for p in pieces]
-        states = [r.state for r in reqs]
+        states = cast(list[ModelState], [r.state for r in reqs])
         result.drafted = len(reqs)
         self.draft_passes += 1
         begin = perf_counter()
         if self.verifier is not None:  # the drafts and, for the schedule, their confidences
-            drafts = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
+            round_ = self.verifier.draft(self.drafter, reqs, states, streams, next_ids, lengths)  # type: ignore[arg-type]
         else:
-            drafts = self.drafter.draft_batch(states, streams, next_ids, lengths).tolist()  # type: ignore[arg-type]
-        seconds = perf_counter() - begin  # (the drafts are on the host: their pass is done)
-        self.draft_seconds += seconds
-        for req in reqs:
-            req.metrics.spec_draft_time += seconds
-        for req, row in zip(reqs, drafts, strict=True):
-            room = req.max_total_tokens - req.num_tokens - len(result.tokens[req])
-            kept = row[: row.index(-1)] if -1 in row else row  # -1: not worth verifying
-            self.drafts[req] = kept[: max(0, room)]
+            round_ = self.drafter.draft_batch(states, streams, next_ids, lengths), None
+        rooms = [r.max_total_tokens - r.num_tokens - len(result.tokens[r]) for r in reqs]
+        self.launched = LaunchedRound(reqs, rooms, *round_)
+        self.draft_seconds += charge(reqs, perf_counter() - begin)
+
+    def _take(self) -> None:
+        """Take in the latest round's drafts (and confidences): a step needs them now."""
+        if self.launched is None:
+            return
+        begin = perf_counter()
+        drafts, confidence = self.launched.read()
+        self.launched = None
+        self.drafts.update(drafts)
+        if self.verifier is not None:
+            self.verifier.took(confidence)
+        self.draft_seconds += charge(list(drafts), perf_counter() - begin)

@@ -248,17 +248,18 @@ class AdaptiveVerifier:
         streams: Tensor,
         next_ids: Tensor,
         lengths: Sequence[int],
-    ) -> list[list[int]]:
-        """Draft for ``reqs`` (as ``Drafter.draft_batch``), keeping each row's confidences and
-        what the decision to draft it counted on."""
+    ) -> tuple[Tensor, Tensor]:
+        """Launch drafting for ``reqs``: [R, k] drafts and their confidences, on the device
+        (taken in by :meth:`took`), keeping what the decision to draft them counted on."""
         for req in reqs:
             if req in self._decided:
                 self._foreseen[req] = self._decided[req]
         self._decided = {}
-        tokens, confidence = drafter.draft_with_confidence(states, streams, next_ids, lengths)
-        for req, row in zip(reqs, confidence.tolist(), strict=True):
-            self.confidence[req] = row
-        return tokens.tolist()
+        return drafter.draft_with_confidence(states, streams, next_ids, lengths)
+
+    def took(self, confidence: Mapping[Request, list[float]]) -> None:
+        """Keep each drafted request's confidences, read from the round, for its next plan."""
+        self.confidence.update(confidence)
 
     def draft_seconds(self, num_requests: int) -> float:
         """Seconds of drafting a round of ``num_requests`` requests."""
