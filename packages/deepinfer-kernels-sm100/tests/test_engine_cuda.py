@@ -157,10 +157,16 @@ def test_the_profile_pads_verification_rows_as_the_rounds_do(
     real = causal_lm.run_verify
 
     def recording(  # noqa: PLR0917
-        model: Any, chunks: Any, states: Any, graphs: Any, width: Any = None, capture: Any = ()
+        model: Any,
+        chunks: Any,
+        states: Any,
+        graphs: Any,
+        width: Any = None,
+        capture: Any = (),
+        drafts: Any = None,
     ) -> Any:
         widths[phase[0]].add(width)
-        return real(model, chunks, states, graphs, width, capture)
+        return real(model, chunks, states, graphs, width, capture, drafts)
 
     monkeypatch.setattr(causal_lm, "run_verify", recording)
     spec = {"method": "dspark", "num_speculative_tokens": 3}

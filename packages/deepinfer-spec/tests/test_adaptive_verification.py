@@ -29,7 +29,7 @@ import torch
 from _spec_drafters import ConfidentDrafter
 
 from deepinfer.assets import random_tiny_model, tiny_tokenizer
-from deepinfer.engine import speculative as speculative_module
+from deepinfer.engine import spec_setup
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.models.causal_lm import DeepseekCausalLM
@@ -74,7 +74,7 @@ def _speculate(  # noqa: PLR0917
     outputs; returns the outputs with speculation, both engines and the outputs' metrics."""
     want, plain, _ = _run(model, prompts, params, None)
     drafter = ConfidentDrafter([p + w for p, w in zip(prompts, want, strict=True)], confidence)
-    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    monkeypatch.setattr(spec_setup, "load_drafter", lambda *_: drafter)
     got, engine, outs = _run(model, prompts, params, spec)
     assert got == want
     return got, engine, outs, plain
@@ -131,7 +131,7 @@ def test_drafts_that_do_not_pay_are_dropped_for_a_plain_step(
     spec = {**ADAPTIVE, "verify_cost": {1: 1.5, 64: 1.6}, "plain_cost": {1: 1.0}}
     prompts = _prompts(2)
     want, plain, _ = _run(model, prompts, params, None)
-    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: ConfidentDrafter([], 0.2))
+    monkeypatch.setattr(spec_setup, "load_drafter", lambda *_: ConfidentDrafter([], 0.2))
     got, engine, outs = _run(model, prompts, params, spec)
     assert got == want
     assert engine.spec is not None and engine.spec.verifier is not None
@@ -202,7 +202,7 @@ def test_a_round_not_drafted_verifies_nothing(
     prompts = _prompts(1)
     want, plain, _ = _run(model, prompts, params, None)
     drafter = ConfidentDrafter([], 0.3)
-    monkeypatch.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+    monkeypatch.setattr(spec_setup, "load_drafter", lambda *_: drafter)
     got, engine, outs = _run(model, prompts, params, spec)
     assert got == want
     assert engine.spec is not None and engine.spec.verifier is not None

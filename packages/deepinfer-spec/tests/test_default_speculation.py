@@ -121,11 +121,12 @@ class WidthRecorder:
             graphs: object,
             width: int | None = None,
             capture: tuple[int, ...] = (),
+            drafts: torch.Tensor | None = None,
         ) -> object:
             self.widths.setdefault(self.phase, set()).add(width)
             longest = max(int(c.numel()) for c in chunks)
             self.longest[self.phase] = max(self.longest.get(self.phase, 0), longest)
-            return real(model, chunks, states, graphs, width, capture)  # type: ignore[arg-type]
+            return real(model, chunks, states, graphs, width, capture, drafts)  # type: ignore[arg-type]
 
         monkeypatch.setattr(causal_lm, "run_verify", recording)
 

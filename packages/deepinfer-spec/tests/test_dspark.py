@@ -25,7 +25,7 @@ from deepinfer.assets import random_tiny_model, tiny_model, tiny_tokenizer
 from deepinfer.cache.pools import state_bytes
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
-from deepinfer.engine.speculative import SpeculativeConfig
+from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.verify_cost import power_points, profile_points
 from deepinfer.engine.verify_profile import draft_counts
 from deepinfer.errors import InvalidRequestError

@@ -27,8 +27,7 @@ from torch import Tensor
 
 from deepinfer.assets import random_tiny_model, tiny_model, tiny_tokenizer
 from deepinfer.engine import engine as engine_module
-from deepinfer.engine import spec_sampling
-from deepinfer.engine import speculative as speculative_module
+from deepinfer.engine import spec_sampling, spec_setup
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.request import Request
@@ -90,7 +89,7 @@ def _generate(
     registered speculator); the memory is ample, so nothing is preempted."""
     with pytest.MonkeyPatch.context() as mp:
         if drafter is not None:
-            mp.setattr(speculative_module, "load_drafter", lambda *_: drafter)
+            mp.setattr(spec_setup, "load_drafter", lambda *_: drafter)
         config = EngineConfig(max_num_batched_tokens=64, speculative_config=spec)
         engine = LLMEngine(model, tiny_tokenizer(), config)
         ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deepinfer.assets import tiny_model
-from deepinfer.engine.speculative import SpeculativeConfig
+from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.verify_cost import (
     StepCost,
     VerifyCost,

@@ -127,10 +127,19 @@ def test_a_batch_runs_once(name: str) -> None:
         )
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize(
+    ("graphs", "ahead"),
+    [(False, False), (True, False), (True, True)],
+    ids=["eager", "graphs", "graphs-device-drafts"],
+)
 @pytest.mark.parametrize(("device", "backend"), CASES)
-def test_batched_verification_rows_roll_back_exactly(
-    name: str, device: str, backend: str, graphs: bool, monkeypatch: pytest.MonkeyPatch
+def test_batched_verification_rows_roll_back_exactly(  # noqa: PLR0917
+    name: str,
+    device: str,
+    backend: str,
+    graphs: bool,
+    ahead: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Several sequences in the engine's slots, built with rollback slack, verify drafts of
     1-6 tokens in one step (some steps all single-token rows, the decode pass; the others the
@@ -138,7 +147,9 @@ def test_batched_verification_rows_roll_back_exactly(
     on a GPU), keep a prefix of each and roll them all back in one call. Every kept logit
     equals a from-scratch forward over that sequence's accepted tokens, so the rings, open
     windows and history rings the shared passes wrote by index are exactly what a rollback
-    needs."""
+    needs. ``ahead``: the drafts after each row's first token come as a device tensor (more
+    random ids past each row's length), the batch's ids there zeros, as the engine verifies
+    drafts it has not read yet."""
     model = _model(name, device, backend)
     slots = StateSlots(lambda: model.new_state(1, slack=6), max_slots=3, max_len=1024)
     states = [slots.new_state() for _ in range(3)]
@@ -160,10 +171,15 @@ def test_batched_verification_rows_roll_back_exactly(
         single = rnd.random() < 0.3
         drafts = [text_ids(model, gen, 1 if single else rnd.randint(1, 6)) for _ in states]
         decode_steps += single
-        batch = ForwardBatch.build(
-            [d.to(device) for d in drafts], states, [d.numel() for d in drafts]
-        )
-        got = model(batch, step_graphs).split(batch)
+        chunks, ahead_drafts = [d.to(device) for d in drafts], None
+        if ahead:
+            ahead_drafts = text_ids(model, gen, 6 * len(states)).view(len(states), 6)
+            for row, d in zip(ahead_drafts, drafts, strict=True):
+                row[: d.numel() - 1] = d[1:]
+            ahead_drafts = ahead_drafts.to(device)
+            chunks = [torch.cat((c[:1], torch.zeros_like(c[1:]))) for c in chunks]
+        batch = ForwardBatch.build(chunks, states, [d.numel() for d in drafts])
+        got = model(batch, step_graphs, drafts=ahead_drafts).split(batch)
         keeps = [rnd.randint(1, draft.numel()) for draft in drafts]
         for i, (draft, keep) in enumerate(zip(drafts, keeps, strict=True)):
             accepted[i] += draft[:keep].tolist()
@@ -204,3 +220,25 @@ def test_verification_rows_roll_back_exactly(name: str, layout: str) -> None:
         torch.testing.assert_close(got[:keep], want, rtol=0, atol=5e-5)
     assert state.pos == len(accepted)
     assert kept_counts.count(1) >= 4 and set(kept_counts) == set(range(1, k + 1))
+
+
+def test_device_drafts_feed_a_pass_other_than_verification(name: str) -> None:
+    """States with tensors of their own take no verification pass: drafts given as a device
+    tensor (the batch's ids there placeholders) are written into the batch's ids on the host,
+    and each row's logits equal a from-scratch forward over its real tokens."""
+    model = _model(name, "cpu", "torch")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [text_ids(model, gen, n) for n in (9, 14)]
+    states = [model.new_state(1) for _ in prompts]
+    for state, prompt in zip(states, prompts, strict=True):
+        model.step(prompt.view(1, -1), state)
+    rows = [text_ids(model, gen, n) for n in (4, 2)]
+    drafts = text_ids(model, gen, 2 * 5).view(2, 5)  # random past each row's length
+    for draft, row in zip(drafts, rows, strict=True):
+        draft[: row.numel() - 1] = row[1:]
+    chunks = [torch.cat((r[:1], torch.zeros_like(r[1:]))) for r in rows]
+    batch = ForwardBatch.build(chunks, states, [r.numel() for r in rows])
+    got = model(batch, drafts=drafts).split(batch)
+    for logits, prompt, row in zip(got, prompts, rows, strict=True):
+        want = model.forward_logits(torch.cat((prompt, row))[None])[0, -row.numel() :]
+        torch.testing.assert_close(logits, want, rtol=0, atol=5e-5)

@@ -9,12 +9,14 @@ steps runs while the drafter's kernels do, and the round costs the host one read
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from deepinfer.engine.request import Request
+from deepinfer.transfer import to_device
 
 
 @dataclass
@@ -29,6 +31,25 @@ class LaunchedRound:
     tokens: Tensor
     #: [R, k] their confidences (None: a round drafted without, fixed or threshold).
     confidence: Tensor | None
+    #: Whether ``tokens`` may hold -1s (a confidence threshold's cut, made on the device).
+    cut: bool = False
+
+    def ahead(self, reqs: Sequence[Request]) -> tuple[Tensor, list[int]] | None:
+        """The drafts of ``reqs``, in that order, for a step to verify before reading them:
+        [len(reqs), k] on the device and how many each row takes (its room), where every one
+        of ``reqs`` was drafted here with no draft cut (a threshold's -1s decide how long a
+        row is, which the host must know to lay it out). Else None."""
+        if self.cut or self.confidence is not None:
+            return None
+        at = {id(r): i for i, r in enumerate(self.reqs)}
+        order = [at.get(id(r), -1) for r in reqs]
+        if -1 in order or any(self.rooms[i] <= 0 for i in order):
+            return None
+        counts = [min(self.tokens.shape[1], self.rooms[i]) for i in order]
+        if order == list(range(len(self.reqs))):
+            return self.tokens, counts
+        index = to_device(torch.tensor(order), self.tokens.device)
+        return self.tokens.index_select(0, index), counts
 
     def read(self) -> tuple[dict[Request, list[int]], dict[Request, list[float]]]:
         """Each live request's drafts (cut at a -1 and at its room) and confidences: one copy

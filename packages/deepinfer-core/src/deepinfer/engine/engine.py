@@ -39,7 +39,7 @@ from deepinfer.engine.processor import InputProcessor, fit_max_model_len
 from deepinfer.engine.request import Request, RequestStatus
 from deepinfer.engine.runner import ModelRunner, PendingSample, SampledToken
 from deepinfer.engine.scheduler import Scheduler
-from deepinfer.engine.speculative import speculation
+from deepinfer.engine.spec_setup import speculation
 from deepinfer.errors import InvalidRequestError
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs

@@ -47,3 +47,16 @@ class PendingPositions:
     state: ModelState | None
     streams: list[Tensor] = field(default_factory=list)  # [m, hc, d] pieces
     next_ids: list[int] = field(default_factory=list)
+
+
+def count_round(req: Request, offered: int, kept: int, plain: bool) -> None:
+    """Count on ``req``'s metrics a verification row of ``offered`` drafts that kept the
+    first ``kept`` (a plain step's row, which verifies nothing, counts no round)."""
+    metrics = req.metrics
+    metrics.spec_rounds += not plain
+    metrics.spec_draft_tokens += offered
+    metrics.spec_accepted_tokens += kept
+    per = metrics.spec_accepted_per_position
+    per += [0] * (offered - len(per))
+    for j in range(kept):
+        per[j] += 1

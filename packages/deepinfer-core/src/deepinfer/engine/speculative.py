@@ -34,56 +34,20 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.draft_round import LaunchedRound, charge
-from deepinfer.engine.drafter import Drafter, load_drafter
+from deepinfer.engine.drafter import Drafter
 from deepinfer.engine.request import Request
 from deepinfer.engine.runner import SampledToken
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
-from deepinfer.engine.spec_config import SpeculativeConfig
 from deepinfer.engine.spec_sampling import PositionTargets, eos_ids, step_targets
-from deepinfer.engine.spec_step import PendingPositions, Recorder, SpecStep
+from deepinfer.engine.spec_step import PendingPositions, Recorder, SpecStep, count_round
 from deepinfer.engine.step_load import is_decoding
-from deepinfer.engine.verify_schedule import AdaptiveVerifier, adaptive_verifier
-from deepinfer.errors import InvalidRequestError
+from deepinfer.engine.verify_schedule import AdaptiveVerifier
 from deepinfer.models.batch import ForwardBatch, ForwardOutput, SequenceSpan
 from deepinfer.models.causal_lm import DeepseekCausalLM
 from deepinfer.models.graphs import DecodeGraphs
 from deepinfer.models.state import ModelState
 from deepinfer.transfer import to_device
-
-
-def speculation(
-    config: EngineConfig, model: DeepseekCausalLM, *, graphs: DecodeGraphs | None = None
-) -> SpeculativeRunner | None:
-    """The engine's speculative runner for ``config.speculative_config`` (None: off);
-    ``graphs``: the engine's, which replay its plain decode steps and verification steps
-    (the adaptive schedule prices both so)."""
-    spec = SpeculativeConfig.parse(config.speculative_config)
-    if spec is None:
-        return None
-    if config.async_scheduling or config.batch_invariant:
-        raise InvalidRequestError(
-            "speculative_config", "cannot be combined with async_scheduling or batch_invariant yet"
-        )
-    try:
-        drafter = load_drafter(spec, model)
-    except (NotImplementedError, ValueError) as exc:  # none for this model or version (yet)
-        raise InvalidRequestError("speculative_config", str(exc)) from exc
-    if graphs is not None and not spec.enforce_eager and hasattr(drafter, "use_graphs"):
-        drafter.use_graphs(graphs)  # its rounds replay graphs too (profiled so below)
-    verifier = None
-    if spec.scheduling == "adaptive":
-        verifier = adaptive_verifier(
-            drafter,
-            model,
-            config.max_num_seqs,
-            spec.verify_cost,
-            spec.draft_cost,
-            spec.plain_cost,
-            cuda_graphs=graphs is not None,
-        )
-    return SpeculativeRunner(model, drafter, verifier, graphs)
 
 
 class SpeculativeRunner:
@@ -224,7 +188,9 @@ class SpeculativeRunner:
         result = SpecStep()
         if not out.scheduled:  # nothing to run this step (a preemption only)
             return result
-        self._take()
+        ahead = self._ahead(out)
+        if ahead is None:
+            self._take()
         if self.verifier is not None:
             self.verifier.trim(out, self.drafts)
         reqs, ids, keep, marks, rows = [], [], [], [], []
@@ -232,15 +198,10 @@ class SpeculativeRunner:
             start = req.num_computed_tokens
             verifying = n == 1 and start >= req.num_prompt_tokens and start + 1 == req.num_tokens
             chunk = req.all_token_ids[start : start + n]
-            state = req.state
-            assert state is not None
-            if self._pending(req).next_ids == [] and state.mtp_pos < start:
-                # a prefix-cache hit, or positions the engine's plain steps ran: its MTP
-                # layer starts here, without the window before
-                state.mtp_pos = start
-                for layer in state.mtp:
-                    layer.swa.length = start
-            if verifying:  # drafts spent here: a round that is not drafted must not find them
+            self._mtp_from(req, start)
+            if ahead is not None:  # placeholders: the pass reads the drafts on the device
+                chunk = chunk + [0] * ahead[1][len(reqs)]
+            elif verifying:  # drafts spent here: a round that is not drafted must not find them
                 chunk = chunk + self.drafts.pop(req, [])
             reqs.append(req)
             rows.append(verifying)
@@ -257,7 +218,10 @@ class SpeculativeRunner:
         result.plain = len(batch.decode_rows) == len(batch.spans)
         self.plain_steps += result.plain
         begin = perf_counter()
-        output, per_token = self._forward(batch)
+        output, per_token = self._forward(batch, None if ahead is None else ahead[0])
+        if ahead is not None:  # the drafts verified, read with the pass (its wait)
+            self._take(timed=False)
+            ids = [c[:1] + self.drafts.pop(r) for r, c in zip(reqs, ids, strict=True)]
         logits = output.split(batch)
         ends = [s.start + s.num_tokens for s in batch.spans]
         draws = [i for i, req in enumerate(reqs) if rows[i] or ends[i] == req.num_tokens]
@@ -290,16 +254,27 @@ class SpeculativeRunner:
         self._draft(result)
         return result
 
-    def _forward(self, batch: ForwardBatch) -> tuple[ForwardOutput, Tensor]:
-        """Run ``batch`` (verification rows through the engine's graphs); with every
-        position's final streams, or, where the drafter reads intermediate layers (DSpark),
-        those layers' outputs."""
+    def _mtp_from(self, req: Request, start: int) -> None:
+        """Start ``req``'s MTP layer at ``start`` where it is behind with no positions pending
+        (a prefix-cache hit, or positions the engine's plain steps ran): without the window
+        before."""
+        state = req.state
+        assert state is not None
+        if self._pending(req).next_ids == [] and state.mtp_pos < start:
+            state.mtp_pos = start
+            for layer in state.mtp:
+                layer.swa.length = start
+
+    def _forward(self, batch: ForwardBatch, drafts: Tensor | None) -> tuple[ForwardOutput, Tensor]:
+        """Run ``batch`` (verification rows through the engine's graphs, their ``drafts``
+        from the device where given); with every position's final streams, or, where the
+        drafter reads intermediate layers (DSpark), those layers' outputs."""
         layers = getattr(self.drafter, "feature_layers", None)
         if layers:
-            output = self.model(batch, self.graphs, capture=layers)
+            output = self.model(batch, self.graphs, capture=layers, drafts=drafts)
             assert output.features is not None
             return output, output.features
-        output = self.model(batch, self.graphs)
+        output = self.model(batch, self.graphs, drafts=drafts)
         assert output.streams is not None
         return output, output.streams
 
@@ -345,14 +320,7 @@ class SpeculativeRunner:
         self.num_accepted += n_kept
         if self.verifier is not None:
             self.verifier.verified(req, emitted, start + 1)
-        metrics = req.metrics
-        metrics.spec_rounds += not result.plain  # a plain step's rows verify nothing
-        metrics.spec_draft_tokens += offered
-        metrics.spec_accepted_tokens += n_kept
-        per = metrics.spec_accepted_per_position
-        per += [0] * (offered - len(per))
-        for j in range(n_kept):
-            per[j] += 1
+        count_round(req, offered, n_kept, result.plain)
         assert req.state is not None
         if n_kept < offered:  # else the state holds just what was kept (no token list to build)
             ids = req.all_token_ids + emitted[:-1]
@@ -384,17 +352,30 @@ class SpeculativeRunner:
         else:
             round_ = self.drafter.draft_batch(states, streams, next_ids, lengths), None
         rooms = [r.max_total_tokens - r.num_tokens - len(result.tokens[r]) for r in reqs]
-        self.launched = LaunchedRound(reqs, rooms, *round_)
+        cut = getattr(self.drafter, "threshold", 0.0) > 0  # -1s: rows end on the device
+        self.launched = LaunchedRound(reqs, rooms, *round_, cut=cut)
         self.draft_seconds += charge(reqs, perf_counter() - begin)
 
-    def _take(self) -> None:
-        """Take in the latest round's drafts (and confidences): a step needs them now."""
+    def _ahead(self, out: SchedulerOutput) -> tuple[Tensor, list[int]] | None:
+        """The latest round's drafts for ``out`` to verify on the device, read after its pass
+        is launched (:meth:`.LaunchedRound.ahead`): where every row of ``out`` verifies
+        drafts of that round, with no plan to trim them first. Else None."""
+        if self.launched is None or self.verifier is not None:
+            return None
+        if not all(is_decoding(r, n) for r, n in out.scheduled.items()):
+            return None
+        return self.launched.ahead(list(out.scheduled))
+
+    def _take(self, timed: bool = True) -> None:
+        """Take in the latest round's drafts (and confidences): a step needs them now (read
+        with a verification pass, ``timed`` False, the wait is the pass's)."""
         if self.launched is None:
             return
-        begin = perf_counter()
+        begin = perf_counter() if timed else 0.0
         drafts, confidence = self.launched.read()
         self.launched = None
         self.drafts.update(drafts)
         if self.verifier is not None:
             self.verifier.took(confidence)
-        self.draft_seconds += charge(list(drafts), perf_counter() - begin)
+        if timed:
+            self.draft_seconds += charge(list(drafts), perf_counter() - begin)

@@ -42,7 +42,7 @@ from deepinfer.models.state import ModelState, clone_or_none
 from deepinfer.models.state_views import clear_marks, set_marks, states_at
 from deepinfer.models.training import mtp_context, train_logits
 from deepinfer.models.trunk import LayerInputs, history_after
-from deepinfer.models.verify import run_verify, verifies
+from deepinfer.models.verify import run_verify, verifies, with_drafts
 from deepinfer.models.weights import load_named
 from deepinfer.transfer import to_device
 
@@ -157,15 +157,18 @@ class DeepseekCausalLM(nn.Module):
 
     def rollback_many(self, rollbacks: Sequence[tuple[ModelState, int, Sequence[int]]]) -> None:
         """:meth:`rollback` for each (state, length, token_ids), all checked before any
-        changes; the buffers of states in the shared slot rows are rebuilt with a few ops for
-        all of them (a verification step rolls back most of its rows)."""
+        changes; slot-row buffers are rebuilt by a few ops for all (a verification's rows)."""
         rollback_states([(state, length) for state, length, _ in rollbacks])
 
     # -- the step ---------------------------------------------------------------------------------
 
     @torch.no_grad()
     def forward(
-        self, batch: ForwardBatch, graphs: DecodeGraphs | None = None, capture: Sequence[int] = ()
+        self,
+        batch: ForwardBatch,
+        graphs: DecodeGraphs | None = None,
+        capture: Sequence[int] = (),
+        drafts: Tensor | None = None,
     ) -> ForwardOutput:
         """Run one step (see :mod:`.batch`): advance every span's state by its tokens and
         return the kept logits. Spans of states in the shared slot tensors run as one pass: a
@@ -175,7 +178,8 @@ class DeepseekCausalLM(nn.Module):
         pass. Spans of states with their own tensors (tests, tools) run one after the other,
         each straight through the layers. ``capture``: layers whose outputs come back as
         ``features`` (a drafter's context): the verification pass returns them from its graph
-        too; other passes then run eagerly, with hooks on those layers."""
+        too; other passes then run eagerly, with hooks on those layers. ``drafts``: span i's
+        later tokens, on the device (placeholders in ``batch``; :func:`.verify.with_drafts`)."""
         batch.check_fresh()
         self.check_ready()
         spans = batch.spans
@@ -187,8 +191,10 @@ class DeepseekCausalLM(nn.Module):
             width = None
             if graphs is not None:
                 width = 1 if single else graphs.verify_width or max(s.slack for s in states) + 1
-            out = run_verify(self, chunks, states, graphs, width, capture)
+            out = run_verify(self, chunks, states, graphs, width, capture, drafts)
             return ForwardOutput(out.logits, [()] * len(spans), out.streams, out.features)
+        if drafts is not None:
+            batch = with_drafts(batch, drafts)
         if not capture:
             return self._forward(batch, graphs)
         with captured_layers(self, capture) as seen:

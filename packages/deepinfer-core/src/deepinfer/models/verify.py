@@ -20,6 +20,7 @@ real tokens only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -80,10 +81,13 @@ def run_verify(  # noqa: PLR0917
     graphs: DecodeGraphs | None,
     width: int | None = None,
     capture: Sequence[int] = (),
+    drafts: Tensor | None = None,
 ) -> VerifyResult:
     """Feed ``chunks[i]`` ([L_i] ids) to ``states[i]`` (:func:`verify_fits`) as rows of
     ``width`` tokens (default: the longest row), through ``graphs`` on a GPU; the outputs of
-    layers ``capture`` come back as features (from the graph too)."""
+    layers ``capture`` come back as features (from the graph too). ``drafts`` [rows, k] on
+    the device: each row's ids after its first (placeholders in ``chunks``), copied in there,
+    so the pass need not wait for the host to read them."""
     lengths = [int(c.numel()) for c in chunks]
     t = max(lengths) if width is None else width
     if t < max(lengths):
@@ -96,6 +100,9 @@ def run_verify(  # noqa: PLR0917
         where[1, i, :n] = s.slot
         where[2, i, :n] = 1
     ids, where = to_device(ids, model.device), to_device(where, model.device)
+    if drafts is not None:  # (past a row's length too: those positions are not real)
+        w = min(drafts.shape[1], t - 1)
+        ids[:, 1 : 1 + w] = drafts[:, :w]
     slots = where[1, :, 0]
     found = page_table_of(states[0])
     if found is not None:  # the rows write their entries by index: hold their pages
@@ -147,3 +154,15 @@ def engram_rows(
     h = history.shape[1]
     history[slots] = raw.gather(1, lengths[:, None] + torch.arange(h, device=ids.device))
     return engram
+
+
+def with_drafts(batch: ForwardBatch, drafts: Tensor) -> ForwardBatch:
+    """``batch`` with span i's tokens after its first taken from ``drafts[i]`` (read from
+    the device: a pass other than verification reads its ids on the host)."""
+    ids, rows = batch.input_ids.clone(), drafts.tolist()
+    if any(span.rows != 1 for span in batch.spans):
+        raise ValueError("drafts continue single-row spans only")
+    for i, span in enumerate(batch.spans):
+        n, at = span.num_tokens - 1, batch.offsets[i] + 1
+        ids[at : at + n] = torch.tensor(rows[i][:n], dtype=ids.dtype)
+    return dataclasses.replace(batch, input_ids=ids)
