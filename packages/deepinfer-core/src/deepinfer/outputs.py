@@ -29,7 +29,9 @@ class RequestMetrics:
     #: Wall seconds of the drafting passes and of the verification steps this request was
     #: part of, each batched pass counted whole for every request in it (as vLLM's
     #: per-request model times are); the engine's own totals count each pass once
-    #: (``SpeculativeRunner.draft_seconds``, ``verify_seconds``).
+    #: (``SpeculativeRunner.draft_seconds``, ``verify_seconds``). A drafting pass is the host's
+    #: time launching it and waiting for its drafts; drafts a verification pass takes on the
+    #: device are read with that pass, their wait counted in its time.
     spec_draft_time: float = 0.0
     spec_verify_time: float = 0.0
 

@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from deepinfer.models.batch import ForwardBatch
 from deepinfer.models.decode import graph_shape, slot_decodable, step_rows
@@ -92,13 +94,18 @@ def run_verify(  # noqa: PLR0917
     t = max(lengths) if width is None else width
     if t < max(lengths):
         raise ValueError(f"a row of {max(lengths)} tokens does not fit width {t}")
-    ids = torch.zeros(len(chunks), t, dtype=torch.long)
-    where = torch.zeros(3, len(chunks), t, dtype=torch.long)  # positions, slots, real
-    for i, (chunk, s, n) in enumerate(zip(chunks, states, lengths, strict=True)):
-        ids[i, :n] = chunk.reshape(-1)
-        where[0, i, :n] = torch.arange(s.pos, s.pos + n)
-        where[1, i, :n] = s.slot
-        where[2, i, :n] = 1
+    # built from lists, a few host ops for the lot: a step's host work is its cost at batch 1
+    ids = pad_sequence([c.reshape(-1).long() for c in chunks], batch_first=True)
+    if ids.shape[1] < t:
+        ids = F.pad(ids, (0, t - ids.shape[1]))
+    placed = list(zip(states, lengths, strict=True))
+    where = torch.tensor(  # positions, slots, real
+        [
+            [[s.pos + j if j < n else 0 for j in range(t)] for s, n in placed],
+            [[s.slot if j < n else 0 for j in range(t)] for s, n in placed],
+            [[int(j < n) for j in range(t)] for _, n in placed],
+        ]
+    )
     ids, where = to_device(ids, model.device), to_device(where, model.device)
     if drafts is not None:  # (past a row's length too: those positions are not real)
         w = min(drafts.shape[1], t - 1)
@@ -137,8 +144,9 @@ def run_verify(  # noqa: PLR0917
     for s, n in zip(states, lengths, strict=True):  # counters follow when next read
         s.pos += n
         s.counters_behind = True
-    keep = torch.cat([torch.arange(n) + i * t for i, n in enumerate(lengths)])
-    keep = to_device(keep, model.device)
+    keep = to_device(
+        torch.tensor([i * t + j for i, n in enumerate(lengths) for j in range(n)]), model.device
+    )
     real = [out.flatten(0, 1).index_select(0, keep) for out in outs]
     return VerifyResult(real[0], real[1], real[2] if layers else None)
 
