@@ -34,18 +34,20 @@ class LaunchedRound:
     #: Whether ``tokens`` may hold -1s (a confidence threshold's cut, made on the device).
     cut: bool = False
 
-    def ahead(self, reqs: Sequence[Request]) -> tuple[Tensor, list[int]] | None:
+    def ahead(self, reqs: Sequence[Request]) -> tuple[Tensor, dict[Request, int]] | None:
         """The drafts of ``reqs``, in that order, for a step to verify before reading them:
-        [len(reqs), k] on the device and how many each row takes (its room), where every one
+        [len(reqs), k] on the device and how many each request takes (its room), where every one
         of ``reqs`` was drafted here with no draft cut (a threshold's -1s decide how long a
         row is, which the host must know to lay it out). Else None."""
         if self.cut or self.confidence is not None:
             return None
-        at = {id(r): i for i, r in enumerate(self.reqs)}
-        order = [at.get(id(r), -1) for r in reqs]
+        at = {r: i for i, r in enumerate(self.reqs)}
+        order = [at.get(r, -1) for r in reqs]
         if -1 in order or any(self.rooms[i] <= 0 for i in order):
             return None
-        counts = [min(self.tokens.shape[1], self.rooms[i]) for i in order]
+        counts = {
+            r: min(self.tokens.shape[1], self.rooms[i]) for r, i in zip(reqs, order, strict=True)
+        }
         if order == list(range(len(self.reqs))):
             return self.tokens, counts
         index = to_device(torch.tensor(order), self.tokens.device)

@@ -70,6 +70,8 @@ class SpeculativeRunner:
         #: Trims each step's drafts to a confidence schedule (None: verify what was drafted).
         self.verifier = verifier
         self.k = drafter.k
+        #: Whether the drafter cuts its rounds at a confidence threshold (-1s on the device).
+        self.cuts = getattr(drafter, "threshold", 0.0) > 0
         self.drafts: dict[Request, list[int]] = {}
         #: The latest drafting round, until the next step takes its drafts (:meth:`_take`).
         self.launched: LaunchedRound | None = None
@@ -200,7 +202,7 @@ class SpeculativeRunner:
             chunk = req.all_token_ids[start : start + n]
             self._mtp_from(req, start)
             if ahead is not None:  # placeholders: the pass reads the drafts on the device
-                chunk = chunk + [0] * ahead[1][len(reqs)]
+                chunk = chunk + [0] * ahead[1][req]
             elif verifying:  # drafts spent here: a round that is not drafted must not find them
                 chunk = chunk + self.drafts.pop(req, [])
             reqs.append(req)
@@ -352,11 +354,10 @@ class SpeculativeRunner:
         else:
             round_ = self.drafter.draft_batch(states, streams, next_ids, lengths), None
         rooms = [r.max_total_tokens - r.num_tokens - len(result.tokens[r]) for r in reqs]
-        cut = getattr(self.drafter, "threshold", 0.0) > 0  # -1s: rows end on the device
-        self.launched = LaunchedRound(reqs, rooms, *round_, cut=cut)
+        self.launched = LaunchedRound(reqs, rooms, *round_, cut=self.cuts)
         self.draft_seconds += charge(reqs, perf_counter() - begin)
 
-    def _ahead(self, out: SchedulerOutput) -> tuple[Tensor, list[int]] | None:
+    def _ahead(self, out: SchedulerOutput) -> tuple[Tensor, dict[Request, int]] | None:
         """The latest round's drafts for ``out`` to verify on the device, read after its pass
         is launched (:meth:`.LaunchedRound.ahead`): where every row of ``out`` verifies
         drafts of that round, with no plan to trim them first. Else None."""

@@ -167,9 +167,9 @@ def engram_rows(
 def with_drafts(batch: ForwardBatch, drafts: Tensor) -> ForwardBatch:
     """``batch`` with span i's tokens after its first taken from ``drafts[i]`` (read from
     the device: a pass other than verification reads its ids on the host)."""
-    ids, rows = batch.input_ids.clone(), drafts.tolist()
     if any(span.rows != 1 for span in batch.spans):
         raise ValueError("drafts continue single-row spans only")
+    ids, rows = batch.input_ids.clone(), drafts.tolist()
     for i, span in enumerate(batch.spans):
         n, at = span.num_tokens - 1, batch.offsets[i] + 1
         ids[at : at + n] = torch.tensor(rows[i][:n], dtype=ids.dtype)
