@@ -81,22 +81,29 @@ def _gluon_launches() -> list[dict[str, Any]]:
     from deepinfer_kernels_sm100 import fp4_gluon
 
     out = []
-    for batch in (1, 8, 512):
+    for batch in (1, 8, 256, 512):
         pairs, slots = 6 * batch, min(256, 6 * batch)
+        mode = fp4_gluon.BY_PAIR if batch == 1 else fp4_gluon.LISTED if slots < 256 else 0
         for kernel, k_dim, rows, sets in (("gate_up", 4096, 2048, 2), ("down", 2048, 4096, 1)):
             t = fp4_gluon.pick_tiles(k_dim, rows, pairs, slots, sets, 132)
-            args = {"x_ptr": "*bf16", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
+            by_pair = "*i32"  # (None at batch 1: a constexpr)
+            args = {"x_ptr": "*bf16", "token_ptr": by_pair, "w_ptr": "*u8", "ws_ptr": "*u8",
                     "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32",
                     "h_ptr": "*bf16", "inter": 2048, "k_dim": 4096, "limit": 10.0}  # fmt: skip
             if kernel == "down":
                 args = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
-                        "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32",
+                        "experts_ptr": "*i32", "order_ptr": by_pair, "y_ptr": "*fp32",
                         "d_out": 4096, "inter": 2048}  # fmt: skip
-            constexprs = {"LISTED": slots < 256, "PAIRED": True, "WARPS_N": t.warps_n,
-                          "SPLIT_K": t.split_k, "N_TILES": t.n_tiles,
-                          "STAGES": t.stages}  # fmt: skip
+            # WIDE 0: the K loop of one token tile a pass (slots of 9-16 pairs take another)
+            constexprs = {"SLOTS": mode, "PAIRED": True, "WARPS_N": t.warps_n,
+                          "SPLIT_K": t.split_k, "N_TILES": t.n_tiles, "STAGES": t.stages,
+                          "WIDE": 0}  # fmt: skip
+            if batch == 1:  # ungrouped: pairs in routing order
+                constexprs["token_ptr" if kernel == "gate_up" else "order_ptr"] = None
             if kernel == "gate_up":
-                constexprs["CLAMP"] = True
+                constexprs.update(CLAMP=True, PER_ROW=6)
+            else:
+                constexprs["PDL"] = fp4_gluon.PDL_DOWN and batch == 1
             out.append({
                 "launch": f"gluon-decode{batch}", "kernel": f"_fp4_{kernel}_gluon",
                 "module": "fp4_gluon", "num_warps": t.warps_n * t.split_k,

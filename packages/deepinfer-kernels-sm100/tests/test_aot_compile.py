@@ -65,7 +65,7 @@ WORKER_TIMEOUT_S = 600
 #: A parameter's value at a typical launch: ``"*bf16"`` etc. for a tensor of that dtype (taken
 #: as 16-byte aligned, as torch's CUDA allocations are), an int or float as the launch passes
 #: it (Triton specialises ints on their value: see ``_bind``), or a constexpr's value.
-Value = str | int | float | bool
+Value = str | int | float | bool | None
 
 #: (spec id, arch) -> why it does not compile to a kernel that can launch: a named
 #: limitation, reported as xfail (and as a failure once it compiles, so the entry goes).
@@ -402,43 +402,47 @@ def _fp4_moe_specs() -> Iterator[AotSpec]:
 def _fp4_gluon_specs() -> Iterator[AotSpec]:
     # Hopper's decode-size FP4 expert kernels (Gluon, mma.sync with hand-placed registers:
     # sm_90a only), in the launch shapes fp4_gluon.pick_tiles takes at V4-Flash's sizes for
-    # batches of 1 (6 pairs on a slot list: gate/up splits K), 8 and 512 (3072 pairs on a
-    # slot per expert: two token tiles a pass); the hidden activation in pair order.
+    # batches of 1 (6 pairs, a slot each, ungrouped: gate/up splits K), 8, 256 (slots of 9 to
+    # 16 pairs take two token tiles) and 512 (3072 pairs on a slot per expert: two token tiles
+    # a pass); the hidden activation in pair order.
     from deepinfer_kernels_sm100 import fp4_gluon
 
-    for batch in (1, 8, 512):
+    for batch in (1, 8, 256, 512):
         pairs = 6 * batch
         slots = min(256, pairs)
-        listed = slots < 256
+        mode = fp4_gluon.BY_PAIR if batch == 1 else fp4_gluon.LISTED if slots < 256 else 0
         up = fp4_gluon.pick_tiles(4096, 2048, pairs, slots, 2, 132)
         down = fp4_gluon.pick_tiles(2048, 4096, pairs, slots, 1, 132)
         for kernel, tiles in (("gate_up", up), ("down", down)):
-            flags = {"LISTED": listed, "PAIRED": True, "WARPS_N": tiles.warps_n,
-                     "SPLIT_K": tiles.split_k, "N_TILES": tiles.n_tiles,
-                     "STAGES": tiles.stages}  # fmt: skip
+            flags = {"SLOTS": mode, "PAIRED": True, "WARPS_N": tiles.warps_n,
+                     "SPLIT_K": tiles.split_k, "N_TILES": tiles.n_tiles, "STAGES": tiles.stages,
+                     "WIDE": fp4_gluon._flags(tiles, pairs, slots)["WIDE"]}  # fmt: skip
+            rows = order = None if batch == 1 else "*i32"
             if kernel == "gate_up":
-                params = {"x_ptr": "*bf16", "token_ptr": "*i32", "w_ptr": "*u8", "ws_ptr": "*u8",
+                params = {"x_ptr": "*bf16", "token_ptr": rows, "w_ptr": "*u8", "ws_ptr": "*u8",
                           "scale_ptr": "*fp32", "ends_ptr": "*i32", "experts_ptr": "*i32",
                           "h_ptr": "*bf16", "inter": 2048, "k_dim": 4096, "limit": 10.0,
-                          "CLAMP": True, **flags}  # fmt: skip
+                          "CLAMP": True, "PER_ROW": 6, **flags}  # fmt: skip
             else:
                 params = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "ends_ptr": "*i32",
-                          "experts_ptr": "*i32", "order_ptr": "*i32", "y_ptr": "*fp32",
-                          "d_out": 4096, "inter": 2048, **flags}  # fmt: skip
+                          "experts_ptr": "*i32", "order_ptr": order, "y_ptr": "*fp32",
+                          "d_out": 4096, "inter": 2048, "PDL": fp4_gluon.PDL_DOWN and batch == 1,
+                          **flags}  # fmt: skip
             yield AotSpec(
                 f"fp4_gluon._fp4_{kernel}_gluon",
                 f"decode{batch}-w{tiles.warps_n}-k{tiles.split_k}-n{tiles.n_tiles}-s{tiles.stages}",
                 params,
                 num_warps=tiles.warps_n * tiles.split_k,
+                maxnreg=tiles.maxnreg,
                 archs=(90,),
             )
 
 
 def _fp8_gluon_specs() -> Iterator[AotSpec]:
     # Hopper's decode-size FP8 linear (Gluon, mma.sync on e4m3 registers: sm_90a only), in the
-    # launch shapes fp8_gluon.pick_tiles takes at V4-Flash's projections (K split across
-    # programs for wq_a and wkv), one, two and four token tiles a pass, ue8m0 and fp32 scales,
-    # the grouped wo_a, and V4.1's 32 x 32 blocks (8-byte loads, a scale per MMA).
+    # launch shapes fp8_gluon.pick_tiles takes at V4-Flash's projections, one, two and four
+    # token tiles a pass, ue8m0 and fp32 scales, the grouped wo_a, V4.1's 32 x 32 blocks
+    # (8-byte loads, a scale per MMA), and K split across programs (a forced launch shape).
     from deepinfer_kernels_sm100 import fp8_gluon
 
     cases = (  # (variant, rows, N, K, groups, ue8m0, weight block, out)
@@ -450,9 +454,12 @@ def _fp8_gluon_specs() -> Iterator[AotSpec]:
         ("decode64-shared_w2-fp32-out", 64, 4096, 2048, 1, True, 128, "fp32"),
         ("decode1-wo_a-grouped", 1, 8192, 4096, 8, True, 128, "bf16"),
         ("decode8-v41-block32", 8, 5120, 5120, 1, True, 32, "bf16"),
+        ("decode5-wkv-split-programs", 5, 512, 4096, 1, True, 128, "bf16"),
     )
     for variant, m, n, k, groups, ue8m0, wb, out in cases:
         tiles = fp8_gluon.pick_tiles(n, k, 132)  # an H100/H200's SMs
+        if "split-programs" in variant:
+            tiles = fp8_gluon.Tiles(1, 4, 2, 2)
         yield AotSpec(
             "fp8_gluon._fp8_decode_gluon",
             f"{variant}-w{tiles.warps_n}-k{tiles.split_k}-p{tiles.splits}-s{tiles.stages}",
@@ -461,7 +468,8 @@ def _fp8_gluon_specs() -> Iterator[AotSpec]:
              "*fp32" if tiles.splits > 1 else f"*{out}", "count_ptr": "*i32", "m": m, "n": n,
              "k_dim": k, "lda": groups * k, "group_n": n // groups, "SCALE_UE8M0": ue8m0,
              "W_BN": wb, "W_BK": wb, "WARPS_N": tiles.warps_n, "SPLIT_K": tiles.split_k,
-             "SPLITS": tiles.splits, "N_TILES": fp8_gluon.n_tiles(m), "STAGES": tiles.stages},
+             "SPLITS": tiles.splits, "N_TILES": fp8_gluon.n_tiles(m), "STAGES": tiles.stages,
+             "PDL": fp8_gluon.PDL and n * k <= fp8_gluon.PDL_MAX_BYTES},
             num_warps=tiles.warps_n * tiles.split_k,
             archs=(90,),
         )  # fmt: skip
@@ -1018,7 +1026,7 @@ def _bind(
         value = spec.params[p.name]
         specialize = not p.do_not_specialize
         align = specialize and not p.do_not_specialize_on_alignment
-        if p.is_constexpr:
+        if p.is_constexpr or value is None:  # (a None argument is a constexpr)
             signature[p.name], constexprs[p.name] = "constexpr", value
         elif p.annotation_type:
             raise ValueError(f"{spec.id}: {p.name} has a type annotation, which _bind ignores")

@@ -313,13 +313,15 @@ def test_bf16_tensor_core_path_matches_float64(scales_fit: bool) -> None:
 # -- Hopper's Gluon kernels (fp4_gluon): bf16 activations, decode batches, scales that fit ------
 
 #: (tokens, (hidden, inter, experts, top-k), swiglu limit): V4-Flash's widths (hidden 4096,
-#: experts of 2048) on 32 experts at the pair counts of batches 1 .. 200 (6 .. 1200 pairs: the
-#: slot list below 32 pairs, a slot per expert from 48; expert 0 takes most tokens, so its
-#: pairs loop over many token tiles), and the module's small shape.
+#: experts of 2048) on 32 experts at the pair counts of batches 1 .. 200 (6 .. 1200 pairs: a
+#: slot per pair for one token, the slot list below 32 pairs, a slot per expert from 48;
+#: expert 0 takes most tokens, so its pairs loop over many token tiles; at 24 tokens, one tile
+#: a pass, slots of 9 to 16 pairs take one pass of two), and the module's small shape.
 GLUON_CASES = {
     "flash-b1": (1, (4096, 2048, 32, 6), LIMIT),
     "flash-b3": (3, (4096, 2048, 32, 6), LIMIT),
     "flash-b8-unclamped": (8, (4096, 2048, 32, 6), 0.0),
+    "flash-b24": (24, (4096, 2048, 32, 6), LIMIT),
     "flash-b64": (64, (4096, 2048, 32, 6), LIMIT),
     "flash-b200": (200, (4096, 2048, 32, 6), LIMIT),
     "small-b5": (5, (HIDDEN, INTER, EXPERTS, TOPK), LIMIT),
@@ -340,12 +342,18 @@ def _hopper_gluon() -> None:
 
 
 def _gluon_against_references(
-    n: int, shape: tuple[int, int, int, int], limit: float, seed: int
+    n: int,
+    shape: tuple[int, int, int, int],
+    limit: float,
+    seed: int,
+    indices: torch.Tensor | None = None,
 ) -> None:
     """The Gluon kernels within the float64 bound (computed on the GPU), and within 2**-10 of
     the largest output of the Triton kernels on the same operands (only the order of the K
-    products and, rarely, a hidden value's bf16 rounding differ)."""
-    x, weights, indices, ws = _case(n, torch.bfloat16, seed, shape)
+    products and, rarely, a hidden value's bf16 rounding differ); ``indices`` replace the
+    case's routing."""
+    x, weights, routed, ws = _case(n, torch.bfloat16, seed, shape)
+    indices = routed if indices is None else indices
     x, weights, indices = x.to(DEVICE), weights.to(DEVICE), indices.to(DEVICE)
     ws = tuple(t.to(DEVICE) for t in ws)
     w = dict(zip(("w13_packed", "w13_scale", "w2_packed", "w2_scale"), ws, strict=True))
@@ -382,6 +390,20 @@ def test_gluon_launch_shapes(
     monkeypatch.setattr(fp4_gluon, "OVERRIDE", {"gate_up": tiles, "down": tiles})
     monkeypatch.setattr(fp4_gluon, "PAIRED_HIDDEN", paired)
     _gluon_against_references(48, (1024, 512, 16, 4), LIMIT, seed=91)
+
+
+@pytest.mark.gpu
+def test_gluon_one_token_takes_a_slot_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One token runs a slot per (token, expert) pair, ungrouped: right with an expert routed
+    twice and a slot without an expert (another rank's), and the grouping never launched."""
+    _hopper_gluon()
+    shape = (4096, 2048, 32, 6)
+    indices = torch.tensor([[5, 0, 5, -1, 31, 7]])
+    grouped = []
+    group = fp4_moe.group_pairs
+    monkeypatch.setattr(fp4_moe, "group_pairs", lambda *a: grouped.append(1) or group(*a))
+    _gluon_against_references(1, shape, LIMIT, seed=111, indices=indices)
+    assert len(grouped) == 1, "the Triton kernels group the pairs; the Gluon ones must not"
 
 
 def test_gluon_kernels_are_asked_for_only_where_they_apply() -> None:

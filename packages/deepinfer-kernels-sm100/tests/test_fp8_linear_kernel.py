@@ -329,8 +329,7 @@ def test_grouped_linear_rejects_bad_shapes(x_shape: tuple[int, ...], n: int) -> 
 
 # -- the Gluon decode kernel (Hopper) ------------------------------------------------------------
 
-#: V4-Flash's FP8 projections (N, K): wq_a, wkv (K split across programs), wq_b, wo_b,
-#: shared_w2
+#: V4-Flash's FP8 projections (N, K): wq_a, wkv, wq_b, wo_b, shared_w2
 FLASH_SHAPES = [(1024, 4096), (512, 4096), (32768, 1024), (4096, 8192), (4096, 2048)]
 _gluon_only = pytest.mark.skipif(
     not on_hopper(torch.device(DEVICE)), reason="the Gluon decode kernel runs on Hopper GPUs"
@@ -424,14 +423,19 @@ def test_gluon_decode_is_batch_invariant(n: int, k: int) -> None:
 
 
 @_gluon_only
+@pytest.mark.parametrize("splits", [1, 2, 4], ids=lambda s: f"programs{s}")
 @pytest.mark.parametrize(("n", "k"), [(512, 4096), (4096, 2048)], ids=["wkv", "w2"])
-def test_gluon_decode_repeats_bit_for_bit(n: int, k: int) -> None:
-    """Every launch gives the same bits (K split across programs for wkv: its last program adds
-    the partial sums in split order) and leaves the split counters at zero."""
-    assert fp8_gluon.pick_tiles(512, 4096, 132).splits > 1
+def test_gluon_decode_repeats_bit_for_bit(
+    n: int, k: int, splits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every launch gives the same bits, K split across ``splits`` programs too (the last of a
+    tile's programs adds the partial sums in split order), within the float64 bound, and
+    leaves the split counters at zero."""
+    monkeypatch.setitem(fp8_gluon.OVERRIDE, (n, k), fp8_gluon.Tiles(1, 4, splits, 1))
     wq, ws = _device_weight(n, k, "ue8m0")
     x = _activations(5, k, seed=150).to(DEVICE)
     first = _gluon(x, wq, ws, out_dtype=torch.float32)
+    _check_against_float64(x, wq, ws, (128, 128), torch.float32, got=first)
     for _ in range(20):
         assert torch.equal(_gluon(x, wq, ws, out_dtype=torch.float32), first)
     assert not fp8_split.split_counters(first.device).any()

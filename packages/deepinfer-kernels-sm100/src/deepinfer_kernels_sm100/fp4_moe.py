@@ -280,13 +280,16 @@ def moe_experts_fp4(
     gluon = fp4_gluon.usable(x, w13, w2, scales_fit=scales_fit, decode=decode)
     if kernel not in {"auto", "triton", "gluon"} or (kernel == "gluon" and not gluon):
         raise ValueError(f"kernel {kernel!r}: not 'auto', 'triton' or a usable 'gluon'")
-    groups = group_pairs(weights, indices, num_experts)
+    gluon = gluon and kernel != "triton"
+    ungrouped = gluon and fp4_gluon.by_pair(x)
+    groups = None if ungrouped else group_pairs(weights, indices, num_experts)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     # Pairs without an expert are never computed: slot_sum skips their rows.
     y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
-    if pairs and gluon and kernel != "triton":
-        fp4_gluon.launch(x, groups, w13, w13_s, w2, w2_s, h, y, swiglu_limit)
+    if pairs and gluon:
+        fp4_gluon.launch(x, (weights, indices), groups, w13, w13_s, w2, w2_s, h, y, swiglu_limit)
     elif pairs:
+        assert groups is not None
         _triton_experts(x, groups, (w13, w13_s, w2, w2_s), h, y, swiglu_limit, scales_fit)
     return slot_sum(y, indices, residual, out_dtype)
 

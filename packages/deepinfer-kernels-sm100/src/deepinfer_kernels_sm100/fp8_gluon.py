@@ -3,8 +3,9 @@
 At decode sizes (up to :data:`.fp8_linear.SMALL_M` rows) each weight byte meets a few tokens,
 so the linear streams its weight: the bytes each warp keeps in flight and the instructions a
 byte costs set the speed. As :mod:`.fp4_gluon` does for the FP4 experts, each thread holds one
-element of every tensor (:func:`_lanes`), so a tensor is one register of a known lane, and the
-kernel is per-thread code around inline ``mma.sync.m16n8k32`` on e4m3 operands (sm_89 on):
+element of every tensor (:func:`.gluon_common.lanes`), so a tensor is one register of a known
+lane, and the kernel is per-thread code around inline ``mma.sync.m16n8k32`` on e4m3 operands
+(sm_89 on):
 
 * The weights are the A operand (16 output features a warp), the e4m3 activation codes
   (:func:`.fp8_quant.quantize_act_fp8`, or the fused RMSNorm / SwiGLU's ``quantized=`` codes)
@@ -56,7 +57,7 @@ except ImportError:  # pragma: no cover - older Triton: the Triton kernels serve
 #: K elements a warp takes per step (one activation group), output features a warp, the
 #: narrowest weight block along K (one MMA's K), the most 8-token tiles a pass takes, and the
 #: warps a GPU should have streaming the weight, an SM
-STEP_K, WARP_ROWS, MMA_K, MAX_TILES, WARPS_PER_SM = 128, 16, 32, 4, 8
+STEP_K, WARP_ROWS, MMA_K, MAX_TILES, WARPS_PER_SM = 128, 16, 32, 4, 4
 
 
 class Tiles(NamedTuple):
@@ -70,6 +71,10 @@ class Tiles(NamedTuple):
     stages: int = 2
 
 
+#: Weights of up to PDL_MAX_BYTES launch as a programmatic dependent of the kernel before
+#: (:mod:`.gluon_common`): their launch latency is most of their time. Larger ones run faster
+#: without (the prefetch's instructions and registers; ``benchmarks/gluon_decode_ab.py``).
+PDL, PDL_MAX_BYTES = True, 8 << 20
 #: Launch shapes forced by weight shape (N, K), for sweeps; else :func:`pick_tiles`.
 OVERRIDE: dict[tuple[int, int], Tiles] = {}
 
@@ -91,19 +96,21 @@ def usable(a: Tensor, w: Tensor, block: tuple[int, int], group_n: int) -> bool:
 
 def pick_tiles(n: int, k: int, sms: int) -> Tiles:
     """The launch shape for an [N, K] weight, from N and K alone (so a row's sums never depend
-    on the batch): K halved across more warps while the warps of 16 rows number fewer than
-    :data:`WARPS_PER_SM` an SM and each keeps two steps of its own (one where K has an odd
-    number); up to 8 warps of a program split K, further halvings split it across programs;
-    programs of fewer than 4 warps take more rows instead."""
+    on the batch): K halved across more warps of a program, up to 8, while the warps of 16
+    rows number fewer than :data:`WARPS_PER_SM` an SM and each keeps two steps of its own;
+    programs of fewer than 4 warps take more rows instead; four K steps of weights in
+    registers where a warp's steps divide by four (``low_precision.py --parts gemm_gluon
+    --gluon-sweep``: K split across programs, or 8 warps on K where 4 give 4 an SM, and two
+    steps in registers were each slower at every V4-Flash projection)."""
     steps, rows = k // STEP_K, n // WARP_ROWS
     split = 1
-    while rows * split < WARPS_PER_SM * sms and steps % (4 * split) == 0:
+    while split < 8 and rows * split < WARPS_PER_SM * sms and steps % (4 * split) == 0:
         split *= 2
-    split_k = min(split, 8)
     warps_n = 1
-    while warps_n * split_k < 4 and rows % (2 * warps_n) == 0:
+    while warps_n * split < 4 and rows % (2 * warps_n) == 0:
         warps_n *= 2
-    return Tiles(warps_n, split_k, split // split_k, 2 if steps % (2 * split) == 0 else 1)
+    own = steps // split
+    return Tiles(warps_n, split, 1, 4 if own % 4 == 0 else 2 if own % 2 == 0 else 1)
 
 
 def _checked(tiles: Tiles, n: int, k: int, group_n: int) -> Tiles:
@@ -129,14 +136,8 @@ if HAVE_GLUON:
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
         "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
     )
-    #: a block-wide barrier (named ``barrier`` from Triton 3.7, ``thread_barrier`` before)
-    _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-
-    @gluon.constexpr_function
-    def _lanes(split_k: Any, warps_n: Any) -> Any:
-        """[split_k, 32 warps_n], one element a thread: warp (ks, wn) lane l holds
-        (ks, 32 wn + l)."""
-        return gl.BlockedLayout([1, 1], [1, 32], [split_k, warps_n], [1, 0])
+    from deepinfer_kernels_sm100.fp8_split import split_reduce_gluon
+    from deepinfer_kernels_sm100.gluon_common import grid_dependency, lanes, prefetch_rows
 
     @gluon.constexpr_function
     def _chains(w_bk: Any) -> Any:
@@ -283,27 +284,6 @@ if HAVE_GLUON:
             asp = asp + (s,)  # noqa: RUF005
         return xp, asp
 
-    @gluon.jit
-    def _split_reduce(out_ptr, part_ptr, count_ptr, row, t, m, n, SPLITS: gl.constexpr):  # noqa: PLR0917
-        """After every program stored its partial sums: the tile's last program to finish
-        adds them in split order and stores them, as :func:`.fp8_split.split_reduce` (stores
-        before a block barrier and a release at GPU scope; the sums read from L2)."""
-        _cta_barrier()
-        tile = count_ptr + gl.program_id(0)
-        if gl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            size = m.to(gl.int64) * n
-            for m0 in range(0, m, 8):
-                for c in gl.static_range(4):
-                    tok = m0 + 2 * t + c % 2
-                    off = tok.to(gl.int64) * n + row + 8 * (c // 2)
-                    total = gl.load(part_ptr + off, mask=tok < m, other=0.0, cache_modifier=".cg")
-                    for s in gl.static_range(1, SPLITS):
-                        more = gl.load(part_ptr + s * size + off, mask=tok < m, other=0.0,
-                                       cache_modifier=".cg")  # fmt: skip
-                        total = total + more
-                    gl.store(out_ptr + off, total.to(out_ptr.dtype.element_ty), mask=tok < m)
-            gl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
-
     @gluon.jit(do_not_specialize=["m"])
     def _fp8_decode_gluon(  # noqa: PLR0917 (Gluon kernels take positional arguments)
         a_ptr,  # [M, lda] e4m3 activation codes
@@ -326,10 +306,12 @@ if HAVE_GLUON:
         SPLITS: gl.constexpr,
         N_TILES: gl.constexpr,
         STAGES: gl.constexpr,
+        PDL: gl.constexpr = False,
     ):
         """out = a @ w.T with block scales for 16 WARPS_N output features, K split over
-        SPLIT_K warps and SPLITS programs (grid axis 1), every token in tiles of 8."""
-        layout: gl.constexpr = _lanes(SPLIT_K, WARPS_N)
+        SPLIT_K warps and SPLITS programs (grid axis 1), every token in tiles of 8. With PDL
+        (a programmatic dependent launch) the weight rows are asked of L2 before the wait."""
+        layout: gl.constexpr = lanes(SPLIT_K, WARPS_N)
         VEC: gl.constexpr = _vec(W_BK)
         lane = gl.arange(0, 32 * WARPS_N, layout=gl.SliceLayout(0, layout))
         ks = gl.arange(0, SPLIT_K, layout=gl.SliceLayout(1, layout))
@@ -342,6 +324,11 @@ if HAVE_GLUON:
         wp = (wp, wp + 8 * k_dim)
         sp = ws_ptr + ((first // W_BN) * ((k_dim + W_BK - 1) // W_BK))[None, :]
         ids = (g, t, (first // group_n).to(gl.int64) * k_dim)
+        grid_dependency(t, False)  # (a dependent launch may start as these programs finish)
+        if PDL:
+            lead = (4 * VEC * t)[None, :]
+            prefetch_rows((wp[0] - lead, wp[1] - lead), t, steps * _STEP)
+            grid_dependency(t, True)
         for m0 in range(0, m, 8 * N_TILES):
             xp, asp = _tile_ptrs(a_ptr, as_ptr, m0, m, ids, k_first, lda, N_TILES, VEC)
             zero = gl.zeros([SPLIT_K, 32 * WARPS_N], gl.float32, layout)
@@ -359,7 +346,7 @@ if HAVE_GLUON:
                         dst = part_ptr + gl.program_id(1) * (m.to(gl.int64) * n) + off
                         gl.store(dst, total, mask=tok < m)
         if SPLITS > 1:
-            _split_reduce(out_ptr, part_ptr, count_ptr, row, t, m, n, SPLITS)
+            split_reduce_gluon(out_ptr, part_ptr, count_ptr, row, t, m, n, SPLITS)
 
 
 def n_tiles(m: int) -> int:
@@ -390,9 +377,10 @@ def launch(  # noqa: PLR0917
     if tiles.splits > 1:
         part = torch.empty(tiles.splits, m, n, dtype=torch.float32, device=a.device)
     grid = (n // (WARP_ROWS * tiles.warps_n), tiles.splits)
+    pdl = PDL and w.numel() <= PDL_MAX_BYTES
     _fp8_decode_gluon[grid](
         a, a_scale, w, ws, out, part, split_counters(a.device), m, n, k, groups * k, group_n,
         SCALE_UE8M0=ue8m0, W_BN=block[0], W_BK=block[1], WARPS_N=tiles.warps_n,
         SPLIT_K=tiles.split_k, SPLITS=tiles.splits, N_TILES=n_tiles(m), STAGES=tiles.stages,
-        num_warps=tiles.warps_n * tiles.split_k,
+        PDL=pdl, num_warps=tiles.warps_n * tiles.split_k, launch_pdl=pdl,
     )  # fmt: skip

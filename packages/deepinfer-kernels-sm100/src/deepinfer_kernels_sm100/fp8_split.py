@@ -86,3 +86,38 @@ def split_sum_kernel(  # noqa: PLR0917 (Triton kernels take positional arguments
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(part_ptr + s * size + offs, mask=ok, other=0.0)
     store_rounded(out_ptr + offs, acc, ok, EMULATE)
+
+
+try:  # Gluon ships with Triton 3.5 and later
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older Triton: the Triton kernels serve
+    HAVE_GLUON = False
+
+if HAVE_GLUON:
+    #: a block-wide barrier (named ``barrier`` from Triton 3.7, ``thread_barrier`` before)
+    _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+    @gluon.jit
+    def split_reduce_gluon(out_ptr, part_ptr, count_ptr, row, t, m, n, SPLITS: gl.constexpr):  # noqa: PLR0917
+        """:func:`split_reduce` for :mod:`.fp8_gluon`'s layout (its lanes hold rows ``row``
+        and + 8 of tokens 2t and 2t + 1): after every program stored its partial sums, the
+        tile's last program to finish adds them in split order and stores them (stores before
+        a block barrier and a release at GPU scope; the sums read from L2)."""
+        _cta_barrier()
+        tile = count_ptr + gl.program_id(0)
+        if gl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            size = m.to(gl.int64) * n
+            for m0 in range(0, m, 8):
+                for c in gl.static_range(4):
+                    tok = m0 + 2 * t + c % 2
+                    off = tok.to(gl.int64) * n + row + 8 * (c // 2)
+                    total = gl.load(part_ptr + off, mask=tok < m, other=0.0, cache_modifier=".cg")
+                    for s in gl.static_range(1, SPLITS):
+                        more = gl.load(part_ptr + s * size + off, mask=tok < m, other=0.0,
+                                       cache_modifier=".cg")  # fmt: skip
+                        total = total + more
+                    gl.store(out_ptr + off, total.to(out_ptr.dtype.element_ty), mask=tok < m)
+            gl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")

@@ -1,0 +1,148 @@
+"""The K loop of :mod:`.fp4_gluon`'s kernels: a warp's weights decoded in registers into
+``mma.sync.m16n8k16`` operands, each thread holding one element of every tensor.
+
+* A dot over K is the same under any permutation of K applied to both operands. Word q of a
+  lane's 16 bytes of a K step holds nibbles n0..n7 (elements 8q .. 8q + 7 of its group);
+  :data:`_DECODE` turns it into four bf16x2 registers pairing n_i with n_(i+4) (a mask, one
+  multiply that puts the magnitude and sign bits in place, a mask, a bf16x2 product with the
+  scale): the A registers of two k16 blocks. Their B registers pair the activations alike (a
+  byte permute each, :data:`_PAIRS`); the down kernel reads a hidden activation stored in
+  that order.
+* The decoding is exact, as :mod:`.fp4_decode`'s: the nibble's bits in a bf16 are the e2m1
+  value times 2**-126, and ``scales_fit`` (no scale byte above 128) makes 2**(b - 1) a normal
+  bf16 that carries the 2**126, so one product per two weights gives each weight.
+* Latency: a warp holds ``stages`` K steps of weights in registers, the next ones' loads in
+  flight while one is decoded, and the activations one step ahead (:func:`_k_loop`). Weights
+  are read with an L2 prefetch hint and past L1; activations, which every warp reads, through
+  L1.
+"""
+
+from __future__ import annotations
+
+try:  # Gluon ships with Triton 3.5 and later
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older Triton: the Triton kernels serve
+    HAVE_GLUON = False
+
+if HAVE_GLUON:
+    from deepinfer_kernels_sm100.gluon_common import lanes
+
+    #: 16 bytes of weights: streamed once, so prefetched into L2 and not kept in L1
+    _LD_W = gl.constexpr("ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];")
+    #: 16 bytes of activations, which every warp of a program reads: through L1
+    _LD_X = gl.constexpr("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];")
+    #: word $4 (nibbles n0..n7) times bf16x2 scale $5 -> (n0, n4), (n1, n5), (n2, n6), (n3, n7)
+    #: as bf16x2. A nibble z in a 16-bit half times 4160 is z << 6 | z << 12: magnitude bits
+    #: at 6..8, sign at 15; the mask keeps those.
+    _DECODE = gl.constexpr(
+        "{ .reg .b32 z, v;\n"
+        "and.b32 z, $4, 0x000F000F; mul.lo.u32 z, z, 4160; and.b32 z, z, 0x81C081C0;\n"
+        "mul.rn.bf16x2 $0, z, $5;\n"
+        "and.b32 z, $4, 0x00F000F0; mul.lo.u32 z, z, 260; and.b32 z, z, 0x81C081C0;\n"
+        "mul.rn.bf16x2 $1, z, $5;\n"
+        "shr.u32 v, $4, 8;\n"
+        "and.b32 z, v, 0x000F000F; mul.lo.u32 z, z, 4160; and.b32 z, z, 0x81C081C0;\n"
+        "mul.rn.bf16x2 $2, z, $5;\n"
+        "and.b32 z, v, 0x00F000F0; mul.lo.u32 z, z, 260; and.b32 z, z, 0x81C081C0;\n"
+        "mul.rn.bf16x2 $3, z, $5; }"
+    )
+    #: bf16 pairs (x0 x1), (x2 x3), (x4 x5), (x6 x7) -> (x0 x4), (x1 x5), (x2 x6), (x3 x7)
+    _PAIRS = gl.constexpr(
+        "prmt.b32 $0, $4, $6, 0x5410; prmt.b32 $1, $4, $6, 0x7632; "
+        "prmt.b32 $2, $5, $7, 0x5410; prmt.b32 $3, $5, $7, 0x7632;"
+    )
+    _MMA = gl.constexpr(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+    )
+
+    @gluon.jit
+    def _asm4(asm: gl.constexpr, constraints: gl.constexpr, args, dtype: gl.constexpr):
+        """Four registers from one PTX block per thread (one element a thread, no packing)."""
+        ty = dtype  # the dtype itself, not its constexpr
+        return gl.inline_asm_elementwise(
+            asm, constraints, args, dtype=(ty, ty, ty, ty), is_pure=True, pack=1
+        )
+
+    @gluon.jit
+    def _mma2(acc, i: gl.constexpr, a, lo: gl.constexpr, b):
+        """Both k16 blocks of one word into accumulators acc[i:i + 4]; a[lo:lo + 4] and
+        a[lo + 4:lo + 8] are the word's four registers for rows g and g + 8."""
+        args = (a[lo], a[lo + 4], a[lo + 1], a[lo + 5], b[0], b[1]) + acc[i : i + 4]  # noqa: RUF005
+        c = _asm4(_MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, gl.float32)
+        args = (a[lo + 2], a[lo + 6], a[lo + 3], a[lo + 7], b[2], b[3]) + c  # noqa: RUF005
+        return _asm4(_MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, gl.float32)
+
+    @gluon.jit
+    def _load_w(wp, sp, i, G: gl.constexpr):
+        """K step ``i``'s weight registers: 4 words and a scale byte for each of 2G rows."""
+        words = ()
+        scales = ()
+        for r in gl.static_range(2 * G):
+            words = words + (_asm4(_LD_W, "=r,=r,=r,=r,l", (wp[r] + 64 * i,), gl.int32),)  # noqa: RUF005
+            scales = scales + (gl.load(sp[r] + 4 * i).to(gl.int32),)  # noqa: RUF005
+        return words, scales
+
+    @gluon.jit
+    def _load_x(xp, i, T: gl.constexpr):
+        """K step ``i``'s activation registers: 16 words for each of the T token tiles."""
+        xs = ()
+        for j in gl.static_range(T):
+            for v in gl.static_range(4):
+                xs = xs + _asm4(_LD_X, "=r,=r,=r,=r,l", (xp[j] + (128 * i + 8 * v),), gl.int32)
+        return xs
+
+    @gluon.jit
+    def _step(acc, w, xs, G: gl.constexpr, T: gl.constexpr, PAIRED: gl.constexpr):  # noqa: PLR0917
+        """acc + one K step; acc[(j G + set) * 4 : + 4] is token tile j of row set ``set``
+        (gate, up), as a ``mma`` C fragment."""
+        words, scales = w
+        s2 = ()
+        for r in gl.static_range(2 * G):  # 2**(b - 1) in both halves: bits (b + 126) << 7
+            s2 = s2 + (scales[r] * 0x00800080 + 0x3F003F00,)  # noqa: RUF005
+        for q in gl.static_range(4):
+            a = ()
+            for r in gl.static_range(2 * G):
+                a = a + _asm4(_DECODE, "=r,=r,=r,=r,r,r", (words[r][q], s2[r]), gl.int32)
+            new = ()
+            for j in gl.static_range(T):
+                b = xs[16 * j + 4 * q : 16 * j + 4 * q + 4]
+                if not PAIRED:
+                    b = _asm4(_PAIRS, "=r,=r,=r,=r,r,r,r,r", b, gl.int32)
+                for st in gl.static_range(G):
+                    new = new + _mma2(acc, (j * G + st) * 4, a, 8 * st, b)
+            acc = new
+        return acc
+
+    @gluon.jit
+    def _k_loop(acc, wp, sp, xp, steps, G: gl.constexpr, T: gl.constexpr,  # noqa: PLR0917
+                STAGES: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
+        """acc + the warp's ``steps`` K steps: STAGES steps of weights in registers, each
+        refilled with the step STAGES on once decoded (the loop unrolled STAGES times: no
+        register copies on its back edge), and the activations (L1, L2) one step on."""
+        bufs = ()
+        for s in gl.static_range(STAGES):
+            bufs = bufs + (_load_w(wp, sp, s, G),)  # noqa: RUF005
+        xs = _load_x(xp, 0, T)
+        for i0 in range(0, steps - STAGES, STAGES):
+            for s in gl.static_range(STAGES):
+                ahead = _load_x(xp, i0 + s + 1, T)
+                acc = _step(acc, bufs[s], xs, G, T, PAIRED)
+                refill = _load_w(wp, sp, i0 + s + STAGES, G)
+                bufs = bufs[:s] + (refill,) + bufs[s + 1 :]  # noqa: RUF005
+                xs = ahead
+        for s in gl.static_range(STAGES):
+            if s + 1 < STAGES:
+                ahead = _load_x(xp, steps - STAGES + s + 1, T)
+            acc = _step(acc, bufs[s], xs, G, T, PAIRED)
+            if s + 1 < STAGES:
+                xs = ahead
+        return acc
+
+    @gluon.jit
+    def _zeros(n: gl.constexpr, WARPS_N: gl.constexpr, SPLIT_K: gl.constexpr):
+        zero = gl.zeros([SPLIT_K, 32 * WARPS_N], gl.float32, lanes(SPLIT_K, WARPS_N))
+        return (zero,) * n
