@@ -121,8 +121,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _slot_range(experts_ptr, ends_ptr, SLOTS: gl.constexpr):
         """(expert, start, end) of this program's slot, as :func:`.moe._slot_range`; SLOTS
-        :data:`BY_EXPERT`, :data:`LISTED` (the experts with pairs) or :data:`BY_PAIR`
-        (``experts_ptr`` the routing's indices: slot p is pair p alone)."""
+        :data:`BY_EXPERT` (0), :data:`LISTED` (1: the experts with pairs) or :data:`BY_PAIR`
+        (2: ``experts_ptr`` the routing's indices, slot p is pair p alone)."""
         if SLOTS == 2:
             e = gl.load(experts_ptr + gl.program_id(0))
             start = gl.program_id(0)
@@ -170,9 +170,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _passes(start, end, N_TILES: gl.constexpr, WIDE: gl.constexpr):
-        """(first pair of the one-tile passes, end of the two-tile pass): with WIDE, a slot of
-        9 to 16 pairs takes them in one pass of two token tiles, which reads its weights
-        once where two passes of one tile read them twice."""
+        """Where the slot's passes of N_TILES token tiles start: with WIDE, a slot of more
+        than 8 N_TILES pairs takes them all in passes of twice the tiles (9 to 16 pairs: one
+        pass, which reads the weights once where two passes read them twice)."""
         return gl.where(end - start > 8 * N_TILES, end, start) if WIDE else start
 
     @gluon.jit
