@@ -44,12 +44,9 @@ from low_precision import (
     graph_s,
 )
 
-#: fp4 variant -> (BY_PAIR_TOKENS, WIDE_MIN_PAIRS, WIDE_STAGES, PDL_DOWN); None: the module's
-FP4_VARIANTS: dict[str, tuple[int, int, int, bool] | None] = {
-    "before": (0, 0, 0, False),
-    "now": None,
-}
-_FP4_KNOBS = ("BY_PAIR_TOKENS", "WIDE_MIN_PAIRS", "WIDE_STAGES", "PDL_DOWN")
+#: fp4_gluon's settings as 81518bd had them: grouped slots, one token tile a pass, no PDL
+FP4_BEFORE = {"BY_PAIR_TOKENS": 0, "WIDE_MIN_PAIRS": 0, "WIDE_STAGES": 0, "PDL_DOWN": False}
+VARIANTS = ("before", "now")
 
 
 def before_tiles(n: int, k: int, sms: int) -> Any:
@@ -68,6 +65,23 @@ def before_tiles(n: int, k: int, sms: int) -> Any:
     return Tiles(warps_n, split_k, split // split_k, 2 if steps % (2 * split) == 0 else 1)
 
 
+#: the modules' own choices, kept while ``_settings`` swaps in 81518bd's
+_NOW: dict[str, Any] = {}
+
+
+def _settings(before: bool) -> None:
+    """Every Gluon decode choice as 81518bd had it (``before``), or as the modules have it."""
+    from deepinfer_kernels_sm100 import fp4_gluon, fp8_gluon
+
+    if not _NOW:
+        _NOW.update(pick=fp8_gluon.pick_tiles, pdl=fp8_gluon.PDL)
+        _NOW["fp4"] = {k: getattr(fp4_gluon, k) for k in FP4_BEFORE}
+    fp8_gluon.pick_tiles = before_tiles if before else _NOW["pick"]
+    fp8_gluon.PDL = False if before else _NOW["pdl"]
+    for knob, value in (FP4_BEFORE if before else _NOW["fp4"]).items():
+        setattr(fp4_gluon, knob, value)
+
+
 def _alternate(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
     """Each run's seconds over ``rounds`` rounds, the runs alternated within each."""
     out: dict[str, list[float]] = collections.defaultdict(list)
@@ -78,34 +92,21 @@ def _alternate(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
 
 
 def _kernels(run: Callable[[], object], calls: int) -> dict[str, float]:
-    """Device microseconds per call of each kernel ``run`` launches (profiler, eager)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Device microseconds per call of each kernel ``run`` launches (the torch profiler over
+    ``calls`` eager calls, as ``model_speed.py`` profiles its steps)."""
+    from model_speed import profile_calls
 
     run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            run()
-        torch.cuda.synchronize()
-    found: dict[str, list[float]] = collections.defaultdict(list)
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            found[e.name[:60]].append(e.device_time)
-    return {k: round(sum(v) / calls, 2) for k, v in sorted(found.items())}
+    table = profile_calls(run, calls, "cuda")
+    return {k["name"][:60]: round(k["total_us"] / calls, 2) for k in table["top"]}
 
 
 def fp4(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
     from deepinfer_kernels_sm100 import fp4_gluon
     from deepinfer_kernels_sm100.fp4_moe import moe_experts_fp4
 
-    now = tuple(getattr(fp4_gluon, k) for k in _FP4_KNOBS)
-
-    def use(variant: str) -> None:
-        for knob, value in zip(_FP4_KNOBS, FP4_VARIANTS[variant] or now, strict=True):
-            setattr(fp4_gluon, knob, value)
-
     def timed(variant: str, call: Callable[[], object]) -> float:
-        use(variant)
+        _settings(variant == "before")
         return graph_s([call], args.repeats)
 
     w, shape = expert_weights(args.device, False)
@@ -115,7 +116,7 @@ def fp4(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
         x, weights, indices = expert_routing(b, shape, args.device)
         call = partial(moe_experts_fp4, x, weights, indices, swiglu_limit=10.0, scales_fit=True,
                        kernel="gluon", **w)  # fmt: skip
-        seconds = _alternate({v: partial(timed, v, call) for v in FP4_VARIANTS}, args.rounds)
+        seconds = _alternate({v: partial(timed, v, call) for v in VARIANTS}, args.rounds)
         touched = int(torch.unique(indices).numel()) * per_expert
         row: dict[str, Any] = {"batch": b, "experts_touched": touched // per_expert}
         for variant, got in seconds.items():
@@ -126,11 +127,11 @@ def fp4(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
         rows.append(row)
         print(row, file=sys.stderr)
         if b in (1, 256):
-            for variant in FP4_VARIANTS:
-                use(variant)
+            for variant in VARIANTS:
+                _settings(variant == "before")
                 kernels[f"{variant}_b{b}"] = _kernels(call, 10)
-        use("now")
-    knobs = {v: dict(zip(_FP4_KNOBS, s or now, strict=True)) for v, s in FP4_VARIANTS.items()}
+        _settings(False)
+    knobs = {"before": FP4_BEFORE, "now": {k: getattr(fp4_gluon, k) for k in FP4_BEFORE}}
     return {"variants": knobs, "rows": rows, "kernels_us_per_call": kernels}
 
 
@@ -176,24 +177,6 @@ def fp8(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
         fp8_gluon.OVERRIDE.clear()
         fp8_gluon.PDL, fp8_linear.DECODE_KERNEL, fp8_gluon.PDL_MAX_BYTES = pdl, kernel, most
     return rows
-
-
-#: the modules' own choices, kept while ``_settings`` swaps in 81518bd's
-_NOW: dict[str, Any] = {}
-
-
-def _settings(before: bool) -> None:
-    """Every Gluon decode choice as 81518bd had it (``before``), or as the modules have it."""
-    from deepinfer_kernels_sm100 import fp4_gluon, fp8_gluon
-
-    if not _NOW:
-        _NOW.update(pick=fp8_gluon.pick_tiles, pdl=fp8_gluon.PDL)
-        _NOW["fp4"] = tuple(getattr(fp4_gluon, k) for k in _FP4_KNOBS)
-    fp8_gluon.pick_tiles = before_tiles if before else _NOW["pick"]
-    fp8_gluon.PDL = False if before else _NOW["pdl"]
-    for knob, value in zip(_FP4_KNOBS, FP4_VARIANTS["before"] if before else _NOW["fp4"],
-                           strict=True):  # fmt: skip
-        setattr(fp4_gluon, knob, value)
 
 
 def model(args: argparse.Namespace) -> dict[str, Any]:
