@@ -44,8 +44,10 @@ from low_precision import (
     graph_s,
 )
 
-#: fp4_gluon's settings as 81518bd had them: grouped slots, one token tile a pass, no PDL
-FP4_BEFORE = {"BY_PAIR_TOKENS": 0, "WIDE_MIN_PAIRS": 0, "WIDE_STAGES": 0, "PDL_DOWN": False}
+#: fp4_gluon's settings as 81518bd had them: grouped slots, one token tile a pass, no PDL,
+#: the pairs added by a launch of their own
+FP4_BEFORE = {"BY_PAIR_TOKENS": 0, "WIDE_MIN_PAIRS": 0, "WIDE_STAGES": 0, "PDL_DOWN": False,
+              "SUM_IN_DOWN": False}  # fmt: skip
 VARIANTS = ("before", "now")
 
 

@@ -436,6 +436,30 @@ def _fp4_gluon_specs() -> Iterator[AotSpec]:
                 maxnreg=tiles.maxnreg,
                 archs=(90,),
             )
+    yield from _fp4_gluon_sum_specs()
+
+
+def _fp4_gluon_sum_specs() -> Iterator[AotSpec]:
+    # The down projection adding each token's 6 pairs (fp4_gluon_sum), as pick_tiles takes it
+    # at V4-Flash's sizes for one and two tokens: PDL launches with a bf16 residual and output,
+    # and a plain one to fp32.
+    from deepinfer_kernels_sm100 import fp4_gluon_sum
+
+    for tokens, pdl, res, out in ((1, True, "*bf16", "*bf16"), (1, False, None, "*fp32"),
+                                  (2, True, "*bf16", "*bf16")):  # fmt: skip
+        tiles = fp4_gluon_sum.pick_tiles(2048, 4096, 6, tokens, 132)
+        params = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "idx_ptr": "*i64",
+                  "res_ptr": res, "out_ptr": out, "d_out": 4096, "inter": 2048, "TOPK": 6,
+                  "PER": 2048 // (128 * tiles.split_k), "PAIRED": True,
+                  "WARPS_N": tiles.warps_n, "SPLIT_K": tiles.split_k, "STAGES": tiles.stages,
+                  "PDL": pdl}  # fmt: skip
+        yield AotSpec(
+            "fp4_gluon_sum._fp4_down_sum_gluon",
+            f"decode{tokens}-k{tiles.split_k}-s{tiles.stages}-{'pdl' if pdl else 'plain'}",
+            params,
+            num_warps=tiles.warps_n * tiles.split_k,
+            archs=(90,),
+        )
 
 
 def _fp8_gluon_specs() -> Iterator[AotSpec]:

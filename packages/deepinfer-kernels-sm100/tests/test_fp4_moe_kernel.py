@@ -20,6 +20,8 @@ with u = 2**-24 (fp32 unit roundoff), for a token's pairs with router weight r:
   (fp32 runs keep h in fp32: u).
 * Down: dy = sum_j |W2_ij| dh_j + gamma(I) sum_j |W2_ij| (|h_j| + dh_j).
 * Combine: the k slot outputs are summed in fp32: k u sum_s |y_s| more. The output is fp32.
+  Where the down kernel adds a token's pairs itself (``fp4_gluon_sum``), its k I products form
+  one chain of fp32 sums: gamma(k I) in place of gamma(I) (``chain`` = k).
 
 The bf16 bound is dominated by the hidden rounding (about 2**-8 sum_j |W2_ij||h_j|), the fp32
 bound by the two dots. Each check also requires the bound to stay under ``BOUND_CAP`` of the
@@ -42,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.models.quant import dequant_fp4_e2m1
-from deepinfer_kernels_sm100 import fp4_gluon, fp4_moe, gluon_support
+from deepinfer_kernels_sm100 import fp4_gluon, fp4_gluon_sum, fp4_moe, gluon_support
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 U32 = 2.0**-24
@@ -101,10 +103,16 @@ def _dequant(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.stack([dequant_fp4_e2m1(p, s, out_dtype=torch.float64) for p, s in pairs])
 
 
-def _reference(
-    x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, ws: Weights, limit: float
+def _reference(  # noqa: PLR0917
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor,
+    ws: Weights,
+    limit: float,
+    chain: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float64 experts' weighted sum [N, d], the module doc's bound on the kernel's error)."""
+    """(float64 experts' weighted sum [N, d], the module doc's bound on the kernel's error;
+    ``chain``: pairs whose down products are summed in one chain)."""
     w13, w2 = _dequant(ws[0], ws[1]), _dequant(ws[2], ws[3])
     inter, d = w2.shape[2], x.shape[1]
     h_round = U_BF16 if x.dtype == torch.bfloat16 else U32
@@ -123,7 +131,7 @@ def _reference(
         dh = dh + EPILOGUE_REL * (h.abs() + dh) + TINY
         dh = dh + h_round * (h.abs() + dh)
         y = h @ w2[e].T
-        dy = dh @ w2[e].abs().T + _gamma(inter) * ((h.abs() + dh) @ w2[e].abs().T)
+        dy = dh @ w2[e].abs().T + _gamma(chain * inter) * ((h.abs() + dh) @ w2[e].abs().T)
         want.index_put_((tok,), y, accumulate=True)
         bound.index_put_((tok,), dy, accumulate=True)
         magnitude.index_put_((tok,), y.abs() + dy, accumulate=True)
@@ -314,11 +322,13 @@ def test_bf16_tensor_core_path_matches_float64(scales_fit: bool) -> None:
 
 #: (tokens, (hidden, inter, experts, top-k), swiglu limit): V4-Flash's widths (hidden 4096,
 #: experts of 2048) on 32 experts at the pair counts of batches 1 .. 200 (6 .. 1200 pairs: a
-#: slot per pair for one token, the slot list below 32 pairs, a slot per expert from 48;
+#: slot per pair for one and two tokens, whose down kernel adds a token's pairs (two tokens
+#: share expert 0), the slot list below 32 pairs, a slot per expert from 48;
 #: expert 0 takes most tokens, so its pairs loop over many token tiles; at 24 tokens, one tile
 #: a pass, slots of 9 to 16 pairs take one pass of two), and the module's small shape.
 GLUON_CASES = {
     "flash-b1": (1, (4096, 2048, 32, 6), LIMIT),
+    "flash-b2": (2, (4096, 2048, 32, 6), LIMIT),
     "flash-b3": (3, (4096, 2048, 32, 6), LIMIT),
     "flash-b8-unclamped": (8, (4096, 2048, 32, 6), 0.0),
     "flash-b24": (24, (4096, 2048, 32, 6), LIMIT),
@@ -363,7 +373,8 @@ def _gluon_against_references(
         )
         for k in ("gluon", "triton")
     }
-    want, bound = _reference(x, weights, indices, ws, limit)
+    chain = indices.shape[1] if fp4_gluon.sums_pairs(x) else 1
+    want, bound = _reference(x, weights, indices, ws, limit, chain)
     _check(run["gluon"], want, bound, torch.bfloat16, cap=shape[1] <= INTER)
     gap = (run["gluon"] - run["triton"]).abs().max()
     assert gap <= 2**-10 * run["triton"].abs().max(), f"Gluon and Triton differ by {gap:.3g}"
@@ -393,10 +404,15 @@ def test_gluon_launch_shapes(
 
 
 @pytest.mark.gpu
-def test_gluon_one_token_takes_a_slot_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("summed", [True, False], ids=["sum-in-down", "slot-sum"])
+def test_gluon_one_token_takes_a_slot_per_pair(
+    summed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One token runs a slot per (token, expert) pair, ungrouped: right with an expert routed
-    twice and a slot without an expert (another rank's), and the grouping never launched."""
+    twice and a slot without an expert (another rank's), and the grouping never launched;
+    the pairs added by the down kernel or by a launch of their own."""
     _hopper_gluon()
+    monkeypatch.setattr(fp4_gluon, "SUM_IN_DOWN", summed)
     shape = (4096, 2048, 32, 6)
     indices = torch.tensor([[5, 0, 5, -1, 31, 7]])
     grouped = []
@@ -426,3 +442,49 @@ def test_gluon_tiles_divide_v4_flash(batch: int) -> None:
     down = fp4_gluon.pick_tiles(2048, 4096, pairs, slots, 1, 132)
     assert fp4_gluon._checked(up, 4096, 2048) == up
     assert fp4_gluon._checked(down, 2048, 4096) == down
+
+
+#: the summing down kernel's launch shapes forced (I = 2048: 16 K steps a pair, 6 pairs)
+GLUON_SUM_TILES = {
+    "one-warp-whole-k": fp4_gluon_sum.SumTiles(1, 1, 4),
+    "split-k2-stages2": fp4_gluon_sum.SumTiles(1, 2, 2),
+    "split-k8-stages4": fp4_gluon_sum.SumTiles(1, 8, 4),
+    "two-warps-split-k4-one-stage": fp4_gluon_sum.SumTiles(2, 4, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paired", [True, False], ids=["paired-hidden", "natural-hidden"])
+@pytest.mark.parametrize("tiles", list(GLUON_SUM_TILES.values()), ids=list(GLUON_SUM_TILES))
+def test_gluon_down_adds_the_pairs_in_any_launch_shape(
+    tiles: fp4_gluon_sum.SumTiles, paired: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The down kernel that adds a token's pairs, in each launch shape and hidden order: within
+    the float64 bound and near the Triton kernels, an expert routed twice and one slot empty."""
+    _hopper_gluon()
+    monkeypatch.setattr(fp4_gluon_sum, "OVERRIDE", tiles)
+    monkeypatch.setattr(fp4_gluon, "PAIRED_HIDDEN", paired)
+    indices = torch.tensor([[9, 0, 9, -1, 31, 7]])
+    _gluon_against_references(1, (4096, 2048, 32, 6), LIMIT, seed=121, indices=indices)
+
+
+@pytest.mark.gpu
+def test_gluon_down_adds_the_residual_of_each_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three tokens a slot per pair (BY_PAIR_TOKENS raised), a residual added in the kernel:
+    each row within the float64 bound of the experts' sum plus the residual, rounded once to
+    fp32; a token with no expert at all gets its residual exactly."""
+    _hopper_gluon()
+    monkeypatch.setattr(fp4_gluon, "BY_PAIR_TOKENS", 3)
+    x, weights, indices, ws = _case(3, torch.bfloat16, seed=131, shape=(4096, 2048, 32, 6))
+    indices[1] = -1
+    residual = torch.randn(3, 4096, generator=torch.Generator().manual_seed(132)).bfloat16()
+    w = dict(zip(("w13_packed", "w13_scale", "w2_packed", "w2_scale"), ws, strict=True))
+    got = fp4_moe.moe_experts_fp4(
+        x.to(DEVICE), weights.to(DEVICE), indices.to(DEVICE), swiglu_limit=LIMIT,
+        scales_fit=True, kernel="gluon", residual=residual.to(DEVICE),
+        **{k: t.to(DEVICE) for k, t in w.items()},
+    ).cpu()  # fmt: skip
+    routed, bound = _reference(x, weights, indices, ws, LIMIT, chain=6)
+    want = routed + residual.double()
+    _check(got, want, bound + U32 * (want.abs() + bound), torch.bfloat16, cap=False)
+    assert torch.equal(got[1], residual[1].float())

@@ -14,9 +14,11 @@ of a known lane, and the kernels are per-thread code around inline ``mma.sync.m1
   steps of loads in flight (:mod:`.fp4_gluon_loop`); warps may split K (``split_k``), their
   sums added at the end.
 * A program's slot is an expert and its pairs, sorted by :func:`.moe_group.group_pairs`; a
-  one-token call skips the grouping and takes a slot per pair (its top-k experts are
-  distinct). One token tile a pass reads a slot's weights once for each 8 of its pairs, so a
-  slot of 9 to 16 pairs takes them in one pass of two tiles instead (:data:`WIDE_STAGES`).
+  call of one or two tokens skips the grouping and takes a slot per pair (a token's top-k
+  experts are distinct), and its down kernel (:mod:`.fp4_gluon_sum`) adds each token's pairs
+  and the residual, so no third launch does. One token tile a pass reads a slot's weights
+  once for each 8 of its pairs, so a slot of 9 to 16 pairs takes them in one pass of two
+  tiles instead (:data:`WIDE_STAGES`).
 
 Gluon kernels do not run in Triton's interpreter: CI compiles these for sm_90a
 (``test_aot_compile.py``); the interpreter tests and every other case (fp32 activations,
@@ -30,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from deepinfer_kernels_sm100 import fp4_gluon_sum
 from deepinfer_kernels_sm100.devices import sm_count
 from deepinfer_kernels_sm100.gluon_support import on_hopper
 from deepinfer_kernels_sm100.moe_group import PairGroups
@@ -51,18 +54,24 @@ PAIRED_HIDDEN = True
 #: pairs, from :func:`.moe_group.group_pairs`), or per (token, expert) pair, ungrouped
 BY_EXPERT, LISTED, BY_PAIR = 0, 1, 2
 #: Calls of up to this many tokens take a slot per pair (:func:`by_pair`): one token's top-k
-#: experts are distinct, so each is read once, and the grouping launch is skipped.
-BY_PAIR_TOKENS = 1
+#: experts are distinct, so each is read once, and the grouping launch is skipped; two tokens
+#: seldom share an expert, and skipping the grouping still pays where one is read twice
+#: (``benchmarks/fp4_sum_ab.py``: grouped slots are faster from four tokens).
+BY_PAIR_TOKENS = 2
 #: A slot per pair: the down kernel launched as a programmatic dependent of gate/up, its
 #: programs started as gate/up's finish and asking L2 for their weights before they wait for
 #: the hidden activation (with grouped slots the prefetch's registers cost more than it saves:
-#: ``benchmarks/fp4_slots_ab.py``).
+#: ``benchmarks/gluon_decode_ab.py``).
 PDL_DOWN = True
 #: Where slots hold at least this many pairs on average (one token tile a pass), a slot of 9
 #: to 16 takes them in one pass of two tiles, with WIDE_STAGES K steps of weights in registers
 #: (0: in two passes of one tile): below it such slots are rare, and the second K loop makes
-#: the kernels slower (``benchmarks/fp4_slots_ab.py``).
+#: the kernels slower (``benchmarks/gluon_decode_ab.py``).
 WIDE_MIN_PAIRS, WIDE_STAGES = 4, 2
+#: A slot per pair: the down kernel also adds each token's pairs and the residual
+#: (:mod:`.fp4_gluon_sum`), so no third launch adds them (False: per-pair rows and
+#: :func:`.moe.slot_sum`; ``benchmarks/fp4_sum_ab.py``).
+SUM_IN_DOWN = True
 
 
 class Tiles(NamedTuple):
@@ -115,8 +124,8 @@ def _checked(tiles: Tiles, k_dim: int, rows: int) -> Tiles:
 
 
 if HAVE_GLUON:
-    from deepinfer_kernels_sm100.fp4_gluon_loop import _k_loop, _zeros
-    from deepinfer_kernels_sm100.gluon_common import grid_dependency, lanes, prefetch_rows
+    from deepinfer_kernels_sm100.fp4_gluon_loop import _k_loop, _lane_ids, _row_ptrs, _zeros
+    from deepinfer_kernels_sm100.gluon_common import grid_dependency, prefetch_rows
 
     @gluon.jit
     def _slot_range(experts_ptr, ends_ptr, SLOTS: gl.constexpr):
@@ -132,25 +141,6 @@ if HAVE_GLUON:
             start = gl.load(ends_ptr + gl.maximum(e, 0) - 1, mask=e > 0, other=0)
             end = gl.load(ends_ptr + gl.maximum(e, 0))
         return gl.maximum(e, 0).to(gl.int64), start, gl.where(e >= 0, end, start)
-
-    @gluon.jit
-    def _lane_ids(k_dim, WARPS_N: gl.constexpr, SPLIT_K: gl.constexpr):
-        """(feature of row g, g, t over [32 WARPS_N]; first K element of each warp
-        [SPLIT_K, 1]; K steps a warp)."""
-        layout: gl.constexpr = lanes(SPLIT_K, WARPS_N)
-        lane = gl.arange(0, 32 * WARPS_N, layout=gl.SliceLayout(0, layout))
-        ks = gl.arange(0, SPLIT_K, layout=gl.SliceLayout(1, layout))
-        g = (lane % 32) // 4
-        feat = gl.program_id(1) * (16 * WARPS_N) + (lane // 32) * 16 + g
-        steps = k_dim // (128 * SPLIT_K)
-        return feat, g, lane % 4, (ks * steps * 128)[:, None], steps
-
-    @gluon.jit
-    def _row_ptrs(w_ptr, ws_ptr, row, t, k_first, k_dim):  # noqa: PLR0917
-        """Pointers to the lane's first packed and scale bytes in rows ``row``, ``row`` + 8."""
-        w = w_ptr + (row * (k_dim // 2) + 16 * t)[None, :] + k_first // 2
-        s = ws_ptr + (row * (k_dim // 32) + t)[None, :] + k_first // 32
-        return (w, w + 8 * (k_dim // 2)), (s, s + 8 * (k_dim // 32))
 
     @gluon.jit
     def _tile_ptrs(x_ptr, rows_ptr, m0, end, g, t, k_first, k_dim, T: gl.constexpr,  # noqa: PLR0917
@@ -244,6 +234,12 @@ if HAVE_GLUON:
             _gate_up_pass(m0, end, x_ptr, token_ptr, wg + wu, sg + su, scale_ptr, h_ptr, col,
                           lane, dims, limit, CLAMP, PER_ROW, WARPS_N, SPLIT_K, N_TILES,
                           STAGES)  # fmt: skip
+        if SLOTS == 2:  # noqa: SIM102 (a constexpr test: the other modes compile no store)
+            if end == start:  # no expert: h zero, as :mod:`.fp4_gluon_sum` reads every pair's
+                empty = h_ptr + start.to(gl.int64) * inter + col
+                zero = gl.zeros_like(feat).to(h_ptr.dtype.element_ty)
+                gl.store(empty, zero, mask=t == 0)
+                gl.store(empty + 8, zero, mask=t == 0)
 
     @gluon.jit
     def _down_pass(m0, end, h_ptr, wp, sp, order_ptr, y_ptr, feat, lane, dims,  # noqa: PLR0917
@@ -312,6 +308,12 @@ def by_pair(x: Tensor) -> bool:
     return x.shape[0] <= BY_PAIR_TOKENS
 
 
+def sums_pairs(x: Tensor) -> bool:
+    """Whether a call of ``x``'s tokens adds its pairs in the down kernel
+    (:mod:`.fp4_gluon_sum`, :data:`SUM_IN_DOWN`): then :func:`launch`'s ``y`` is its output."""
+    return by_pair(x) and SUM_IN_DOWN
+
+
 def launch(  # noqa: PLR0917
     x: Tensor,
     routing: tuple[Tensor, Tensor],
@@ -323,10 +325,12 @@ def launch(  # noqa: PLR0917
     h: Tensor,
     y: Tensor,
     swiglu_limit: float,
+    residual: Tensor | None = None,
 ) -> None:
     """Both kernels for :func:`.fp4_moe.moe_experts_fp4`: ``routing`` its (weights, indices),
     ``groups`` its :class:`.moe_group.PairGroups` (None where :func:`by_pair`: a slot a
-    pair); ``h``, ``y``: its hidden and per-pair outputs. :func:`usable` must hold."""
+    pair); ``h``: its hidden activation; ``y``: its per-pair outputs, or where
+    :func:`sums_pairs` its output (``residual`` added). :func:`usable` must hold."""
     experts, two_inter, d = w13.shape[0], w13.shape[1], x.shape[1]
     inter, pairs = two_inter // 2, routing[1].numel()
     if groups is None:
@@ -345,6 +349,10 @@ def launch(  # noqa: PLR0917
         x, rows, w13, w13_s, scale, ends, listed, h, inter, d, float(swiglu_limit),
         CLAMP=swiglu_limit > 0, **common, **_flags(up, pairs, slots), **per_row,
     )  # fmt: skip
+    if groups is None and SUM_IN_DOWN:
+        fp4_gluon_sum.launch(h, w2, w2_s, routing[1].contiguous(), residual, y,
+                             paired=PAIRED_HIDDEN, pdl=pdl, sms=sms)  # fmt: skip
+        return
     down = _checked(OVERRIDE.get("down") or pick_tiles(inter, d, pairs, slots, 1, sms), inter, d)
     _fp4_down_gluon[(slots, d // (WARP_ROWS * down.warps_n))](
         h, w2, w2_s, ends, listed, order, y, d, inter, **common, **_flags(down, pairs, slots),

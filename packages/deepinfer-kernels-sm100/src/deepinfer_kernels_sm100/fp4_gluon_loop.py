@@ -15,6 +15,9 @@
   flight while one is decoded, and the activations one step ahead (:func:`_k_loop`). Weights
   are read with an L2 prefetch hint and past L1; activations, which every warp reads, through
   L1.
+* A loop may run over several pairs' weights in turn (:func:`_at`: step i of the walk is K
+  step i % PER of pair i // PER): :mod:`.fp4_gluon_sum` adds a token's pairs that way, its
+  loads running on from one expert's rows into the next.
 """
 
 from __future__ import annotations
@@ -77,22 +80,41 @@ if HAVE_GLUON:
         return _asm4(_MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, gl.float32)
 
     @gluon.jit
-    def _load_w(wp, sp, i, G: gl.constexpr):
-        """K step ``i``'s weight registers: 4 words and a scale byte for each of 2G rows."""
+    def _at(i, route, PER: gl.constexpr):
+        """K step ``i``'s offsets from the loop's first pointers: (weight bytes, scale bytes,
+        activation elements). PER 0: step i of the warp's own K. Else ``route`` is (the
+        token's expert indices, bytes between experts' weights and scales, elements between
+        pairs' activations), and step i is step i % PER of pair i // PER, at its expert's rows
+        and its own activations (an index < 0 reads expert 0, against a zero activation)."""
+        if PER == 0:
+            w, s, x = 64 * i, 4 * i, 128 * i
+        else:
+            experts, w_stride, s_stride, x_stride = route
+            pair, step = i // PER, i % PER
+            e = gl.maximum(gl.load(experts + pair), 0).to(gl.int64)
+            w, s = e * w_stride + 64 * step, e * s_stride + 4 * step
+            x = pair * x_stride + 128 * step
+        return w, s, x
+
+    @gluon.jit
+    def _load_w(wp, sp, at, G: gl.constexpr):
+        """The weight registers of the K step at offsets ``at`` (:func:`_at`): 4 words and a
+        scale byte for each of 2G rows."""
         words = ()
         scales = ()
         for r in gl.static_range(2 * G):
-            words = words + (_asm4(_LD_W, "=r,=r,=r,=r,l", (wp[r] + 64 * i,), gl.int32),)  # noqa: RUF005
-            scales = scales + (gl.load(sp[r] + 4 * i).to(gl.int32),)  # noqa: RUF005
+            words = words + (_asm4(_LD_W, "=r,=r,=r,=r,l", (wp[r] + at[0],), gl.int32),)  # noqa: RUF005
+            scales = scales + (gl.load(sp[r] + at[1]).to(gl.int32),)  # noqa: RUF005
         return words, scales
 
     @gluon.jit
-    def _load_x(xp, i, T: gl.constexpr):
-        """K step ``i``'s activation registers: 16 words for each of the T token tiles."""
+    def _load_x(xp, at, T: gl.constexpr):
+        """The activation registers of the K step at offsets ``at``: 16 words for each of the
+        T token tiles."""
         xs = ()
         for j in gl.static_range(T):
             for v in gl.static_range(4):
-                xs = xs + _asm4(_LD_X, "=r,=r,=r,=r,l", (xp[j] + (128 * i + 8 * v),), gl.int32)
+                xs = xs + _asm4(_LD_X, "=r,=r,=r,=r,l", (xp[j] + (at[2] + 8 * v),), gl.int32)
         return xs
 
     @gluon.jit
@@ -119,28 +141,49 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _k_loop(acc, wp, sp, xp, steps, G: gl.constexpr, T: gl.constexpr,  # noqa: PLR0917
-                STAGES: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
-        """acc + the warp's ``steps`` K steps: STAGES steps of weights in registers, each
-        refilled with the step STAGES on once decoded (the loop unrolled STAGES times: no
-        register copies on its back edge), and the activations (L1, L2) one step on."""
+                STAGES: gl.constexpr, PAIRED: gl.constexpr, route=None,
+                PER: gl.constexpr = 0):  # fmt: skip
+        """acc + the warp's ``steps`` K steps (``route``, PER: as :func:`_at` walks them):
+        STAGES steps of weights in registers, each refilled with the step STAGES on once
+        decoded (the loop unrolled STAGES times: no register copies on its back edge), and
+        the activations (L1, L2) one step on."""
         bufs = ()
         for s in gl.static_range(STAGES):
-            bufs = bufs + (_load_w(wp, sp, s, G),)  # noqa: RUF005
-        xs = _load_x(xp, 0, T)
+            bufs = bufs + (_load_w(wp, sp, _at(s, route, PER), G),)  # noqa: RUF005
+        xs = _load_x(xp, _at(0, route, PER), T)
         for i0 in range(0, steps - STAGES, STAGES):
             for s in gl.static_range(STAGES):
-                ahead = _load_x(xp, i0 + s + 1, T)
+                ahead = _load_x(xp, _at(i0 + s + 1, route, PER), T)
                 acc = _step(acc, bufs[s], xs, G, T, PAIRED)
-                refill = _load_w(wp, sp, i0 + s + STAGES, G)
+                refill = _load_w(wp, sp, _at(i0 + s + STAGES, route, PER), G)
                 bufs = bufs[:s] + (refill,) + bufs[s + 1 :]  # noqa: RUF005
                 xs = ahead
         for s in gl.static_range(STAGES):
             if s + 1 < STAGES:
-                ahead = _load_x(xp, steps - STAGES + s + 1, T)
+                ahead = _load_x(xp, _at(steps - STAGES + s + 1, route, PER), T)
             acc = _step(acc, bufs[s], xs, G, T, PAIRED)
             if s + 1 < STAGES:
                 xs = ahead
         return acc
+
+    @gluon.jit
+    def _lane_ids(k_dim, WARPS_N: gl.constexpr, SPLIT_K: gl.constexpr):
+        """(feature of row g, g, t over [32 WARPS_N]; first K element of each warp
+        [SPLIT_K, 1]; K steps a warp)."""
+        layout: gl.constexpr = lanes(SPLIT_K, WARPS_N)
+        lane = gl.arange(0, 32 * WARPS_N, layout=gl.SliceLayout(0, layout))
+        ks = gl.arange(0, SPLIT_K, layout=gl.SliceLayout(1, layout))
+        g = (lane % 32) // 4
+        feat = gl.program_id(1) * (16 * WARPS_N) + (lane // 32) * 16 + g
+        steps = k_dim // (128 * SPLIT_K)
+        return feat, g, lane % 4, (ks * steps * 128)[:, None], steps
+
+    @gluon.jit
+    def _row_ptrs(w_ptr, ws_ptr, row, t, k_first, k_dim):  # noqa: PLR0917
+        """Pointers to the lane's first packed and scale bytes in rows ``row``, ``row`` + 8."""
+        w = w_ptr + (row * (k_dim // 2) + 16 * t)[None, :] + k_first // 2
+        s = ws_ptr + (row * (k_dim // 32) + t)[None, :] + k_first // 32
+        return (w, w + 8 * (k_dim // 2)), (s, s + 8 * (k_dim // 32))
 
     @gluon.jit
     def _zeros(n: gl.constexpr, WARPS_N: gl.constexpr, SPLIT_K: gl.constexpr):

@@ -284,6 +284,12 @@ def moe_experts_fp4(
     ungrouped = gluon and fp4_gluon.by_pair(x)
     groups = None if ungrouped else group_pairs(weights, indices, num_experts)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    if gluon and fp4_gluon.sums_pairs(x):  # the down kernel adds the pairs and the residual
+        out = torch.empty(x.shape[0], d_out, dtype=out_dtype, device=x.device)
+        if pairs:
+            fp4_gluon.launch(x, (weights, indices), groups, w13, w13_s, w2, w2_s, h, out,
+                             swiglu_limit, residual)  # fmt: skip
+        return out
     # Pairs without an expert are never computed: slot_sum skips their rows.
     y = torch.empty(pairs, d_out, dtype=torch.float32, device=x.device)
     if pairs and gluon:
