@@ -81,10 +81,14 @@ def _gluon_launches() -> list[dict[str, Any]]:
     from deepinfer_kernels_sm100 import fp4_gluon
 
     out = []
-    for batch in (1, 8, 256, 512):
+    for batch in (1, 2, 8, 256, 512):
         pairs, slots = 6 * batch, min(256, 6 * batch)
-        mode = fp4_gluon.BY_PAIR if batch == 1 else fp4_gluon.LISTED if slots < 256 else 0
+        ungrouped = batch <= fp4_gluon.BY_PAIR_TOKENS
+        mode = fp4_gluon.BY_PAIR if ungrouped else fp4_gluon.LISTED if slots < 256 else 0
         for kernel, k_dim, rows, sets in (("gate_up", 4096, 2048, 2), ("down", 2048, 4096, 1)):
+            if kernel == "down" and ungrouped and fp4_gluon.SUM_IN_DOWN:
+                out.append(_sum_launch(batch))
+                continue
             t = fp4_gluon.pick_tiles(k_dim, rows, pairs, slots, sets, 132)
             by_pair = "*i32"  # (None at batch 1: a constexpr)
             args = {"x_ptr": "*bf16", "token_ptr": by_pair, "w_ptr": "*u8", "ws_ptr": "*u8",
@@ -98,12 +102,12 @@ def _gluon_launches() -> list[dict[str, Any]]:
             constexprs = {"SLOTS": mode, "PAIRED": True, "WARPS_N": t.warps_n,
                           "SPLIT_K": t.split_k, "N_TILES": t.n_tiles, "STAGES": t.stages,
                           "WIDE": 0}  # fmt: skip
-            if batch == 1:  # ungrouped: pairs in routing order
+            if ungrouped:  # pairs in routing order
                 constexprs["token_ptr" if kernel == "gate_up" else "order_ptr"] = None
             if kernel == "gate_up":
                 constexprs.update(CLAMP=True, PER_ROW=6)
             else:
-                constexprs["PDL"] = fp4_gluon.PDL_DOWN and batch == 1
+                constexprs["PDL"] = fp4_gluon.PDL_DOWN and ungrouped
             out.append({
                 "launch": f"gluon-decode{batch}", "kernel": f"_fp4_{kernel}_gluon",
                 "module": "fp4_gluon", "num_warps": t.warps_n * t.split_k,
@@ -111,6 +115,25 @@ def _gluon_launches() -> list[dict[str, Any]]:
                 "tiles": t._asdict(), "args": args, "constexprs": constexprs,
             })  # fmt: skip
     return out
+
+
+def _sum_launch(batch: int) -> dict[str, Any]:
+    """The down kernel that adds each token's 6 pairs (``fp4_gluon_sum``), as it launches for
+    ``batch`` tokens. Its walk over the pairs has a fixed length, which the compiler may unroll
+    whole: ``walk_weights`` are a thread's weights over all of it."""
+    from deepinfer_kernels_sm100 import fp4_gluon, fp4_gluon_sum
+
+    t = fp4_gluon_sum.pick_tiles(2048, 4096, 6, batch, 132)
+    per = 2048 // (fp4_gluon_sum.STEP_K * t.split_k)
+    return {
+        "launch": f"gluon-decode{batch}", "kernel": "_fp4_down_sum_gluon",
+        "module": "fp4_gluon_sum", "num_warps": t.warps_n * t.split_k,
+        "weights": t.stages * 2 * 32, "walk_weights": 6 * per * 2 * 32, "tiles": t._asdict(),
+        "args": {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "idx_ptr": "*i64",
+                 "res_ptr": "*bf16", "out_ptr": "*bf16", "d_out": 4096, "inter": 2048},
+        "constexprs": {"TOPK": 6, "PER": per, "PAIRED": True, "WARPS_N": t.warps_n,
+                       "SPLIT_K": t.split_k, "STAGES": t.stages, "PDL": fp4_gluon.PDL_DOWN},
+    }  # fmt: skip
 
 
 def _compile(spec: dict[str, Any]) -> Any:
@@ -189,9 +212,12 @@ def _opcode(ins: str) -> str:
 
 def analyse(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     kernel = _compile(spec)
-    loop = _k_loop(_sass(kernel.asm["cubin"]))
+    sass = _sass(kernel.asm["cubin"])
+    loop = _k_loop(sass)
     c = spec["constexprs"]
     weights = spec["weights"]  # per thread, per pass of the K loop
+    if not loop:  # the K loop unrolled whole: count the kernel's every instruction
+        loop, weights = [i for _, i in sass], spec["walk_weights"]
     per_weight = len(loop) / weights
     weights_per_s = args.sms * ISSUE_PER_CYCLE * LANES * args.clock_ghz * 1e9 / per_weight
     ops = collections.Counter(_opcode(i) for i in loop)

@@ -1,4 +1,4 @@
-"""A one-token call's FP4 down projection and its sum over the token's experts, one Gluon kernel.
+"""The FP4 down projection of a call with a slot per pair, each token's pairs added, in one kernel.
 
 The routed experts' output is each token's k pair rows added up (the router weights are
 already in the hidden activation h). With a slot a pair (:func:`.fp4_gluon.by_pair`), the
@@ -9,8 +9,9 @@ its pairs:
 * Each warp's K loop walks the pairs one after another (:func:`.fp4_gluon_loop._at`: step i is
   K step i % PER of pair i // PER, at that pair's expert's rows), so the accumulator adds the
   pairs as it goes and the weight stream runs on from one expert into the next.
-* Every column of the MMA's token tile reads the token's pair, so each holds the sum; lanes
-  of column 0 add the residual and store, rounding once (as :func:`.moe.slot_sum` does).
+* Every column of the MMA's token tile reads the same pair's activations at each step, so
+  each column holds the sum; lanes of column 0 add the residual and store, rounding once (as
+  :func:`.moe.slot_sum` does).
 * A pair without an expert (index < 0) reads expert 0's weights against the zero row the
   gate/up kernel leaves it, so it adds nothing.
 
