@@ -466,7 +466,8 @@ def _fp8_gluon_specs() -> Iterator[AotSpec]:
     # Hopper's decode-size FP8 linear (Gluon, mma.sync on e4m3 registers: sm_90a only), in the
     # launch shapes fp8_gluon.pick_tiles takes at V4-Flash's projections, one, two and four
     # token tiles a pass, ue8m0 and fp32 scales, the grouped wo_a, V4.1's 32 x 32 blocks
-    # (8-byte loads, a scale per MMA), and K split across programs (a forced launch shape).
+    # (8-byte loads, a scale per MMA), K split across programs (a forced launch shape), and
+    # registers capped.
     from deepinfer_kernels_sm100 import fp8_gluon
 
     cases = (  # (variant, rows, N, K, groups, ue8m0, weight block, out)
@@ -479,11 +480,14 @@ def _fp8_gluon_specs() -> Iterator[AotSpec]:
         ("decode1-wo_a-grouped", 1, 8192, 4096, 8, True, 128, "bf16"),
         ("decode8-v41-block32", 8, 5120, 5120, 1, True, 32, "bf16"),
         ("decode5-wkv-split-programs", 5, 512, 4096, 1, True, 128, "bf16"),
+        ("decode1-wq_b-registers-capped", 1, 32768, 1024, 1, True, 128, "bf16"),
     )
     for variant, m, n, k, groups, ue8m0, wb, out in cases:
         tiles = fp8_gluon.pick_tiles(n, k, 132)  # an H100/H200's SMs
         if "split-programs" in variant:
             tiles = fp8_gluon.Tiles(1, 4, 2, 2)
+        if "capped" in variant:  # (fp8_regs_ab.py's cap)
+            tiles = tiles._replace(maxnreg=168)
         yield AotSpec(
             "fp8_gluon._fp8_decode_gluon",
             f"{variant}-w{tiles.warps_n}-k{tiles.split_k}-p{tiles.splits}-s{tiles.stages}",
@@ -495,6 +499,7 @@ def _fp8_gluon_specs() -> Iterator[AotSpec]:
              "SPLITS": tiles.splits, "N_TILES": fp8_gluon.n_tiles(m), "STAGES": tiles.stages,
              "PDL": fp8_gluon.PDL and n * k <= fp8_gluon.PDL_MAX_BYTES},
             num_warps=tiles.warps_n * tiles.split_k,
+            maxnreg=tiles.maxnreg,
             archs=(90,),
         )  # fmt: skip
 

@@ -63,12 +63,14 @@ STEP_K, WARP_ROWS, MMA_K, MAX_TILES, WARPS_PER_SM = 128, 16, 32, 4, 4
 class Tiles(NamedTuple):
     """A launch shape: ``warps_n`` warps side by side over a program's output features (16
     each) times ``split_k`` warps splitting K; ``splits`` programs splitting K further (their
-    partial sums added by the last); ``stages`` K steps of weights in registers."""
+    partial sums added by the last); ``stages`` K steps of weights in registers; ``maxnreg``
+    caps a thread's registers (None: as the compiler allocates)."""
 
     warps_n: int = 1
     split_k: int = 8
     splits: int = 1
     stages: int = 2
+    maxnreg: int | None = None
 
 
 #: Weights of up to PDL_MAX_BYTES launch as a programmatic dependent of the kernel before
@@ -383,4 +385,5 @@ def launch(  # noqa: PLR0917
         SCALE_UE8M0=ue8m0, W_BN=block[0], W_BK=block[1], WARPS_N=tiles.warps_n,
         SPLIT_K=tiles.split_k, SPLITS=tiles.splits, N_TILES=n_tiles(m), STAGES=tiles.stages,
         PDL=pdl, num_warps=tiles.warps_n * tiles.split_k, launch_pdl=pdl,
+        **({} if tiles.maxnreg is None else {"maxnreg": tiles.maxnreg}),
     )  # fmt: skip
