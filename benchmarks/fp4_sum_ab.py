@@ -21,18 +21,16 @@ Bandwidth fractions count the bytes of the experts the batch touches (``low_prec
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 from _results import write_result
-from gluon_decode_ab import _alternate, _kernels
-from low_precision import copy_bandwidth, expert_routing, expert_weights, graph_s
+from gluon_decode_ab import _alternate, _kernels, ab_header, ab_parser, medians
+from low_precision import expert_routing, expert_weights, graph_s
 
 
 @contextmanager
@@ -101,10 +99,7 @@ def run(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
         seconds = _alternate(runs, args.rounds)
         touched = int(torch.unique(indices).numel()) * per_expert
         row: dict[str, Any] = {"batch": b, "experts_touched": touched // per_expert}
-        for name, got in seconds.items():
-            us = statistics.median(got) * 1e6
-            row[name] = {"us": round(us, 2), "us_rounds": [round(s * 1e6, 2) for s in got],
-                         "bw_fraction": round(touched / (us * 1e-6) / bandwidth, 3)}  # fmt: skip
+        row.update(medians(seconds, touched, bandwidth))
         rows.append(row)
         print(row, file=sys.stderr)
         if b == 1:
@@ -114,22 +109,12 @@ def run(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--device", default="cuda")
+    ap = ab_parser(__doc__, rounds=3)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--sum-tiles", nargs="*", default=["1,4,4", "1,8,2", "1,16,2", "2,8,4"])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    bandwidth = copy_bandwidth(args.device, args.repeats, 1 << 30)
-    result: dict[str, Any] = {
-        "benchmark": "fp4_sum_ab",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
-        "fp4": run(args, bandwidth),
-    }
+    result, bandwidth = ab_header("fp4_sum_ab", args)
+    result["fp4"] = run(args, bandwidth)
     write_result(result, args.out, "fp4_sum_ab")
     return 0
 

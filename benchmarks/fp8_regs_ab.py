@@ -16,16 +16,14 @@ rule.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 from _results import write_result
-from gluon_decode_ab import _alternate
-from low_precision import FLASH_SHAPES, copies_for, copy_bandwidth, graph_s
+from gluon_decode_ab import _alternate, ab_header, ab_parser, medians
+from low_precision import FLASH_SHAPES, copies_for, graph_s
 
 
 def run(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
@@ -58,10 +56,7 @@ def run(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
                                      args.rounds)  # fmt: skip
                 row: dict[str, Any] = {"shape": name, "m": m, "n": n, "k": k,
                                        "tiles": list(picked)}  # fmt: skip
-                for variant, got in seconds.items():
-                    us = statistics.median(got) * 1e6
-                    fraction = round(n * k / (us * 1e-6) / bandwidth, 3)
-                    row[variant] = {"us": round(us, 2), "weight_bw_fraction": fraction}
+                row.update(medians(seconds, n * k, bandwidth, "weight_bw_fraction"))
                 rows.append(row)
                 print(row, file=sys.stderr)
     finally:
@@ -71,23 +66,13 @@ def run(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--device", default="cuda")
+    ap = ab_parser(__doc__, rounds=3)
     ap.add_argument("--caps", type=int, nargs="+", default=[0, 168, 192])
     ap.add_argument("--shapes", nargs="*", default=[])
     ap.add_argument("--decode-m", type=int, nargs="+", default=[1])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    bandwidth = copy_bandwidth(args.device, args.repeats, 1 << 30)
-    result: dict[str, Any] = {
-        "benchmark": "fp8_regs_ab",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
-        "rows": run(args, bandwidth),
-    }
+    result, bandwidth = ab_header("fp8_regs_ab", args)
+    result["rows"] = run(args, bandwidth)
     write_result(result, args.out, "fp8_regs_ab")
     return 0
 

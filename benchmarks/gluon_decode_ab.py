@@ -93,6 +93,19 @@ def _alternate(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
     return out
 
 
+def medians(
+    seconds: dict[str, list[float]], nbytes: int, bandwidth: float, key: str = "bw_fraction"
+) -> dict[str, dict[str, Any]]:
+    """Per variant its median microseconds, its rounds', and ``nbytes`` read in the median as a
+    fraction of ``bandwidth`` (under ``key``)."""
+    out = {}
+    for variant, got in seconds.items():
+        us = statistics.median(got) * 1e6
+        out[variant] = {"us": round(us, 2), "us_rounds": [round(s * 1e6, 2) for s in got],
+                        key: round(nbytes / (us * 1e-6) / bandwidth, 3)}  # fmt: skip
+    return out
+
+
 def _kernels(run: Callable[[], object], calls: int) -> dict[str, float]:
     """Device microseconds per call of each kernel ``run`` launches (the torch profiler over
     ``calls`` eager calls, as ``model_speed.py`` profiles its steps)."""
@@ -121,10 +134,7 @@ def fp4(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
         seconds = _alternate({v: partial(timed, v, call) for v in VARIANTS}, args.rounds)
         touched = int(torch.unique(indices).numel()) * per_expert
         row: dict[str, Any] = {"batch": b, "experts_touched": touched // per_expert}
-        for variant, got in seconds.items():
-            us = statistics.median(got) * 1e6
-            row[variant] = {"us": round(us, 2), "us_rounds": [round(s * 1e6, 2) for s in got],
-                            "bw_fraction": round(touched / (us * 1e-6) / bandwidth, 3)}  # fmt: skip
+        row.update(medians(seconds, touched, bandwidth))
         row["now_over_before"] = round(row["before"]["us"] / row["now"]["us"], 3)
         rows.append(row)
         print(row, file=sys.stderr)
@@ -169,10 +179,7 @@ def fp8(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
                 seconds = _alternate(runs, args.rounds)
                 row: dict[str, Any] = {"shape": name, "m": m, "n": n, "k": k}
                 row.update({f"{t}_tiles": list(v) for t, v in shapes.items()})
-                for variant, got in seconds.items():
-                    us = statistics.median(got) * 1e6
-                    fraction = round(n * k / (us * 1e-6) / bandwidth, 3)
-                    row[variant] = {"us": round(us, 2), "weight_bw_fraction": fraction}
+                row.update(medians(seconds, n * k, bandwidth, "weight_bw_fraction"))
                 rows.append(row)
                 print(row, file=sys.stderr)
     finally:
@@ -201,24 +208,37 @@ def model(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def ab_parser(doc: str | None, rounds: int) -> argparse.ArgumentParser:
+    """The options every Gluon A/B script takes: device, rounds, repeats, output path."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--parts", nargs="+", default=["fp4", "fp8"])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
-    ap.add_argument("--decode-m", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=4, help="model part: layers of V4-Flash")
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def ab_header(benchmark: str, args: argparse.Namespace) -> tuple[dict[str, Any], float]:
+    """A GPU A/B's result header (its GPU, torch, the copy bandwidth measured now), and that
+    bandwidth in bytes per second."""
     bandwidth = copy_bandwidth(args.device, args.repeats, 1 << 30)
-    result: dict[str, Any] = {
-        "benchmark": "gluon_decode_ab",
+    header = {
+        "benchmark": benchmark,
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
     }
+    return header, bandwidth
+
+
+def main() -> int:
+    ap = ab_parser(__doc__, rounds=2)
+    ap.add_argument("--parts", nargs="+", default=["fp4", "fp8"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--decode-m", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--layers", type=int, default=4, help="model part: layers of V4-Flash")
+    args = ap.parse_args()
+    result, bandwidth = ab_header("gluon_decode_ab", args)
     if "fp8" in args.parts:
         result["fp8"] = fp8(args, bandwidth)
     if "fp4" in args.parts:
