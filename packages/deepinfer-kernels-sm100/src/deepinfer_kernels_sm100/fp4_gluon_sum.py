@@ -13,7 +13,9 @@ its pairs:
   each column holds the sum; lanes of column 0 add the residual and store, rounding once (as
   :func:`.moe.slot_sum` does).
 * A pair without an expert (index < 0) reads expert 0's weights against the zero row the
-  gate/up kernel leaves it, so it adds nothing.
+  gate/up kernel leaves it, so it adds nothing. Such pairs are rare here: expert parallelism
+  masks other ranks' experts in calls of single-slot rows, more than
+  :data:`.fp4_gluon.BY_PAIR_TOKENS` of them, which take grouped slots.
 
 The sum runs in fp32 in the MMA's accumulators, K step by K step, where :func:`.moe.slot_sum`
 adds whole pair rows: the same terms in another order, within the float64 bound of the tests.
