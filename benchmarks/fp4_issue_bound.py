@@ -119,8 +119,7 @@ def _gluon_launches() -> list[dict[str, Any]]:
 
 def _sum_launch(batch: int) -> dict[str, Any]:
     """The down kernel that adds each token's 6 pairs (``fp4_gluon_sum``), as it launches for
-    ``batch`` tokens. Its walk over the pairs has a fixed length, which the compiler may unroll
-    whole: ``walk_weights`` are a thread's weights over all of it."""
+    ``batch`` tokens."""
     from deepinfer_kernels_sm100 import fp4_gluon, fp4_gluon_sum
 
     t = fp4_gluon_sum.pick_tiles(2048, 4096, 6, batch, 132)
@@ -128,7 +127,7 @@ def _sum_launch(batch: int) -> dict[str, Any]:
     return {
         "launch": f"gluon-decode{batch}", "kernel": "_fp4_down_sum_gluon",
         "module": "fp4_gluon_sum", "num_warps": t.warps_n * t.split_k,
-        "weights": t.stages * 2 * 32, "walk_weights": 6 * per * 2 * 32, "tiles": t._asdict(),
+        "weights": t.stages * 2 * 32, "tiles": t._asdict(),
         "args": {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "idx_ptr": "*i64",
                  "res_ptr": "*bf16", "out_ptr": "*bf16", "d_out": 4096, "inter": 2048},
         "constexprs": {"TOPK": 6, "PER": per, "PAIRED": True, "WARPS_N": t.warps_n,
@@ -212,12 +211,9 @@ def _opcode(ins: str) -> str:
 
 def analyse(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     kernel = _compile(spec)
-    sass = _sass(kernel.asm["cubin"])
-    loop = _k_loop(sass)
+    loop = _k_loop(_sass(kernel.asm["cubin"]))
     c = spec["constexprs"]
     weights = spec["weights"]  # per thread, per pass of the K loop
-    if not loop:  # the K loop unrolled whole: count the kernel's every instruction
-        loop, weights = [i for _, i in sass], spec["walk_weights"]
     per_weight = len(loop) / weights
     weights_per_s = args.sms * ISSUE_PER_CYCLE * LANES * args.clock_ghz * 1e9 / per_weight
     ops = collections.Counter(_opcode(i) for i in loop)
@@ -227,7 +223,7 @@ def analyse(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "launch": spec["launch"],
         "kernel": spec["kernel"],
         "tiles": tiles,
-        "registers": _registers(kernel.asm["cubin"]),
+        "registers": resource(kernel.asm["cubin"]),
         "k_loop_instructions": len(loop),
         "weights_per_thread_per_loop": weights,
         "instructions_per_weight": round(per_weight, 2),
@@ -238,9 +234,10 @@ def analyse(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _registers(cubin: bytes) -> int | None:
-    """Registers a thread of the cubin's kernel takes (cuobjdump's resource usage)."""
-    found = re.search(r"REG:(\d+)", _cuobjdump(cubin, "-res-usage"))
+def resource(cubin: bytes, key: str = "REG") -> int | None:
+    """A resource of the cubin's kernel in cuobjdump's usage: ``REG`` (registers a thread),
+    ``STACK`` (bytes a thread), ..."""
+    found = re.search(rf"{key}:(\d+)", _cuobjdump(cubin, "-res-usage"))
     return int(found.group(1)) if found else None
 
 

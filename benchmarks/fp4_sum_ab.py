@@ -34,16 +34,21 @@ from low_precision import expert_routing, expert_weights, graph_s
 
 
 @contextmanager
-def _knobs(module: Any, **values: Any) -> Iterator[None]:
-    """``module``'s attributes set to ``values`` for the block, then restored."""
-    saved = {k: getattr(module, k) for k in values}
-    for k, v in values.items():
-        setattr(module, k, v)
+def _under(settings: dict[str, Any]) -> Iterator[None]:
+    """fp4_gluon's knobs and fp4_gluon_sum's forced launch shape (``tiles``) as ``settings``
+    has them, for the block, then restored."""
+    from deepinfer_kernels_sm100 import fp4_gluon, fp4_gluon_sum
+
+    values = {(fp4_gluon, k): v for k, v in settings.items() if k != "tiles"}
+    values[fp4_gluon_sum, "OVERRIDE"] = settings.get("tiles")
+    saved = {key: getattr(*key) for key in values}
+    for (module, knob), value in values.items():
+        setattr(module, knob, value)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
+        for (module, knob), value in saved.items():
+            setattr(module, knob, value)
 
 
 def _variants(batch: int, sum_tiles: list[tuple[int, ...]]) -> dict[str, dict[str, Any]]:
@@ -65,20 +70,8 @@ def _variants(batch: int, sum_tiles: list[tuple[int, ...]]) -> dict[str, dict[st
 
 def _timed(settings: dict[str, Any], call: Callable[[], object], repeats: int) -> float:
     """Seconds per call of ``call`` under ``settings``."""
-    from deepinfer_kernels_sm100 import fp4_gluon, fp4_gluon_sum
-
-    knobs = {k: v for k, v in settings.items() if k != "tiles"}
-    with _knobs(fp4_gluon, **knobs), _knobs(fp4_gluon_sum, OVERRIDE=settings.get("tiles")):
+    with _under(settings):
         return graph_s([call], repeats)
-
-
-def _profiled(settings: dict[str, Any], call: Callable[[], object]) -> dict[str, float]:
-    """Device microseconds of each kernel of ``call`` under ``settings``."""
-    from deepinfer_kernels_sm100 import fp4_gluon, fp4_gluon_sum
-
-    knobs = {k: v for k, v in settings.items() if k != "tiles"}
-    with _knobs(fp4_gluon, **knobs), _knobs(fp4_gluon_sum, OVERRIDE=settings.get("tiles")):
-        return _kernels(call, 10)
 
 
 def run(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
@@ -102,8 +95,9 @@ def run(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
         row.update(medians(seconds, touched, bandwidth))
         rows.append(row)
         print(row, file=sys.stderr)
-        if b == 1:
-            kernels = {n: _profiled(variants[n], call) for n in ("by_pair", "by_pair_sum")}
+        for name in ("by_pair", "by_pair_sum") if b == 1 else ():
+            with _under(variants[name]):
+                kernels[name] = _kernels(call, 10)
     settings = {n: {k: str(v) for k, v in s.items()} for n, s in _variants(1, tiles).items()}
     return {"variants_at_batch_1": settings, "rows": rows, "kernels_us_per_call_b1": kernels}
 

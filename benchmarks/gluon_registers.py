@@ -17,12 +17,11 @@ stages are loading.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Any
 
 from _results import write_result
-from fp4_issue_bound import _compile, _cuobjdump, _gluon_launches, _k_loop, _sass
+from fp4_issue_bound import _compile, _gluon_launches, _k_loop, _sass, resource
 from low_precision import FLASH_SHAPES
 
 #: an sm_90 SM's registers and most resident warps; registers are given out 8 a thread a warp
@@ -66,9 +65,7 @@ def _fp4_launches() -> list[dict[str, Any]]:
 def analyse(spec: dict[str, Any]) -> dict[str, Any]:
     kernel = _compile(spec)
     cubin = kernel.asm["cubin"]
-    usage = _cuobjdump(cubin, "-res-usage")
-    regs = int(re.search(r"REG:(\d+)", usage).group(1))  # type: ignore[union-attr]
-    stack = int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    regs, stack = resource(cubin) or 0, resource(cubin, "STACK")
     warps = spec["num_warps"]
     per_warp = -(-regs // REGISTER_UNIT) * REGISTER_UNIT * 32
     programs = min(REGISTERS_PER_SM // (per_warp * warps), MAX_WARPS_PER_SM // warps)
