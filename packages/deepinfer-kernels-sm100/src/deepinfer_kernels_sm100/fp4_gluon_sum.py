@@ -13,9 +13,9 @@ its pairs:
   each column holds the sum; lanes of column 0 add the residual and store, rounding once (as
   :func:`.moe.slot_sum` does).
 * A pair without an expert (index < 0) reads expert 0's weights against the zero row the
-  gate/up kernel leaves it, so it adds nothing. Such pairs are rare here: expert parallelism
-  masks other ranks' experts in calls of single-slot rows, more than
-  :data:`.fp4_gluon.BY_PAIR_TOKENS` of them, which take grouped slots.
+  gate/up kernel leaves it, so it adds nothing (its L2 prefetch is skipped). Such pairs are
+  rare here: expert parallelism masks other ranks' experts in calls of single-slot rows, more
+  than :data:`.fp4_gluon.BY_PAIR_TOKENS` of them, which take grouped slots.
 
 The sum runs in fp32 in the MMA's accumulators, K step by K step, where :func:`.moe.slot_sum`
 adds whole pair rows: the same terms in another order, within the float64 bound of the tests.
@@ -112,8 +112,10 @@ if HAVE_GLUON:
         w_stride, s_stride = d_out * (inter // 2), d_out * (inter // 32)
         if PDL:
             for p in gl.static_range(TOPK):
-                at = gl.maximum(gl.load(experts + p), 0).to(gl.int64) * w_stride - 16 * t
-                prefetch_rows((wp[0] + at[None, :], wp[1] + at[None, :]), t, 64 * PER)
+                e = gl.load(experts + p)
+                if e >= 0:  # a pair without an expert reads nothing worth warming
+                    at = e.to(gl.int64) * w_stride - 16 * t
+                    prefetch_rows((wp[0] + at[None, :], wp[1] + at[None, :]), t, 64 * PER)
             grid_dependency(t, True)
         xp = (h_ptr + (token * TOPK * inter + 32 * t)[None, :] + k_first,)
         route = (experts, w_stride, s_stride, inter)
