@@ -13,9 +13,12 @@ puts, side by side in one process for the embedded tiny model with a DSpark draf
   verification pass, the draws, the drafting pass, the rollbacks, the whole step), and the
   plain engine's step;
 * ``kernels``: CUDA kernels launched by one profiled verification step and by one engine
-  round (torch profiler).
+  round (torch profiler), with their GPU time against the round's wall time;
+* ``--cprofile``: the engine's whole generation of the prompts, unsynced as it runs in
+  service, under cProfile (the host functions taking the most time, by own and cumulative
+  time) with its wall time per output position.
 
-    python benchmarks/round_parts.py --device cuda [--batch 1] [--k 5]
+    python benchmarks/round_parts.py --device cuda [--batch 1] [--k 5] [--cprofile]
 """
 
 from __future__ import annotations
@@ -202,8 +205,10 @@ def _kernels(fn: Callable[[], Any]) -> dict[str, int] | None:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        begin = time.perf_counter()
         fn()
         torch.cuda.synchronize()
+        wall = time.perf_counter() - begin
     events = prof.key_averages()
     cuda = sorted(
         (e for e in events if e.device_type.name == "CUDA"),
@@ -214,6 +219,32 @@ def _kernels(fn: Callable[[], Any]) -> dict[str, int] | None:
         "kernels": sum(e.count for e in events if e.device_type.name == "CUDA"),
         "kernel_launches": sum(e.count for e in events if e.key == "cudaLaunchKernel"),
         "graph_launches": sum(e.count for e in events if e.key == "cudaGraphLaunch"),
+        "kernel_us": round(sum(e.self_device_time_total for e in cuda), 1),
+        "wall_us_profiled": round(wall * 1e6, 1),
+    }
+
+
+def host_profile(engine: Any, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+    """The engine's generation of ``prompts`` as it runs in service (no syncs added) under
+    cProfile, after one unprofiled run: its wall time and the top host functions."""
+    from host_time import profiled
+
+    from deepinfer.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+
+    def generate() -> None:
+        for p in prompts:
+            engine.add_request(p, params)
+        engine.run()
+
+    device = str(engine.model.device)
+    begin = time.perf_counter()
+    generate()
+    wall = time.perf_counter() - begin
+    return {
+        "wall_ms_per_output_position": round(wall * 1e3 / output_len, 3),
+        "cprofile": profiled(generate, device, lines=40),
     }
 
 
@@ -232,6 +263,7 @@ def main() -> int:
         default=[verify_profile.PROFILE_CONTEXT],
         help="context tokens of the profile's dummy steps (one profile each)",
     )
+    ap.add_argument("--cprofile", action="store_true", help="also profile the host (see above)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     spec = {"method": "dspark", "num_speculative_tokens": args.k}
@@ -248,7 +280,12 @@ def main() -> int:
             for c in args.contexts
         },
     }
-    print(result, flush=True)
+    if args.cprofile:
+        result["host"] = {
+            "dspark": host_profile(engine, prompts, args.output_len),
+            "none": host_profile(plain, prompts, args.output_len),
+        }
+    print({k: v for k, v in result.items() if k != "host"}, flush=True)
     write_result(result, args.out, f"round_parts_{args.device.split(':')[0]}")
     return 0
 
