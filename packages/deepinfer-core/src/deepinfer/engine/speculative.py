@@ -342,7 +342,8 @@ class SpeculativeRunner:
         if self.verifier is not None and not self.verifier.drafting_pays(reqs, self.k):
             return  # (priced on a decoding row each) positions stay pending, for a round that pays
         pieces = [self.pending.pop(r) for r in reqs]
-        streams = torch.cat([s for p in pieces for s in p.streams])
+        parts = [s for p in pieces for s in p.streams]
+        streams = parts[0] if len(parts) == 1 else torch.cat(parts)  # (one: no copy to make)
         next_ids = to_device(torch.tensor([t for p in pieces for t in p.next_ids]), streams.device)
         lengths = [len(p.next_ids) for p in pieces]
         states = cast(list[ModelState], [r.state for r in reqs])

@@ -59,9 +59,10 @@ class GraphedRounds:
         """Drafts and confidences [R, block], as ``DSparkSpeculator.draft_with_confidence``."""
         device, m, window = streams.device, self.rows, self.ring.window
         restart, early, early_slots, early_pos = [], [], [], []
-        # per request: its m rows' slots, positions and rows of ``streams`` (len(streams):
-        # the zero row), then its slot, its anchor's position and the anchor's index; one
-        # host-to-device copy for the lot
+        # per request: its m rows' slots and positions, its slot and its anchor's position
+        # (the graph's plan), then its m rows of ``streams`` and its anchor's index; one
+        # host-to-device copy for the lot. Unused rows go to the padding slot 0, whose ring
+        # nothing reads, so any row of ``streams`` serves them.
         rows: list[list[int]] = []
         offsets = [0, *itertools.accumulate(lengths)]
         for i, (state, n) in enumerate(zip(states, lengths, strict=True)):
@@ -78,23 +79,16 @@ class GraphedRounds:
             pad = [0] * (m - tail)
             rows.append([*[slot] * tail, *pad,
                          *range(first + n - tail, first + n), *pad,
-                         *range(off + n - tail, off + n), *[len(streams)] * (m - tail),
-                         slot, state.pos, off + n - 1])  # fmt: skip
+                         slot, state.pos,
+                         *range(off + n - tail, off + n), *pad, off + n - 1])  # fmt: skip
         if restart:
             self.ring.clear(to_device(torch.tensor(restart), device))
         if early:
             where = to_device(torch.tensor((early, early_slots, early_pos)), device)
             self.ring.write(self.drafter, streams[where[0]], where[1], where[2])
         plan = to_device(torch.tensor(rows), device)  # no wait for the rollbacks queued
-        padded = torch.cat((streams, streams.new_zeros(1, streams.shape[1])))
-        return self._run(
-            plan[:, :m],
-            plan[:, m : 2 * m],
-            padded[plan[:, 2 * m : 3 * m]],
-            plan[:, 3 * m],
-            next_ids[plan[:, 3 * m + 2]],
-            plan[:, 3 * m + 1],
-        )
+        at = 2 * m + 2
+        return self._run(plan[:, :at], streams[plan[:, at : at + m]], next_ids[plan[:, -1]])
 
     def dummy(self, num_requests: int, context: int) -> None:
         """A made-up round of ``num_requests`` requests, each ``context`` positions in, all
@@ -102,17 +96,26 @@ class GraphedRounds:
         c, device, m = self.drafter.c, self.ring.positions.device, self.rows
         gen = torch.Generator().manual_seed(0)
         features = torch.randn(num_requests, m, c.feature_size, generator=gen)
-        zeros = torch.zeros(num_requests, m, dtype=torch.long, device=device)
+        plan = torch.zeros(num_requests, 2 * m + 2, dtype=torch.long, device=device)
+        plan[:, m : 2 * m] = torch.arange(context, context + m, device=device)
+        plan[:, -1] = context + m
         self._run(
-            zeros,
-            zeros + torch.arange(context, context + m, device=device),
+            plan,
             features.to(device, self.drafter.fc.weight.dtype),
-            zeros[:, 0],
             torch.randint(3, c.vocab_size, (num_requests,), generator=gen).to(device),
-            zeros[:, 0] + context + m,
         )
 
-    def _run(self, *inputs: Tensor) -> tuple[Tensor, Tensor]:
-        tokens, confidence = self.graphs.run(("dspark", self.rows), self._round, *inputs)
+    def _run(self, plan: Tensor, features: Tensor, anchors: Tensor) -> tuple[Tensor, Tensor]:
+        """One round: ``plan`` [R, 2m + 2] (each request's m rows' slots and positions, its
+        slot and its anchor's position), the rows' ``features`` [R, m, F], ``anchors`` [R]."""
+        tokens, confidence = self.graphs.run(
+            ("dspark", self.rows), self._planned, plan, features, anchors
+        )
         # the graph's outputs are shared buffers the next replay overwrites
         return tokens.clone(), confidence.clone()
+
+    def _planned(self, plan: Tensor, features: Tensor, anchors: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`~.ring.ring_round` over a packed plan (one graph input, not four)."""
+        m = self.rows
+        return self._round(plan[:, :m], plan[:, m : 2 * m], features, plan[:, 2 * m], anchors,
+                           plan[:, 2 * m + 1])  # fmt: skip
