@@ -103,7 +103,9 @@ def pick_tiles(n: int, k: int, sms: int) -> Tiles:
     programs of fewer than 4 warps take more rows instead; four K steps of weights in
     registers where a warp's steps divide by four (``low_precision.py --parts gemm_gluon
     --gluon-sweep``: K split across programs, or 8 warps on K where 4 give 4 an SM, and two
-    steps in registers were each slower at every V4-Flash projection)."""
+    steps in registers were each slower at every V4-Flash projection). No register cap:
+    three 4-warp programs an SM at 168 registers were slower than two uncapped ones
+    (``benchmarks/fp8_regs_ab.py``)."""
     steps, rows = k // STEP_K, n // WARP_ROWS
     split = 1
     while split < 8 and rows * split < WARPS_PER_SM * sms and steps % (4 * split) == 0:
