@@ -63,9 +63,11 @@ def issue_and_wall(call: Callable[[], object], device: str, repeats: int) -> dic
     }
 
 
-def profiled(call: Callable[[], object], device: str, lines: int = 30) -> str:
-    """cProfile of one call: the top functions by own time, then by cumulative time."""
-    call()
+def profiled(call: Callable[[], object], device: str, lines: int = 30, warm: bool = True) -> str:
+    """cProfile of one call (after an unprofiled one, with ``warm``): the top functions by
+    own time, then by cumulative time."""
+    if warm:
+        call()
     sync(device)
     prof = cProfile.Profile()
     prof.enable()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -39,7 +38,7 @@ class GraphedRounds:
         self.rows = k + 1  # new positions a round absorbs in its graph
         if self.ring.window < self.rows:
             raise ValueError(f"a sliding_window of {self.ring.window} is shorter than a round")
-        self._round = partial(ring_round, drafter, self.ring, embed, head)
+        self.embed, self.head = embed, head
         #: per slot, the state whose context its ring holds and where that context ends
         self.owners: dict[int, tuple[weakref.ref[ModelState], int]] = {}
 
@@ -117,5 +116,6 @@ class GraphedRounds:
     def _planned(self, plan: Tensor, features: Tensor, anchors: Tensor) -> tuple[Tensor, Tensor]:
         """:func:`~.ring.ring_round` over a packed plan (one graph input, not four)."""
         m = self.rows
-        return self._round(plan[:, :m], plan[:, m : 2 * m], features, plan[:, 2 * m], anchors,
-                           plan[:, 2 * m + 1])  # fmt: skip
+        return ring_round(self.drafter, self.ring, self.embed, self.head, plan[:, :m],
+                          plan[:, m : 2 * m], features, plan[:, 2 * m], anchors,
+                          plan[:, 2 * m + 1])  # fmt: skip
